@@ -1,0 +1,289 @@
+//! Bodies of the hub's HTTP API (`/api/...`). Times are milliseconds since the Unix epoch.
+
+use serde::{Deserialize, Serialize};
+
+use crate::signal::SignalStatus;
+
+// ---------------------------------------------------------------- sessions
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionView {
+    pub id: String,
+    pub title: Option<String>,
+    pub created_at: u64,
+    /// Seq of the newest event (0 when there is none).
+    pub last_seq: u64,
+    /// How many of its waitpoints are armed.
+    pub armed_waitpoints: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum When {
+    #[default]
+    NextTurn,
+    Now,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostMessage {
+    pub text: String,
+    #[serde(default)]
+    pub when: When,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe_key: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessagePosted {
+    pub seq: u64,
+    /// True when `dedupe_key` matched an earlier post; `seq` is then that post's.
+    pub duplicate: bool,
+}
+
+/// One entry of a session's event log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub seq: u64,
+    pub ts: u64,
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum EventBody {
+    /// A message for the agent (seed 002 Say).
+    Message {
+        text: String,
+        when: When,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dedupe_key: Option<String>,
+    },
+    /// A waitpoint woke the session.
+    Wake(Box<Wake>),
+    /// A waitpoint was armed in this session.
+    WaitpointArmed { waitpoint: WaitpointRef },
+    /// A waitpoint of this session was cancelled (`by`: "agent", "operator", "session-deleted").
+    WaitpointCancelled { waitpoint: WaitpointRef, by: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitpointRef {
+    pub id: String,
+    pub label: String,
+    pub intent: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WakeReason {
+    /// The waitpoint resolved (quorum met, all ok).
+    Fired,
+    /// The waitpoint resolved with a failure (fail_fast, or a fail in the set).
+    Failed,
+    /// The deadline passed before it resolved.
+    Expired,
+    /// A monitor's report (max_signals > 1).
+    Report,
+}
+
+impl WakeReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WakeReason::Fired => "fired",
+            WakeReason::Failed => "failed",
+            WakeReason::Expired => "expired",
+            WakeReason::Report => "report",
+        }
+    }
+}
+
+/// The `wake` event: what the agent reads when a waitpoint wakes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Wake {
+    pub waitpoint: WaitpointRef,
+    pub reason: WakeReason,
+    pub waited_ms: u64,
+    pub signals: Vec<SignalView>,
+    /// Heartbeats (`progress`) folded into this wake but not listed one by one.
+    #[serde(default)]
+    pub progress_omitted: u64,
+    /// The message exactly as the agent reads it; the payload framed as data.
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventsPage {
+    pub events: Vec<Event>,
+}
+
+// ---------------------------------------------------------------- waitpoints
+
+/// `quorum`: a number, or `"all"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Quorum {
+    Count(u32),
+    All(AllMarker),
+}
+
+/// The literal string `"all"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AllMarker {
+    All,
+}
+
+impl Quorum {
+    pub const ALL: Quorum = Quorum::All(AllMarker::All);
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateWaitpoint {
+    pub label: String,
+    pub intent: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quorum: Option<Quorum>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_fast: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_signals: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_hours: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+}
+
+/// Ready-to-paste lines for signalling a waitpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HowToSignal {
+    pub env: String,
+    pub cli: String,
+    pub curl: String,
+    pub shell: String,
+    pub attach_to_pid: String,
+    /// `"shell"` when the waitpoint names a device, otherwise `"cli"`.
+    pub recommended: String,
+}
+
+/// Answer to `POST /api/sessions/{sid}/waitpoints`: the only time the secret is shown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WaitpointCreated {
+    pub id: String,
+    pub secret: String,
+    pub state: String,
+    pub session: String,
+    pub label: String,
+    pub intent: String,
+    pub created_at: u64,
+    pub expires_at: u64,
+    pub members: Vec<String>,
+    pub quorum: u32,
+    pub fail_fast: bool,
+    pub max_signals: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    pub how_to_signal: HowToSignal,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_note: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalView {
+    pub status: SignalStatus,
+    pub message: Option<String>,
+    pub member: Option<String>,
+    pub data: Option<String>,
+    /// `http`, `spool`, `device:<name>` or `device-wait`.
+    pub source: String,
+    pub key: Option<String>,
+    pub at: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WakeView {
+    pub reason: WakeReason,
+    /// When it was delivered, or when it is due if not yet delivered.
+    pub at: u64,
+    pub delivered: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Badges {
+    /// The hourly cap is holding a wake back.
+    pub wake_limit_reached: bool,
+    /// Attempts made at a wake that has not been delivered yet (0 when none is pending).
+    pub delivery_attempts: u32,
+    pub wakes_this_hour: u32,
+    pub max_wakes_per_hour: u32,
+}
+
+/// `GET /api/waitpoints/{id}` and each entry of wait_check; never the secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WaitpointView {
+    pub id: String,
+    pub session: String,
+    pub label: String,
+    pub intent: String,
+    /// `armed`, `resolved`, `expired` or `cancelled`.
+    pub state: String,
+    pub created_at: u64,
+    pub expires_at: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_at: Option<u64>,
+    pub members: Vec<String>,
+    pub quorum: u32,
+    pub fail_fast: bool,
+    pub max_signals: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    pub signals: Vec<SignalView>,
+    pub wakes: Vec<WakeView>,
+    pub badges: Badges,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WaitpointList {
+    pub waitpoints: Vec<WaitpointView>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quorum_is_number_or_all() {
+        let q: Quorum = serde_json::from_str("2").expect("number");
+        assert_eq!(q, Quorum::Count(2));
+        let q: Quorum = serde_json::from_str("\"all\"").expect("all");
+        assert_eq!(q, Quorum::ALL);
+        assert!(serde_json::from_str::<Quorum>("\"most\"").is_err());
+        assert_eq!(serde_json::to_string(&Quorum::ALL).expect("ser"), "\"all\"");
+    }
+
+    #[test]
+    fn event_kind_is_flat() {
+        let e = Event {
+            seq: 3,
+            ts: 10,
+            body: EventBody::Message { text: "hi".into(), when: When::NextTurn, dedupe_key: None },
+        };
+        let v = serde_json::to_value(&e).expect("ser");
+        assert_eq!(v["kind"], "message");
+        assert_eq!(v["seq"], 3);
+        let back: Event = serde_json::from_value(v).expect("de");
+        assert_eq!(back, e);
+    }
+}
