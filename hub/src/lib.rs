@@ -1,1 +1,3 @@
-//! placeholder
+//! The cortex hub as a library: `main` and the tests start the same server.
+
+pub mod engine;
