@@ -1,3 +1,5 @@
 //! The cortex hub as a library: `main` and the tests start the same server.
 
 pub mod engine;
+pub mod text;
+pub mod time;

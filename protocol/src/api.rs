@@ -114,9 +114,9 @@ pub struct Wake {
     pub reason: WakeReason,
     pub waited_ms: u64,
     pub signals: Vec<SignalView>,
-    /// Heartbeats (`progress`) folded into this wake but not listed one by one.
+    /// Signals carried by this wake but not listed (older heartbeats first).
     #[serde(default)]
-    pub progress_omitted: u64,
+    pub omitted: u64,
     /// The message exactly as the agent reads it; the payload framed as data.
     pub text: String,
 }
@@ -278,7 +278,11 @@ mod tests {
         let e = Event {
             seq: 3,
             ts: 10,
-            body: EventBody::Message { text: "hi".into(), when: When::NextTurn, dedupe_key: None },
+            body: EventBody::Message {
+                text: "hi".into(),
+                when: When::NextTurn,
+                dedupe_key: None,
+            },
         };
         let v = serde_json::to_value(&e).expect("ser");
         assert_eq!(v["kind"], "message");

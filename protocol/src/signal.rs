@@ -74,7 +74,11 @@ pub enum ShapeError {
     /// Not JSON of the right shape.
     Malformed(String),
     /// A field is longer than its cap.
-    TooLong { field: &'static str, chars: usize, max: usize },
+    TooLong {
+        field: &'static str,
+        chars: usize,
+        max: usize,
+    },
 }
 
 impl std::fmt::Display for ShapeError {
@@ -189,7 +193,10 @@ mod tests {
         let body = serde_json::json!({"id":"wp_1","secret":"s","message":msg}).to_string();
         assert!(matches!(
             SignalRequest::parse(body.as_bytes()),
-            Err(ShapeError::TooLong { field: "message", .. })
+            Err(ShapeError::TooLong {
+                field: "message",
+                ..
+            })
         ));
     }
 }
