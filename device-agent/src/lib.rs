@@ -1,1 +1,11 @@
-//! placeholder
+//! The device agent's library, and the host-side pieces the hub and the CLI share with it.
+//!
+//! - [`spool`]: the signal spool (`$CORTEX_HOME/tmp/signals/`): opening it safely, reading the
+//!   files jobs drop into it without following links or blocking, parking refused ones under
+//!   `bad/`, and an inotify watcher that says when to look. The hub reads its local spool with
+//!   the same code.
+//!
+//! This crate does no networking in the spool module; forwarding a file and deciding when it
+//! was acknowledged belong to the caller.
+
+pub mod spool;

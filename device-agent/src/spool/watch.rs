@@ -1,0 +1,385 @@
+//! Watching the spool with inotify: says *when* to look, never reads or deletes a file.
+//!
+//! [`SpoolWatcher`] owns the process's one inotify instance (watches and instances are
+//! limited per user, so file waits will share it) and yields [`SpoolEvent`]s:
+//! - `Rescan(Start)` first, always: the watch is added before the caller can list, so a file
+//!   dropped between the two cannot be missed (inotify-tools issue 126);
+//! - `File(name)` on `IN_MOVED_TO` (the seed's `mv "$f.tmp" "$f.json"`) and on
+//!   `IN_CLOSE_WRITE` (a `.json` written in place) of a candidate name; never on `IN_CREATE`,
+//!   when the file is still empty; `.tmp` names and dotfiles are ignored;
+//! - `Rescan(Overflow)` on `IN_Q_OVERFLOW`: events were dropped;
+//! - `Rescan(Recreated)` after the directory was deleted, moved or unmounted, once it is
+//!   recreated (0700, with `bad/`), the [`Spool`]'s handles are reopened and the watch re-added;
+//! - `Rescan(Periodic)` on an optional slow timer, since inotify never sees writes made on
+//!   another host of a network filesystem, nor through mmap (inotify(7)).
+//!
+//! While nothing happens the task sleeps in the kernel: no timer runs except the optional
+//! periodic rescan and, after a failed recreate, the retry delay.
+//!
+//! Routing is by watch descriptor: events for the spool's descriptor are mapped here; an
+//! overflow (descriptor -1) concerns every watch. File waits (`cortex wait file`) are meant to
+//! add their own descriptors to the same instance through [`SpoolWatcher::watches`], counting
+//! waiters per descriptor (one file, one descriptor: inotify-rs issue 62) and routing their
+//! events where this module now drops events of unknown descriptors.
+
+use std::collections::VecDeque;
+use std::ffi::OsStr;
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use inotify::{EventMask, EventOwned, EventStream, Inotify, WatchDescriptor, WatchMask, Watches};
+use rustix::io::Errno;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tokio_stream::StreamExt;
+
+use super::{Spool, SpoolError, is_candidate};
+
+/// What the spool's watch asks of the kernel. `IN_IGNORED`, `IN_UNMOUNT` and `IN_Q_OVERFLOW`
+/// are always reported. `ONLYDIR | DONT_FOLLOW`: never watch a file, or a directory a link
+/// points to, in the spool's place. `EXCL_UNLINK`: no events for files already unlinked.
+const SPOOL_MASK: WatchMask = WatchMask::ONLYDIR
+    .union(WatchMask::DONT_FOLLOW)
+    .union(WatchMask::MOVED_TO)
+    .union(WatchMask::CLOSE_WRITE)
+    .union(WatchMask::DELETE_SELF)
+    .union(WatchMask::MOVE_SELF)
+    .union(WatchMask::EXCL_UNLINK);
+
+/// The read buffer. One event needs `sizeof(inotify_event) + NAME_MAX + 1` = 16 + 256 bytes;
+/// 64 KiB takes a burst of a few hundred events in one read.
+const READ_BUF_BYTES: usize = 64 * 1024;
+
+/// After a failed recreate, wait this long before the next try, doubling up to the maximum,
+/// so a caller that loops on `next()` does not spin while the parent directory is unusable.
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// How often `attach` retries when the spool path is swapped between opening and watching.
+const ATTACH_TRIES: usize = 3;
+
+/// What the caller should do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpoolEvent {
+    /// Read this name (it may already be gone: [`super::Refusal::Gone`] is fine).
+    File(String),
+    /// List the whole spool ([`Spool::list`]) and handle every name.
+    Rescan(RescanReason),
+}
+
+/// Why a full listing is needed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RescanReason {
+    /// The watch was just added: files dropped before it are only found by listing.
+    Start,
+    /// The kernel's event queue overflowed (`IN_Q_OVERFLOW`): events were lost.
+    Overflow,
+    /// The directory was deleted, moved or unmounted and has been recreated.
+    Recreated,
+    /// The slow timer: catches writes inotify cannot see (network filesystems, mmap).
+    Periodic,
+}
+
+impl RescanReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RescanReason::Start => "start",
+            RescanReason::Overflow => "overflow",
+            RescanReason::Recreated => "recreated",
+            RescanReason::Periodic => "periodic",
+        }
+    }
+}
+
+impl fmt::Display for RescanReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one raw event on the spool's descriptor means. Pure, so the mapping is tested
+/// without provoking the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Action {
+    Ignore,
+    File(String),
+    Overflow,
+    /// The watched directory is gone (deleted, moved, unmounted) or its watch was removed.
+    DirGone,
+}
+
+pub(crate) fn classify(mask: EventMask, name: Option<&OsStr>) -> Action {
+    if mask.contains(EventMask::Q_OVERFLOW) {
+        return Action::Overflow;
+    }
+    if mask.intersects(
+        EventMask::DELETE_SELF | EventMask::MOVE_SELF | EventMask::IGNORED | EventMask::UNMOUNT,
+    ) {
+        return Action::DirGone;
+    }
+    if mask.contains(EventMask::ISDIR) {
+        return Action::Ignore;
+    }
+    if mask.intersects(EventMask::MOVED_TO | EventMask::CLOSE_WRITE) {
+        // A name that is not UTF-8 cannot be a candidate `list` returns either.
+        if let Some(name) = name.and_then(OsStr::to_str)
+            && is_candidate(name)
+        {
+            return Action::File(name.to_owned());
+        }
+    }
+    Action::Ignore
+}
+
+/// The spool's inotify watcher; see the module docs. Create it inside a Tokio runtime.
+///
+/// [`SpoolWatcher::next`] is cancel-safe: it can sit in a `tokio::select!` with the daemon's
+/// other sources without losing events.
+pub struct SpoolWatcher {
+    spool: Arc<Spool>,
+    events: EventStream<Vec<u8>>,
+    watches: Watches,
+    /// `None` while the directory is gone and not yet re-watched.
+    spool_wd: Option<WatchDescriptor>,
+    queue: VecDeque<SpoolEvent>,
+    periodic: Option<Interval>,
+    needs_attach: bool,
+    retry_at: Option<Instant>,
+    retry_delay: Duration,
+}
+
+impl fmt::Debug for SpoolWatcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpoolWatcher")
+            .field("spool", &self.spool.path())
+            .field("spool_wd", &self.spool_wd)
+            .field("queued", &self.queue.len())
+            .field("periodic", &self.periodic.as_ref().map(Interval::period))
+            .finish_non_exhaustive()
+    }
+}
+
+enum Woke {
+    Event(Option<io::Result<EventOwned>>),
+    Tick,
+}
+
+impl SpoolWatcher {
+    /// Add the watch on `spool` and queue `Rescan(Start)`. `periodic_rescan`: how often to
+    /// yield `Rescan(Periodic)` (`None` or zero: never).
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime (registering the inotify descriptor needs its reactor).
+    pub fn new(spool: Arc<Spool>, periodic_rescan: Option<Duration>) -> Result<Self, SpoolError> {
+        let path = spool.path().to_owned();
+        let events = Inotify::init()
+            .and_then(|inotify| inotify.into_event_stream(vec![0u8; READ_BUF_BYTES]))
+            .map_err(|e| watch_error(&path, e))?;
+        let watches = events.watches();
+        let periodic = periodic_rescan.filter(|p| !p.is_zero()).map(|period| {
+            let mut t = tokio::time::interval_at(Instant::now() + period, period);
+            // A suspended laptop wakes to one rescan, not a burst of them.
+            t.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            t
+        });
+        let mut watcher = SpoolWatcher {
+            spool,
+            events,
+            watches,
+            spool_wd: None,
+            queue: VecDeque::new(),
+            periodic,
+            needs_attach: false,
+            retry_at: None,
+            retry_delay: RETRY_MIN,
+        };
+        watcher.attach(false)?;
+        watcher
+            .queue
+            .push_back(SpoolEvent::Rescan(RescanReason::Start));
+        Ok(watcher)
+    }
+
+    /// The spool this watcher watches (and reopens when it is recreated).
+    pub fn spool(&self) -> &Arc<Spool> {
+        &self.spool
+    }
+
+    /// The inotify instance's watch list, for adding other watches to the same instance.
+    /// Events of descriptors other than the spool's are currently dropped by `next`.
+    pub fn watches(&self) -> Watches {
+        self.watches.clone()
+    }
+
+    /// The next thing to do. The first call always returns `Rescan(Start)`.
+    ///
+    /// An error means the spool could not be re-watched or recreated, or the inotify
+    /// instance failed; calling `next` again retries after a growing delay (1 s up to 60 s).
+    pub async fn next(&mut self) -> Result<SpoolEvent, SpoolError> {
+        loop {
+            if let Some(event) = self.queue.pop_front() {
+                return Ok(event);
+            }
+            if self.needs_attach {
+                self.reattach().await?;
+                continue;
+            }
+            let woke = tokio::select! {
+                ev = self.events.next() => Woke::Event(ev),
+                () = tick(&mut self.periodic) => Woke::Tick,
+            };
+            match woke {
+                Woke::Event(Some(Ok(ev))) => self.handle(ev),
+                Woke::Event(Some(Err(e))) => return Err(watch_error(self.spool.path(), e)),
+                Woke::Event(None) => {
+                    return Err(watch_error(
+                        self.spool.path(),
+                        io::Error::new(io::ErrorKind::UnexpectedEof, "inotify stream ended"),
+                    ));
+                }
+                Woke::Tick => self.on_tick(),
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: EventOwned) {
+        let action = classify(ev.mask, ev.name.as_deref());
+        if action == Action::Overflow {
+            tracing::warn!(spool = %self.spool.path().display(), "inotify queue overflowed; rescanning");
+            self.push_rescan(RescanReason::Overflow);
+            return;
+        }
+        if self.spool_wd.as_ref() != Some(&ev.wd) {
+            // Another registration's descriptor (file waits, later), or the spool's previous
+            // descriptor after a recreate (its trailing IN_IGNORED): not ours to act on.
+            tracing::trace!(mask = ?ev.mask, "inotify event for another watch descriptor");
+            return;
+        }
+        match action {
+            Action::File(name) => self.queue.push_back(SpoolEvent::File(name)),
+            Action::DirGone => {
+                tracing::warn!(
+                    spool = %self.spool.path().display(),
+                    mask = ?ev.mask,
+                    "spool directory went away; recreating it"
+                );
+                self.detach();
+            }
+            Action::Ignore | Action::Overflow => {}
+        }
+    }
+
+    fn on_tick(&mut self) {
+        // A moved parent directory gives the spool no event of its own; the periodic check
+        // is where that is noticed.
+        match self.spool.path_matches() {
+            Ok(true) => self.push_rescan(RescanReason::Periodic),
+            Ok(false) => {
+                tracing::warn!(
+                    spool = %self.spool.path().display(),
+                    "spool path no longer names the watched directory; recreating it"
+                );
+                self.detach();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check the spool path; rescanning anyway");
+                self.push_rescan(RescanReason::Periodic);
+            }
+        }
+    }
+
+    /// Forget the current watch; the next `next()` recreates the directory and re-watches.
+    fn detach(&mut self) {
+        if let Some(wd) = self.spool_wd.take() {
+            // After IN_MOVE_SELF the watch still follows the moved directory: remove it, or
+            // its events would keep coming. After deletion the kernel already removed it and
+            // this fails with EINVAL, which is expected.
+            let _ = self.watches.remove(wd);
+        }
+        self.needs_attach = true;
+    }
+
+    async fn reattach(&mut self) -> Result<(), SpoolError> {
+        if let Some(at) = self.retry_at {
+            tokio::time::sleep_until(at).await;
+        }
+        match self.attach(true) {
+            Ok(()) => {
+                self.needs_attach = false;
+                self.retry_at = None;
+                self.retry_delay = RETRY_MIN;
+                self.push_rescan(RescanReason::Recreated);
+                Ok(())
+            }
+            Err(e) => {
+                self.retry_at = Some(Instant::now() + self.retry_delay);
+                self.retry_delay = (self.retry_delay * 2).min(RETRY_MAX);
+                Err(e)
+            }
+        }
+    }
+
+    /// Watch the spool's path and make sure the watch and the Spool's handles are on the same
+    /// directory: someone could swap the path between the two, so compare and retry.
+    fn attach(&mut self, reopen_first: bool) -> Result<(), SpoolError> {
+        for attempt in 0..ATTACH_TRIES {
+            if reopen_first || attempt > 0 {
+                self.spool.reopen()?;
+            }
+            let wd = self
+                .watches
+                .add(self.spool.path(), SPOOL_MASK)
+                .map_err(|e| watch_error(self.spool.path(), e))?;
+            if self.spool.path_matches()? {
+                self.spool_wd = Some(wd);
+                return Ok(());
+            }
+            let _ = self.watches.remove(wd);
+        }
+        Err(SpoolError::Io {
+            action: "watch (the path keeps changing under us)",
+            path: self.spool.path().to_owned(),
+            source: io::Error::other("spool path replaced while adding the watch"),
+        })
+    }
+
+    /// A rescan already queued (not yet handed out) covers everything a new one would, since
+    /// the caller lists only after receiving it.
+    fn push_rescan(&mut self, reason: RescanReason) {
+        if !self
+            .queue
+            .iter()
+            .any(|e| matches!(e, SpoolEvent::Rescan(_)))
+        {
+            self.queue.push_back(SpoolEvent::Rescan(reason));
+        }
+    }
+}
+
+async fn tick(periodic: &mut Option<Interval>) {
+    match periodic {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+fn watch_error(path: &std::path::Path, source: io::Error) -> SpoolError {
+    let hint = match Errno::from_io_error(&source) {
+        Some(Errno::NOSPC) => {
+            "; the per-user inotify watch limit is reached: raise fs.inotify.max_user_watches"
+        }
+        Some(Errno::MFILE) => {
+            "; the per-user inotify instance limit is reached: raise fs.inotify.max_user_instances"
+        }
+        _ => "",
+    };
+    SpoolError::Watch {
+        path: path.to_owned(),
+        source,
+        hint,
+    }
+}
