@@ -224,7 +224,8 @@ pub struct WakeView {
 pub struct Badges {
     /// The hourly cap is holding a wake back.
     pub wake_limit_reached: bool,
-    /// Attempts made at a wake that has not been delivered yet (0 when none is pending).
+    /// Failed attempts at delivering a due wake (0 when none is failing). Delivery into the
+    /// session's log commits with the decision, so only a failing store makes this rise.
     pub delivery_attempts: u32,
     pub wakes_this_hour: u32,
     pub max_wakes_per_hour: u32,
@@ -249,6 +250,8 @@ pub struct WaitpointView {
     pub max_signals: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// Every signal recorded; `signals` lists at most the latest 1,000 of them.
+    pub signal_count: u64,
     pub signals: Vec<SignalView>,
     pub wakes: Vec<WakeView>,
     pub badges: Badges,

@@ -206,6 +206,8 @@ pub enum ExpiryNotice {
 /// A wake to deliver now: append it to the session's log in the same transaction.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WakePlan {
+    /// Index of this wake in [`Waitpoint::wakes`].
+    pub index: usize,
     pub reason: WakeReason,
     /// Signals with `from_seq <= seq < to_seq` are carried by this wake.
     pub from_seq: u64,
@@ -550,6 +552,7 @@ impl Waitpoint {
                             WakeReason::Fired
                         };
                         out.push(Effect::Wake(WakePlan {
+                            index: self.wakes.len(),
                             reason,
                             from_seq: self.delivered_through,
                             to_seq: self.signal_count,
@@ -576,6 +579,7 @@ impl Waitpoint {
         if expiring {
             let notice = self.expiry_notice();
             out.push(Effect::Wake(WakePlan {
+                index: self.wakes.len(),
                 reason: WakeReason::Expired,
                 from_seq: self.delivered_through,
                 to_seq: self.signal_count,
@@ -635,8 +639,8 @@ impl Waitpoint {
     }
 
     /// Records the event seq the store gave the wake it just appended.
-    pub fn delivered(&mut self, event_seq: u64) {
-        if let Some(w) = self.wakes.last_mut() {
+    pub fn delivered(&mut self, index: usize, event_seq: u64) {
+        if let Some(w) = self.wakes.get_mut(index) {
             w.event_seq = event_seq;
         }
     }

@@ -1,0 +1,651 @@
+//! The hub's operations on the store: each runs inside one group commit ([`Tx`]) or one
+//! read snapshot ([`ReadTx`]). The rules come from the engine; this module only loads,
+//! applies effects and saves, keeping the indexes true.
+
+use cortex_protocol::SignalRequest;
+use cortex_protocol::api::{
+    Badges, Event, EventBody, MessagePosted, SessionView, SignalView, WaitpointRef, WaitpointView,
+    Wake, WakeView, When,
+};
+use redb::ReadableTable;
+
+use super::StoreError;
+use super::tables::{
+    DEADLINES, EVENTS, ReadTx, SESSION_WPS, SESSIONS, SIGNALS, SessionRecord, Tx, WAITPOINTS,
+    decode, encode,
+};
+use crate::engine::{
+    CreateError, CreateParams, Effect, Refusal, SignalMeta, State, Waitpoint, WakePlan,
+};
+use crate::secret;
+use crate::text;
+
+/// How many due waitpoints one timer or sweep pass takes.
+pub const PASS_LIMIT: usize = 512;
+/// How many signals a waitpoint view lists.
+pub const VIEW_SIGNALS: usize = 1_000;
+
+/// A signal arriving by any route.
+#[derive(Debug, Clone)]
+pub struct SignalIn {
+    pub req: SignalRequest,
+    /// `http`, `spool`, `device:<name>`, `device-wait`.
+    pub source: String,
+    /// The identity used for de-duplication: the body's key, or a spool file's name.
+    pub dedupe: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum SignalOutcome {
+    Accepted { state: State },
+    Duplicate { state: State },
+    Unknown,
+    WrongSecret,
+    Refused(Refusal),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum CreateOutcome {
+    Created(Box<Waitpoint>),
+    NoSession,
+    Invalid(CreateError),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelOutcome {
+    Cancelled,
+    AlreadyEnded(State),
+    NotFound,
+}
+
+impl Tx<'_> {
+    // ------------------------------------------------------------ sessions and events
+
+    pub fn create_session(
+        &mut self,
+        title: Option<String>,
+        now: u64,
+    ) -> Result<SessionView, StoreError> {
+        let mut id = secret::new_id("ses");
+        while self.sessions.get(id.as_str())?.is_some() {
+            id = secret::new_id("ses");
+        }
+        let rec = SessionRecord {
+            id: id.clone(),
+            title,
+            created_at: now,
+            last_seq: 0,
+        };
+        self.sessions
+            .insert(id.as_str(), encode(&rec)?.as_slice())?;
+        Ok(SessionView {
+            id,
+            title: rec.title,
+            created_at: now,
+            last_seq: 0,
+            armed_waitpoints: 0,
+        })
+    }
+
+    /// Appends an event to a session's log; `None` if the session does not exist.
+    pub fn append_event(
+        &mut self,
+        sid: &str,
+        body: EventBody,
+        now: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let Some(mut rec) = self.get_session(sid)? else {
+            return Ok(None);
+        };
+        rec.last_seq += 1;
+        let ev = Event {
+            seq: rec.last_seq,
+            ts: now,
+            body,
+        };
+        let json = serde_json::to_vec(&ev).map_err(|e| StoreError::Decode(e.to_string()))?;
+        self.events.insert((sid, rec.last_seq), json.as_slice())?;
+        self.sessions.insert(sid, encode(&rec)?.as_slice())?;
+        self.touched.insert(sid.to_string(), rec.last_seq);
+        Ok(Some(rec.last_seq))
+    }
+
+    pub fn post_message(
+        &mut self,
+        sid: &str,
+        text: String,
+        when: When,
+        dedupe_key: Option<String>,
+        now: u64,
+    ) -> Result<Option<MessagePosted>, StoreError> {
+        if let Some(k) = &dedupe_key {
+            if let Some(seq) = self.msg_keys.get((sid, k.as_str()))? {
+                return Ok(Some(MessagePosted {
+                    seq: seq.value(),
+                    duplicate: true,
+                }));
+            }
+        }
+        let body = EventBody::Message {
+            text,
+            when,
+            dedupe_key: dedupe_key.clone(),
+        };
+        let Some(seq) = self.append_event(sid, body, now)? else {
+            return Ok(None);
+        };
+        if let Some(k) = &dedupe_key {
+            self.msg_keys.insert((sid, k.as_str()), seq)?;
+        }
+        Ok(Some(MessagePosted {
+            seq,
+            duplicate: false,
+        }))
+    }
+
+    /// Deletes a session and its log; its armed waitpoints are cancelled, so a late
+    /// signal is answered "already resolved" and cannot bring the session back.
+    pub fn delete_session(&mut self, sid: &str, now: u64) -> Result<bool, StoreError> {
+        if self.get_session(sid)?.is_none() {
+            return Ok(false);
+        }
+        let ids: Vec<String> = {
+            let mut v = Vec::new();
+            for r in self.session_wps.range((sid, "")..)? {
+                let (k, _) = r?;
+                let (s, id) = k.value();
+                if s != sid {
+                    break;
+                }
+                v.push(id.to_string());
+            }
+            v
+        };
+        for id in ids {
+            if let Some(mut wp) = self.get_wp(&id)? {
+                let before = (wp.deadline(&self.settings), wp.timer());
+                if wp.cancel(now) {
+                    self.put_wp(&wp, Some(before))?;
+                }
+            }
+        }
+        let seqs: Vec<u64> = {
+            let mut v = Vec::new();
+            for r in self.events.range((sid, 0)..=(sid, u64::MAX))? {
+                v.push(r?.0.value().1);
+            }
+            v
+        };
+        for s in seqs {
+            self.events.remove((sid, s))?;
+        }
+        let keys: Vec<String> = {
+            let mut v = Vec::new();
+            for r in self.msg_keys.range((sid, "")..)? {
+                let (k, _) = r?;
+                let (s, key) = k.value();
+                if s != sid {
+                    break;
+                }
+                v.push(key.to_string());
+            }
+            v
+        };
+        for k in keys {
+            self.msg_keys.remove((sid, k.as_str()))?;
+        }
+        self.sessions.remove(sid)?;
+        self.touched.insert(sid.to_string(), u64::MAX);
+        Ok(true)
+    }
+
+    // ------------------------------------------------------------ waitpoints
+
+    pub fn create_waitpoint(
+        &mut self,
+        sid: &str,
+        params: CreateParams,
+        secret_hash: [u8; 32],
+        now: u64,
+    ) -> Result<CreateOutcome, StoreError> {
+        if self.get_session(sid)?.is_none() {
+            return Ok(CreateOutcome::NoSession);
+        }
+        let mut id = secret::new_id("wp");
+        while self.wps.get(id.as_str())?.is_some() {
+            id = secret::new_id("wp");
+        }
+        let wp = match Waitpoint::create(
+            id,
+            sid.to_string(),
+            secret_hash,
+            params,
+            &self.settings,
+            now,
+        ) {
+            Ok(wp) => wp,
+            Err(e) => return Ok(CreateOutcome::Invalid(e)),
+        };
+        self.put_wp(&wp, None)?;
+        self.session_wps.insert((sid, wp.id.as_str()), ())?;
+        self.append_event(
+            sid,
+            EventBody::WaitpointArmed {
+                waitpoint: wp_ref(&wp),
+            },
+            now,
+        )?;
+        Ok(CreateOutcome::Created(Box::new(wp)))
+    }
+
+    /// wait_cancel. With `scope`, only a waitpoint of that session is seen.
+    pub fn cancel_waitpoint(
+        &mut self,
+        id: &str,
+        scope: Option<&str>,
+        by: &str,
+        now: u64,
+    ) -> Result<CancelOutcome, StoreError> {
+        let Some(mut wp) = self.get_wp(id)? else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        if scope.is_some_and(|s| s != wp.session) {
+            return Ok(CancelOutcome::NotFound);
+        }
+        let before = (wp.deadline(&self.settings), wp.timer());
+        if !wp.cancel(now) {
+            return Ok(CancelOutcome::AlreadyEnded(wp.state));
+        }
+        self.put_wp(&wp, Some(before))?;
+        let session = wp.session.clone();
+        self.append_event(
+            &session,
+            EventBody::WaitpointCancelled {
+                waitpoint: wp_ref(&wp),
+                by: by.to_string(),
+            },
+            now,
+        )?;
+        Ok(CancelOutcome::Cancelled)
+    }
+
+    /// A signal from any route: checked, de-duplicated, recorded, and any wake it
+    /// completes delivered into the session's log, all in this transaction.
+    pub fn signal(&mut self, s: &SignalIn, now: u64) -> Result<SignalOutcome, StoreError> {
+        let id = s.req.id.as_str();
+        let Some(mut wp) = self.get_wp(id)? else {
+            return Ok(SignalOutcome::Unknown);
+        };
+        if !secret::matches(&s.req.secret, &wp.secret_hash) {
+            return Ok(SignalOutcome::WrongSecret);
+        }
+        if let Some(k) = &s.dedupe {
+            if self.keys.get((id, k.as_str()))?.is_some() {
+                return Ok(SignalOutcome::Duplicate { state: wp.state });
+            }
+        }
+        let before = (wp.deadline(&self.settings), wp.timer());
+        let settings = self.settings.clone();
+        let mut effects = wp.tick(&settings, now);
+        let meta = SignalMeta {
+            status: s.req.status(),
+            member: s.req.member.as_deref(),
+        };
+        match wp.signal(meta, &settings, now) {
+            Err(refusal) => {
+                if !effects.is_empty() {
+                    self.apply(&mut wp, &effects, now)?;
+                    self.save_or_purge(&wp, before, &effects)?;
+                }
+                Ok(SignalOutcome::Refused(refusal))
+            }
+            Ok(more) => {
+                let seq = wp.signal_count - 1;
+                let view = SignalView {
+                    status: s.req.status(),
+                    message: s.req.message.clone(),
+                    member: s.req.member.clone(),
+                    data: s.req.data.clone(),
+                    source: s.source.clone(),
+                    key: s.dedupe.clone(),
+                    at: now,
+                };
+                self.signals.insert((id, seq), encode(&view)?.as_slice())?;
+                if let Some(k) = &s.dedupe {
+                    self.keys.insert((id, k.as_str()), seq)?;
+                }
+                effects.extend(more);
+                self.apply(&mut wp, &effects, now)?;
+                self.save_or_purge(&wp, before, &effects)?;
+                Ok(SignalOutcome::Accepted { state: wp.state })
+            }
+        }
+    }
+
+    /// Delivers every decided wake that is due. Returns how many waitpoints it looked at.
+    pub fn fire_timers(&mut self, now: u64) -> Result<usize, StoreError> {
+        let due: Vec<String> = {
+            let mut v = Vec::new();
+            for r in self.timers.range(..(now.saturating_add(1), ""))? {
+                v.push(r?.0.value().1.to_string());
+                if v.len() >= PASS_LIMIT {
+                    break;
+                }
+            }
+            v
+        };
+        for id in &due {
+            self.tick_one(id, now)?;
+        }
+        Ok(due.len())
+    }
+
+    /// The sweep: expires waitpoints past their deadline and forgets ended ones past
+    /// their retention. Reads the deadline index only up to `now`.
+    pub fn sweep(&mut self, now: u64) -> Result<usize, StoreError> {
+        let due: Vec<String> = {
+            let mut v = Vec::new();
+            for r in self.deadlines.range(..(now.saturating_add(1), ""))? {
+                v.push(r?.0.value().1.to_string());
+                if v.len() >= PASS_LIMIT {
+                    break;
+                }
+            }
+            v
+        };
+        for id in &due {
+            self.tick_one(id, now)?;
+        }
+        Ok(due.len())
+    }
+
+    fn tick_one(&mut self, id: &str, now: u64) -> Result<(), StoreError> {
+        let Some(mut wp) = self.get_wp(id)? else {
+            return Ok(());
+        };
+        let before = (wp.deadline(&self.settings), wp.timer());
+        let settings = self.settings.clone();
+        let effects = wp.tick(&settings, now);
+        self.apply(&mut wp, &effects, now)?;
+        self.save_or_purge(&wp, before, &effects)
+    }
+
+    fn save_or_purge(
+        &mut self,
+        wp: &Waitpoint,
+        before: (u64, Option<u64>),
+        effects: &[Effect],
+    ) -> Result<(), StoreError> {
+        if effects.iter().any(|e| matches!(e, Effect::Purge)) {
+            self.purge(wp, before)
+        } else {
+            self.put_wp(wp, Some(before))
+        }
+    }
+
+    fn apply(
+        &mut self,
+        wp: &mut Waitpoint,
+        effects: &[Effect],
+        now: u64,
+    ) -> Result<(), StoreError> {
+        for e in effects {
+            if let Effect::Wake(plan) = e {
+                self.deliver(wp, plan, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, wp: &mut Waitpoint, plan: &WakePlan, now: u64) -> Result<(), StoreError> {
+        let mut carried: Vec<SignalView> = Vec::new();
+        for r in self
+            .signals
+            .range((wp.id.as_str(), plan.from_seq)..(wp.id.as_str(), plan.to_seq))?
+        {
+            carried.push(decode(r?.1.value())?);
+            if carried.len() >= 8 * text::MAX_LISTED {
+                // Keep memory bounded for a monitor that folded a flood of heartbeats.
+                let (kept, _) = text::select_listed(std::mem::take(&mut carried));
+                carried = kept;
+            }
+        }
+        let (listed, _) = text::select_listed(carried);
+        let omitted = (plan.to_seq - plan.from_seq).saturating_sub(listed.len() as u64);
+        let text = text::wake_text(wp, plan, &listed, omitted);
+        let wake = Wake {
+            waitpoint: wp_ref(wp),
+            reason: plan.reason,
+            waited_ms: plan.waited_ms,
+            signals: listed,
+            omitted,
+            text,
+        };
+        let session = wp.session.clone();
+        if let Some(seq) = self.append_event(&session, EventBody::Wake(Box::new(wake)), now)? {
+            wp.delivered(plan.index, seq);
+        }
+        Ok(())
+    }
+
+    fn purge(&mut self, wp: &Waitpoint, before: (u64, Option<u64>)) -> Result<(), StoreError> {
+        let id = wp.id.as_str();
+        self.deadlines.remove((before.0, id))?;
+        if let Some(t) = before.1 {
+            self.timers.remove((t, id))?;
+            self.timers_changed = true;
+        }
+        for seq in 0..wp.signal_count {
+            self.signals.remove((id, seq))?;
+        }
+        let keys: Vec<String> = {
+            let mut v = Vec::new();
+            for r in self.keys.range((id, "")..)? {
+                let (k, _) = r?;
+                let (w, key) = k.value();
+                if w != id {
+                    break;
+                }
+                v.push(key.to_string());
+            }
+            v
+        };
+        for k in keys {
+            self.keys.remove((id, k.as_str()))?;
+        }
+        self.session_wps.remove((wp.session.as_str(), id))?;
+        self.wps.remove(id)?;
+        Ok(())
+    }
+}
+
+fn wp_ref(wp: &Waitpoint) -> WaitpointRef {
+    WaitpointRef {
+        id: wp.id.clone(),
+        label: wp.label.clone(),
+        intent: wp.intent.clone(),
+    }
+}
+
+impl ReadTx {
+    pub fn session(&self, sid: &str) -> Result<Option<SessionView>, StoreError> {
+        let t = self.table(SESSIONS)?;
+        let Some(v) = t.get(sid)? else {
+            return Ok(None);
+        };
+        let rec: SessionRecord = decode(v.value())?;
+        Ok(Some(self.session_view(rec)?))
+    }
+
+    fn session_view(&self, rec: SessionRecord) -> Result<SessionView, StoreError> {
+        let mut armed = 0;
+        for wp in self.session_waitpoints_raw(&rec.id)? {
+            if wp.state == State::Armed {
+                armed += 1;
+            }
+        }
+        Ok(SessionView {
+            id: rec.id,
+            title: rec.title,
+            created_at: rec.created_at,
+            last_seq: rec.last_seq,
+            armed_waitpoints: armed,
+        })
+    }
+
+    pub fn sessions(&self) -> Result<Vec<SessionView>, StoreError> {
+        let t = self.table(SESSIONS)?;
+        let mut out = Vec::new();
+        for r in t.iter()? {
+            let rec: SessionRecord = decode(r?.1.value())?;
+            out.push(self.session_view(rec)?);
+        }
+        out.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    /// Raw JSON of the events after `after`, at most `limit`; `None` if no such session.
+    pub fn events_after(
+        &self,
+        sid: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
+        if self.table(SESSIONS)?.get(sid)?.is_none() {
+            return Ok(None);
+        }
+        let t = self.table(EVENTS)?;
+        let mut out = Vec::new();
+        for r in t.range((sid, after.saturating_add(1))..=(sid, u64::MAX))? {
+            out.push(r?.1.value().to_vec());
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(Some(out))
+    }
+
+    fn session_waitpoints_raw(&self, sid: &str) -> Result<Vec<Waitpoint>, StoreError> {
+        let idx = self.table(SESSION_WPS)?;
+        let wps = self.table(WAITPOINTS)?;
+        let mut out = Vec::new();
+        for r in idx.range((sid, "")..)? {
+            let (k, _) = r?;
+            let (s, id) = k.value();
+            if s != sid {
+                break;
+            }
+            if let Some(v) = wps.get(id)? {
+                out.push(decode::<Waitpoint>(v.value())?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// wait_check: the session's waitpoints, or `None` if the session does not exist.
+    pub fn session_waitpoints(
+        &self,
+        sid: &str,
+        now: u64,
+        max_per_hour: u32,
+    ) -> Result<Option<Vec<WaitpointView>>, StoreError> {
+        if self.table(SESSIONS)?.get(sid)?.is_none() {
+            return Ok(None);
+        }
+        let mut out = Vec::new();
+        for wp in self.session_waitpoints_raw(sid)? {
+            out.push(self.view(&wp, now, max_per_hour)?);
+        }
+        out.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        Ok(Some(out))
+    }
+
+    pub fn waitpoint(
+        &self,
+        id: &str,
+        now: u64,
+        max_per_hour: u32,
+    ) -> Result<Option<WaitpointView>, StoreError> {
+        let t = self.table(WAITPOINTS)?;
+        let Some(v) = t.get(id)? else { return Ok(None) };
+        let wp: Waitpoint = decode(v.value())?;
+        Ok(Some(self.view(&wp, now, max_per_hour)?))
+    }
+
+    /// The raw engine state, for callers that act on it.
+    pub fn waitpoint_state(&self, id: &str) -> Result<Option<Waitpoint>, StoreError> {
+        let t = self.table(WAITPOINTS)?;
+        match t.get(id)? {
+            Some(v) => Ok(Some(decode(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn view(
+        &self,
+        wp: &Waitpoint,
+        now: u64,
+        max_per_hour: u32,
+    ) -> Result<WaitpointView, StoreError> {
+        let t = self.table(SIGNALS)?;
+        let from = wp.signal_count.saturating_sub(VIEW_SIGNALS as u64);
+        let mut signals = Vec::new();
+        for r in t.range((wp.id.as_str(), from)..(wp.id.as_str(), wp.signal_count))? {
+            signals.push(decode::<SignalView>(r?.1.value())?);
+        }
+        let mut wakes: Vec<WakeView> = wp
+            .wakes
+            .iter()
+            .map(|w| WakeView {
+                reason: w.reason,
+                at: w.at,
+                delivered: true,
+            })
+            .collect();
+        let pending = wp.wake_pending();
+        if let Some(p) = pending {
+            let reason = if wp.round.failed {
+                cortex_protocol::api::WakeReason::Failed
+            } else if wp.is_monitor() {
+                cortex_protocol::api::WakeReason::Report
+            } else {
+                cortex_protocol::api::WakeReason::Fired
+            };
+            wakes.push(WakeView {
+                reason,
+                at: p.due_at,
+                delivered: false,
+            });
+        }
+        Ok(WaitpointView {
+            id: wp.id.clone(),
+            session: wp.session.clone(),
+            label: wp.label.clone(),
+            intent: wp.intent.clone(),
+            state: wp.state.as_str().to_string(),
+            created_at: wp.created_at,
+            expires_at: wp.expires_at,
+            resolved_at: wp.ended_at,
+            members: wp.members.clone(),
+            quorum: wp.quorum,
+            fail_fast: wp.fail_fast,
+            max_signals: wp.max_signals,
+            device: wp.device.clone(),
+            signal_count: wp.signal_count,
+            signals,
+            wakes,
+            badges: Badges {
+                wake_limit_reached: pending.is_some_and(|p| p.held_by_cap),
+                delivery_attempts: 0,
+                wakes_this_hour: wp.wakes_in_hour(now),
+                max_wakes_per_hour: max_per_hour,
+            },
+        })
+    }
+
+    /// How many entries the deadline index holds (for tests and status).
+    pub fn deadline_count(&self) -> Result<u64, StoreError> {
+        use redb::ReadableTableMetadata;
+        Ok(self.table(DEADLINES)?.len()?)
+    }
+}

@@ -1,0 +1,187 @@
+//! redb tables, the write transaction wrapper [`Tx`] and the read wrapper [`ReadTx`].
+//!
+//! Layout (keys → values; records are MessagePack with field names, events are JSON):
+//! - `waitpoints`: id → engine state
+//! - `signals`: (waitpoint, seq) → signal
+//! - `signal_keys`: (waitpoint, key) → seq, for de-duplication
+//! - `deadlines`: (time, waitpoint) → (), read by the sweep: expiry, then purge
+//! - `timers`: (time, waitpoint) → (), a decided wake's due time
+//! - `sessions`: id → session; `session_wps`: (session, waitpoint) → ()
+//! - `events`: (session, seq) → event JSON; `message_keys`: (session, key) → seq
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use redb::{
+    ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition, WriteTransaction,
+};
+use serde::{Deserialize, Serialize};
+
+use super::StoreError;
+use crate::engine::{Settings, Waitpoint};
+
+pub(crate) const WAITPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("waitpoints");
+pub(crate) const SIGNALS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("signals");
+pub(crate) const SIGNAL_KEYS: TableDefinition<(&str, &str), u64> =
+    TableDefinition::new("signal_keys");
+pub(crate) const DEADLINES: TableDefinition<(u64, &str), ()> = TableDefinition::new("deadlines");
+pub(crate) const TIMERS: TableDefinition<(u64, &str), ()> = TableDefinition::new("timers");
+pub(crate) const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
+pub(crate) const SESSION_WPS: TableDefinition<(&str, &str), ()> =
+    TableDefinition::new("session_waitpoints");
+pub(crate) const EVENTS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("events");
+pub(crate) const MESSAGE_KEYS: TableDefinition<(&str, &str), u64> =
+    TableDefinition::new("message_keys");
+
+/// A stored session.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub id: String,
+    pub title: Option<String>,
+    pub created_at: u64,
+    pub last_seq: u64,
+}
+
+pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
+    rmp_serde::to_vec_named(v).map_err(|e| StoreError::Decode(e.to_string()))
+}
+
+pub(crate) fn decode<T: for<'de> Deserialize<'de>>(b: &[u8]) -> Result<T, StoreError> {
+    rmp_serde::from_slice(b).map_err(|e| StoreError::Decode(e.to_string()))
+}
+
+pub(crate) fn create_all(wtx: &WriteTransaction) -> Result<(), StoreError> {
+    wtx.open_table(WAITPOINTS)?;
+    wtx.open_table(SIGNALS)?;
+    wtx.open_table(SIGNAL_KEYS)?;
+    wtx.open_table(DEADLINES)?;
+    wtx.open_table(TIMERS)?;
+    wtx.open_table(SESSIONS)?;
+    wtx.open_table(SESSION_WPS)?;
+    wtx.open_table(EVENTS)?;
+    wtx.open_table(MESSAGE_KEYS)?;
+    Ok(())
+}
+
+pub(crate) fn first_timer(rtx: &ReadTransaction) -> Result<Option<u64>, StoreError> {
+    let t = rtx.open_table(TIMERS)?;
+    Ok(t.first()?.map(|(k, _)| k.value().0))
+}
+
+/// One group commit's view: every table open for writing, plus what to publish after.
+pub struct Tx<'a> {
+    pub(crate) wps: Table<'a, &'static str, &'static [u8]>,
+    pub(crate) signals: Table<'a, (&'static str, u64), &'static [u8]>,
+    pub(crate) keys: Table<'a, (&'static str, &'static str), u64>,
+    pub(crate) deadlines: Table<'a, (u64, &'static str), ()>,
+    pub(crate) timers: Table<'a, (u64, &'static str), ()>,
+    pub(crate) sessions: Table<'a, &'static str, &'static [u8]>,
+    pub(crate) session_wps: Table<'a, (&'static str, &'static str), ()>,
+    pub(crate) events: Table<'a, (&'static str, u64), &'static [u8]>,
+    pub(crate) msg_keys: Table<'a, (&'static str, &'static str), u64>,
+    pub settings: Arc<Settings>,
+    /// Sessions whose log grew, with their newest seq.
+    pub(crate) touched: HashMap<String, u64>,
+    pub(crate) timers_changed: bool,
+    pub(crate) poisoned: Option<String>,
+}
+
+impl<'a> Tx<'a> {
+    pub(crate) fn open(
+        wtx: &'a WriteTransaction,
+        settings: Arc<Settings>,
+    ) -> Result<Self, StoreError> {
+        Ok(Tx {
+            wps: wtx.open_table(WAITPOINTS)?,
+            signals: wtx.open_table(SIGNALS)?,
+            keys: wtx.open_table(SIGNAL_KEYS)?,
+            deadlines: wtx.open_table(DEADLINES)?,
+            timers: wtx.open_table(TIMERS)?,
+            sessions: wtx.open_table(SESSIONS)?,
+            session_wps: wtx.open_table(SESSION_WPS)?,
+            events: wtx.open_table(EVENTS)?,
+            msg_keys: wtx.open_table(MESSAGE_KEYS)?,
+            settings,
+            touched: HashMap::new(),
+            timers_changed: false,
+            poisoned: None,
+        })
+    }
+
+    /// A job failed half-way: the whole batch is aborted, so nothing half-done is kept.
+    pub(crate) fn poison(&mut self, e: &StoreError) {
+        if self.poisoned.is_none() {
+            self.poisoned = Some(e.to_string());
+        }
+    }
+
+    pub(crate) fn first_timer(&self) -> Result<Option<u64>, StoreError> {
+        Ok(self.timers.first()?.map(|(k, _)| k.value().0))
+    }
+
+    pub(crate) fn get_wp(&self, id: &str) -> Result<Option<Waitpoint>, StoreError> {
+        match self.wps.get(id)? {
+            Some(v) => Ok(Some(decode(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes a waitpoint and moves its index entries. `before` is (deadline, timer) as
+    /// it was when loaded, `None` for a new one.
+    pub(crate) fn put_wp(
+        &mut self,
+        wp: &Waitpoint,
+        before: Option<(u64, Option<u64>)>,
+    ) -> Result<(), StoreError> {
+        let deadline = wp.deadline(&self.settings);
+        let timer = wp.timer();
+        let id = wp.id.as_str();
+        match before {
+            Some((d, _)) if d == deadline => {}
+            Some((d, _)) => {
+                self.deadlines.remove((d, id))?;
+                self.deadlines.insert((deadline, id), ())?;
+            }
+            None => {
+                self.deadlines.insert((deadline, id), ())?;
+            }
+        }
+        let old_timer = before.and_then(|b| b.1);
+        if old_timer != timer {
+            if let Some(t) = old_timer {
+                self.timers.remove((t, id))?;
+            }
+            if let Some(t) = timer {
+                self.timers.insert((t, id), ())?;
+            }
+            self.timers_changed = true;
+        }
+        self.wps.insert(id, encode(wp)?.as_slice())?;
+        Ok(())
+    }
+
+    pub(crate) fn get_session(&self, sid: &str) -> Result<Option<SessionRecord>, StoreError> {
+        match self.sessions.get(sid)? {
+            Some(v) => Ok(Some(decode(v.value())?)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// A read snapshot.
+pub struct ReadTx {
+    rtx: ReadTransaction,
+}
+
+impl ReadTx {
+    pub(crate) fn new(rtx: ReadTransaction) -> Self {
+        ReadTx { rtx }
+    }
+
+    pub(crate) fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &self,
+        def: TableDefinition<K, V>,
+    ) -> Result<ReadOnlyTable<K, V>, StoreError> {
+        Ok(self.rtx.open_table(def)?)
+    }
+}
