@@ -474,7 +474,7 @@ fn open_handles(path: &Path) -> Result<Handles, SpoolError> {
         Ok(()) | Err(Errno::EXIST) => {}
         Err(e) => return Err(io_err("create the bad/ directory in", e.into())),
     }
-    let bad = open_dir(&dir, BAD_DIR, &bad_path)?;
+    let bad = open_dir(dir.as_fd(), BAD_DIR, &bad_path)?;
     let bad_st = rustix::fs::fstat(&bad).map_err(|e| io_err("inspect bad/ in", e.into()))?;
     check_mode(&bad_path, bad_st.st_mode)?;
 
@@ -487,7 +487,7 @@ fn open_handles(path: &Path) -> Result<Handles, SpoolError> {
     })
 }
 
-fn open_dir<Fd: AsFd, P: rustix::path::Arg>(
+fn open_dir<Fd: AsFd + Copy, P: rustix::path::Arg + Copy>(
     at: Fd,
     name: P,
     shown: &Path,
@@ -502,9 +502,18 @@ fn open_dir<Fd: AsFd, P: rustix::path::Arg>(
         Err(Errno::LOOP) => Err(SpoolError::Symlink {
             path: shown.to_owned(),
         }),
-        Err(Errno::NOTDIR) => Err(SpoolError::NotDirectory {
-            path: shown.to_owned(),
-        }),
+        // With O_DIRECTORY, Linux reports a final symlink as ENOTDIR rather than ELOOP:
+        // look at the entry itself to give the right advice.
+        Err(Errno::NOTDIR) => match rustix::fs::statat(at, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
+                Err(SpoolError::Symlink {
+                    path: shown.to_owned(),
+                })
+            }
+            _ => Err(SpoolError::NotDirectory {
+                path: shown.to_owned(),
+            }),
+        },
         Err(e) => Err(SpoolError::Io {
             action: "open",
             path: shown.to_owned(),

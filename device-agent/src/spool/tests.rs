@@ -1,1 +1,721 @@
-//! Spool tests.
+//! Spool tests: real files in temp dirs and a real inotify instance. Waits are bounded
+//! (`timeout` around `next()`), never sleeps; "nothing else happened" is shown by ordering:
+//! a sentinel file dropped afterwards must be the very next event.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use cortex_protocol::signal::MAX_BODY_BYTES;
+use inotify::EventMask;
+
+use super::watch::{Action, classify, classify_parent};
+use super::*;
+
+const BOUND: Duration = Duration::from_secs(10);
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    dir: PathBuf,
+    spool: Arc<Spool>,
+}
+
+fn fixture() -> Fixture {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().to_owned();
+    let dir = root.join("home/tmp/signals");
+    let spool = Arc::new(Spool::open(&dir).expect("open spool"));
+    Fixture {
+        _tmp: tmp,
+        root,
+        dir,
+        spool,
+    }
+}
+
+fn mode(path: &Path) -> u32 {
+    fs::symlink_metadata(path).expect("stat").mode() & 0o7777
+}
+
+/// The seed's exact line, run by a real shell: printf into `$f.tmp`, then mv to `$f.json`.
+fn seed_drop(dir: &Path, stem: &str) -> String {
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(
+            r#"f="$1/$2"; printf '{"id":"wp_1a2b3c4d5e6f","secret":"s","status":"%s","message":"exit=%s"}' ok 0 > "$f.tmp" && mv "$f.tmp" "$f.json""#,
+        )
+        .arg("sh")
+        .arg(dir)
+        .arg(stem)
+        .status()
+        .expect("run sh");
+    assert!(status.success());
+    format!("{stem}.json")
+}
+
+/// A `.json` written in place: create, write, close.
+fn write_in_place(dir: &Path, name: &str, body: &[u8]) {
+    let mut f = fs::File::create(dir.join(name)).expect("create");
+    f.write_all(body).expect("write");
+}
+
+async fn next(w: &mut SpoolWatcher) -> SpoolEvent {
+    tokio::time::timeout(BOUND, w.next())
+        .await
+        .expect("an event within the bound")
+        .expect("watcher error")
+}
+
+async fn started(spool: &Arc<Spool>, periodic: Option<Duration>) -> SpoolWatcher {
+    let mut w = SpoolWatcher::new(Arc::clone(spool), periodic).expect("watcher");
+    assert_eq!(next(&mut w).await, SpoolEvent::Rescan(RescanReason::Start));
+    w
+}
+
+// ---- open ----
+
+#[test]
+fn open_creates_dirs_0700_with_bad() {
+    let f = fixture();
+    assert!(f.dir.is_dir());
+    assert_eq!(mode(&f.dir), 0o700);
+    assert_eq!(mode(&f.dir.join(BAD_DIR)), 0o700);
+    assert_eq!(
+        mode(&f.root.join("home/tmp")),
+        0o700,
+        "parents are created 0700 too"
+    );
+    assert_eq!(f.spool.list().expect("list"), Vec::<String>::new());
+    assert_eq!(f.spool.counts().expect("counts"), SpoolCounts::default());
+    // Opening again an existing spool is fine.
+    Spool::open(&f.dir).expect("reopen existing");
+}
+
+#[test]
+fn open_refuses_a_symlinked_spool() {
+    let f = fixture();
+    let link = f.root.join("link");
+    std::os::unix::fs::symlink(&f.dir, &link).expect("symlink");
+    for path in [link.clone(), link.join("")] {
+        let err = Spool::open(&path).expect_err("a symlinked spool is refused");
+        assert!(matches!(err, SpoolError::Symlink { .. }), "{err:?}");
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+    }
+}
+
+#[test]
+fn open_refuses_group_or_other_writable() {
+    let f = fixture();
+    for bits in [0o770, 0o707, 0o1777] {
+        fs::set_permissions(&f.dir, fs::Permissions::from_mode(bits)).expect("chmod");
+        let err = Spool::open(&f.dir).expect_err("writable by others is refused");
+        assert!(
+            matches!(err, SpoolError::Insecure { mode, .. } if mode == bits),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("chmod 700"), "{err}");
+    }
+    // 0755 lets others read, not plant files: accepted.
+    fs::set_permissions(&f.dir, fs::Permissions::from_mode(0o755)).expect("chmod");
+    Spool::open(&f.dir).expect("0755 is accepted");
+}
+
+#[test]
+fn open_refuses_a_file_and_a_bad_symlink() {
+    let f = fixture();
+    let file = f.root.join("plain");
+    fs::write(&file, b"x").expect("write");
+    let err = Spool::open(&file).expect_err("a file is not a spool");
+    assert!(matches!(err, SpoolError::NotDirectory { .. }), "{err:?}");
+
+    let other = f.root.join("elsewhere");
+    fs::create_dir(&other).expect("mkdir");
+    fs::remove_dir(f.dir.join(BAD_DIR)).expect("rmdir bad");
+    std::os::unix::fs::symlink(&other, f.dir.join(BAD_DIR)).expect("symlink bad");
+    let err = Spool::open(&f.dir).expect_err("a symlinked bad/ is refused");
+    assert!(
+        matches!(&err, SpoolError::Symlink { path } if path.ends_with(BAD_DIR)),
+        "{err:?}"
+    );
+}
+
+// ---- list ----
+
+#[test]
+fn list_gives_candidates_sorted_and_skips_directories() {
+    let f = fixture();
+    for name in [
+        "200.json",
+        "100.json",
+        ".hidden.json",
+        "x.tmp",
+        "300.json.tmp",
+        "notes",
+    ] {
+        fs::write(f.dir.join(name), b"{}").expect("write");
+    }
+    fs::create_dir(f.dir.join("dir.json")).expect("mkdir");
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        f.dir.join("150.json"),
+        Mode::from_raw_mode(0o600),
+    )
+    .expect("mkfifo");
+    std::os::unix::fs::symlink("/etc/passwd", f.dir.join("120.json")).expect("symlink");
+    assert_eq!(
+        f.spool.list().expect("list"),
+        ["100.json", "120.json", "150.json", "200.json"],
+        "non-regular entries are listed so read() refuses them; directories are not"
+    );
+    assert_eq!(f.spool.counts().expect("counts").pending, 4);
+}
+
+#[test]
+fn candidate_names() {
+    for yes in ["1-2-3.json", "a.json", "x.y.json"] {
+        assert!(is_candidate(yes), "{yes}");
+    }
+    for no in [
+        ".json",
+        ".a.json",
+        "a.json.tmp",
+        "a.tmp",
+        "a.JSON",
+        "a/b.json",
+        "json",
+        "",
+    ] {
+        assert!(!is_candidate(no), "{no}");
+    }
+}
+
+// ---- read ----
+
+#[test]
+fn read_returns_a_normal_file_and_caps_size() {
+    let f = fixture();
+    let name = seed_drop(&f.dir, "1700000000000000000-42-7");
+    let body = f.spool.read(&name).expect("read");
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(v["status"], "ok");
+
+    fs::write(f.dir.join("max.json"), vec![b' '; MAX_BODY_BYTES]).expect("write");
+    assert_eq!(
+        f.spool.read("max.json").expect("exactly the cap").len(),
+        MAX_BODY_BYTES
+    );
+
+    fs::write(f.dir.join("big.json"), vec![b' '; MAX_BODY_BYTES + 1]).expect("write");
+    let r = f.spool.read("big.json").expect_err("over the cap");
+    assert!(
+        matches!(r, Refusal::TooLarge { bytes } if bytes == MAX_BODY_BYTES as u64 + 1),
+        "{r:?}"
+    );
+    assert!(r.should_park());
+    assert!(r.to_string().contains("65536-byte cap"), "{r}");
+}
+
+#[test]
+fn read_refuses_a_symlink_and_leaves_its_target_alone() {
+    let f = fixture();
+    let target = f.root.join("precious");
+    fs::write(&target, b"do not touch").expect("write");
+    let old = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    fs::File::options()
+        .write(true)
+        .open(&target)
+        .expect("open")
+        .set_modified(old)
+        .expect("set mtime");
+    let before = fs::metadata(&target).expect("stat");
+    std::os::unix::fs::symlink(&target, f.dir.join("link.json")).expect("symlink");
+
+    let r = f.spool.read("link.json").expect_err("a link is refused");
+    assert!(matches!(r, Refusal::Symlink), "{r:?}");
+    assert!(r.should_park());
+
+    // The open alone (no look-before) refuses it too, through O_NOFOLLOW's ELOOP.
+    let r = open_and_read(&f.spool.handles(), "link.json").expect_err("ELOOP");
+    assert!(matches!(r, Refusal::Symlink), "{r:?}");
+
+    let after = fs::metadata(&target).expect("stat");
+    assert_eq!(fs::read(&target).expect("read"), b"do not touch");
+    assert_eq!(after.modified().expect("mtime"), old);
+    assert_eq!(after.mtime_nsec(), before.mtime_nsec());
+    assert_eq!(after.ctime(), before.ctime());
+}
+
+#[test]
+fn read_refuses_a_hard_linked_file() {
+    let f = fixture();
+    fs::write(f.dir.join("a.json"), b"{}").expect("write");
+    fs::hard_link(f.dir.join("a.json"), f.root.join("second-name")).expect("link");
+    let r = f.spool.read("a.json").expect_err("two links");
+    assert!(matches!(r, Refusal::HardLinked { nlink: 2 }), "{r:?}");
+    assert!(r.should_park());
+}
+
+#[tokio::test]
+async fn read_refuses_a_fifo_without_blocking() {
+    let f = fixture();
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        f.dir.join("p.json"),
+        Mode::from_raw_mode(0o600),
+    )
+    .expect("mkfifo");
+    let spool = Arc::clone(&f.spool);
+    // A blocking open would hang here with no writer; the bound turns that into a failure.
+    let (via_read, via_open) = tokio::time::timeout(
+        BOUND,
+        tokio::task::spawn_blocking(move || {
+            let a = spool.read("p.json");
+            // Skip the look-before-open: the O_NONBLOCK open and fstat must refuse it alone.
+            let b = open_and_read(&spool.handles(), "p.json");
+            (a, b)
+        }),
+    )
+    .await
+    .expect("reading a FIFO must not block")
+    .expect("join");
+    for r in [via_read, via_open] {
+        let r = r.expect_err("a FIFO is refused");
+        assert!(matches!(r, Refusal::NotRegular { kind: "a FIFO" }), "{r:?}");
+        assert!(r.should_park());
+    }
+}
+
+#[test]
+fn read_refuses_another_users_file() {
+    let f = fixture();
+    fs::write(f.dir.join("theirs.json"), b"{}").expect("write");
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("note: not root, cannot chown; skipping the wrong-owner assertion");
+        return;
+    }
+    std::os::unix::fs::chown(f.dir.join("theirs.json"), Some(65534), None).expect("chown");
+    let r = f.spool.read("theirs.json").expect_err("wrong owner");
+    assert!(
+        matches!(r, Refusal::WrongOwner { uid: 65534, owner } if owner == f.spool.owner()),
+        "{r:?}"
+    );
+    assert!(r.should_park());
+}
+
+#[test]
+fn read_of_a_missing_name_is_gone_and_paths_are_not_names() {
+    let f = fixture();
+    let r = f.spool.read("never.json").expect_err("missing");
+    assert!(matches!(r, Refusal::Gone), "{r:?}");
+    assert!(!r.should_park());
+
+    fs::write(f.root.join("outside.json"), b"{}").expect("write");
+    for bad in ["../outside.json", "a/b.json", "", ".", ".."] {
+        let r = f.spool.read(bad).expect_err("not a plain name");
+        assert!(
+            matches!(&r, Refusal::Io(e) if e.kind() == io::ErrorKind::InvalidInput),
+            "{bad}: {r:?}"
+        );
+        assert!(
+            matches!(f.spool.park(bad, "x"), Err(SpoolError::BadName { .. })),
+            "{bad}"
+        );
+        assert!(
+            matches!(f.spool.remove(bad), Err(SpoolError::BadName { .. })),
+            "{bad}"
+        );
+    }
+    assert!(f.root.join("outside.json").exists());
+}
+
+// ---- remove and park ----
+
+#[test]
+fn remove_deletes_and_a_missing_name_is_fine() {
+    let f = fixture();
+    let name = seed_drop(&f.dir, "1");
+    f.spool.remove(&name).expect("remove");
+    assert!(!f.dir.join(&name).exists());
+    f.spool.remove(&name).expect("removing again is fine");
+}
+
+#[test]
+fn park_moves_into_bad_with_a_reason_and_never_overwrites() {
+    let f = fixture();
+    let bad = f.dir.join(BAD_DIR);
+    fs::write(f.dir.join("a.json"), b"first").expect("write");
+    let parked = f
+        .spool
+        .park("a.json", "malformed: expected value at line 1")
+        .expect("park");
+    assert_eq!(parked.as_deref(), Some("a.json"));
+    assert!(!f.dir.join("a.json").exists());
+    assert_eq!(fs::read(bad.join("a.json")).expect("parked"), b"first");
+    assert_eq!(
+        fs::read_to_string(bad.join("a.json.reason")).expect("reason"),
+        "malformed: expected value at line 1\n"
+    );
+
+    // The same name again gets a suffix; the first one stays as it was.
+    fs::write(f.dir.join("a.json"), b"second").expect("write");
+    let parked = f.spool.park("a.json", "refused again\n").expect("park");
+    assert_eq!(parked.as_deref(), Some("a.json.1"));
+    assert_eq!(fs::read(bad.join("a.json")).expect("first"), b"first");
+    assert_eq!(fs::read(bad.join("a.json.1")).expect("second"), b"second");
+    assert_eq!(
+        fs::read_to_string(bad.join("a.json.1.reason")).expect("reason"),
+        "refused again\n"
+    );
+
+    assert_eq!(
+        f.spool.counts().expect("counts"),
+        SpoolCounts { pending: 0, bad: 2 }
+    );
+    assert_eq!(
+        f.spool.park("a.json", "gone").expect("missing is fine"),
+        None
+    );
+    // No temporaries left behind.
+    let leftovers: Vec<_> = fs::read_dir(&bad)
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name())
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn park_moves_a_symlink_itself_not_its_target() {
+    let f = fixture();
+    let target = f.root.join("precious");
+    fs::write(&target, b"keep").expect("write");
+    std::os::unix::fs::symlink(&target, f.dir.join("l.json")).expect("symlink");
+    let reason = f.spool.read("l.json").expect_err("refused").to_string();
+    f.spool.park("l.json", &reason).expect("park");
+    let parked = f.dir.join(BAD_DIR).join("l.json");
+    assert!(
+        fs::symlink_metadata(&parked)
+            .expect("lstat")
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(fs::read_link(&parked).expect("readlink"), target);
+    assert_eq!(fs::read(&target).expect("target"), b"keep");
+    assert!(
+        fs::read_to_string(f.dir.join(BAD_DIR).join("l.json.reason"))
+            .expect("reason")
+            .contains("symbolic link")
+    );
+}
+
+#[test]
+fn park_recreates_a_removed_bad_dir() {
+    let f = fixture();
+    fs::write(f.dir.join("a.json"), b"x").expect("write");
+    fs::remove_dir(f.dir.join(BAD_DIR)).expect("rmdir bad");
+    assert_eq!(
+        f.spool.park("a.json", "r").expect("park").as_deref(),
+        Some("a.json")
+    );
+    assert!(f.dir.join(BAD_DIR).join("a.json").exists());
+    assert_eq!(mode(&f.dir.join(BAD_DIR)), 0o700);
+}
+
+// ---- the watcher ----
+
+#[tokio::test]
+async fn watcher_sees_the_seed_pattern_and_in_place_writes_only() {
+    let f = fixture();
+    // A file dropped before the watcher exists is found by the first (start) rescan.
+    let early = seed_drop(&f.dir, "0-early");
+    let mut w = started(&f.spool, None).await;
+    assert_eq!(f.spool.list().expect("list"), [early]);
+
+    let name = seed_drop(&f.dir, "1700000000000000001-10-20");
+    assert_eq!(
+        next(&mut w).await,
+        SpoolEvent::File(name),
+        "File for the .json, nothing for the .tmp"
+    );
+
+    // A .tmp alone, a dotfile and a non-candidate yield nothing: the sentinel written in
+    // place afterwards is the very next event (created, written, then closed: one event).
+    write_in_place(&f.dir, "lonely.tmp", b"{}");
+    write_in_place(&f.dir, ".hidden.json", b"{}");
+    write_in_place(&f.dir, "notes.txt", b"{}");
+    write_in_place(&f.dir, "2.json", b"{}");
+    assert_eq!(next(&mut w).await, SpoolEvent::File("2.json".into()));
+    let name = seed_drop(&f.dir, "3");
+    assert_eq!(
+        next(&mut w).await,
+        SpoolEvent::File(name),
+        "one event per in-place write"
+    );
+}
+
+#[tokio::test]
+async fn watcher_recreates_a_deleted_spool() {
+    let f = fixture();
+    let mut w = started(&f.spool, None).await;
+    seed_drop(&f.dir, "doomed");
+    assert_eq!(next(&mut w).await, SpoolEvent::File("doomed.json".into()));
+
+    fs::remove_dir_all(&f.dir).expect("rm -rf spool");
+    assert_eq!(
+        next(&mut w).await,
+        SpoolEvent::Rescan(RescanReason::Recreated)
+    );
+    assert_eq!(mode(&f.dir), 0o700);
+    assert_eq!(mode(&f.dir.join(BAD_DIR)), 0o700);
+    assert!(f.spool.path_matches().expect("stat"));
+
+    let name = seed_drop(&f.dir, "after");
+    assert_eq!(next(&mut w).await, SpoolEvent::File(name.clone()));
+    assert!(
+        f.spool.read(&name).is_ok(),
+        "the Spool's handles were reopened"
+    );
+    f.spool.park(&name, "test").expect("park into the new bad/");
+}
+
+#[tokio::test]
+async fn watcher_recreates_a_moved_spool_and_drops_the_old_watch() {
+    let f = fixture();
+    let mut w = started(&f.spool, None).await;
+    let moved = f.root.join("moved-away");
+    fs::rename(&f.dir, &moved).expect("mv spool");
+    assert_eq!(
+        next(&mut w).await,
+        SpoolEvent::Rescan(RescanReason::Recreated)
+    );
+
+    // If the old watch still followed the moved directory, its event would come first.
+    seed_drop(&moved, "old");
+    let name = seed_drop(&f.dir, "new");
+    assert_eq!(next(&mut w).await, SpoolEvent::File(name.clone()));
+    assert_eq!(f.spool.list().expect("list"), [name]);
+}
+
+#[tokio::test]
+async fn watcher_periodic_rescan() {
+    let f = fixture();
+    let mut w = started(&f.spool, Some(Duration::from_millis(50))).await;
+    assert_eq!(
+        next(&mut w).await,
+        SpoolEvent::Rescan(RescanReason::Periodic)
+    );
+    // Files still arrive as events between ticks.
+    let name = seed_drop(&f.dir, "tick");
+    loop {
+        match next(&mut w).await {
+            SpoolEvent::Rescan(RescanReason::Periodic) => continue,
+            other => {
+                assert_eq!(other, SpoolEvent::File(name));
+                break;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn watcher_periodic_check_notices_a_moved_parent() {
+    let f = fixture();
+    let mut w = started(&f.spool, Some(Duration::from_millis(50))).await;
+    // Moving the parent gives the spool's own watch no event; the periodic check sees that
+    // the path no longer names the watched directory.
+    fs::rename(f.root.join("home"), f.root.join("home-old")).expect("mv parent");
+    loop {
+        match next(&mut w).await {
+            SpoolEvent::Rescan(RescanReason::Periodic) => continue,
+            SpoolEvent::Rescan(RescanReason::Recreated) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(f.dir.is_dir());
+    assert!(f.spool.path_matches().expect("stat"));
+}
+
+#[tokio::test]
+async fn watcher_overflow_yields_a_rescan() {
+    let max: usize = fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(usize::MAX);
+    if max > 100_000 {
+        eprintln!("note: max_queued_events is {max}; not forcing an overflow (classify is tested)");
+        return;
+    }
+    let f = fixture();
+    let mut w = started(&f.spool, None).await;
+    // Each create+close of a file opened for writing queues one IN_CLOSE_WRITE. `.tmp` names
+    // are ignored by the watcher, so the first thing it yields is the overflow's rescan.
+    for i in 0..max + 16 {
+        fs::File::create(f.dir.join(format!("{i}.tmp"))).expect("create");
+    }
+    assert_eq!(
+        next(&mut w).await,
+        SpoolEvent::Rescan(RescanReason::Overflow)
+    );
+    // The watch still works afterwards.
+    let name = seed_drop(&f.dir, "after-overflow");
+    loop {
+        match next(&mut w).await {
+            SpoolEvent::Rescan(_) => continue,
+            other => {
+                assert_eq!(other, SpoolEvent::File(name));
+                break;
+            }
+        }
+    }
+}
+
+#[test]
+fn classify_maps_masks() {
+    let json = Some(OsStr::new("1.json"));
+    assert_eq!(classify(EventMask::Q_OVERFLOW, None), Action::Overflow);
+    for gone in [
+        EventMask::DELETE_SELF,
+        EventMask::MOVE_SELF,
+        EventMask::IGNORED,
+        EventMask::UNMOUNT,
+        EventMask::UNMOUNT | EventMask::IGNORED,
+    ] {
+        assert_eq!(classify(gone, None), Action::DirGone, "{gone:?}");
+    }
+    assert_eq!(
+        classify(EventMask::MOVED_TO, json),
+        Action::File("1.json".into())
+    );
+    assert_eq!(
+        classify(EventMask::CLOSE_WRITE, json),
+        Action::File("1.json".into())
+    );
+    assert_eq!(
+        classify(EventMask::CREATE, json),
+        Action::Ignore,
+        "never on create"
+    );
+    assert_eq!(
+        classify(EventMask::MOVED_TO | EventMask::ISDIR, json),
+        Action::Ignore
+    );
+    assert_eq!(
+        classify(EventMask::MOVED_TO, Some(OsStr::new("1.tmp"))),
+        Action::Ignore
+    );
+    assert_eq!(
+        classify(EventMask::CLOSE_WRITE, Some(OsStr::new(".1.json"))),
+        Action::Ignore
+    );
+    assert_eq!(classify(EventMask::MOVED_TO, None), Action::Ignore);
+}
+
+#[test]
+fn classify_parent_cares_only_about_the_spools_name() {
+    let spool = OsStr::new("signals");
+    let d = EventMask::ISDIR;
+    for gone in [
+        EventMask::DELETE,
+        EventMask::MOVED_FROM,
+        EventMask::MOVED_TO,
+    ] {
+        assert_eq!(
+            classify_parent(gone | d, Some(spool), spool),
+            Action::DirGone,
+            "{gone:?}"
+        );
+        assert_eq!(
+            classify_parent(gone, Some(OsStr::new("other")), spool),
+            Action::Ignore
+        );
+    }
+    for gone in [
+        EventMask::DELETE_SELF,
+        EventMask::MOVE_SELF,
+        EventMask::IGNORED,
+        EventMask::UNMOUNT,
+    ] {
+        assert_eq!(
+            classify_parent(gone, None, spool),
+            Action::DirGone,
+            "{gone:?}"
+        );
+    }
+    assert_eq!(
+        classify_parent(EventMask::Q_OVERFLOW, None, spool),
+        Action::Overflow
+    );
+    assert_eq!(
+        classify_parent(EventMask::CREATE | d, Some(spool), spool),
+        Action::Ignore
+    );
+}
+
+#[tokio::test]
+async fn watcher_notices_a_spool_replaced_by_another_directory() {
+    let f = fixture();
+    let mut w = started(&f.spool, None).await;
+    let other = f.root.join("home/tmp/other");
+    fs::create_dir(&other).expect("mkdir");
+    fs::set_permissions(&other, fs::Permissions::from_mode(0o700)).expect("chmod");
+    fs::write(other.join("inside.json"), b"{}").expect("write");
+    // Replace the spool: remove it and move another directory into its place before the
+    // watcher runs again; the Spool must end up holding the new directory.
+    fs::remove_dir_all(&f.dir).expect("rm spool");
+    fs::rename(&other, &f.dir).expect("mv other into the spool's place");
+    assert_eq!(
+        next(&mut w).await,
+        SpoolEvent::Rescan(RescanReason::Recreated)
+    );
+    assert!(f.spool.path_matches().expect("stat"));
+    assert_eq!(f.spool.list().expect("list"), ["inside.json"]);
+    assert_eq!(f.spool.read("inside.json").expect("read"), b"{}");
+}
+
+#[test]
+fn in_flight_deduplicates_by_name() {
+    let mut inflight = InFlight::new();
+    assert!(inflight.begin("a.json"));
+    assert!(
+        !inflight.begin("a.json"),
+        "a rescan listing the same name is skipped"
+    );
+    assert!(inflight.begin("b.json"));
+    assert_eq!(inflight.len(), 2);
+    inflight.finish("a.json");
+    assert!(!inflight.contains("a.json"));
+    assert!(inflight.begin("a.json"));
+}
+
+#[test]
+fn refusal_messages_say_what_to_do() {
+    let cases: [(Refusal, &str); 5] = [
+        (Refusal::Symlink, "mv it to NAME.json"),
+        (Refusal::NotRegular { kind: "a FIFO" }, "a FIFO"),
+        (
+            Refusal::WrongOwner {
+                uid: 7,
+                owner: 1000,
+            },
+            "uid 7",
+        ),
+        (Refusal::HardLinked { nlink: 3 }, "3 links"),
+        (Refusal::TooLarge { bytes: 70_000 }, "70000 bytes"),
+    ];
+    for (r, needle) in cases {
+        assert!(r.to_string().contains(needle), "{r}");
+    }
+    let transient = Refusal::Io(io::Error::from_raw_os_error(
+        rustix::io::Errno::IO.raw_os_error(),
+    ));
+    assert!(!transient.should_park());
+    let denied = Refusal::Io(io::Error::from_raw_os_error(
+        rustix::io::Errno::ACCESS.raw_os_error(),
+    ));
+    assert!(denied.should_park());
+}

@@ -16,11 +16,19 @@
 //! While nothing happens the task sleeps in the kernel: no timer runs except the optional
 //! periodic rescan and, after a failed recreate, the retry delay.
 //!
+//! The parent directory is watched too. The [`Spool`] keeps the directory open, and an open
+//! directory's `IN_DELETE_SELF` is only reported once the last descriptor on it is closed:
+//! after `rm -rf` of the spool the kernel stays silent on the spool's own watch. The parent's
+//! `IN_DELETE` / `IN_MOVED_FROM` / `IN_MOVED_TO` of the spool's name is what says it went away
+//! or was replaced. The parent is watched following links (a symlinked `~/.cortex` is
+//! normal); the spool itself never is.
+//!
 //! Routing is by watch descriptor: events for the spool's descriptor are mapped here; an
 //! overflow (descriptor -1) concerns every watch. File waits (`cortex wait file`) are meant to
 //! add their own descriptors to the same instance through [`SpoolWatcher::watches`], counting
-//! waiters per descriptor (one file, one descriptor: inotify-rs issue 62) and routing their
-//! events where this module now drops events of unknown descriptors.
+//! waiters per descriptor (one file, one descriptor: inotify-rs issue 62), adding with
+//! `IN_MASK_ADD` (a second `inotify_add_watch` on one inode replaces its mask otherwise), and
+//! routing their events where this module now drops events of unknown descriptors.
 
 use std::collections::VecDeque;
 use std::ffi::OsStr;
@@ -43,6 +51,16 @@ const SPOOL_MASK: WatchMask = WatchMask::ONLYDIR
     .union(WatchMask::DONT_FOLLOW)
     .union(WatchMask::MOVED_TO)
     .union(WatchMask::CLOSE_WRITE)
+    .union(WatchMask::DELETE_SELF)
+    .union(WatchMask::MOVE_SELF)
+    .union(WatchMask::EXCL_UNLINK);
+
+/// What the parent's watch asks: the spool's name leaving or being replaced, and the parent
+/// itself going away. No `DONT_FOLLOW`: a parent reached through a link is legitimate.
+const PARENT_MASK: WatchMask = WatchMask::ONLYDIR
+    .union(WatchMask::DELETE)
+    .union(WatchMask::MOVED_FROM)
+    .union(WatchMask::MOVED_TO)
     .union(WatchMask::DELETE_SELF)
     .union(WatchMask::MOVE_SELF)
     .union(WatchMask::EXCL_UNLINK);
@@ -109,13 +127,17 @@ pub(crate) enum Action {
     DirGone,
 }
 
+const SELF_GONE: EventMask = EventMask::DELETE_SELF
+    .union(EventMask::MOVE_SELF)
+    .union(EventMask::IGNORED)
+    .union(EventMask::UNMOUNT);
+
+/// An event on the spool directory's own watch.
 pub(crate) fn classify(mask: EventMask, name: Option<&OsStr>) -> Action {
     if mask.contains(EventMask::Q_OVERFLOW) {
         return Action::Overflow;
     }
-    if mask.intersects(
-        EventMask::DELETE_SELF | EventMask::MOVE_SELF | EventMask::IGNORED | EventMask::UNMOUNT,
-    ) {
+    if mask.intersects(SELF_GONE) {
         return Action::DirGone;
     }
     if mask.contains(EventMask::ISDIR) {
@@ -132,6 +154,23 @@ pub(crate) fn classify(mask: EventMask, name: Option<&OsStr>) -> Action {
     Action::Ignore
 }
 
+/// An event on the parent directory's watch: only the spool's own name matters there.
+pub(crate) fn classify_parent(mask: EventMask, name: Option<&OsStr>, spool_name: &OsStr) -> Action {
+    if mask.contains(EventMask::Q_OVERFLOW) {
+        return Action::Overflow;
+    }
+    // The parent moved or vanished: the spool's path now leads elsewhere, or nowhere.
+    if mask.intersects(SELF_GONE) {
+        return Action::DirGone;
+    }
+    if name == Some(spool_name)
+        && mask.intersects(EventMask::DELETE | EventMask::MOVED_FROM | EventMask::MOVED_TO)
+    {
+        return Action::DirGone;
+    }
+    Action::Ignore
+}
+
 /// The spool's inotify watcher; see the module docs. Create it inside a Tokio runtime.
 ///
 /// [`SpoolWatcher::next`] is cancel-safe: it can sit in a `tokio::select!` with the daemon's
@@ -142,6 +181,8 @@ pub struct SpoolWatcher {
     watches: Watches,
     /// `None` while the directory is gone and not yet re-watched.
     spool_wd: Option<WatchDescriptor>,
+    /// The parent's watch; `None` also when the spool is `/` (no parent).
+    parent_wd: Option<WatchDescriptor>,
     queue: VecDeque<SpoolEvent>,
     periodic: Option<Interval>,
     needs_attach: bool,
@@ -189,6 +230,7 @@ impl SpoolWatcher {
             events,
             watches,
             spool_wd: None,
+            parent_wd: None,
             queue: VecDeque::new(),
             periodic,
             needs_attach: false,
@@ -251,12 +293,19 @@ impl SpoolWatcher {
             self.push_rescan(RescanReason::Overflow);
             return;
         }
-        if self.spool_wd.as_ref() != Some(&ev.wd) {
-            // Another registration's descriptor (file waits, later), or the spool's previous
-            // descriptor after a recreate (its trailing IN_IGNORED): not ours to act on.
+        let action = if self.spool_wd.as_ref() == Some(&ev.wd) {
+            action
+        } else if self.parent_wd.as_ref() == Some(&ev.wd) {
+            match self.spool.path().file_name() {
+                Some(spool_name) => classify_parent(ev.mask, ev.name.as_deref(), spool_name),
+                None => Action::Ignore,
+            }
+        } else {
+            // Another registration's descriptor (file waits, later), or a previous descriptor
+            // after a recreate (its trailing IN_IGNORED): not ours to act on.
             tracing::trace!(mask = ?ev.mask, "inotify event for another watch descriptor");
             return;
-        }
+        };
         match action {
             Action::File(name) => self.queue.push_back(SpoolEvent::File(name)),
             Action::DirGone => {
@@ -292,10 +341,13 @@ impl SpoolWatcher {
 
     /// Forget the current watch; the next `next()` recreates the directory and re-watches.
     fn detach(&mut self) {
-        if let Some(wd) = self.spool_wd.take() {
-            // After IN_MOVE_SELF the watch still follows the moved directory: remove it, or
-            // its events would keep coming. After deletion the kernel already removed it and
-            // this fails with EINVAL, which is expected.
+        // After a move the watches still follow the moved directories: remove them, or their
+        // events would keep coming. A watch the kernel already dropped fails with EINVAL,
+        // which is expected. Their trailing IN_IGNORED then carries a stale descriptor.
+        for wd in [self.spool_wd.take(), self.parent_wd.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = self.watches.remove(wd);
         }
         self.needs_attach = true;
@@ -321,22 +373,31 @@ impl SpoolWatcher {
         }
     }
 
-    /// Watch the spool's path and make sure the watch and the Spool's handles are on the same
-    /// directory: someone could swap the path between the two, so compare and retry.
+    /// Watch the spool's parent and path, and make sure the watch and the Spool's handles are
+    /// on the same directory: someone could swap the path between the two, so compare and
+    /// retry. The parent is watched first, so a removal right after is never missed.
     fn attach(&mut self, reopen_first: bool) -> Result<(), SpoolError> {
+        let path = self.spool.path().to_owned();
         for attempt in 0..ATTACH_TRIES {
             if reopen_first || attempt > 0 {
                 self.spool.reopen()?;
             }
+            if let Some(parent) = path.parent() {
+                let wd = self
+                    .watches
+                    .add(parent, PARENT_MASK)
+                    .map_err(|e| watch_error(parent, e))?;
+                self.parent_wd = Some(wd);
+            }
             let wd = self
                 .watches
-                .add(self.spool.path(), SPOOL_MASK)
-                .map_err(|e| watch_error(self.spool.path(), e))?;
+                .add(&path, SPOOL_MASK)
+                .map_err(|e| watch_error(&path, e))?;
+            self.spool_wd = Some(wd);
             if self.spool.path_matches()? {
-                self.spool_wd = Some(wd);
                 return Ok(());
             }
-            let _ = self.watches.remove(wd);
+            self.detach();
         }
         Err(SpoolError::Io {
             action: "watch (the path keeps changing under us)",
