@@ -5,7 +5,7 @@
 //!   `bad/`, and an inotify watcher that says when to look. The hub reads its local spool with
 //!   the same code.
 //!
-//! This crate does no networking in the spool module; forwarding a file and deciding when it
-//! was acknowledged belong to the caller.
+//! The spool module touches only the filesystem and inotify: forwarding a file and deciding
+//! when it was acknowledged belong to the caller.
 
 pub mod spool;

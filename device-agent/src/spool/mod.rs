@@ -3,8 +3,8 @@
 //!
 //! This module owns the directory's safety: it opens the spool once, keeps directory handles
 //! (`O_DIRECTORY | O_NOFOLLOW`) for it and for `bad/`, and does every file operation relative
-//! to those handles (`openat`, `renameat2`, `unlinkat`), never through a
-//! joined path, so a swapped parent or a planted link cannot redirect it.
+//! to those handles (`openat`, `renameat2`, `unlinkat`), never through a joined path, so a
+//! swapped parent or a planted link cannot redirect it.
 //!
 //! What it must not do:
 //! - follow a link: spool entries are opened with `O_NOFOLLOW`; a refused link is parked by

@@ -4,6 +4,7 @@
 
 use std::ffi::OsStr;
 use std::fs;
+use std::future::Future;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -502,6 +503,31 @@ async fn watcher_recreates_a_moved_spool_and_drops_the_old_watch() {
 }
 
 #[tokio::test]
+async fn watcher_reports_a_failed_recreate_and_retries() {
+    let f = fixture();
+    let mut w = started(&f.spool, None).await;
+    // Make recreating impossible: the spool's parent becomes a plain file.
+    let parent = f.root.join("home/tmp");
+    fs::remove_dir_all(&parent).expect("rm -rf parent");
+    fs::write(&parent, b"in the way").expect("file in the parent's place");
+    let err = tokio::time::timeout(BOUND, w.next())
+        .await
+        .expect("an answer within the bound")
+        .expect_err("the spool cannot be recreated");
+    assert!(matches!(err, SpoolError::Io { .. }), "{err:?}");
+
+    // Fixed: the next call (after the 1 s retry delay) recreates it.
+    fs::remove_file(&parent).expect("rm file");
+    assert_eq!(
+        next(&mut w).await,
+        SpoolEvent::Rescan(RescanReason::Recreated)
+    );
+    assert_eq!(mode(&f.dir), 0o700);
+    let name = seed_drop(&f.dir, "back");
+    assert_eq!(next(&mut w).await, SpoolEvent::File(name));
+}
+
+#[tokio::test]
 async fn watcher_periodic_rescan() {
     let f = fixture();
     let mut w = started(&f.spool, Some(Duration::from_millis(50))).await;
@@ -718,4 +744,41 @@ fn refusal_messages_say_what_to_do() {
         rustix::io::Errno::ACCESS.raw_os_error(),
     ));
     assert!(denied.should_park());
+}
+
+/// While nothing happens the watcher sleeps in the kernel: its future is polled a handful of
+/// times (setting up readiness), not continually. The idle window bounds the observation; the
+/// assertion is on the poll count, not on time.
+#[tokio::test]
+async fn idle_watcher_does_not_spin() {
+    let f = fixture();
+    let mut w = started(&f.spool, None).await;
+    let mut polls = 0u32;
+    let mut fut = std::pin::pin!(w.next());
+    let counted = std::future::poll_fn(|cx| {
+        polls += 1;
+        fut.as_mut().poll(cx)
+    });
+    let idle = tokio::time::timeout(Duration::from_millis(300), counted).await;
+    assert!(idle.is_err(), "nothing should happen: {idle:?}");
+    assert!(polls < 10, "polled {polls} times while idle");
+}
+
+#[test]
+fn types_can_cross_tasks() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>(_: &T) {}
+    send_sync::<Spool>();
+    send_sync::<SpoolError>();
+    send_sync::<Refusal>();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _guard = rt.enter();
+    let f = fixture();
+    let mut w = SpoolWatcher::new(Arc::clone(&f.spool), None).expect("watcher");
+    send(&w);
+    // The daemon spawns its loop: `next()`'s future must be Send.
+    send(&w.next());
 }

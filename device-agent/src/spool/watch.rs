@@ -14,7 +14,7 @@
 //!   another host of a network filesystem, nor through mmap (inotify(7)).
 //!
 //! While nothing happens the task sleeps in the kernel: no timer runs except the optional
-//! periodic rescan and, after a failed recreate, the retry delay.
+//! periodic rescan and, after an error, the retry delay.
 //!
 //! The parent directory is watched too. The [`Spool`] keeps the directory open, and an open
 //! directory's `IN_DELETE_SELF` is only reported once the last descriptor on it is closed:
@@ -69,8 +69,8 @@ const PARENT_MASK: WatchMask = WatchMask::ONLYDIR
 /// 64 KiB takes a burst of a few hundred events in one read.
 const READ_BUF_BYTES: usize = 64 * 1024;
 
-/// After a failed recreate, wait this long before the next try, doubling up to the maximum,
-/// so a caller that loops on `next()` does not spin while the parent directory is unusable.
+/// After an error, wait this long before the next try, doubling up to the maximum, so a
+/// caller that loops on `next()` does not spin while, say, the parent directory is unusable.
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
 
@@ -257,15 +257,34 @@ impl SpoolWatcher {
 
     /// The next thing to do. The first call always returns `Rescan(Start)`.
     ///
-    /// An error means the spool could not be re-watched or recreated, or the inotify
-    /// instance failed; calling `next` again retries after a growing delay (1 s up to 60 s).
+    /// An error means the spool could not be recreated or re-watched, or reading the inotify
+    /// instance failed. Calling `next` again retries, after a delay that grows from 1 s to 60 s
+    /// while errors repeat, so a caller that logs and loops does not spin.
     pub async fn next(&mut self) -> Result<SpoolEvent, SpoolError> {
+        if let Some(at) = self.retry_at {
+            // Cancel-safe: `at` stays put until the sleep has completed once.
+            tokio::time::sleep_until(at).await;
+            self.retry_at = None;
+        }
+        let result = self.next_inner().await;
+        match &result {
+            Ok(_) => self.retry_delay = RETRY_MIN,
+            Err(_) => {
+                self.retry_at = Some(Instant::now() + self.retry_delay);
+                self.retry_delay = (self.retry_delay * 2).min(RETRY_MAX);
+            }
+        }
+        result
+    }
+
+    async fn next_inner(&mut self) -> Result<SpoolEvent, SpoolError> {
         loop {
             if let Some(event) = self.queue.pop_front() {
                 return Ok(event);
             }
             if self.needs_attach {
-                self.reattach().await?;
+                self.attach(true)?;
+                self.push_rescan(RescanReason::Recreated);
                 continue;
             }
             let woke = tokio::select! {
@@ -353,26 +372,6 @@ impl SpoolWatcher {
         self.needs_attach = true;
     }
 
-    async fn reattach(&mut self) -> Result<(), SpoolError> {
-        if let Some(at) = self.retry_at {
-            tokio::time::sleep_until(at).await;
-        }
-        match self.attach(true) {
-            Ok(()) => {
-                self.needs_attach = false;
-                self.retry_at = None;
-                self.retry_delay = RETRY_MIN;
-                self.push_rescan(RescanReason::Recreated);
-                Ok(())
-            }
-            Err(e) => {
-                self.retry_at = Some(Instant::now() + self.retry_delay);
-                self.retry_delay = (self.retry_delay * 2).min(RETRY_MAX);
-                Err(e)
-            }
-        }
-    }
-
     /// Watch the spool's parent and path, and make sure the watch and the Spool's handles are
     /// on the same directory: someone could swap the path between the two, so compare and
     /// retry. The parent is watched first, so a removal right after is never missed.
@@ -395,6 +394,7 @@ impl SpoolWatcher {
                 .map_err(|e| watch_error(&path, e))?;
             self.spool_wd = Some(wd);
             if self.spool.path_matches()? {
+                self.needs_attach = false;
                 return Ok(());
             }
             self.detach();
