@@ -1,7 +1,16 @@
-//! The cortex hub as a library: `main` and the tests start the same server.
+//! The cortex hub as a library: `main` and the tests start the same server
+//! ([`server::run`]).
+//!
+//! - [`engine`]: the waitpoint rules, pure (no I/O, no clock).
+//! - [`store`]: redb, behind one writer thread with group commit; the only module that
+//!   knows the storage engine.
+//! - [`server`]: axum routes, the wake timer, the sweep, the local spool intake.
+//! - [`text`]: what agents and people read (wake text, how_to_signal).
 
+pub mod config;
 pub mod engine;
 pub mod secret;
+pub mod server;
 pub mod store;
 pub mod text;
 pub mod time;

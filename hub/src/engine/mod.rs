@@ -455,33 +455,34 @@ impl Waitpoint {
             return Ok(Vec::new());
         }
         self.terminal_count += 1;
-        if let Some(m) = sig.member {
-            if !self.ever_reported.iter().any(|x| x == m) {
-                self.ever_reported.push(m.to_string());
-            }
+        if let Some(m) = sig.member
+            && !self.ever_reported.iter().any(|x| x == m)
+        {
+            self.ever_reported.push(m.to_string());
         }
         if self.wakes_decided() >= self.max_signals {
             // The last wake is already decided and will carry this signal.
-            if sig.status == SignalStatus::Fail && self.fail_fast {
-                if let Some(p) = &mut self.pending {
-                    if !p.held_by_cap && p.due_at > now {
-                        // fail_fast: a failure does not wait out the barrier's delay.
-                        p.due_at = now;
-                        p.failed_fast = true;
-                        self.round.failed = true;
-                        return Ok(self.tick(settings, now));
-                    }
-                }
+            if sig.status == SignalStatus::Fail
+                && self.fail_fast
+                && let Some(p) = &mut self.pending
+                && !p.held_by_cap
+                && p.due_at > now
+            {
+                // fail_fast: a failure does not wait out the barrier's delay.
+                p.due_at = now;
+                p.failed_fast = true;
+                self.round.failed = true;
+                return Ok(self.tick(settings, now));
             }
             self.round.failed |= sig.status == SignalStatus::Fail;
             return Ok(Vec::new());
         }
         self.round.terminal += 1;
         self.round.failed |= sig.status == SignalStatus::Fail;
-        if let Some(m) = sig.member {
-            if !self.round.members.iter().any(|x| x == m) {
-                self.round.members.push(m.to_string());
-            }
+        if let Some(m) = sig.member
+            && !self.round.members.iter().any(|x| x == m)
+        {
+            self.round.members.push(m.to_string());
         }
         if self.pending.is_some() {
             // Held by the cap: folded into the late wake.

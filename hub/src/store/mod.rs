@@ -8,8 +8,8 @@
 //!
 //! Reads use redb read transactions directly and run beside the writer.
 
-mod ops;
-mod tables;
+pub mod ops;
+pub mod tables;
 
 pub use ops::{SignalIn, SignalOutcome};
 pub use tables::Tx;
@@ -59,6 +59,8 @@ const MAX_BATCH: usize = 1024;
 
 type Completion = Box<dyn FnOnce(Result<(), Arc<StoreError>>) + Send>;
 type Job = Box<dyn for<'a> FnOnce(&mut Tx<'a>) -> Completion + Send>;
+/// What a commit publishes: sessions whose log grew, and the new first timer if it moved.
+type Published = (HashMap<String, u64>, Option<Option<u64>>);
 
 /// Per-session "newest event seq" channels, for long polls and SSE.
 #[derive(Default)]
@@ -213,7 +215,7 @@ fn writer(
             }
         }
         let mut completions: Vec<Completion> = Vec::with_capacity(batch.len());
-        let result = (|| -> Result<(HashMap<String, u64>, Option<Option<u64>>), StoreError> {
+        let result = (|| -> Result<Published, StoreError> {
             let wtx = db.begin_write()?;
             let (touched, timers_changed, poisoned) = {
                 let mut tx = Tx::open(&wtx, settings.clone())?;

@@ -118,13 +118,13 @@ impl Tx<'_> {
         dedupe_key: Option<String>,
         now: u64,
     ) -> Result<Option<MessagePosted>, StoreError> {
-        if let Some(k) = &dedupe_key {
-            if let Some(seq) = self.msg_keys.get((sid, k.as_str()))? {
-                return Ok(Some(MessagePosted {
-                    seq: seq.value(),
-                    duplicate: true,
-                }));
-            }
+        if let Some(k) = &dedupe_key
+            && let Some(seq) = self.msg_keys.get((sid, k.as_str()))?
+        {
+            return Ok(Some(MessagePosted {
+                seq: seq.value(),
+                duplicate: true,
+            }));
         }
         let body = EventBody::Message {
             text,
@@ -279,10 +279,10 @@ impl Tx<'_> {
         if !secret::matches(&s.req.secret, &wp.secret_hash) {
             return Ok(SignalOutcome::WrongSecret);
         }
-        if let Some(k) = &s.dedupe {
-            if self.keys.get((id, k.as_str()))?.is_some() {
-                return Ok(SignalOutcome::Duplicate { state: wp.state });
-            }
+        if let Some(k) = &s.dedupe
+            && self.keys.get((id, k.as_str()))?.is_some()
+        {
+            return Ok(SignalOutcome::Duplicate { state: wp.state });
         }
         let before = (wp.deadline(&self.settings), wp.timer());
         let settings = self.settings.clone();
@@ -556,7 +556,7 @@ impl ReadTx {
         for wp in self.session_waitpoints_raw(sid)? {
             out.push(self.view(&wp, now, max_per_hour)?);
         }
-        out.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        out.sort_by_key(|a| a.created_at);
         Ok(Some(out))
     }
 

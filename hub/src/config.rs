@@ -1,0 +1,246 @@
+//! The hub's configuration: `$CORTEX_HOME`, settings.json with its environment fallbacks
+//! (seed 000, Housekeeping), the operator token, and the listen address rule.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use crate::engine::{DAY_MS, Settings};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} is not valid JSON: {source}; fix it or remove it to use the defaults")]
+    SettingsJson {
+        path: String,
+        source: serde_json::Error,
+    },
+    #[error("{key} = {value:?} is not usable: {why}")]
+    BadValue {
+        key: String,
+        value: String,
+        why: &'static str,
+    },
+    #[error(
+        "{0} is not a loopback address; the hub's signal route and API listen on loopback only (use 127.0.0.1:PORT or [::1]:PORT, and reach other machines through the device mesh)"
+    )]
+    NotLoopback(SocketAddr),
+}
+
+/// The hub's numbers: the engine's rules and the sweep interval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HubSettings {
+    pub engine: Settings,
+    /// `waitpointSweepMs`: how often the sweep runs; 0 turns it off.
+    pub sweep_ms: u64,
+}
+
+/// `$CORTEX_HOME`, else `~/.cortex`.
+pub fn default_home() -> PathBuf {
+    if let Some(h) = std::env::var_os("CORTEX_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(h);
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"));
+    home.join(".cortex")
+}
+
+fn key_value(
+    json: &serde_json::Value,
+    key: &str,
+    env: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<u64>, ConfigError> {
+    let bad = |value: String, why| ConfigError::BadValue {
+        key: key.to_string(),
+        value,
+        why,
+    };
+    if let Some(v) = json.get(key) {
+        return match v.as_u64() {
+            Some(n) => Ok(Some(n)),
+            None => Err(bad(v.to_string(), "expected a whole number of at least 0")),
+        };
+    }
+    match lookup(env) {
+        Some(s) if !s.trim().is_empty() => {
+            s.trim()
+                .parse::<u64>()
+                .map(Some)
+                .map_err(|_| ConfigError::BadValue {
+                    key: env.to_string(),
+                    value: s,
+                    why: "expected a whole number of at least 0",
+                })
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Reads `$home/settings.json` (missing is fine), then the environment for absent keys.
+pub fn load_settings(home: &Path) -> Result<HubSettings, ConfigError> {
+    load_settings_with(home, &|k| std::env::var(k).ok())
+}
+
+pub fn load_settings_with(
+    home: &Path,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<HubSettings, ConfigError> {
+    let path = home.join("settings.json");
+    let json = match std::fs::read(&path) {
+        Ok(b) => serde_json::from_slice::<serde_json::Value>(&b).map_err(|source| {
+            ConfigError::SettingsJson {
+                path: path.display().to_string(),
+                source,
+            }
+        })?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::Value::Null,
+        Err(source) => {
+            return Err(ConfigError::Io {
+                path: path.display().to_string(),
+                source,
+            });
+        }
+    };
+    let mut engine = Settings::default();
+    if let Some(ttl) = key_value(&json, "waitpointTtlMs", "CORTEX_WAITPOINT_TTL_MS", lookup)? {
+        if ttl == 0 || ttl > 30 * DAY_MS {
+            return Err(ConfigError::BadValue {
+                key: "waitpointTtlMs".into(),
+                value: ttl.to_string(),
+                why: "a lifetime must be above 0 and at most 30 days (2592000000 ms)",
+            });
+        }
+        engine.default_ttl_ms = ttl;
+    }
+    if let Some(cap) = key_value(
+        &json,
+        "waitpointMaxWakesPerHour",
+        "CORTEX_WAITPOINT_MAX_WAKES_PER_HOUR",
+        lookup,
+    )? {
+        if cap == 0 || cap > 3600 {
+            return Err(ConfigError::BadValue {
+                key: "waitpointMaxWakesPerHour".into(),
+                value: cap.to_string(),
+                why: "the cap must be between 1 and 3600",
+            });
+        }
+        engine.max_wakes_per_hour = cap as u32;
+    }
+    let sweep_ms = key_value(
+        &json,
+        "waitpointSweepMs",
+        "CORTEX_WAITPOINT_SWEEP_MS",
+        lookup,
+    )?
+    .unwrap_or(30_000);
+    Ok(HubSettings { engine, sweep_ms })
+}
+
+/// The listen rule of the contract: loopback only.
+pub fn check_loopback(addr: SocketAddr) -> Result<(), ConfigError> {
+    if addr.ip().is_loopback() {
+        Ok(())
+    } else {
+        Err(ConfigError::NotLoopback(addr))
+    }
+}
+
+/// The operator token: `CORTEX_WEBHOOK_TOKEN`, else `$home/hub/token`, created (0600) on
+/// first start and reused after.
+pub fn operator_token(home: &Path, from_env: Option<String>) -> Result<String, ConfigError> {
+    if let Some(t) = from_env.filter(|t| !t.trim().is_empty()) {
+        return Ok(t.trim().to_string());
+    }
+    let path = home.join("hub").join("token");
+    let io = |source| ConfigError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let token = crate::secret::random_hex(32);
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io)?;
+    f.write_all(format!("{token}\n").as_bytes()).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, &path).map_err(io)?;
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_json_wins_over_env_and_env_fills_gaps() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let env = |k: &str| match k {
+            "CORTEX_WAITPOINT_SWEEP_MS" => Some("250".to_string()),
+            "CORTEX_WAITPOINT_MAX_WAKES_PER_HOUR" => Some("5".to_string()),
+            _ => None,
+        };
+        let s = load_settings_with(dir.path(), &env).expect("load");
+        assert_eq!(s.sweep_ms, 250);
+        assert_eq!(s.engine.max_wakes_per_hour, 5);
+        assert_eq!(s.engine.default_ttl_ms, 7 * DAY_MS);
+        std::fs::write(
+            dir.path().join("settings.json"),
+            r#"{"waitpointMaxWakesPerHour": 3, "waitpointSweepMs": 0}"#,
+        )
+        .expect("write");
+        let s = load_settings_with(dir.path(), &env).expect("load");
+        assert_eq!(s.engine.max_wakes_per_hour, 3);
+        assert_eq!(s.sweep_ms, 0, "0 turns the sweep off");
+        std::fs::write(
+            dir.path().join("settings.json"),
+            r#"{"waitpointTtlMs": "soon"}"#,
+        )
+        .expect("write");
+        assert!(load_settings_with(dir.path(), &env).is_err());
+    }
+
+    #[test]
+    fn only_loopback_listens() {
+        assert!(check_loopback("127.0.0.1:3001".parse().expect("addr")).is_ok());
+        assert!(check_loopback("[::1]:3001".parse().expect("addr")).is_ok());
+        let e = check_loopback("0.0.0.0:3001".parse().expect("addr")).expect_err("refused");
+        assert!(e.to_string().contains("loopback only"));
+    }
+
+    #[test]
+    fn the_token_file_is_created_once_with_mode_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir_all(dir.path().join("hub")).expect("mkdir");
+        let a = operator_token(dir.path(), None).expect("token");
+        let b = operator_token(dir.path(), None).expect("token");
+        assert_eq!(a, b);
+        let mode = std::fs::metadata(dir.path().join("hub/token"))
+            .expect("meta")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(
+            operator_token(dir.path(), Some("t0k".into())).expect("env"),
+            "t0k"
+        );
+    }
+}

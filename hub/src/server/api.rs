@@ -1,0 +1,378 @@
+//! `/api/...`: sessions, their event logs (long poll and SSE) and waitpoints. Every route
+//! here sits behind the operator token (see `auth`).
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use cortex_protocol::api::{
+    CreateSession, CreateWaitpoint, PostMessage, WaitpointCreated, WaitpointList,
+};
+use serde::Deserialize;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::AppState;
+use super::error::{ApiError, parse_json};
+use crate::engine::CreateParams;
+use crate::store::ops::{CancelOutcome, CreateOutcome};
+use crate::time::now_ms;
+use crate::{secret, text};
+
+/// The longest long poll one request may ask for.
+const MAX_WAIT_S: u64 = 120;
+/// Events per page.
+const PAGE: usize = 1_000;
+
+/// `Authorization: Bearer <operator token>`, compared in constant time.
+pub async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match given {
+        Some(t) if secret::matches(t, &state.token_hash) => next.run(req).await,
+        _ => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "this route needs the operator token: send Authorization: Bearer <token> (CORTEX_WEBHOOK_TOKEN, or the file $CORTEX_HOME/hub/token on the hub's machine)",
+        )
+        .into_response(),
+    }
+}
+
+fn json_or_empty<T: serde::de::DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        Ok(T::default())
+    } else {
+        parse_json(bytes)
+    }
+}
+
+// ------------------------------------------------------------------ sessions
+
+pub async fn create_session(
+    State(state): State<AppState>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: CreateSession = json_or_empty(&body)?;
+    let view = state
+        .store
+        .exec(move |t| t.create_session(req.title, now_ms()))
+        .await
+        .map_err(ApiError::store)?;
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+pub async fn list_sessions(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let list = state
+        .store
+        .read(|r| r.sessions())
+        .map_err(ApiError::store)?;
+    Ok(Json(list).into_response())
+}
+
+pub async fn get_session(
+    State(state): State<AppState>,
+    Path(sid): Path<String>,
+) -> Result<Response, ApiError> {
+    match state
+        .store
+        .read(|r| r.session(&sid))
+        .map_err(ApiError::store)?
+    {
+        Some(v) => Ok(Json(v).into_response()),
+        None => Err(ApiError::not_found("session", &sid)),
+    }
+}
+
+pub async fn delete_session(
+    State(state): State<AppState>,
+    Path(sid): Path<String>,
+) -> Result<Response, ApiError> {
+    let s = sid.clone();
+    let found = state
+        .store
+        .exec(move |t| t.delete_session(&s, now_ms()))
+        .await
+        .map_err(ApiError::store)?;
+    if !found {
+        return Err(ApiError::not_found("session", &sid));
+    }
+    Ok(Json(serde_json::json!({"id": sid, "deleted": true})).into_response())
+}
+
+pub async fn post_message(
+    State(state): State<AppState>,
+    Path(sid): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: PostMessage = parse_json(&body)?;
+    if req.text.trim().is_empty() {
+        return Err(ApiError::bad_request("text is empty; say something"));
+    }
+    let s = sid.clone();
+    let posted = state
+        .store
+        .exec(move |t| t.post_message(&s, req.text, req.when, req.dedupe_key, now_ms()))
+        .await
+        .map_err(ApiError::store)?;
+    match posted {
+        Some(p) if p.duplicate => Ok((StatusCode::OK, Json(p)).into_response()),
+        Some(p) => Ok((StatusCode::CREATED, Json(p)).into_response()),
+        None => Err(ApiError::not_found("session", &sid)),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct EventsQuery {
+    #[serde(default)]
+    after: u64,
+    wait: Option<u64>,
+}
+
+fn events_body(raw: &[Vec<u8>]) -> Response {
+    let mut out = Vec::with_capacity(raw.iter().map(|r| r.len() + 1).sum::<usize>() + 16);
+    out.extend_from_slice(b"{\"events\":[");
+    for (i, r) in raw.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(r);
+    }
+    out.extend_from_slice(b"]}");
+    ([(header::CONTENT_TYPE, "application/json")], out).into_response()
+}
+
+pub async fn events(
+    State(state): State<AppState>,
+    Path(sid): Path<String>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let sse = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    let current = match state
+        .store
+        .read(|r| r.session(&sid))
+        .map_err(ApiError::store)?
+    {
+        Some(s) => s.last_seq,
+        None => return Err(ApiError::not_found("session", &sid)),
+    };
+    // Subscribe before reading, so nothing committed in between is missed.
+    let mut rx = state.store.notifier.subscribe(&sid, current);
+    if sse {
+        return Ok(sse_stream(state, sid, q.after, rx));
+    }
+    let deadline = q
+        .wait
+        .map(|w| tokio::time::Instant::now() + Duration::from_secs(w.min(MAX_WAIT_S)));
+    loop {
+        rx.borrow_and_update();
+        let raw = state
+            .store
+            .read(|r| r.events_after(&sid, q.after, PAGE))
+            .map_err(ApiError::store)?
+            .ok_or_else(|| ApiError::not_found("session", &sid))?;
+        if !raw.is_empty() {
+            return Ok(events_body(&raw));
+        }
+        let Some(deadline) = deadline else {
+            return Ok(events_body(&raw));
+        };
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return Ok(events_body(&raw)) },
+            () = tokio::time::sleep_until(deadline) => return Ok(events_body(&raw)),
+            () = state.shutdown.cancelled() => return Ok(events_body(&raw)),
+        }
+    }
+}
+
+fn sse_stream(
+    state: AppState,
+    sid: String,
+    after: u64,
+    mut rx: tokio::sync::watch::Receiver<u64>,
+) -> Response {
+    let (tx, out) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(64);
+    tokio::spawn(async move {
+        let mut cursor = after;
+        loop {
+            rx.borrow_and_update();
+            let raw = match state.store.read(|r| r.events_after(&sid, cursor, PAGE)) {
+                Ok(Some(raw)) => raw,
+                Ok(None) | Err(_) => return,
+            };
+            for r in raw {
+                let seq = serde_json::from_slice::<serde_json::Value>(&r)
+                    .ok()
+                    .and_then(|v| v.get("seq").and_then(|s| s.as_u64()))
+                    .unwrap_or(cursor);
+                cursor = cursor.max(seq);
+                let ev = SseEvent::default()
+                    .id(seq.to_string())
+                    .event("event")
+                    .data(String::from_utf8_lossy(&r));
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() { return },
+                () = tx.closed() => return,
+                () = state.shutdown.cancelled() => return,
+            }
+        }
+    });
+    Sse::new(ReceiverStream::new(out))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
+
+// ------------------------------------------------------------------ waitpoints
+
+pub async fn create_waitpoint(
+    State(state): State<AppState>,
+    Path(sid): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: CreateWaitpoint = parse_json(&body)?;
+    let params = CreateParams {
+        label: req.label,
+        intent: req.intent,
+        members: req.members,
+        quorum: req.quorum,
+        fail_fast: req.fail_fast,
+        max_signals: req.max_signals,
+        expires_in_hours: req.expires_in_hours,
+        device: req.device,
+    };
+    let secret = secret::new_secret();
+    let hash = secret::hash(&secret);
+    let s = sid.clone();
+    let out = state
+        .store
+        .exec(move |t| t.create_waitpoint(&s, params, hash, now_ms()))
+        .await
+        .map_err(ApiError::store)?;
+    let wp = match out {
+        CreateOutcome::Created(wp) => wp,
+        CreateOutcome::NoSession => return Err(ApiError::not_found("session", &sid)),
+        CreateOutcome::Invalid(e) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_waitpoint",
+                e.to_string(),
+            ));
+        }
+    };
+    let how = text::how_to_signal(&wp, &secret, &state.signal_url);
+    let reply = WaitpointCreated {
+        id: wp.id.clone(),
+        state: wp.state.as_str().to_string(),
+        session: wp.session.clone(),
+        label: wp.label.clone(),
+        intent: wp.intent.clone(),
+        created_at: wp.created_at,
+        expires_at: wp.expires_at,
+        members: wp.members.clone(),
+        quorum: wp.quorum,
+        fail_fast: wp.fail_fast,
+        max_signals: wp.max_signals,
+        device: wp.device.clone(),
+        member_note: text::member_note(&wp),
+        how_to_signal: how,
+        secret,
+    };
+    Ok((StatusCode::CREATED, Json(reply)).into_response())
+}
+
+pub async fn session_waitpoints(
+    State(state): State<AppState>,
+    Path(sid): Path<String>,
+) -> Result<Response, ApiError> {
+    let cap = state.store.settings.max_wakes_per_hour;
+    match state
+        .store
+        .read(|r| r.session_waitpoints(&sid, now_ms(), cap))
+        .map_err(ApiError::store)?
+    {
+        Some(waitpoints) => Ok(Json(WaitpointList { waitpoints }).into_response()),
+        None => Err(ApiError::not_found("session", &sid)),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Scope {
+    /// wait_check / wait_cancel as an agent: only this session's waitpoints are seen.
+    session: Option<String>,
+}
+
+pub async fn get_waitpoint(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(scope): Query<Scope>,
+) -> Result<Response, ApiError> {
+    let cap = state.store.settings.max_wakes_per_hour;
+    match state
+        .store
+        .read(|r| r.waitpoint(&id, now_ms(), cap))
+        .map_err(ApiError::store)?
+    {
+        Some(v) if scope.session.as_ref().is_none_or(|s| *s == v.session) => {
+            Ok(Json(v).into_response())
+        }
+        _ => Err(ApiError::not_found("waitpoint", &id)),
+    }
+}
+
+pub async fn cancel_waitpoint(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(scope): Query<Scope>,
+) -> Result<Response, ApiError> {
+    let i = id.clone();
+    let by = if scope.session.is_some() {
+        "agent"
+    } else {
+        "operator"
+    };
+    let out = state
+        .store
+        .exec(move |t| t.cancel_waitpoint(&i, scope.session.as_deref(), by, now_ms()))
+        .await
+        .map_err(ApiError::store)?;
+    match out {
+        CancelOutcome::Cancelled => Ok(Json(
+            serde_json::json!({"id": id, "state": "cancelled", "cancelled": true}),
+        )
+        .into_response()),
+        CancelOutcome::AlreadyEnded(s) => Ok(Json(
+            serde_json::json!({"id": id, "state": s.as_str(), "cancelled": false}),
+        )
+        .into_response()),
+        CancelOutcome::NotFound => Err(ApiError::not_found("waitpoint", &id)),
+    }
+}
+
+pub async fn not_found(req: Request<Body>) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_route",
+        format!(
+            "no route {} {}; see docs/waitpoints.md for the API",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+}

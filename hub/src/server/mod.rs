@@ -1,0 +1,249 @@
+//! The hub's server: `run(config, listener, shutdown)` starts everything `main` and the
+//! tests need — the HTTP listener (signal route and API), the timer that delivers decided
+//! wakes, the sweep, and the local spool intake — and stops it all cleanly.
+
+pub mod api;
+pub mod error;
+pub mod signal;
+mod spool;
+
+use std::future::Future;
+use std::ops::Deref;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::routing::{get, post};
+use tokio::sync::watch;
+
+use crate::config::HubSettings;
+use crate::store::Store;
+use crate::store::ops::PASS_LIMIT;
+use crate::time::now_ms;
+
+/// What `run` needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub home: PathBuf,
+    pub settings: HubSettings,
+    pub token: String,
+}
+
+/// A shutdown flag every task can wait on.
+#[derive(Clone)]
+pub struct Shutdown(watch::Sender<bool>);
+
+impl Shutdown {
+    fn new() -> Self {
+        Shutdown(watch::channel(false).0)
+    }
+
+    pub fn cancel(&self) {
+        self.0.send_replace(true);
+    }
+
+    pub async fn cancelled(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|v| *v).await;
+    }
+}
+
+pub struct Inner {
+    pub store: Store,
+    pub token_hash: [u8; 32],
+    pub misses: signal::MissBudget,
+    /// The signal route's URL, for `how_to_signal`.
+    pub signal_url: String,
+    pub shutdown: Shutdown,
+}
+
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+impl Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route(
+            "/sessions",
+            post(api::create_session).get(api::list_sessions),
+        )
+        .route(
+            "/sessions/{sid}",
+            get(api::get_session).delete(api::delete_session),
+        )
+        .route("/sessions/{sid}/messages", post(api::post_message))
+        .route("/sessions/{sid}/events", get(api::events))
+        .route(
+            "/sessions/{sid}/waitpoints",
+            post(api::create_waitpoint).get(api::session_waitpoints),
+        )
+        .route(
+            "/waitpoints/{id}",
+            get(api::get_waitpoint).delete(api::cancel_waitpoint),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            api::auth,
+        ));
+    Router::new()
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(serde_json::json!({"ok": true})) }),
+        )
+        .route("/webhook/signal", post(signal::route))
+        .nest("/api", api)
+        .fallback(api::not_found)
+        .with_state(state)
+}
+
+/// Runs the hub on `listener` until `shutdown` resolves, then stops accepting, finishes
+/// what is in flight, lets the store commit what it holds, and returns.
+pub async fn run(
+    config: Config,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let hub_dir = config.home.join("hub");
+    create_private_dir(&hub_dir)?;
+    let spool_dir = config.home.join("tmp").join("signals");
+    let spool = cortex_device_agent::spool::Spool::open(&spool_dir)
+        .with_context(|| format!("opening the local spool {}", spool_dir.display()))?;
+    let db_path = hub_dir.join("hub.redb");
+    let (store, writer) = Store::open(&db_path, config.settings.engine.clone())
+        .with_context(|| format!("opening the store {}", db_path.display()))?;
+    let addr = listener
+        .local_addr()
+        .context("reading the listener's address")?;
+    let state = AppState(Arc::new(Inner {
+        store,
+        token_hash: crate::secret::hash(&config.token),
+        misses: signal::MissBudget::default(),
+        signal_url: format!("http://{addr}/webhook/signal"),
+        shutdown: Shutdown::new(),
+    }));
+
+    // What fell due while the hub was down is delivered first, once.
+    fire_due(&state).await;
+    if config.settings.sweep_ms > 0 {
+        sweep_once(&state).await;
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(timer_task(state.clone()));
+    if config.settings.sweep_ms > 0 {
+        tasks.spawn(sweep_task(
+            state.clone(),
+            Duration::from_millis(config.settings.sweep_ms),
+        ));
+    }
+    let rescan =
+        (config.settings.sweep_ms > 0).then(|| Duration::from_millis(config.settings.sweep_ms));
+    tasks.spawn(spool::intake(state.clone(), Arc::new(spool), rescan));
+
+    let app = router(state.clone());
+    let stop = state.shutdown.clone();
+    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = stop.cancelled() => {}
+        }
+        stop.cancel();
+    });
+    let served = serve.await.context("serving HTTP");
+    state.shutdown.cancel();
+    while tasks.join_next().await.is_some() {}
+    drop(state);
+    // Every handle is gone: the writer commits what it holds and ends.
+    tokio::task::spawn_blocking(move || writer.join())
+        .await
+        .ok();
+    served
+}
+
+fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))
+}
+
+async fn fire_due(state: &AppState) {
+    loop {
+        match state.store.exec(|t| t.fire_timers(now_ms())).await {
+            Ok(n) if n >= PASS_LIMIT => continue,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "delivering due wakes failed; retrying in 1 s");
+                return;
+            }
+        }
+    }
+}
+
+async fn sweep_once(state: &AppState) {
+    loop {
+        match state.store.exec(|t| t.sweep(now_ms())).await {
+            Ok(n) if n >= PASS_LIMIT => continue,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "the sweep failed; it runs again at its next tick");
+                return;
+            }
+        }
+    }
+}
+
+/// Sleeps until the earliest decided wake is due (a barrier's 3 s, the hourly cap),
+/// delivers it, and sleeps again. No polling: it wakes on the store's timer watch.
+async fn timer_task(state: AppState) {
+    let mut next = state.store.next_timer.clone();
+    loop {
+        let due = *next.borrow_and_update();
+        let now = now_ms();
+        match due {
+            Some(t) if t <= now => {
+                fire_due(&state).await;
+                // A failing store must not spin: wait a little before looking again.
+                if next.borrow().is_some_and(|t| t <= now_ms()) {
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                        () = state.shutdown.cancelled() => return,
+                    }
+                }
+            }
+            Some(t) => {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(t - now)) => {}
+                    r = next.changed() => if r.is_err() { return },
+                    () = state.shutdown.cancelled() => return,
+                }
+            }
+            None => {
+                tokio::select! {
+                    r = next.changed() => if r.is_err() { return },
+                    () = state.shutdown.cancelled() => return,
+                }
+            }
+        }
+    }
+}
+
+async fn sweep_task(state: AppState, every: Duration) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => sweep_once(&state).await,
+            () = state.shutdown.cancelled() => return,
+        }
+    }
+}

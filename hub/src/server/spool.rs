@@ -1,0 +1,160 @@
+//! The hub's local spool (`$CORTEX_HOME/tmp/signals/`): drained on start, new files taken
+//! as they land (inotify), each handled like a signal from the route. A file is deleted
+//! only after its signal is durable (or was a duplicate, or its waitpoint already ended);
+//! a file the hub refuses is parked under `bad/` with the reason beside it. A file whose
+//! handling failed on the store stays for the next rescan.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use cortex_device_agent::spool::{Refusal as ReadRefusal, Spool, SpoolEvent, SpoolWatcher};
+use cortex_protocol::SignalRequest;
+use tokio::sync::Semaphore;
+
+use super::AppState;
+use crate::engine::Refusal;
+use crate::store::{SignalIn, SignalOutcome};
+use crate::time::now_ms;
+
+/// Files handled at once: enough to fill a group commit.
+const IN_FLIGHT: usize = 256;
+
+pub async fn intake(state: AppState, spool: Arc<Spool>, rescan: Option<std::time::Duration>) {
+    let mut watcher = match SpoolWatcher::new(spool.clone(), rescan) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot watch the local spool; spooled signals will not be collected until the hub restarts");
+            return;
+        }
+    };
+    let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let ev = tokio::select! {
+            ev = watcher.next() => ev,
+            () = state.shutdown.cancelled() => break,
+        };
+        let names = match ev {
+            Ok(SpoolEvent::File(name)) => vec![name],
+            Ok(SpoolEvent::Rescan(why)) => match spool.list() {
+                Ok(names) => {
+                    if !names.is_empty() {
+                        tracing::info!(files = names.len(), reason = %why, "collecting the local spool");
+                    }
+                    names
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot list the local spool");
+                    continue;
+                }
+            },
+            Err(e) => {
+                tracing::error!(error = %e, "the local spool watch failed; retrying");
+                continue;
+            }
+        };
+        for name in names {
+            if !busy
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(name.clone())
+            {
+                continue;
+            }
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                () = state.shutdown.cancelled() => break,
+            };
+            let (state, spool, busy) = (state.clone(), spool.clone(), busy.clone());
+            tasks.spawn(async move {
+                take(&state, &spool, &name).await;
+                busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+                drop(permit);
+            });
+            while tasks.try_join_next().is_some() {}
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Handles one spool file.
+async fn take(state: &AppState, spool: &Spool, name: &str) {
+    let bytes = match spool.read(name) {
+        Ok(b) => b,
+        Err(ReadRefusal::Gone) => return,
+        Err(r) if r.should_park() => return park(spool, name, &r.to_string()),
+        Err(r) => {
+            tracing::warn!(file = name, error = %r, "cannot read a spool file now; it stays for the next rescan");
+            return;
+        }
+    };
+    let req = match SignalRequest::parse(&bytes) {
+        Ok(r) => r,
+        Err(e) => return park(spool, name, &e.to_string()),
+    };
+    // The body's key (cortex-signal's, shared with its HTTP attempt) or the file's name.
+    let dedupe = req
+        .key
+        .clone()
+        .unwrap_or_else(|| format!("file:local:{name}"));
+    let input = SignalIn {
+        req: req.clone(),
+        source: "spool".into(),
+        dedupe: Some(dedupe),
+    };
+    let outcome = match state.store.exec(move |t| t.signal(&input, now_ms())).await {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!(file = name, error = %e, "store failure; the spool file stays for the next rescan");
+            return;
+        }
+    };
+    let reason = match outcome {
+        SignalOutcome::Accepted { .. }
+        | SignalOutcome::Duplicate { .. }
+        | SignalOutcome::Refused(Refusal::Gone { .. }) => None,
+        SignalOutcome::Unknown => Some(format!(
+            "no waitpoint {:?}: check the id; a resolved waitpoint is forgotten after 3 days",
+            req.id
+        )),
+        SignalOutcome::WrongSecret => Some(format!(
+            "wrong secret for waitpoint {}: use the secret handed out when it was armed",
+            req.id
+        )),
+        SignalOutcome::Refused(
+            r @ (Refusal::MemberMissing { .. } | Refusal::MemberUnlisted { .. }),
+        ) => {
+            let members = match &r {
+                Refusal::MemberMissing { members } | Refusal::MemberUnlisted { members, .. } => {
+                    members.join(", ")
+                }
+                Refusal::Gone { .. } => String::new(),
+            };
+            Some(format!(
+                "{r}; add \"member\":\"NAME\" with one of: {members}"
+            ))
+        }
+    };
+    match reason {
+        None => {
+            if let Err(e) = spool.remove(name) {
+                tracing::warn!(file = name, error = %e, "cannot remove a handled spool file; it will be answered as a duplicate");
+            }
+        }
+        Some(reason) => {
+            tracing::warn!(file = name, waitpoint = %req.id, reason = %reason, "spool file refused");
+            park(spool, name, &reason);
+        }
+    }
+}
+
+fn park(spool: &Spool, name: &str, reason: &str) {
+    match spool.park(name, reason) {
+        Ok(Some(parked)) => {
+            tracing::warn!(file = name, parked = %parked, reason, "spool file parked under bad/")
+        }
+        Ok(None) => {}
+        Err(e) => tracing::error!(file = name, error = %e, "cannot park a bad spool file"),
+    }
+}
