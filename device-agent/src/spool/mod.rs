@@ -74,6 +74,16 @@ pub enum SpoolError {
     )]
     Insecure { path: PathBuf, mode: u32 },
 
+    #[error(
+        "spool {} belongs to uid {owner}, but cortex runs as uid {euid} and could not remove or park files there; chown it to uid {euid}, or remove it so cortex creates its own",
+        .path.display()
+    )]
+    NotOwner {
+        path: PathBuf,
+        owner: u32,
+        euid: u32,
+    },
+
     #[error("{name:?} is not a plain file name in the spool")]
     BadName { name: String },
 
@@ -468,6 +478,7 @@ fn open_handles(path: &Path) -> Result<Handles, SpoolError> {
     let st =
         rustix::fs::fstat(&dir).map_err(|e| io_err("inspect the spool directory", e.into()))?;
     check_mode(path, st.st_mode)?;
+    check_owner(path, st.st_uid, rustix::process::geteuid().as_raw())?;
 
     let bad_path = path.join(BAD_DIR);
     match rustix::fs::mkdirat(&dir, BAD_DIR, Mode::from_raw_mode(0o700)) {
@@ -520,6 +531,19 @@ fn open_dir<Fd: AsFd + Copy, P: rustix::path::Arg + Copy>(
             source: e.into(),
         }),
     }
+}
+
+/// The daemon must own its spool, or it could read files but never delete or park them.
+/// Root may serve a user's spool (a system unit running for that user).
+fn check_owner(path: &Path, owner: u32, euid: u32) -> Result<(), SpoolError> {
+    if euid != 0 && owner != euid {
+        return Err(SpoolError::NotOwner {
+            path: path.to_owned(),
+            owner,
+            euid,
+        });
+    }
+    Ok(())
 }
 
 fn check_mode(path: &Path, st_mode: u32) -> Result<(), SpoolError> {

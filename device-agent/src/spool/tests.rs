@@ -127,6 +127,29 @@ fn open_refuses_group_or_other_writable() {
 }
 
 #[test]
+fn the_daemon_must_own_its_spool_unless_root() {
+    let p = Path::new("/s");
+    assert!(check_owner(p, 1000, 1000).is_ok());
+    assert!(
+        check_owner(p, 1000, 0).is_ok(),
+        "root may serve a user's spool"
+    );
+    let err = check_owner(p, 0, 1000).expect_err("a non-root daemon in root's spool");
+    assert!(
+        matches!(
+            err,
+            SpoolError::NotOwner {
+                owner: 0,
+                euid: 1000,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("chown"), "{err}");
+}
+
+#[test]
 fn open_refuses_a_file_and_a_bad_symlink() {
     let f = fixture();
     let file = f.root.join("plain");
