@@ -2,14 +2,18 @@
 //!
 //! Layout: [`http`] is the tiny blocking HTTP client both binaries use; [`signal`] is all of
 //! `cortex-signal` (flags, caps, sending) and [`spool`] writes the file it falls back to;
-//! [`home`] knows where cortex's files are. The `cortex` side will follow in its own modules.
+//! [`home`] knows where cortex's files are. [`cmd`] is all of `cortex` (one module per
+//! command family) over [`hub`], the operator API client; [`timefmt`] turns times into text.
 //! Wire types come from `cortex_protocol` and are never redefined here.
 
+pub mod cmd;
 pub mod home;
 pub mod http;
+pub mod hub;
 pub mod random;
 pub mod signal;
 pub mod spool;
+pub mod timefmt;
 
 #[cfg(test)]
 mod testserver;

@@ -226,10 +226,10 @@ pub fn prepare(
         (None, Some(code)) => Some(format!("exit={code}")),
         (None, None) => None,
     };
-    let tail = match args.data.as_deref() {
-        None => None,
-        Some(arg) => Some(read_data(arg, stdin, &mut warnings)),
-    };
+    let tail = args
+        .data
+        .as_deref()
+        .map(|arg| read_data(arg, stdin, &mut warnings));
     let request = SignalRequest {
         id,
         secret,

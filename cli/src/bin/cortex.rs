@@ -1,1 +1,18 @@
-fn main() {}
+//! `cortex`: the operator's and agent's command line. Thin: the logic is `cortex_cli::cmd`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use cortex_cli::cmd::{self, Cli, CortexEnv};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let env = CortexEnv::from_process();
+    let code = cmd::run(
+        &cli,
+        &env,
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    );
+    ExitCode::from(code)
+}

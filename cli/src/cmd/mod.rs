@@ -1,0 +1,319 @@
+//! The `cortex` command line: its flags and subcommands, and the dispatch to each command's
+//! module. The binary only parses the command line and calls [`run`]; the environment comes
+//! in as a [`CortexEnv`] and output goes to the writers it is given.
+
+pub mod sessions;
+pub mod wait;
+pub mod wait_for;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{ArgAction, Args, Parser, Subcommand};
+use cortex_protocol::api::Quorum;
+
+use crate::home::{self, HomeError};
+use crate::hub::{self, Hub, Reply};
+use crate::timefmt;
+
+const AFTER_HELP: &str = "\
+The hub's address: --hub URL, else $CORTEX_HUB, else http://127.0.0.1:$WEBHOOK_PORT (port 3001).
+The operator token: $CORTEX_WEBHOOK_TOKEN, else the file $CORTEX_HOME/hub/token (CORTEX_HOME
+defaults to ~/.cortex).
+
+Exit status: 0 done; 1 failed; every `cortex wait …` exits 2 when it fails, and `cortex wait for`
+follows the wait contract: 0 fired, 1 timed out (or the waitpoint expired), 2 broke.";
+
+/// The cortex command line: sessions and waitpoints on a cortex hub
+#[derive(Debug, Parser)]
+#[command(name = "cortex", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// The hub's address [default: http://127.0.0.1:$WEBHOOK_PORT]
+    #[arg(long, global = true, env = "CORTEX_HUB", value_name = "URL")]
+    pub hub: Option<String>,
+
+    /// Print the hub's JSON instead of a table
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the sessions: id, title, armed waitpoints, created
+    Sessions,
+    /// Create a session, post a message to one, read its events
+    #[command(subcommand)]
+    Session(SessionCommand),
+    /// Waitpoints: arm, check, cancel, and block until one wakes
+    #[command(subcommand)]
+    Wait(WaitCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Create a session and print its id
+    New {
+        /// A title shown in listings
+        #[arg(long, value_name = "T")]
+        title: Option<String>,
+    },
+    /// Post a message to a session (read at its next turn, or now)
+    Say {
+        #[arg(value_name = "SID")]
+        sid: String,
+        #[arg(value_name = "TEXT")]
+        text: String,
+        /// Deliver it now rather than at the next turn
+        #[arg(long)]
+        now: bool,
+        /// Post at most once per key (a retry with the same key is a duplicate)
+        #[arg(long, value_name = "K")]
+        dedupe_key: Option<String>,
+    },
+    /// Print a session's events, one a line
+    Events {
+        #[arg(value_name = "SID")]
+        sid: String,
+        /// Only events after this seq
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        after: u64,
+        /// Keep printing new events as they come (long polls)
+        #[arg(long)]
+        follow: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WaitCommand {
+    /// Arm a waitpoint; print its id, its secret (shown this once) and how to signal it
+    Create(CreateArgs),
+    /// Show one waitpoint, or every waitpoint of a session
+    Check {
+        /// The session whose waitpoints to list
+        #[arg(long, env = "CORTEX_SESSION", value_name = "SID")]
+        session: Option<String>,
+        /// One waitpoint (then --session is not needed)
+        #[arg(value_name = "WP_ID")]
+        wp: Option<String>,
+    },
+    /// Disarm a waitpoint (the job it waits on keeps running)
+    Cancel {
+        #[arg(value_name = "WP_ID")]
+        wp: String,
+    },
+    /// Block until the waitpoint's next wake and print it as one JSON line
+    /// (exit 0 fired, 1 timed out or expired, 2 broke)
+    For {
+        #[arg(value_name = "WP_ID")]
+        wp: String,
+        /// Give up after this long (30s, 10m, 2h, 1.5h, or seconds)
+        /// [default: until the waitpoint's expiry plus 2 minutes]
+        #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+        timeout: Option<Duration>,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CreateArgs {
+    /// The session the wake goes to
+    #[arg(long, env = "CORTEX_SESSION", value_name = "SID")]
+    pub session: Option<String>,
+    /// Short name shown on the wake
+    #[arg(long, value_name = "L")]
+    pub label: String,
+    /// What you are waiting for and what to do next; repeated back on the wake
+    #[arg(long, value_name = "I")]
+    pub intent: String,
+    /// A job that will report (repeatable); every signal must then name one
+    #[arg(long = "member", value_name = "NAME", action = ArgAction::Append)]
+    pub member: Vec<String>,
+    /// Members as one comma-separated list
+    #[arg(long, value_name = "A,B,C", value_delimiter = ',')]
+    pub members: Vec<String>,
+    /// How many terminal signals resolve it: a number or `all`
+    /// [default: all with members, otherwise 1]
+    #[arg(long, value_name = "N|all", value_parser = parse_quorum)]
+    pub quorum: Option<Quorum>,
+    /// Wake on the first fail even if the quorum is not met [default: true]
+    #[arg(long, value_name = "true|false", action = ArgAction::Set)]
+    pub fail_fast: Option<bool>,
+    /// How many times it may wake you; above 1 it stays open as a monitor [default: 1]
+    #[arg(long, value_name = "N")]
+    pub max_signals: Option<u32>,
+    /// Deadline in hours, fractional allowed [default: 168, at most 720]
+    #[arg(long, value_name = "H", value_parser = parse_hours)]
+    pub expires_in_hours: Option<f64>,
+    /// The connected device the job runs on (its signal files are collected there)
+    #[arg(long, value_name = "NAME")]
+    pub device: Option<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    timefmt::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn parse_quorum(s: &str) -> Result<Quorum, String> {
+    if s.trim().eq_ignore_ascii_case("all") {
+        return Ok(Quorum::ALL);
+    }
+    match s.trim().parse::<u32>() {
+        Ok(n) if n > 0 => Ok(Quorum::Count(n)),
+        _ => Err(format!(
+            "{s:?} is not a quorum; give a number of signals (1 or more) or `all`"
+        )),
+    }
+}
+
+fn parse_hours(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(h) if h.is_finite() && h > 0.0 => Ok(h),
+        _ => Err(format!(
+            "{s:?} is not a number of hours above 0 (fractions like 0.5 are fine)"
+        )),
+    }
+}
+
+/// What `cortex` reads from its environment besides its flags.
+#[derive(Debug, Clone)]
+pub struct CortexEnv {
+    /// `WEBHOOK_PORT`
+    pub webhook_port: Option<String>,
+    /// `CORTEX_WEBHOOK_TOKEN`
+    pub token: Option<String>,
+    /// `$CORTEX_HOME`, default `~/.cortex`
+    pub cortex_home: Result<PathBuf, HomeError>,
+}
+
+impl CortexEnv {
+    pub fn from_process() -> Self {
+        CortexEnv {
+            webhook_port: std::env::var("WEBHOOK_PORT").ok(),
+            token: std::env::var("CORTEX_WEBHOOK_TOKEN").ok(),
+            cortex_home: home::cortex_home(),
+        }
+    }
+}
+
+/// Runs one command and returns the process's exit status; errors are printed on `err`.
+pub fn run(cli: &Cli, env: &CortexEnv, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    // Inside `cortex wait …`, 1 means "timed out"; any failure there is 2 ("broke").
+    let failed = match cli.command {
+        Command::Wait(_) => wait_for::BROKE,
+        _ => 1,
+    };
+    match execute(cli, env, out, err) {
+        Ok(code) => code,
+        Err(e) => {
+            let _ = writeln!(err, "cortex: {e:#}");
+            failed
+        }
+    }
+}
+
+fn execute(
+    cli: &Cli,
+    env: &CortexEnv,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<u8> {
+    let hub = connect(cli.hub.as_deref(), env)?;
+    let json = cli.json;
+    match &cli.command {
+        Command::Sessions => sessions::list(&hub, json, out)?,
+        Command::Session(SessionCommand::New { title }) => {
+            sessions::new(&hub, title.clone(), json, out)?
+        }
+        Command::Session(SessionCommand::Say {
+            sid,
+            text,
+            now,
+            dedupe_key,
+        }) => sessions::say(&hub, sid, text, *now, dedupe_key.clone(), json, out)?,
+        Command::Session(SessionCommand::Events { sid, after, follow }) => {
+            sessions::events(&hub, sid, *after, *follow, json, out, err)?
+        }
+        Command::Wait(WaitCommand::Create(args)) => wait::create(&hub, args, json, out)?,
+        Command::Wait(WaitCommand::Check { session, wp }) => {
+            wait::check(&hub, session.as_deref(), wp.as_deref(), json, out)?
+        }
+        Command::Wait(WaitCommand::Cancel { wp }) => wait::cancel(&hub, wp, json, out)?,
+        Command::Wait(WaitCommand::For { wp, timeout }) => {
+            return Ok(wait_for::run(&hub, wp, *timeout, out, err));
+        }
+    }
+    Ok(0)
+}
+
+/// The hub's base URL: the flag (or `CORTEX_HUB`), else loopback on `WEBHOOK_PORT`.
+pub fn hub_url(flag: Option<&str>, webhook_port: Option<&str>) -> anyhow::Result<String> {
+    if let Some(url) = flag.map(str::trim).filter(|u| !u.is_empty()) {
+        return Ok(url.to_string());
+    }
+    let port = match webhook_port.map(str::trim).filter(|p| !p.is_empty()) {
+        None => cortex_protocol::DEFAULT_WEBHOOK_PORT,
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 => n,
+            _ => anyhow::bail!(
+                "WEBHOOK_PORT={p:?} is not a port number; set it to the hub's port (default 3001) or pass --hub URL"
+            ),
+        },
+    };
+    Ok(format!("http://127.0.0.1:{port}"))
+}
+
+fn connect(flag: Option<&str>, env: &CortexEnv) -> anyhow::Result<Hub> {
+    let url = hub_url(flag, env.webhook_port.as_deref())?;
+    let token = hub::load_token(env.token.as_deref(), &env.cortex_home)?;
+    Hub::new(&url, &token).context("--hub / CORTEX_HUB")
+}
+
+/// `--json`: the hub's answer exactly as it came, on one line of its own.
+fn print_raw(out: &mut dyn Write, reply: &Reply) -> anyhow::Result<()> {
+    writeln!(out, "{}", reply.text()).context("writing the output")
+}
+
+/// Left-aligned columns, two spaces apart; the last column is not padded.
+fn table(out: &mut dyn Write, header: &[&str], rows: &[Vec<String>]) -> anyhow::Result<()> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let last = cells.len().saturating_sub(1);
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i == last {
+                s.push_str(cell);
+            } else {
+                s.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        s
+    };
+    writeln!(out, "{}", line(header.to_vec()))?;
+    for row in rows {
+        writeln!(out, "{}", line(row.iter().map(String::as_str).collect()))?;
+    }
+    Ok(())
+}
+
+/// Cuts `s` to `max` characters on its first line, marking the cut.
+fn short(s: &str, max: usize) -> String {
+    let first = s.lines().next().unwrap_or_default();
+    let more = first.len() < s.trim_end().len();
+    match first.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &first[..i]),
+        None if more => format!("{first} …"),
+        None => first.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

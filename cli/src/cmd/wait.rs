@@ -1,0 +1,171 @@
+//! `cortex wait create|check|cancel`: seed 000's waitpoint tools from the command line. The
+//! secret is printed by `create` only: it is the one place it is handed out.
+
+use std::io::Write;
+
+use anyhow::Context;
+use cortex_protocol::api::{CreateWaitpoint, WaitpointCreated, WaitpointList, WaitpointView};
+use cortex_protocol::signal::SignalStatus;
+
+use super::{CreateArgs, print_raw, short, table};
+use crate::hub::{Hub, segment};
+use crate::timefmt::{now_ms, relative, utc};
+
+const NO_SESSION: &str =
+    "no session: pass --session SID or set CORTEX_SESSION (`cortex sessions` lists them)";
+
+/// The request body from the flags; `--member` and `--members` add up, in order, once each.
+pub fn create_body(args: &CreateArgs) -> CreateWaitpoint {
+    let mut members: Vec<String> = Vec::new();
+    for m in args.member.iter().chain(&args.members).map(|m| m.trim()) {
+        if !m.is_empty() && !members.iter().any(|x| x == m) {
+            members.push(m.to_string());
+        }
+    }
+    CreateWaitpoint {
+        label: args.label.clone(),
+        intent: args.intent.clone(),
+        members: (!members.is_empty()).then_some(members),
+        quorum: args.quorum,
+        fail_fast: args.fail_fast,
+        max_signals: args.max_signals,
+        expires_in_hours: args.expires_in_hours,
+        device: args.device.clone(),
+    }
+}
+
+pub fn create(hub: &Hub, args: &CreateArgs, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+    let sid = args
+        .session
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .context(NO_SESSION)?;
+    let reply = hub
+        .post(
+            &format!("/api/sessions/{}/waitpoints", segment(sid)),
+            &create_body(args),
+        )
+        .with_context(|| format!("arming a waitpoint in session {sid}"))?;
+    if json {
+        return print_raw(out, &reply);
+    }
+    let wp: WaitpointCreated = reply.json("POST /api/sessions/{sid}/waitpoints")?;
+    let how = &wp.how_to_signal;
+    let recommended = match how.recommended.as_str() {
+        "shell" => &how.shell,
+        "curl" => &how.curl,
+        "attach_to_pid" => &how.attach_to_pid,
+        _ => &how.cli,
+    };
+    writeln!(out, "{}  {}  {}", wp.id, wp.state, wp.label)?;
+    writeln!(
+        out,
+        "secret: {}  (shown this once; give it to the job, not to a log)",
+        wp.secret
+    )?;
+    writeln!(
+        out,
+        "expires: {} ({})",
+        utc(wp.expires_at),
+        relative(wp.expires_at, now_ms())
+    )?;
+    writeln!(out, "signal it with:")?;
+    writeln!(out, "  {}", how.env)?;
+    for line in recommended.lines() {
+        writeln!(out, "  {line}")?;
+    }
+    if let Some(note) = &wp.member_note {
+        writeln!(out, "note: {note}")?;
+    }
+    Ok(())
+}
+
+pub fn check(
+    hub: &Hub,
+    session: Option<&str>,
+    wp: Option<&str>,
+    json: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let views = match wp {
+        Some(id) => {
+            let reply = hub
+                .get(&format!("/api/waitpoints/{}", segment(id)))
+                .with_context(|| format!("checking waitpoint {id}"))?;
+            if json {
+                return print_raw(out, &reply);
+            }
+            vec![reply.json::<WaitpointView>("GET /api/waitpoints/{id}")?]
+        }
+        None => {
+            let sid = session.filter(|s| !s.is_empty()).context(
+                "no session: pass --session SID or set CORTEX_SESSION, or give a waitpoint id (cortex wait check WP_ID)",
+            )?;
+            let reply = hub
+                .get(&format!("/api/sessions/{}/waitpoints", segment(sid)))
+                .with_context(|| format!("listing the waitpoints of session {sid}"))?;
+            if json {
+                return print_raw(out, &reply);
+            }
+            let list: WaitpointList = reply.json("GET /api/sessions/{sid}/waitpoints")?;
+            if list.waitpoints.is_empty() {
+                writeln!(
+                    out,
+                    "no waitpoints in session {sid}; arm one with: cortex wait create --label L --intent I"
+                )?;
+                return Ok(());
+            }
+            list.waitpoints
+        }
+    };
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = views.iter().map(|v| row(v, now)).collect();
+    table(out, &["ID", "LABEL", "STATE", "SIGNALS", "EXPIRES"], &rows)
+}
+
+fn row(v: &WaitpointView, now: u64) -> Vec<String> {
+    let terminal = v.signals.iter().filter(|s| s.status.is_terminal()).count();
+    let failed = v
+        .signals
+        .iter()
+        .filter(|s| s.status == SignalStatus::Fail)
+        .count();
+    // `signals` lists only the latest ones; `signal_count` counts them all.
+    let progress = (v.signal_count as usize).max(v.signals.len()) - terminal;
+    let mut signals = format!("{terminal}/{}", v.quorum);
+    if failed > 0 {
+        signals.push_str(&format!(" ({failed} failed)"));
+    }
+    if progress > 0 {
+        signals.push_str(&format!(" +{progress} progress"));
+    }
+    vec![
+        v.id.clone(),
+        short(&v.label, 40),
+        v.state.clone(),
+        signals,
+        format!("{} ({})", utc(v.expires_at), relative(v.expires_at, now)),
+    ]
+}
+
+pub fn cancel(hub: &Hub, wp: &str, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+    let reply = hub
+        .delete(&format!("/api/waitpoints/{}", segment(wp)))
+        .with_context(|| format!("cancelling waitpoint {wp}"))?;
+    if json {
+        if reply.body.is_empty() {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({"id": wp, "state": "cancelled"})
+            )?;
+            return Ok(());
+        }
+        return print_raw(out, &reply);
+    }
+    writeln!(
+        out,
+        "cancelled {wp} (the job it waited on, if any, keeps running)"
+    )?;
+    Ok(())
+}

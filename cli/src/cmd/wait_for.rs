@@ -1,0 +1,267 @@
+//! `cortex wait for WP_ID`: blocks until that waitpoint's next wake, under seed 004's
+//! contract: one line on stderr when armed, silence while waiting, the wake as one JSON
+//! object on stdout; exit 0 fired, 1 timed out (or expired), 2 broke.
+//!
+//! It reads the session's event log by long polls from a cursor taken before the waitpoint's
+//! state, so no wake can fall between the two; it changes nothing on the hub.
+
+use std::io::Write;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cortex_protocol::api::{SessionView, WaitpointView};
+use serde_json::Value;
+
+use super::sessions::events_of;
+use crate::hub::{Hub, HubError, segment};
+use crate::timefmt::{self, human, utc};
+
+pub const FIRED: u8 = 0;
+pub const TIMED_OUT: u8 = 1;
+pub const BROKE: u8 = 2;
+
+/// Longest single long poll.
+const POLL_SECS: u64 = 30;
+/// Past the waitpoint's expiry, how long to wait for its expiry notice; also how long to
+/// wait for a first answer from the hub when there is neither --timeout nor an expiry yet.
+const GRACE: Duration = Duration::from_secs(120);
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Waits, prints, and returns the exit status.
+pub fn run(
+    hub: &Hub,
+    wp: &str,
+    timeout: Option<Duration>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    let mut waiter = Waiter {
+        hub,
+        wp,
+        timeout,
+        deadline: after(timeout.unwrap_or(GRACE)),
+    };
+    match waiter.wait(out, err) {
+        Ok(code) => code,
+        Err(Broke(why)) => {
+            let _ = writeln!(err, "cortex: {why}");
+            BROKE
+        }
+    }
+}
+
+/// Why the wait cannot go on (exit 2).
+struct Broke(String);
+
+struct Waiter<'a> {
+    hub: &'a Hub,
+    wp: &'a str,
+    timeout: Option<Duration>,
+    deadline: Instant,
+}
+
+impl Waiter<'_> {
+    fn wait(&mut self, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8, Broke> {
+        let wp = self.wp;
+        let view = self.waitpoint()?;
+        if self.timeout.is_none() {
+            self.deadline = instant_at(view.expires_at.saturating_add(GRACE.as_millis() as u64));
+        }
+        if view.state == "cancelled" {
+            return Err(cancelled(wp, None));
+        }
+        let sid = view.session.clone();
+        // The cursor first, then the state: a wake after this cursor is in the log we poll.
+        let session: SessionView = self
+            .ask(&format!("/api/sessions/{}", segment(&sid)), None)
+            .and_then(|r| r.json("GET /api/sessions/{sid}"))
+            .map_err(|e| {
+                self.broke(
+                    e,
+                    &format!("session {sid} of {wp} is gone; nothing will wake this wait"),
+                )
+            })?;
+        let view = self.waitpoint()?;
+        let mut cursor = session.last_seq;
+        match view.state.as_str() {
+            "armed" => {}
+            "cancelled" => return Err(cancelled(wp, None)),
+            state => {
+                // Resolved or expired: its wake is in the log, or still on its way.
+                if let Some(wake) = self.last_wake(&sid)? {
+                    let _ = writeln!(err, "cortex: {wp} is {state}; its last wake:");
+                    return Ok(fire(&wake, out));
+                }
+                if !view.wakes.is_empty() && view.wakes.iter().all(|w| w.delivered) {
+                    return Err(Broke(format!(
+                        "{wp} is {state} but its wake is not in session {sid}'s events; look with: cortex wait check {wp}"
+                    )));
+                }
+            }
+        }
+        let bound = match self.timeout {
+            Some(t) => format!("at most {}", human(t)),
+            None => format!("its expiry {} plus {}", utc(view.expires_at), human(GRACE)),
+        };
+        let _ = writeln!(
+            err,
+            "cortex: waiting for {wp} \"{}\" ({}) in session {sid}; {bound}",
+            view.label, view.state
+        );
+
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let _ = writeln!(
+                    err,
+                    "cortex: timed out: {wp} did not wake within {bound}; run cortex wait for {wp} again to keep waiting"
+                );
+                return Ok(TIMED_OUT);
+            }
+            let wait = left.as_secs_f64().ceil().clamp(1.0, POLL_SECS as f64) as u64;
+            let path = format!(
+                "/api/sessions/{}/events?after={cursor}&wait={wait}",
+                segment(&sid)
+            );
+            let page: Value = self
+                .ask(&path, Some(Duration::from_secs(wait + 15)))
+                .and_then(|r| r.json("GET /api/sessions/{sid}/events"))
+                .map_err(|e| {
+                    self.broke(
+                        e,
+                        &format!("session {sid} of {wp} is gone; nothing will wake this wait"),
+                    )
+                })?;
+            let events = events_of(&page).map_err(|e| Broke(e.to_string()))?;
+            for ev in events {
+                cursor = cursor.max(ev["seq"].as_u64().unwrap_or(cursor));
+                if is_for(ev, "wake", wp) {
+                    return Ok(fire(ev, out));
+                }
+                if is_for(ev, "waitpoint-cancelled", wp) {
+                    return Err(cancelled(wp, ev["by"].as_str()));
+                }
+            }
+        }
+    }
+
+    fn waitpoint(&self) -> Result<WaitpointView, Broke> {
+        let wp = self.wp;
+        self.ask(&format!("/api/waitpoints/{}", segment(wp)), None)
+            .and_then(|r| r.json("GET /api/waitpoints/{id}"))
+            .map_err(|e| {
+                self.broke(
+                    e,
+                    &format!(
+                        "unknown waitpoint {wp}; check the id (cortex wait check --session SID lists a session's waitpoints)"
+                    ),
+                )
+            })
+    }
+
+    /// The newest wake of this waitpoint already in the session's log.
+    fn last_wake(&self, sid: &str) -> Result<Option<Value>, Broke> {
+        let mut cursor = 0;
+        let mut found = None;
+        loop {
+            let path = format!("/api/sessions/{}/events?after={cursor}", segment(sid));
+            let page: Value = self
+                .ask(&path, None)
+                .and_then(|r| r.json("GET /api/sessions/{sid}/events"))
+                .map_err(|e| self.broke(e, &format!("session {sid} of {} is gone", self.wp)))?;
+            let events = events_of(&page).map_err(|e| Broke(e.to_string()))?;
+            let before = cursor;
+            for ev in events {
+                cursor = cursor.max(ev["seq"].as_u64().unwrap_or(cursor));
+                if is_for(ev, "wake", self.wp) {
+                    found = Some(ev.clone());
+                }
+            }
+            if events.is_empty() || cursor == before {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// One GET; while the hub is unreachable (or failing on its side), again with a capped
+    /// backoff until the deadline.
+    fn ask(&self, path: &str, timeout: Option<Duration>) -> Result<crate::hub::Reply, HubError> {
+        let mut backoff = BACKOFF_START;
+        loop {
+            let asked = match timeout {
+                Some(t) => self.hub.get_slow(path, t),
+                None => self.hub.get(path),
+            };
+            match asked {
+                Err(e) if e.is_transient() => {
+                    let left = self.deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(e);
+                    }
+                    thread::sleep(backoff.min(left));
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Why a failed request ends the wait; `gone` is the message for a 404.
+    fn broke(&self, e: HubError, gone: &str) -> Broke {
+        if e.status() == Some(404) {
+            return Broke(gone.to_string());
+        }
+        if e.is_transient() {
+            let bound = match self.timeout {
+                Some(t) => format!("the --timeout of {}", human(t)),
+                None => "the bound".to_string(),
+            };
+            return Broke(format!(
+                "{e}; it was not back within {bound}, so this wait can no longer tell"
+            ));
+        }
+        Broke(e.to_string())
+    }
+}
+
+fn cancelled(wp: &str, by: Option<&str>) -> Broke {
+    let by = by.map(|b| format!(" by {b}")).unwrap_or_default();
+    Broke(format!("{wp} was cancelled{by}; nothing will wake it"))
+}
+
+/// Is `ev` of `kind` and about waitpoint `wp`?
+fn is_for(ev: &Value, kind: &str, wp: &str) -> bool {
+    ev["kind"] == kind && ev["waitpoint"]["id"] == wp
+}
+
+/// Prints the wake as one JSON line; its reason decides the exit status.
+fn fire(wake: &Value, out: &mut dyn Write) -> u8 {
+    let printed = serde_json::to_string(wake)
+        .map_err(std::io::Error::other)
+        .and_then(|line| writeln!(out, "{line}"))
+        .and_then(|()| out.flush());
+    if printed.is_err() {
+        return BROKE;
+    }
+    match wake["reason"].as_str() {
+        Some("expired") => TIMED_OUT,
+        _ => FIRED,
+    }
+}
+
+/// The monotonic instant at which the wall clock reads `ms` (now, if that is past).
+fn instant_at(ms: u64) -> Instant {
+    after(Duration::from_millis(ms.saturating_sub(timefmt::now_ms())))
+}
+
+/// Now plus `d`, or a century from now for a bound too far to represent.
+fn after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests;

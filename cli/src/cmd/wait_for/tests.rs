@@ -1,0 +1,336 @@
+use std::collections::VecDeque;
+
+use cortex_protocol::api::{Badges, SessionView, WaitpointView, WakeReason, WakeView};
+use serde_json::json;
+
+use super::*;
+use crate::testserver::{TestServer, json as answer, refused_addr};
+
+const FAR: u64 = 4_000_000_000_000;
+
+fn view(state: &str, expires_at: u64, wakes: Vec<WakeView>) -> String {
+    let v = WaitpointView {
+        id: "wp_1".into(),
+        session: "ses_1".into(),
+        label: "nightly".into(),
+        intent: "compare the loss".into(),
+        state: state.into(),
+        created_at: 1,
+        expires_at,
+        resolved_at: None,
+        members: vec![],
+        quorum: 1,
+        fail_fast: true,
+        max_signals: 1,
+        device: None,
+        signal_count: 0,
+        signals: vec![],
+        wakes,
+        badges: Badges {
+            wake_limit_reached: false,
+            delivery_attempts: 0,
+            wakes_this_hour: 0,
+            max_wakes_per_hour: 12,
+        },
+    };
+    serde_json::to_string(&v).expect("ser")
+}
+
+fn session(last_seq: u64) -> String {
+    let s = SessionView {
+        id: "ses_1".into(),
+        title: None,
+        created_at: 1,
+        last_seq,
+        armed_waitpoints: 1,
+    };
+    serde_json::to_string(&s).expect("ser")
+}
+
+fn wake(seq: u64, wp: &str, reason: &str) -> Value {
+    json!({"seq": seq, "ts": 1_700_000_000_000u64, "kind": "wake",
+        "waitpoint": {"id": wp, "label": "nightly", "intent": "compare the loss"},
+        "reason": reason, "waited_ms": 5, "signals": [], "omitted": 0, "text": "woke: 33k steps"})
+}
+
+fn page(events: Vec<Value>) -> Vec<u8> {
+    answer(200, &json!({ "events": events }).to_string())
+}
+
+/// A hub that answers the waitpoint with `states` in turn (the last one repeats), the
+/// session with `last_seq`, a plain events read from `log`, and each long poll with the
+/// next of `polls` (then 404: a test that polls too far ends rather than hangs).
+struct Fake {
+    states: Vec<&'static str>,
+    expires_at: u64,
+    wakes: Vec<WakeView>,
+    last_seq: u64,
+    log: Vec<Value>,
+    polls: Vec<Vec<u8>>,
+}
+
+impl Fake {
+    fn armed(polls: Vec<Vec<u8>>) -> Fake {
+        Fake {
+            states: vec!["armed"],
+            expires_at: FAR,
+            wakes: vec![],
+            last_seq: 5,
+            log: vec![],
+            polls,
+        }
+    }
+
+    fn serve(self) -> TestServer {
+        let mut states: VecDeque<&str> = self.states.into();
+        let mut polls: VecDeque<Vec<u8>> = self.polls.into();
+        let (expires_at, wakes, last_seq, log) =
+            (self.expires_at, self.wakes, self.last_seq, self.log);
+        TestServer::handler(move |req| {
+            let p = req.path.as_str();
+            let not_found = answer(404, r#"{"error":"not_found","message":"no such thing"}"#);
+            Some(if p == "/api/waitpoints/wp_1" {
+                let state = if states.len() > 1 {
+                    states.pop_front()
+                } else {
+                    states.front().copied()
+                };
+                answer(
+                    200,
+                    &view(state.unwrap_or("armed"), expires_at, wakes.clone()),
+                )
+            } else if p == "/api/sessions/ses_1" {
+                answer(200, &session(last_seq))
+            } else if p.starts_with("/api/sessions/ses_1/events?") && p.contains("&wait=") {
+                polls.pop_front().unwrap_or(not_found)
+            } else if let Some(after) = p.strip_prefix("/api/sessions/ses_1/events?after=") {
+                let after: u64 = after.parse().expect("after");
+                page(
+                    log.iter()
+                        .filter(|e| e["seq"].as_u64() > Some(after))
+                        .cloned()
+                        .collect(),
+                )
+            } else {
+                not_found
+            })
+        })
+    }
+}
+
+fn wait(server: &TestServer, timeout: Option<Duration>) -> (u8, String, String) {
+    let hub = Hub::new(&server.url(""), "tok").expect("hub");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run(&hub, "wp_1", timeout, &mut out, &mut err);
+    (
+        code,
+        String::from_utf8(out).expect("utf8"),
+        String::from_utf8(err).expect("utf8"),
+    )
+}
+
+fn paths(server: &TestServer) -> Vec<String> {
+    server.requests().into_iter().map(|r| r.path).collect()
+}
+
+#[test]
+fn waits_for_this_waitpoints_wake_and_prints_it_as_one_line() {
+    let message = json!({"seq": 6, "ts": 1, "kind": "message", "text": "hi", "when": "next_turn"});
+    let armed = json!({"seq": 8, "ts": 1, "kind": "waitpoint-armed", "waitpoint": {"id": "wp_2", "label": "x", "intent": "y"}});
+    let server = Fake::armed(vec![
+        page(vec![]),
+        page(vec![
+            message,
+            wake(7, "wp_other", "fired"),
+            armed,
+            json!({"seq": 9, "ts": 1, "kind": "run-start"}),
+        ]),
+        page(vec![wake(10, "wp_1", "fired")]),
+    ])
+    .serve();
+    let (code, out, err) = wait(&server, None);
+    assert_eq!(code, FIRED, "{err}");
+    assert_eq!(out.lines().count(), 1);
+    let printed: Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    assert_eq!(printed, wake(10, "wp_1", "fired"));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("waiting for wp_1 \"nightly\""), "{err}");
+    assert_eq!(
+        paths(&server),
+        [
+            "/api/waitpoints/wp_1",
+            "/api/sessions/ses_1",
+            "/api/waitpoints/wp_1",
+            "/api/sessions/ses_1/events?after=5&wait=30",
+            "/api/sessions/ses_1/events?after=5&wait=30",
+            "/api/sessions/ses_1/events?after=9&wait=30",
+        ]
+    );
+}
+
+#[test]
+fn sends_the_operator_token() {
+    let server = Fake::armed(vec![page(vec![wake(6, "wp_1", "failed")])]).serve();
+    let (code, _, _) = wait(&server, None);
+    assert_eq!(code, FIRED, "a failed job is still a fired wait");
+    assert!(
+        server
+            .requests()
+            .iter()
+            .all(|r| r.header("authorization") == Some("Bearer tok"))
+    );
+}
+
+#[test]
+fn an_expired_wake_exits_1_with_the_wake() {
+    let server = Fake::armed(vec![page(vec![wake(6, "wp_1", "expired")])]).serve();
+    let (code, out, _) = wait(&server, None);
+    assert_eq!(code, TIMED_OUT);
+    assert_eq!(
+        serde_json::from_str::<Value>(out.trim()).expect("json"),
+        wake(6, "wp_1", "expired")
+    );
+}
+
+#[test]
+fn cancelled_while_waiting_breaks() {
+    let cancel = json!({"seq": 6, "ts": 1, "kind": "waitpoint-cancelled",
+        "waitpoint": {"id": "wp_1", "label": "nightly", "intent": "i"}, "by": "operator"});
+    let server = Fake::armed(vec![page(vec![cancel])]).serve();
+    let (code, out, err) = wait(&server, None);
+    assert_eq!(code, BROKE);
+    assert_eq!(out, "");
+    assert!(err.contains("wp_1 was cancelled by operator"), "{err}");
+}
+
+#[test]
+fn already_resolved_prints_its_last_wake_without_polling() {
+    let mut fake = Fake::armed(vec![]);
+    fake.states = vec!["resolved"];
+    fake.wakes = vec![WakeView {
+        reason: WakeReason::Fired,
+        at: 3,
+        delivered: true,
+    }];
+    fake.log = vec![
+        wake(2, "wp_1", "report"),
+        json!({"seq": 3, "ts": 1, "kind": "message", "text": "x", "when": "now"}),
+        wake(4, "wp_1", "fired"),
+        wake(5, "wp_9", "fired"),
+    ];
+    let server = fake.serve();
+    let (code, out, err) = wait(&server, None);
+    assert_eq!(code, FIRED, "{err}");
+    assert_eq!(
+        serde_json::from_str::<Value>(out.trim()).expect("json"),
+        wake(4, "wp_1", "fired")
+    );
+    assert!(!paths(&server).iter().any(|p| p.contains("wait=")));
+}
+
+#[test]
+fn resolved_with_its_wake_still_due_waits_for_it() {
+    let mut fake = Fake::armed(vec![page(vec![wake(6, "wp_1", "fired")])]);
+    fake.states = vec!["resolved"];
+    fake.wakes = vec![WakeView {
+        reason: WakeReason::Fired,
+        at: 3,
+        delivered: false,
+    }];
+    let (code, out, err) = wait(&fake.serve(), None);
+    assert_eq!(code, FIRED, "{err}");
+    assert!(out.contains("\"seq\":6"), "{out}");
+}
+
+#[test]
+fn a_wake_between_the_cursor_and_the_state_is_found() {
+    // Armed when first read, resolved by the time it is read again after the cursor.
+    let mut fake = Fake::armed(vec![]);
+    fake.states = vec!["armed", "resolved"];
+    fake.log = vec![wake(6, "wp_1", "fired")];
+    let (code, out, err) = wait(&fake.serve(), None);
+    assert_eq!(code, FIRED, "{err}");
+    assert!(out.contains("\"seq\":6"), "{out}");
+}
+
+#[test]
+fn already_cancelled_breaks() {
+    let mut fake = Fake::armed(vec![]);
+    fake.states = vec!["cancelled"];
+    let (code, out, err) = wait(&fake.serve(), None);
+    assert_eq!((code, out.as_str()), (BROKE, ""));
+    assert!(err.contains("cancelled"), "{err}");
+}
+
+#[test]
+fn unknown_waitpoint_breaks() {
+    let server = TestServer::handler(|_| {
+        Some(answer(
+            404,
+            r#"{"error":"unknown_waitpoint","message":"no wp_1"}"#,
+        ))
+    });
+    let (code, _, err) = wait(&server, Some(Duration::from_secs(60)));
+    assert_eq!(code, BROKE);
+    assert!(err.contains("unknown waitpoint wp_1"), "{err}");
+}
+
+#[test]
+fn session_gone_while_waiting_breaks() {
+    let (code, _, err) = wait(&Fake::armed(vec![]).serve(), None);
+    assert_eq!(code, BROKE);
+    assert!(err.contains("session ses_1 of wp_1 is gone"), "{err}");
+}
+
+#[test]
+fn unreachable_hub_not_back_within_the_bound_breaks() {
+    let hub = Hub::new(&format!("http://{}", refused_addr()), "tok").expect("hub");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run(&hub, "wp_1", Some(Duration::ZERO), &mut out, &mut err);
+    assert_eq!(code, BROKE);
+    let err = String::from_utf8(err).expect("utf8");
+    assert!(
+        err.contains("cannot reach the hub") && err.contains("not back within"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_bound_passing_times_out() {
+    let server = Fake::armed(vec![]).serve();
+    let (code, out, err) = wait(&server, Some(Duration::ZERO));
+    assert_eq!((code, out.as_str()), (TIMED_OUT, ""));
+    assert!(err.contains("timed out"), "{err}");
+    assert!(!paths(&server).iter().any(|p| p.contains("wait=")));
+}
+
+#[test]
+fn without_a_timeout_the_bound_is_the_expiry_plus_grace() {
+    let mut fake = Fake::armed(vec![]);
+    fake.expires_at = timefmt::now_ms() - 3 * 60_000;
+    let (code, _, err) = wait(&fake.serve(), None);
+    assert_eq!(code, TIMED_OUT, "{err}");
+}
+
+#[test]
+fn a_short_timeout_shortens_the_long_poll() {
+    let server = Fake::armed(vec![page(vec![wake(6, "wp_1", "fired")])]).serve();
+    let (code, _, _) = wait(&server, Some(Duration::from_secs(10)));
+    assert_eq!(code, FIRED);
+    let polls: Vec<String> = paths(&server)
+        .into_iter()
+        .filter(|p| p.contains("wait="))
+        .collect();
+    assert_eq!(polls, ["/api/sessions/ses_1/events?after=5&wait=10"]);
+}
+
+#[test]
+fn a_failing_hub_is_asked_again() {
+    let server = Fake::armed(vec![
+        answer(503, r#"{"error":"unavailable","message":"restarting"}"#),
+        page(vec![wake(6, "wp_1", "fired")]),
+    ])
+    .serve();
+    let (code, _, err) = wait(&server, Some(Duration::from_secs(60)));
+    assert_eq!(code, FIRED, "{err}");
+}

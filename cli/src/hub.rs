@@ -1,0 +1,302 @@
+//! The operator API client: JSON requests to the hub's `/api/...` with the bearer token, over
+//! [`crate::http`], and the operator token's lookup. It maps answers onto typed errors whose
+//! messages say what to do next; it prints nothing.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use cortex_protocol::signal::ErrorBody;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::home::{self, HomeError};
+use crate::http::{self, HttpError, Method, Request, Url};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error(
+        "cannot reach the hub at {base} ({reason}); start cortex-hub, or point --hub / CORTEX_HUB at it"
+    )]
+    Unreachable { base: String, reason: String },
+    #[error(
+        "the hub at {base} gave an unreadable answer ({reason}); is --hub / CORTEX_HUB really a cortex hub?"
+    )]
+    Protocol { base: String, reason: String },
+    /// The hub answered with an error status; `message` is its own words.
+    #[error("{message} (HTTP {status}{})", hint_for(*status))]
+    Api {
+        status: u16,
+        error: Option<String>,
+        message: String,
+    },
+    #[error(
+        "unexpected answer from the hub to {what}: {reason}; are the hub and this cortex the same version?"
+    )]
+    Decode { what: String, reason: String },
+    #[error("{0}")]
+    Request(HttpError),
+}
+
+fn hint_for(status: u16) -> &'static str {
+    match status {
+        401 => {
+            "; check CORTEX_WEBHOOK_TOKEN, or the token file $CORTEX_HOME/hub/token on the hub's machine"
+        }
+        _ => "",
+    }
+}
+
+impl HubError {
+    /// The hub could not be asked, or failed on its side: worth asking again later.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            HubError::Unreachable { .. } => true,
+            HubError::Api { status, .. } => *status >= 500,
+            _ => false,
+        }
+    }
+
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            HubError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error(
+        "no operator token: set CORTEX_WEBHOOK_TOKEN or run on the hub's machine where $CORTEX_HOME/hub/token exists ({0})"
+    )]
+    Missing(String),
+}
+
+/// The operator token: `CORTEX_WEBHOOK_TOKEN`, else the file `$CORTEX_HOME/hub/token`
+/// (whitespace trimmed either way).
+pub fn load_token(
+    from_env: Option<&str>,
+    cortex_home: &Result<PathBuf, HomeError>,
+) -> Result<String, TokenError> {
+    if let Some(t) = from_env.map(str::trim).filter(|t| !t.is_empty()) {
+        return Ok(t.to_string());
+    }
+    let home = cortex_home
+        .as_ref()
+        .map_err(|e| TokenError::Missing(e.to_string()))?;
+    let path = home::token_file(home);
+    match std::fs::read_to_string(&path) {
+        Ok(t) if !t.trim().is_empty() => Ok(t.trim().to_string()),
+        Ok(_) => Err(TokenError::Missing(format!("{} is empty", path.display()))),
+        Err(e) => Err(TokenError::Missing(format!(
+            "cannot read {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+/// A body from the hub, kept as bytes so `--json` can print it exactly as it came.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json<T: DeserializeOwned>(&self, what: &str) -> Result<T, HubError> {
+        serde_json::from_slice(&self.body).map_err(|e| HubError::Decode {
+            what: what.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// The body as text, without a trailing newline.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).trim_end().to_string()
+    }
+}
+
+/// The hub's API at a base URL, with the operator token.
+#[derive(Debug, Clone)]
+pub struct Hub {
+    base: String,
+    auth: String,
+}
+
+impl Hub {
+    pub fn new(base: &str, token: &str) -> Result<Hub, HubError> {
+        let base = base.trim().trim_end_matches('/').to_string();
+        Url::parse(&base).map_err(HubError::Request)?;
+        Ok(Hub {
+            base,
+            auth: format!("Bearer {token}"),
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn get(&self, path: &str) -> Result<Reply, HubError> {
+        self.call(Method::Get, path, None, http::DEFAULT_TIMEOUT)
+    }
+
+    /// A GET that may take `timeout` (a long poll).
+    pub fn get_slow(&self, path: &str, timeout: Duration) -> Result<Reply, HubError> {
+        self.call(Method::Get, path, None, timeout)
+    }
+
+    pub fn post(&self, path: &str, body: &impl Serialize) -> Result<Reply, HubError> {
+        let body = serde_json::to_vec(body).map_err(|e| HubError::Decode {
+            what: path.to_string(),
+            reason: e.to_string(),
+        })?;
+        self.call(Method::Post, path, Some(&body), http::DEFAULT_TIMEOUT)
+    }
+
+    pub fn delete(&self, path: &str) -> Result<Reply, HubError> {
+        self.call(Method::Delete, path, None, http::DEFAULT_TIMEOUT)
+    }
+
+    fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<Reply, HubError> {
+        let url = format!("{}{path}", self.base);
+        let mut req = Request::new(method, &url)
+            .header("Authorization", &self.auth)
+            .timeout(timeout);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let resp = req.send().map_err(|e| match e {
+            HttpError::Unreachable { reason, .. } => HubError::Unreachable {
+                base: self.base.clone(),
+                reason,
+            },
+            HttpError::Protocol { reason, .. } => HubError::Protocol {
+                base: self.base.clone(),
+                reason,
+            },
+            e => HubError::Request(e),
+        })?;
+        if resp.is_success() {
+            return Ok(Reply {
+                status: resp.status,
+                body: resp.body,
+            });
+        }
+        let (error, message) = match serde_json::from_slice::<ErrorBody>(&resp.body) {
+            Ok(b) => (Some(b.error), b.message),
+            Err(_) => {
+                let text: String = resp.text().trim().chars().take(300).collect();
+                let message = if text.is_empty() {
+                    format!(
+                        "the hub answered {} {} to {}",
+                        method.as_str(),
+                        path_only(path),
+                        resp.status
+                    )
+                } else {
+                    format!(
+                        "the hub answered {} to {} {}: {text}",
+                        resp.status,
+                        method.as_str(),
+                        path_only(path)
+                    )
+                };
+                (None, message)
+            }
+        };
+        Err(HubError::Api {
+            status: resp.status,
+            error,
+            message,
+        })
+    }
+}
+
+fn path_only(path: &str) -> &str {
+    path.split('?').next().unwrap_or(path)
+}
+
+/// Percent-encodes one path segment (an id typed by a person), so it cannot change the path.
+pub fn segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testserver::{TestServer, json, refused_addr};
+
+    #[test]
+    fn sends_the_token_and_maps_errors() {
+        let server = TestServer::canned(vec![
+            json(200, r#"[]"#),
+            json(
+                401,
+                r#"{"error":"unauthorized","message":"missing or wrong operator token"}"#,
+            ),
+            b"HTTP/1.1 500 Oops\r\nContent-Length: 4\r\n\r\nboom".to_vec(),
+        ]);
+        let hub = Hub::new(&format!("http://{}/", server.addr), "tok").expect("hub");
+        let r = hub.get("/api/sessions").expect("ok");
+        assert_eq!(r.text(), "[]");
+        let req = server.next_request();
+        assert_eq!(req.path, "/api/sessions");
+        assert_eq!(req.header("authorization"), Some("Bearer tok"));
+
+        let e = hub.get("/api/sessions").expect_err("401");
+        assert_eq!(e.status(), Some(401));
+        let msg = e.to_string();
+        assert!(
+            msg.contains("missing or wrong operator token") && msg.contains("CORTEX_WEBHOOK_TOKEN"),
+            "{msg}"
+        );
+        assert!(!e.is_transient());
+
+        let e = hub.delete("/api/waitpoints/wp_1").expect_err("500");
+        assert!(e.is_transient());
+        assert!(e.to_string().contains("boom"), "{e}");
+    }
+
+    #[test]
+    fn unreachable_says_what_to_do() {
+        let hub = Hub::new(&format!("http://{}", refused_addr()), "tok").expect("hub");
+        let e = hub.get("/api/sessions").expect_err("refused");
+        assert!(e.is_transient());
+        assert!(e.to_string().contains("start cortex-hub"), "{e}");
+        assert!(Hub::new("https://x", "t").is_err());
+    }
+
+    #[test]
+    fn token_from_env_or_file() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let h = Ok(home.path().to_path_buf());
+        assert_eq!(load_token(Some(" t1\n"), &h).expect("env"), "t1");
+        let e = load_token(None, &h).expect_err("no file");
+        assert!(e.to_string().contains("set CORTEX_WEBHOOK_TOKEN"), "{e}");
+        std::fs::create_dir_all(home.path().join("hub")).expect("mkdir");
+        std::fs::write(home.path().join("hub/token"), "t2\n").expect("write");
+        assert_eq!(load_token(Some(""), &h).expect("file"), "t2");
+        assert!(load_token(None, &Err(HomeError::NoHome)).is_err());
+    }
+
+    #[test]
+    fn segments_are_encoded() {
+        assert_eq!(segment("wp_1a2B-3x~"), "wp_1a2B-3x~");
+        assert_eq!(segment("../a b?c"), "%2E%2E%2Fa%20b%3Fc");
+    }
+}

@@ -1,0 +1,128 @@
+//! Time for people: durations typed on a command line (`30s`, `1.5h`), and the hub's
+//! millisecond timestamps shown as UTC dates or "in 3h". No clock of its own: callers pass
+//! "now" in, so every rule here is a plain test.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Milliseconds since the Unix epoch, as the hub counts time.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a duration; write it like 30s, 10m, 2h, 1.5h, 1d or a number of seconds")]
+pub struct BadDuration(pub String);
+
+/// `30s`, `10m`, `2h`, `1.5h`, `1d`, `500ms`, or bare (fractional) seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, BadDuration> {
+    let bad = || BadDuration(s.to_string());
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| bad())?;
+    let secs_per = match unit.trim() {
+        "" | "s" | "sec" | "secs" => 1.0,
+        "ms" => 0.001,
+        "m" | "min" | "mins" => 60.0,
+        "h" | "hr" | "hrs" => 3600.0,
+        "d" | "day" | "days" => 86400.0,
+        _ => return Err(bad()),
+    };
+    Duration::try_from_secs_f64(n * secs_per).map_err(|_| bad())
+}
+
+/// `1h 30m`, `45s`, `2d 3h`: the two largest units, for messages.
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    let (days, hours, mins, secs) = (s / 86400, s / 3600 % 24, s / 60 % 60, s % 60);
+    match (days, hours, mins) {
+        (0, 0, 0) if s == 0 && d.subsec_millis() > 0 => format!("{}ms", d.subsec_millis()),
+        (0, 0, 0) => format!("{secs}s"),
+        (0, 0, _) if secs > 0 => format!("{mins}m {secs}s"),
+        (0, 0, _) => format!("{mins}m"),
+        (0, _, 0) => format!("{hours}h"),
+        (0, _, _) => format!("{hours}h {mins}m"),
+        (_, 0, _) => format!("{days}d"),
+        _ => format!("{days}d {hours}h"),
+    }
+}
+
+/// `in 3h 2m` or `5m ago`.
+pub fn relative(at_ms: u64, now_ms: u64) -> String {
+    if at_ms >= now_ms {
+        format!("in {}", human(Duration::from_millis(at_ms - now_ms)))
+    } else {
+        format!("{} ago", human(Duration::from_millis(now_ms - at_ms)))
+    }
+}
+
+/// `2026-08-13 10:04:05Z`.
+pub fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86400, secs % 86400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_durations() {
+        let d = |s| parse_duration(s).expect(s);
+        assert_eq!(d("30s"), Duration::from_secs(30));
+        assert_eq!(d("10m"), Duration::from_secs(600));
+        assert_eq!(d("2h"), Duration::from_secs(7200));
+        assert_eq!(d("1.5h"), Duration::from_secs(5400));
+        assert_eq!(d("90"), Duration::from_secs(90));
+        assert_eq!(d("0.5"), Duration::from_millis(500));
+        assert_eq!(d("1d"), Duration::from_secs(86400));
+        assert_eq!(d("250ms"), Duration::from_millis(250));
+        assert_eq!(d("0"), Duration::ZERO);
+        for bad in ["", "h", "-1s", "1x", "1.2.3s", "ten", "1e99d"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn formats_times() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00Z");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00Z");
+        assert_eq!(utc(1_786_615_445_000), "2026-08-13 10:04:05Z");
+        assert_eq!(
+            relative(10_000 + 3 * 3_600_000 + 120_000, 10_000),
+            "in 3h 2m"
+        );
+        assert_eq!(relative(0, 300_000), "5m ago");
+        assert_eq!(human(Duration::from_secs(45)), "45s");
+        assert_eq!(human(Duration::from_secs(90)), "1m 30s");
+        assert_eq!(human(Duration::from_secs(7 * 86400)), "7d");
+        assert_eq!(human(Duration::from_secs(86400 + 7200)), "1d 2h");
+        assert_eq!(human(Duration::from_millis(100)), "100ms");
+    }
+}
