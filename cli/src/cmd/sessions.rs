@@ -198,7 +198,13 @@ pub fn event_line(ev: &Value) -> String {
         }
         "wake" => {
             let text = ev["text"].as_str().unwrap_or("");
-            let indented: String = text.lines().map(|l| format!("\n    {l}")).collect();
+            let indented: String = text
+                .lines()
+                .map(|l| match l.trim() {
+                    "" => "\n".to_string(),
+                    _ => format!("\n    {l}"),
+                })
+                .collect();
             format!(
                 "{} {}{indented}",
                 wp_ref(),

@@ -275,7 +275,7 @@ fn some_events() -> Value {
     json!({"events": [
         {"seq": 1, "ts": 1_786_615_445_000u64, "kind": "message", "text": "hello\nsecond line", "when": "now"},
         {"seq": 2, "ts": 1_786_615_446_000u64, "kind": "wake", "waitpoint": {"id": "wp_1", "label": "nightly", "intent": "i"},
-         "reason": "fired", "waited_ms": 10, "signals": [], "text": "Waitpoint nightly fired.\nData: ok"},
+         "reason": "fired", "waited_ms": 10, "signals": [], "text": "Waitpoint nightly fired.\n\nData: ok"},
         {"seq": 3, "ts": 1_786_615_447_000u64, "kind": "tool-start", "tool": "wait_check"}
     ]})
 }
@@ -300,9 +300,10 @@ fn session_events_read_page_after_page() {
         "    2  2026-08-13 10:04:06Z  wake                 wp_1 \"nightly\" fired"
     );
     assert_eq!(lines[2], "    Waitpoint nightly fired.");
-    assert_eq!(lines[3], "    Data: ok");
+    assert_eq!(lines[3], "", "no trailing spaces on an empty line");
+    assert_eq!(lines[4], "    Data: ok");
     assert_eq!(
-        lines[4],
+        lines[5],
         r#"    3  2026-08-13 10:04:07Z  tool-start           {"tool":"wait_check"}"#
     );
     let paths: Vec<String> = server.requests().into_iter().map(|r| r.path).collect();
@@ -465,8 +466,9 @@ fn wait_check_one_or_a_sessions() {
 #[test]
 fn wait_cancel_deletes() {
     let server = TestServer::canned(vec![
-        answer(200, &waitpoint_view("wp_1", "cancelled").to_string()),
+        answer(200, r#"{"id":"wp_1","state":"cancelled","cancelled":true}"#),
         b"HTTP/1.1 204 No Content\r\n\r\n".to_vec(),
+        answer(200, r#"{"id":"wp_1","state":"resolved","cancelled":false}"#),
         answer(
             404,
             r#"{"error":"unknown_waitpoint","message":"no waitpoint wp_x; check the id"}"#,
@@ -484,6 +486,11 @@ fn wait_cancel_deletes() {
     assert_eq!(
         serde_json::from_str::<Value>(&out).expect("json"),
         json!({"id": "wp_1", "state": "cancelled"})
+    );
+    let (code, out, _) = exec(&server, &["wait", "cancel", "wp_1"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "wp_1 had already ended (resolved); nothing to cancel\n")
     );
     let (code, _, err) = exec(&server, &["wait", "cancel", "wp_x"]);
     assert_eq!(

@@ -163,9 +163,16 @@ pub fn cancel(hub: &Hub, wp: &str, json: bool, out: &mut dyn Write) -> anyhow::R
         }
         return print_raw(out, &reply);
     }
-    writeln!(
-        out,
-        "cancelled {wp} (the job it waited on, if any, keeps running)"
-    )?;
+    // The hub answers `{id, state, cancelled}`; `cancelled: false` when it had already ended.
+    let answer: serde_json::Value = serde_json::from_slice(&reply.body).unwrap_or_default();
+    match (answer["cancelled"].as_bool(), answer["state"].as_str()) {
+        (Some(false), Some(state)) => {
+            writeln!(out, "{wp} had already ended ({state}); nothing to cancel")?
+        }
+        _ => writeln!(
+            out,
+            "cancelled {wp} (the job it waited on, if any, keeps running)"
+        )?,
+    }
     Ok(())
 }
