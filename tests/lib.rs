@@ -1,1 +1,343 @@
-//! placeholder
+//! Support for the whole-system tests: start the real `cortex-hub` on a loopback port
+//! chosen at run time with a temp home, talk to it over HTTP, run the real CLIs, and wait
+//! for conditions with a bound (never a bare sleep).
+//!
+//! The binaries must be built first (`cargo xtask test` builds them, then runs the tests).
+
+#![allow(clippy::unwrap_used)]
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use cortex_cli::http::{Method, Request};
+use serde_json::{Value, json};
+
+/// `target/<profile>/`, found from the test executable (`target/<profile>/deps/it-…`).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
+}
+
+/// A workspace binary, built by `cargo build --workspace`.
+pub fn bin(name: &str) -> PathBuf {
+    let p = target_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build the binaries first (`cargo xtask test` does, or `cargo build --workspace`)",
+        p.display()
+    );
+    p
+}
+
+/// Polls `f` until it returns `Some`, at most `limit`; panics with `what` otherwise.
+pub fn wait_until<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+/// A running hub with its own temp home.
+pub struct Hub {
+    pub home: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    child: Option<Child>,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    pub token: String,
+    env: Vec<(String, String)>,
+    starts: usize,
+}
+
+impl Hub {
+    pub fn start() -> Hub {
+        Hub::start_with(&[])
+    }
+
+    /// Starts a hub with extra environment (e.g. `CORTEX_WAITPOINT_SWEEP_MS`).
+    pub fn start_with(env: &[(&str, &str)]) -> Hub {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut hub = Hub {
+            home: tmp.path().to_path_buf(),
+            _tmp: Some(tmp),
+            child: None,
+            addr: String::new(),
+            token: String::new(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            starts: 0,
+        };
+        hub.spawn();
+        hub
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.home.join("hub.log")
+    }
+
+    /// Starts the hub process (again) on the same home and a new port.
+    pub fn spawn(&mut self) {
+        assert!(self.child.is_none(), "the hub is already running");
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("log");
+        let mut cmd = Command::new(bin("cortex-hub"));
+        cmd.arg("--home")
+            .arg(&self.home)
+            .args(["--listen", "127.0.0.1:0"])
+            .env_remove("CORTEX_WEBHOOK_TOKEN")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("spawn cortex-hub"));
+        self.starts += 1;
+        let want = self.starts;
+        let addr = wait_until(Duration::from_secs(30), "the hub's listen line", || {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                panic!("cortex-hub exited with {st} at start:\n{}", self.log());
+            }
+            let log = std::fs::read_to_string(self.log_path()).ok()?;
+            let line = log
+                .lines()
+                .filter(|l| l.starts_with("cortex-hub listening on http://"))
+                .nth(want - 1)?;
+            let rest = line.strip_prefix("cortex-hub listening on http://")?;
+            Some(rest.split_whitespace().next()?.to_string())
+        });
+        self.addr = addr;
+        self.token = std::fs::read_to_string(self.home.join("hub/token"))
+            .expect("token")
+            .trim()
+            .to_string();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL: no chance to flush or say goodbye.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then waits (bounded) for the exit status.
+    pub fn stop(&mut self) -> ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let pid = rustix::process::Pid::from_raw(c.id() as i32).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+        wait_until(
+            Duration::from_secs(20),
+            "the hub to exit after SIGTERM",
+            || c.try_wait().ok().flatten(),
+        )
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// One API call with the operator token; returns (status, JSON body).
+    pub fn api(&self, method: Method, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let url = self.url(path);
+        let bearer = format!("Bearer {}", self.token);
+        let bytes = body.map(|b| serde_json::to_vec(b).expect("json"));
+        let mut req = Request::new(method, &url)
+            .header("authorization", &bearer)
+            .timeout(Duration::from_secs(150));
+        if let Some(b) = &bytes {
+            req = req.json(b);
+        }
+        let resp = req
+            .send()
+            .unwrap_or_else(|e| panic!("{method:?} {path}: {e}\nhub log:\n{}", self.log()));
+        let v = serde_json::from_slice(&resp.body).unwrap_or_else(|_| json!({"raw": resp.text()}));
+        (resp.status, v)
+    }
+
+    /// POST /webhook/signal with raw bytes; returns (status, JSON body).
+    pub fn post_signal_raw(&self, body: &[u8]) -> (u16, Value) {
+        let url = self.url("/webhook/signal");
+        let resp = Request::new(Method::Post, &url)
+            .json(body)
+            .send()
+            .expect("signal");
+        let v = serde_json::from_slice(&resp.body).unwrap_or_else(|_| json!({"raw": resp.text()}));
+        (resp.status, v)
+    }
+
+    pub fn signal(&self, body: &Value) -> (u16, Value) {
+        self.post_signal_raw(&serde_json::to_vec(body).expect("json"))
+    }
+
+    pub fn session(&self) -> String {
+        let (st, v) = self.api(
+            Method::Post,
+            "/api/sessions",
+            Some(&json!({"title": "test"})),
+        );
+        assert_eq!(st, 201, "{v}");
+        v["id"].as_str().expect("id").to_string()
+    }
+
+    /// Arms a waitpoint; returns the creation reply (id, secret, how_to_signal, …).
+    pub fn waitpoint(&self, sid: &str, body: Value) -> Value {
+        let (st, v) = self.api(
+            Method::Post,
+            &format!("/api/sessions/{sid}/waitpoints"),
+            Some(&body),
+        );
+        assert_eq!(st, 201, "{v}");
+        v
+    }
+
+    pub fn get_waitpoint(&self, id: &str) -> Value {
+        let (st, v) = self.api(Method::Get, &format!("/api/waitpoints/{id}"), None);
+        assert_eq!(st, 200, "{v}");
+        v
+    }
+
+    pub fn events(&self, sid: &str, after: u64) -> Vec<Value> {
+        let (st, v) = self.api(
+            Method::Get,
+            &format!("/api/sessions/{sid}/events?after={after}"),
+            None,
+        );
+        assert_eq!(st, 200, "{v}");
+        v["events"].as_array().cloned().unwrap_or_default()
+    }
+
+    pub fn wakes(&self, sid: &str) -> Vec<Value> {
+        self.events(sid, 0)
+            .into_iter()
+            .filter(|e| e["kind"] == "wake")
+            .collect()
+    }
+
+    /// Long-polls the session's log until `pred` holds for an event; returns that event.
+    pub fn wait_event(&self, sid: &str, limit: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        let mut after = 0;
+        loop {
+            let left = limit.saturating_sub(start.elapsed());
+            assert!(
+                !left.is_zero(),
+                "timed out waiting for an event in {sid}; log:\n{:#?}",
+                self.events(sid, 0)
+            );
+            let wait = left.as_secs().clamp(1, 30);
+            let (st, v) = self.api(
+                Method::Get,
+                &format!("/api/sessions/{sid}/events?after={after}&wait={wait}"),
+                None,
+            );
+            assert_eq!(st, 200, "{v}");
+            for e in v["events"].as_array().cloned().unwrap_or_default() {
+                after = after.max(e["seq"].as_u64().unwrap_or(0));
+                if pred(&e) {
+                    return e;
+                }
+            }
+        }
+    }
+
+    /// Waits for the n-th wake (1-based) of waitpoint `wp`.
+    pub fn wait_wake(&self, sid: &str, wp: &str, n: usize, limit: Duration) -> Value {
+        let seen = std::cell::Cell::new(0usize);
+        self.wait_event(sid, limit, |e| {
+            if e["kind"] == "wake" && e["waitpoint"]["id"] == wp {
+                seen.set(seen.get() + 1);
+                seen.get() == n
+            } else {
+                false
+            }
+        })
+    }
+
+    /// The local spool directory.
+    pub fn spool(&self) -> PathBuf {
+        self.home.join("tmp/signals")
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A signal body for a waitpoint creation reply.
+pub fn body(wp: &Value, extra: Value) -> Value {
+    let mut b = json!({"id": wp["id"], "secret": wp["secret"]});
+    if let (Some(m), Some(e)) = (b.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            m.insert(k.clone(), v.clone());
+        }
+    }
+    b
+}
+
+/// Runs a CLI binary with the given env; returns (exit code, stdout, stderr).
+pub fn run(bin_name: &str, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(bin(bin_name));
+    cmd.args(args).stdin(Stdio::null());
+    for k in [
+        "CORTEX_SIGNAL_ID",
+        "CORTEX_SIGNAL_SECRET",
+        "CORTEX_HUB",
+        "CORTEX_WEBHOOK_TOKEN",
+        "CORTEX_SESSION",
+    ] {
+        cmd.env_remove(k);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// A loopback port nothing listens on (bound, then released).
+pub fn dead_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}

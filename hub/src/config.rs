@@ -132,6 +132,21 @@ pub fn load_settings_with(
         }
         engine.max_wakes_per_hour = cap as u32;
     }
+    if let Some(w) = key_value(
+        &json,
+        "waitpointWakeWindowMs",
+        "CORTEX_WAITPOINT_WAKE_WINDOW_MS",
+        lookup,
+    )? {
+        if w == 0 {
+            return Err(ConfigError::BadValue {
+                key: "waitpointWakeWindowMs".into(),
+                value: w.to_string(),
+                why: "the window must be above 0 (default 3600000, one hour)",
+            });
+        }
+        engine.wake_window_ms = w;
+    }
     let sweep_ms = key_value(
         &json,
         "waitpointSweepMs",

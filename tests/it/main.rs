@@ -1,1 +1,7 @@
+//! Whole-system tests: one integration binary, real `cortex-hub`, `cortex-signal` and
+//! `cortex` processes on loopback ports chosen at run time, temp homes, bounded waits.
 
+mod durability;
+mod signal_cli;
+mod signal_route;
+mod waitpoints;

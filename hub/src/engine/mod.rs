@@ -35,6 +35,8 @@ pub struct Settings {
     pub max_ttl_ms: u64,
     /// Wakes per waitpoint per sliding hour (`waitpointMaxWakesPerHour`, 12).
     pub max_wakes_per_hour: u32,
+    /// The cap's sliding window: an hour (`waitpointWakeWindowMs`; shorter only for tests).
+    pub wake_window_ms: u64,
     /// A waitpoint that needs more than one signal wakes this long after it completes.
     pub barrier_delay_ms: u64,
     /// How long an ended waitpoint still answers "already resolved".
@@ -47,6 +49,7 @@ impl Default for Settings {
             default_ttl_ms: 7 * DAY_MS,
             max_ttl_ms: 30 * DAY_MS,
             max_wakes_per_hour: 12,
+            wake_window_ms: HOUR_MS,
             barrier_delay_ms: 3_000,
             retention_ms: 3 * DAY_MS,
         }
@@ -375,9 +378,9 @@ impl Waitpoint {
         self.wakes.len() as u32 + u32::from(self.pending.is_some())
     }
 
-    /// Wakes delivered in the trailing hour.
-    pub fn wakes_in_hour(&self, now: u64) -> u32 {
-        let since = now.saturating_sub(HOUR_MS);
+    /// Wakes delivered in the trailing hour (the cap's window).
+    pub fn wakes_in_hour(&self, now: u64, settings: &Settings) -> u32 {
+        let since = now.saturating_sub(settings.wake_window_ms);
         self.wakes
             .iter()
             .filter(|w| w.at > since && w.reason != WakeReason::Expired)
@@ -387,7 +390,8 @@ impl Waitpoint {
     /// When the trailing hour next has room, if it is full now.
     fn cap_room_at(&self, now: u64, settings: &Settings) -> Option<u64> {
         let cap = settings.max_wakes_per_hour.max(1) as usize;
-        let since = now.saturating_sub(HOUR_MS);
+        let window = settings.wake_window_ms;
+        let since = now.saturating_sub(window);
         let recent: Vec<u64> = self
             .wakes
             .iter()
@@ -398,7 +402,7 @@ impl Waitpoint {
             return None;
         }
         // The (len - cap + 1)-th oldest recent wake must leave the hour first.
-        recent.get(recent.len() - cap).map(|t| t + HOUR_MS)
+        recent.get(recent.len() - cap).map(|t| t + window)
     }
 
     /// The time the sweep must look at this waitpoint: its deadline while armed, the end

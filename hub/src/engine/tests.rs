@@ -401,7 +401,7 @@ fn the_hourly_cap_holds_wakes_and_folds_them_into_one() {
     );
     assert_eq!(w.wake_pending().map(|p| p.held_by_cap), Some(true));
     assert_eq!(w.timer(), Some(T0 + HOUR_MS));
-    assert_eq!(w.wakes_in_hour(T0 + 120_000), 2);
+    assert_eq!(w.wakes_in_hour(T0 + 120_000, &s), 2);
     // More reports fold into the held wake.
     assert!(
         w.signal(sig(FAIL, None), &s, T0 + 130_000)

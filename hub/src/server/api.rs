@@ -301,10 +301,10 @@ pub async fn session_waitpoints(
     State(state): State<AppState>,
     Path(sid): Path<String>,
 ) -> Result<Response, ApiError> {
-    let cap = state.store.settings.max_wakes_per_hour;
+    let cap = state.store.settings.clone();
     match state
         .store
-        .read(|r| r.session_waitpoints(&sid, now_ms(), cap))
+        .read(|r| r.session_waitpoints(&sid, now_ms(), &cap))
         .map_err(ApiError::store)?
     {
         Some(waitpoints) => Ok(Json(WaitpointList { waitpoints }).into_response()),
@@ -323,10 +323,10 @@ pub async fn get_waitpoint(
     Path(id): Path<String>,
     Query(scope): Query<Scope>,
 ) -> Result<Response, ApiError> {
-    let cap = state.store.settings.max_wakes_per_hour;
+    let cap = state.store.settings.clone();
     match state
         .store
-        .read(|r| r.waitpoint(&id, now_ms(), cap))
+        .read(|r| r.waitpoint(&id, now_ms(), &cap))
         .map_err(ApiError::store)?
     {
         Some(v) if scope.session.as_ref().is_none_or(|s| *s == v.session) => {

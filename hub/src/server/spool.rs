@@ -35,14 +35,14 @@ pub async fn intake(state: AppState, spool: Arc<Spool>, rescan: Option<std::time
             ev = watcher.next() => ev,
             () = state.shutdown.cancelled() => break,
         };
-        let names = match ev {
-            Ok(SpoolEvent::File(name)) => vec![name],
+        let (names, listed) = match ev {
+            Ok(SpoolEvent::File(name)) => (vec![name], false),
             Ok(SpoolEvent::Rescan(why)) => match spool.list() {
                 Ok(names) => {
                     if !names.is_empty() {
                         tracing::info!(files = names.len(), reason = %why, "collecting the local spool");
                     }
-                    names
+                    (names, true)
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot list the local spool");
@@ -68,7 +68,7 @@ pub async fn intake(state: AppState, spool: Arc<Spool>, rescan: Option<std::time
             };
             let (state, spool, busy) = (state.clone(), spool.clone(), busy.clone());
             tasks.spawn(async move {
-                take(&state, &spool, &name).await;
+                take(&state, &spool, &name, listed).await;
                 busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
                 drop(permit);
             });
@@ -78,8 +78,21 @@ pub async fn intake(state: AppState, spool: Arc<Spool>, rescan: Option<std::time
     while tasks.join_next().await.is_some() {}
 }
 
-/// Handles one spool file.
-async fn take(state: &AppState, spool: &Spool, name: &str) {
+/// A malformed file found by a listing and written this recently may still be being
+/// written in place; its close (IN_CLOSE_WRITE) or the next rescan takes it instead.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn recently_written(spool: &Spool, name: &str) -> bool {
+    std::fs::symlink_metadata(spool.path().join(name))
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age < SETTLE)
+}
+
+/// Handles one spool file. `listed`: found by a listing, not announced by inotify as
+/// complete (renamed in, or closed after writing).
+async fn take(state: &AppState, spool: &Spool, name: &str, listed: bool) {
     let bytes = match spool.read(name) {
         Ok(b) => b,
         Err(ReadRefusal::Gone) => return,
@@ -91,6 +104,7 @@ async fn take(state: &AppState, spool: &Spool, name: &str) {
     };
     let req = match SignalRequest::parse(&bytes) {
         Ok(r) => r,
+        Err(_) if listed && recently_written(spool, name) => return,
         Err(e) => return park(spool, name, &e.to_string()),
     };
     // The body's key (cortex-signal's, shared with its HTTP attempt) or the file's name.

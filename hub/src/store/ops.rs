@@ -547,14 +547,14 @@ impl ReadTx {
         &self,
         sid: &str,
         now: u64,
-        max_per_hour: u32,
+        settings: &crate::engine::Settings,
     ) -> Result<Option<Vec<WaitpointView>>, StoreError> {
         if self.table(SESSIONS)?.get(sid)?.is_none() {
             return Ok(None);
         }
         let mut out = Vec::new();
         for wp in self.session_waitpoints_raw(sid)? {
-            out.push(self.view(&wp, now, max_per_hour)?);
+            out.push(self.view(&wp, now, settings)?);
         }
         out.sort_by_key(|a| a.created_at);
         Ok(Some(out))
@@ -564,12 +564,12 @@ impl ReadTx {
         &self,
         id: &str,
         now: u64,
-        max_per_hour: u32,
+        settings: &crate::engine::Settings,
     ) -> Result<Option<WaitpointView>, StoreError> {
         let t = self.table(WAITPOINTS)?;
         let Some(v) = t.get(id)? else { return Ok(None) };
         let wp: Waitpoint = decode(v.value())?;
-        Ok(Some(self.view(&wp, now, max_per_hour)?))
+        Ok(Some(self.view(&wp, now, settings)?))
     }
 
     /// The raw engine state, for callers that act on it.
@@ -585,7 +585,7 @@ impl ReadTx {
         &self,
         wp: &Waitpoint,
         now: u64,
-        max_per_hour: u32,
+        settings: &crate::engine::Settings,
     ) -> Result<WaitpointView, StoreError> {
         let t = self.table(SIGNALS)?;
         let from = wp.signal_count.saturating_sub(VIEW_SIGNALS as u64);
@@ -637,8 +637,8 @@ impl ReadTx {
             badges: Badges {
                 wake_limit_reached: pending.is_some_and(|p| p.held_by_cap),
                 delivery_attempts: 0,
-                wakes_this_hour: wp.wakes_in_hour(now),
-                max_wakes_per_hour: max_per_hour,
+                wakes_this_hour: wp.wakes_in_hour(now, settings),
+                max_wakes_per_hour: settings.max_wakes_per_hour,
             },
         })
     }

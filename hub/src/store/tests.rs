@@ -122,7 +122,7 @@ async fn a_signal_wakes_the_session_once_and_survives_reopen() {
     let (store, _guard) = open(dir.path());
     assert_eq!(wakes(&store, &sid), vec![WakeReason::Fired]);
     let view = store
-        .read(|r| r.waitpoint(&id, T0, 12))
+        .read(|r| r.waitpoint(&id, T0, &Settings::default()))
         .expect("read")
         .expect("wp");
     assert_eq!(view.state, "resolved");
@@ -325,7 +325,7 @@ async fn concurrent_signals_share_commits_and_each_counts_once() {
     assert_eq!(accepted, 50 * 20);
     for (id, _) in &ids {
         let v = store
-            .read(|r| r.waitpoint(id, T0, 12))
+            .read(|r| r.waitpoint(id, T0, &Settings::default()))
             .expect("read")
             .expect("wp");
         assert_eq!(v.signal_count, 20);
