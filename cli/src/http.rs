@@ -308,6 +308,14 @@ fn connect(url: &Url, timeout: Duration) -> Result<TcpStream, HttpError> {
         }
     }
     let reason = match last {
+        Some(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ) =>
+        {
+            format!("connect timed out after {}", human_duration(timeout))
+        }
         Some(e) => describe(&e, timeout),
         None => format!("{} resolves to no address", url.host),
     };
@@ -411,13 +419,17 @@ impl Conn {
         }
     }
 
-    fn read_exact_into(&mut self, n: usize, out: &mut Vec<u8>) -> Result<(), ReadErr> {
-        while self.buf.len() - self.pos < n {
+    fn read_exact_into(&mut self, mut n: usize, out: &mut Vec<u8>) -> Result<(), ReadErr> {
+        loop {
+            let take = (self.buf.len() - self.pos).min(n);
+            out.extend_from_slice(&self.buf[self.pos..self.pos + take]);
+            self.pos += take;
+            n -= take;
+            if n == 0 {
+                return Ok(());
+            }
             self.fill()?;
         }
-        out.extend_from_slice(&self.buf[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(())
     }
 
     fn read_to_end_into(&mut self, out: &mut Vec<u8>, limit: usize) -> Result<(), ReadErr> {
@@ -676,6 +688,24 @@ mod tests {
         let resp = get(&server.url("/")).expect("send");
         assert_eq!(resp.status, 404);
         assert_eq!(resp.text(), "{\"error\":\"x\"}\nmore");
+    }
+
+    #[test]
+    fn reads_bodies_larger_than_a_read() {
+        let big: Vec<u8> = (0..200_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let mut fixed =
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", big.len()).into_bytes();
+        fixed.extend_from_slice(&big);
+        let mut chunked = format!(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+            big.len()
+        )
+        .into_bytes();
+        chunked.extend_from_slice(&big);
+        chunked.extend_from_slice(b"\r\n0\r\n\r\n");
+        let server = TestServer::canned(vec![fixed, chunked]);
+        assert_eq!(get(&server.url("/")).expect("fixed").body, big);
+        assert_eq!(get(&server.url("/")).expect("chunked").body, big);
     }
 
     #[test]

@@ -1,3 +1,6 @@
+//! Tests of `cortex`'s commands against canned hubs on port 0: flags to request bodies,
+//! tables, `--json`, and exit codes.
+
 use clap::{CommandFactory, Parser};
 use cortex_protocol::api::{HowToSignal, SessionView, WaitpointCreated};
 use serde_json::{Value, json};

@@ -1,3 +1,6 @@
+//! Tests of `cortex-signal`: flags to body, caps, exit codes, and the spool fallback against
+//! local servers on port 0 with a temp CORTEX_HOME.
+
 use super::*;
 use crate::testserver::{TestServer, json, refused_addr};
 
@@ -496,4 +499,28 @@ fn an_unwritable_spool_exits_1() {
     let (outcome, err) = run_at(&url, &[], &not_a_dir);
     assert_eq!(outcome, Outcome::NotDelivered);
     assert!(err.contains("NOT delivered"), "{err}");
+}
+
+#[test]
+fn no_spool_makes_a_server_error_exit_1() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::canned(vec![json(
+        503,
+        r#"{"error":"store_unavailable","message":"retry shortly"}"#,
+    )]);
+    let (outcome, err) = run_at(&server.url("/webhook/signal"), &["--no-spool"], home.path());
+    assert_eq!(outcome, Outcome::NotDelivered);
+    assert!(err.contains("HTTP 503 (retry shortly)"), "{err}");
+    assert!(spooled_files(home.path()).is_empty());
+}
+
+#[test]
+fn status_overrides_the_exit_code_either_way() {
+    let p = prep(&["--exit-code", "1", "--status", "ok"]);
+    assert_eq!(
+        (p.request.status, p.request.message.as_deref()),
+        (Some(SignalStatus::Ok), Some("exit=1"))
+    );
+    let p = prep(&["--exit-code", "0", "--status", "fail"]);
+    assert_eq!(p.request.status, Some(SignalStatus::Fail));
 }

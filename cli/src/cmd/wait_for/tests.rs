@@ -1,3 +1,6 @@
+//! Tests of `cortex wait for` against a fake hub on port 0: every exit of seed 004's
+//! contract, and the requests it makes (cursor first, then state, then long polls).
+
 use std::collections::VecDeque;
 
 use cortex_protocol::api::{Badges, SessionView, WaitpointView, WakeReason, WakeView};
