@@ -2,6 +2,7 @@
 //! `cortex` processes on loopback ports chosen at run time, temp homes, bounded waits.
 
 mod durability;
+mod packaging;
 mod signal_cli;
 mod signal_route;
 mod waitpoints;
