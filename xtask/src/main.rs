@@ -1,1 +1,38 @@
-fn main() {}
+//! `cargo xtask`: developer tasks as code (matklad/cargo-xtask), so nobody keeps a private
+//! shell script. This file only dispatches; each task lives in its own module beside it.
+
+mod bench_signals;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: cargo xtask <task> [args]
+
+tasks:
+  bench signals [--duration SECS] [--warmup SECS] [--runs N] [--monitors N] [--no-build]
+      the durable signal route against adnanh/webhook 2.8 (wrk), the disk's raw
+      fdatasync rate, and one cortex-signal against one curl (hyperfine);
+      see docs/benchmarks.md";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    let result = match words.as_slice() {
+        ["bench", "signals", rest @ ..] => bench_signals::run(rest),
+        [] | ["help" | "-h" | "--help", ..] => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        _ => {
+            eprintln!("xtask: unknown task {:?}\n\n{USAGE}", words.join(" "));
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,792 @@
+//! `cargo xtask bench signals`: the durable signal route (`POST /webhook/signal`, 202 only
+//! once the signal is committed to disk) against adnanh/webhook 2.8 checking a secret and
+//! either storing nothing or running `/bin/true`, under wrk at 1 and 50 connections; the
+//! raw fdatasync rate of the same disk; one `cortex-signal` against one `curl` (hyperfine).
+//! It checks that the hub recorded every signal it acknowledged, prints one report, and
+//! leaves nothing running. Method and figures: docs/benchmarks.md.
+
+mod http;
+mod servers;
+mod tools;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail, ensure};
+
+use servers::{Hub, Monitor, Procs, ScratchDir, Webhook};
+use tools::{Load, Timing, WrkRun};
+
+/// The issue's targets for this 2-core machine.
+const TARGET_C1_P50_US: f64 = 250.0;
+const TARGET_C1_P99_US: f64 = 1_500.0;
+const TARGET_C50_RPS: f64 = 30_000.0;
+const TARGET_C50_P99_US: f64 = 10_000.0;
+
+/// wrk's threads and connections: one connection, and 50 over `--threads` threads.
+const C1: (u32, u32) = (1, 1);
+const C50_CONNS: u32 = 50;
+const HYPERFINE_WARMUP: u32 = 20;
+const FDATASYNC_FOR: Duration = Duration::from_secs(2);
+/// How long webhook may keep running its `/bin/true` backlog before the bench moves on.
+const IDLE_BOUND: Duration = Duration::from_secs(60);
+
+struct Options {
+    seconds: u64,
+    warmup_seconds: u64,
+    runs: u32,
+    monitors: usize,
+    /// wrk threads for the 50-connection runs.
+    threads: u32,
+    build: bool,
+}
+
+impl Options {
+    fn c50(&self) -> (u32, u32) {
+        (self.threads, C50_CONNS)
+    }
+}
+
+fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
+    let mut o = Options {
+        seconds: 10,
+        warmup_seconds: 1,
+        runs: 200,
+        monitors: 200,
+        threads: 2,
+        build: true,
+    };
+    let mut it = args.iter();
+    while let Some(&flag) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .copied()
+                .with_context(|| format!("{name} needs a value"))
+        };
+        match flag {
+            "--duration" => o.seconds = number(flag, value(flag)?)?,
+            "--warmup" => o.warmup_seconds = number(flag, value(flag)?)?,
+            "--runs" => o.runs = number(flag, value(flag)?)?,
+            "--monitors" => o.monitors = number(flag, value(flag)?)?,
+            "--threads" => o.threads = number(flag, value(flag)?)?,
+            "--no-build" => o.build = false,
+            _ => bail!(
+                "unknown flag {flag:?}; flags: --duration SECS (10) --warmup SECS (1) --runs N (200) --monitors N (200) --threads N (2) --no-build"
+            ),
+        }
+    }
+    ensure!(o.seconds >= 1, "--duration must be at least 1 second");
+    ensure!(o.runs >= 2, "--runs must be at least 2");
+    ensure!(
+        (1..=C50_CONNS).contains(&o.threads),
+        "--threads must be between 1 and {C50_CONNS}"
+    );
+    ensure!(
+        (1..=100_000).contains(&o.monitors),
+        "--monitors must be between 1 and 100000"
+    );
+    Ok(o)
+}
+
+fn number<T: std::str::FromStr>(flag: &str, v: &str) -> anyhow::Result<T> {
+    v.parse()
+        .ok()
+        .with_context(|| format!("{flag} {v:?}: expected a whole number"))
+}
+
+pub fn run(args: &[&str]) -> anyhow::Result<()> {
+    let opts = parse_options(args)?;
+    let missing: Vec<&str> = tools::TOOLS
+        .into_iter()
+        .filter(|t| !tools::on_path(t))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "missing on PATH: {}; install them with:\n    {}",
+            missing.join(", "),
+            tools::INSTALL
+        );
+    }
+
+    let root = workspace_root();
+    let release = target_dir(&root).join("release");
+    if opts.build {
+        cargo_build(&root, "cortex-hub").context("building cortex-hub")?;
+    }
+    let hub_bin = release.join("cortex-hub");
+    ensure!(
+        hub_bin.is_file(),
+        "{} is missing; run without --no-build",
+        hub_bin.display()
+    );
+    // cortex-signal may be mid-change; its row says so instead of failing the bench.
+    let cli_bin = release.join("cortex-signal");
+    let cli = match opts.build.then(|| cargo_build(&root, "cortex-cli")) {
+        Some(Err(e)) => Err(format!("not measured: building cortex-cli failed ({e:#})")),
+        _ if !cli_bin.is_file() => Err(format!("not measured: {} is missing", cli_bin.display())),
+        _ => Ok(cli_bin),
+    };
+
+    let scratch = ScratchDir::new()?;
+    let mut procs = Procs::default();
+    let facts = machine_facts(scratch.path());
+    eprintln!("bench: fdatasync loop ({} s)", FDATASYNC_FOR.as_secs());
+    let sync = tools::fdatasync_loop(scratch.path(), FDATASYNC_FOR)?;
+
+    let hub_home = scratch.path().join("hub-home");
+    let hub = Hub::start(&hub_bin, &hub_home, &mut procs)?;
+    let monitors = hub.create_monitors(opts.monitors)?;
+    let hub_script = scratch.path().join("hub.lua");
+    let bodies: Vec<String> = monitors
+        .iter()
+        .map(|m| servers::signal_body(&m.id, &m.secret))
+        .collect();
+    write(&hub_script, &tools::wrk_script("/webhook/signal", &bodies)?)?;
+
+    let wh = Webhook::start(scratch.path(), &mut procs)?;
+    let wh_bodies: Vec<String> = monitors
+        .iter()
+        .map(|m| servers::signal_body(&m.id, &wh.secret))
+        .collect();
+    let mut wh_scripts = Vec::new();
+    for hook in ["check", "true"] {
+        let path = scratch.path().join(format!("webhook-{hook}.lua"));
+        write(
+            &path,
+            &tools::wrk_script(&format!("/hooks/{hook}"), &wh_bodies)?,
+        )?;
+        wh_scripts.push(path);
+    }
+
+    let load = |(threads, connections): (u32, u32), seconds| Load {
+        threads,
+        connections,
+        seconds,
+    };
+    let mut rows = Vec::new();
+    let mut checks = Vec::new();
+    let mut failures = Vec::new();
+    for conns in [C1, opts.c50()] {
+        let (row, check) = measure_hub(
+            &hub,
+            &mut procs,
+            &monitors,
+            &hub_script,
+            &opts,
+            load(conns, opts.seconds),
+        )
+        .with_context(|| format!("hub log tail:\n{}", hub.log_tail()))?;
+        if let Some(f) = check.failure.clone() {
+            failures.push(f);
+        }
+        checks.push(check.text);
+        rows.push(row);
+    }
+    let wh_pid = procs.pid(wh.index).context("webhook's pid")?;
+    for (hook, script, label) in [
+        ("check", &wh_scripts[0], "webhook: check secret"),
+        ("true", &wh_scripts[1], "webhook: run /bin/true"),
+    ] {
+        let ticks_before = servers::children_cpu_ticks(wh_pid)?;
+        for conns in [C1, opts.c50()] {
+            let l = load(conns, opts.seconds);
+            eprintln!("bench: {label}, {}, {} s", conn_s(l.connections), l.seconds);
+            if opts.warmup_seconds > 0 {
+                tools::wrk(script, &wh.url(hook), load(conns, opts.warmup_seconds))?;
+                servers::wait_idle(wh_pid, IDLE_BOUND)?;
+            }
+            let r = tools::wrk(script, &wh.url(hook), l)?;
+            procs.check_alive(wh.index)?;
+            let drained = servers::wait_idle(wh_pid, IDLE_BOUND)?;
+            let mut text = format!(
+                "{label}, {}: {} answered 2xx, {} not, {} socket errors",
+                conn_s(l.connections),
+                thousands(r.ok() as f64),
+                r.non_2xx,
+                r.socket_errors()
+            );
+            if drained >= Duration::from_millis(100) {
+                text.push_str(&format!(
+                    "; webhook kept working {:.1} s after wrk stopped",
+                    drained.as_secs_f64()
+                ));
+            }
+            if r.non_2xx > 0 || r.socket_errors() > 0 {
+                text.push_str("  <-- NOT CLEAN");
+                failures.push(format!("{label} at {} had errors", conn_s(l.connections)));
+            }
+            checks.push(text);
+            rows.push(Row {
+                label,
+                conns: l.connections,
+                run: r,
+            });
+        }
+        let ran = servers::children_cpu_ticks(wh_pid)? - ticks_before;
+        checks.push(format!(
+            "{label}: webhook's children used {ran} CPU ticks during its runs{}",
+            if hook == "true" && ran == 0 {
+                failures.push("webhook never ran /bin/true".into());
+                "  <-- /bin/true NEVER RAN"
+            } else if hook == "true" {
+                " (so /bin/true really ran)"
+            } else {
+                ""
+            }
+        ));
+    }
+
+    eprintln!(
+        "bench: hyperfine, {HYPERFINE_WARMUP} warm-up + {} runs per command",
+        opts.runs
+    );
+    let one_post = one_post(&hub, &cli, &opts, scratch.path())?;
+    if let Some(f) = &one_post.failure {
+        failures.push(f.clone());
+    }
+    checks.push(one_post.check.clone());
+    procs.check_alive(hub.index)?;
+
+    print_report(&Report {
+        facts: &facts,
+        opts: &opts,
+        rows: &rows,
+        checks: &checks,
+        sync: &sync,
+        one_post: &one_post,
+    });
+    drop(procs);
+    drop(scratch);
+    if !failures.is_empty() {
+        bail!("the run is not valid: {}", failures.join("; "));
+    }
+    Ok(())
+}
+
+struct Row {
+    label: &'static str,
+    conns: u32,
+    run: WrkRun,
+}
+
+struct Check {
+    text: String,
+    failure: Option<String>,
+}
+
+/// One measured wrk run on the hub, with the count check around it.
+fn measure_hub(
+    hub: &Hub,
+    procs: &mut Procs,
+    monitors: &[Monitor],
+    script: &Path,
+    opts: &Options,
+    l: Load,
+) -> anyhow::Result<(Row, Check)> {
+    let label = "cortex durable signal";
+    eprintln!("bench: {label}, {}, {} s", conn_s(l.connections), l.seconds);
+    let url = hub.signal_url();
+    if opts.warmup_seconds > 0 {
+        tools::wrk(
+            script,
+            &url,
+            Load {
+                seconds: opts.warmup_seconds,
+                ..l
+            },
+        )?;
+        settle();
+    }
+    let before = hub.recorded(monitors)?;
+    let r = tools::wrk(script, &url, l)?;
+    procs.check_alive(hub.index)?;
+    settle();
+    let recorded = hub.recorded(monitors)? - before;
+    // wrk counts only answers it read before it stopped; the requests still in flight
+    // then (at most one per connection, plus any it gave up on) may be recorded too.
+    let in_flight_max = u64::from(l.connections) + r.timeouts + r.read_errors + r.write_errors;
+    let ok = r.ok();
+    let mut text = format!(
+        "{label}, {}: {} answered 202, {} recorded by the hub",
+        conn_s(l.connections),
+        thousands(ok as f64),
+        thousands(recorded as f64)
+    );
+    if recorded >= ok {
+        text.push_str(&format!(" ({} in flight when wrk stopped)", recorded - ok));
+    }
+    text.push_str(&format!(
+        "; {} not 2xx, {} socket errors",
+        r.non_2xx,
+        r.socket_errors()
+    ));
+    let failure = if recorded < ok {
+        Some(format!(
+            "the hub acknowledged {ok} signals but recorded {recorded}: {} LOST",
+            ok - recorded
+        ))
+    } else if recorded > ok + in_flight_max {
+        Some(format!(
+            "the hub recorded {recorded} signals, more than the {ok} acknowledged plus {in_flight_max} in flight"
+        ))
+    } else if r.non_2xx > 0 || r.socket_errors() > 0 {
+        Some(format!(
+            "{label} at {} had {} non-2xx answers and {} socket errors",
+            conn_s(l.connections),
+            r.non_2xx,
+            r.socket_errors()
+        ))
+    } else {
+        None
+    };
+    if let Some(f) = &failure {
+        text.push_str(&format!("  <-- {f}"));
+    }
+    Ok((
+        Row {
+            label,
+            conns: l.connections,
+            run: r,
+        },
+        Check { text, failure },
+    ))
+}
+
+/// Lets what was in flight when wrk stopped reach the store before counting.
+fn settle() {
+    std::thread::sleep(Duration::from_millis(500));
+}
+
+/// One POST as a process: `cortex-signal` and `curl` under hyperfine.
+struct OnePost {
+    cli: Result<Timing, String>,
+    curl: Timing,
+    check: String,
+    failure: Option<String>,
+}
+
+fn one_post(
+    hub: &Hub,
+    cli: &Result<PathBuf, String>,
+    opts: &Options,
+    scratch: &Path,
+) -> anyhow::Result<OnePost> {
+    let m = hub
+        .create_monitors(1)?
+        .pop()
+        .context("no monitor for hyperfine")?;
+    let url = hub.signal_url();
+    let body = servers::signal_body(&m.id, &m.secret);
+    let mut commands = Vec::new();
+    if let Ok(bin) = cli {
+        commands.push((
+            "cortex-signal".to_string(),
+            format!(
+                "{} --id {} --secret {} --status progress --message bench --url {url}",
+                bin.display(),
+                m.id,
+                m.secret
+            ),
+        ));
+    }
+    commands.push((
+        "curl".to_string(),
+        format!("curl -sS -XPOST {url} -H 'content-type: application/json' -d '{body}'"),
+    ));
+    // cortex-signal falls back to a spool when the hub fails; give it its own, and check
+    // that nothing landed there.
+    let client_home = scratch.join("client-home");
+    std::fs::create_dir_all(&client_home)
+        .with_context(|| format!("creating {}", client_home.display()))?;
+    let timings = tools::hyperfine(
+        &commands,
+        HYPERFINE_WARMUP,
+        opts.runs,
+        &[("CORTEX_HOME", &client_home)],
+        &scratch.join("hyperfine.json"),
+    )?;
+    let expected = u64::from(HYPERFINE_WARMUP + opts.runs) * commands.len() as u64;
+    let recorded = hub.recorded(std::slice::from_ref(&m))?;
+    let spooled = count_files(&client_home.join("tmp").join("signals"));
+    let mut check = format!(
+        "one POST as a process: {expected} POSTs run, {recorded} recorded by the hub, {spooled} spooled"
+    );
+    let failure = (recorded != expected || spooled > 0).then(|| {
+        check.push_str("  <-- MISMATCH");
+        format!("hyperfine's POSTs: {expected} run, {recorded} recorded, {spooled} spooled")
+    });
+    let mut t = timings.into_iter();
+    let cli_timing = match cli {
+        Ok(_) => Ok(t.next().context("no cortex-signal timing")?),
+        Err(why) => Err(why.clone()),
+    };
+    Ok(OnePost {
+        cli: cli_timing,
+        curl: t.next().context("no curl timing")?,
+        check,
+        failure,
+    })
+}
+
+fn count_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().is_file())
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+struct Report<'a> {
+    facts: &'a Facts,
+    opts: &'a Options,
+    rows: &'a [Row],
+    checks: &'a [String],
+    sync: &'a tools::SyncRun,
+    one_post: &'a OnePost,
+}
+
+fn print_report(r: &Report<'_>) {
+    let f = r.facts;
+    println!();
+    println!("cortex signal bench, {}", f.date);
+    println!("machine: {}", f.machine);
+    println!("scratch: {}", f.disk);
+    println!("tools:   {}", f.tools);
+    println!(
+        "load:    wrk --latency, {} s per run after a {} s warm-up; 1 conn = -t{} -c{}, 50 conns = -t{} -c{}; wrk shares the CPUs with the server, loopback only",
+        r.opts.seconds,
+        r.opts.warmup_seconds,
+        C1.0,
+        C1.1,
+        r.opts.c50().0,
+        r.opts.c50().1
+    );
+    println!(
+        "cortex:  {} monitors, status progress, each a new signal; 202 only after its redb commit (fsync, group commit)",
+        r.opts.monitors
+    );
+    println!();
+    println!(
+        "{:<26} {:>5} {:>10} {:>9} {:>9} {:>9} {:>13} {:>13}",
+        "server", "conns", "req/s", "p50", "p99", "max", "req/s÷cortex", "p99÷cortex"
+    );
+    for row in r.rows {
+        let base = r
+            .rows
+            .iter()
+            .find(|b| b.label == "cortex durable signal" && b.conns == row.conns);
+        let (rps_ratio, p99_ratio) = match base {
+            Some(b) => (
+                format!("{:.2}x", row.run.rps() / b.run.rps()),
+                format!("{:.2}x", row.run.p99_us / b.run.p99_us),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        println!(
+            "{:<26} {:>5} {:>10} {:>9} {:>9} {:>9} {:>13} {:>13}",
+            row.label,
+            row.conns,
+            thousands(row.run.rps()),
+            us(row.run.p50_us),
+            us(row.run.p99_us),
+            us(row.run.max_us),
+            rps_ratio,
+            p99_ratio
+        );
+    }
+    println!(
+        "(req/s÷cortex above 1: more requests/s than cortex; p99÷cortex above 1: a slower p99 than cortex; same connection count)"
+    );
+    println!();
+    println!(
+        "fdatasync, same disk, one thread, 100 B append + fdatasync for {} s: {} ops, {}/s, p50 {}, p99 {}",
+        FDATASYNC_FOR.as_secs(),
+        thousands(r.sync.ops as f64),
+        thousands(r.sync.per_s),
+        us(r.sync.p50.as_secs_f64() * 1e6),
+        us(r.sync.p99.as_secs_f64() * 1e6)
+    );
+    println!(
+        "  note: a flush this cheap means the VM's host absorbs it (a disk that really flushes its cache takes ~1-10 ms); durable here means the guest's fdatasync returned"
+    );
+    println!();
+    let p = r.one_post;
+    println!(
+        "one POST as a process (hyperfine -N, {HYPERFINE_WARMUP} warm-up + {} runs):",
+        r.opts.runs
+    );
+    let line = |name: &str, t: &Timing| {
+        println!(
+            "  {name:<14} mean {} ± {}   median {}   min {}",
+            ms(t.mean),
+            ms(t.stddev),
+            ms(t.median),
+            ms(t.min)
+        );
+    };
+    match &p.cli {
+        Ok(t) => line("cortex-signal", t),
+        Err(why) => println!("  {:<14} {why}", "cortex-signal"),
+    }
+    line("curl", &p.curl);
+    if let Ok(t) = &p.cli {
+        println!(
+            "  curl ÷ cortex-signal: {:.2}x (mean), {:.2}x (min)",
+            p.curl.mean / t.mean,
+            p.curl.min / t.min
+        );
+    }
+    println!();
+    println!("checks:");
+    for c in r.checks {
+        println!("  {c}");
+    }
+    println!();
+    println!("targets:");
+    let find = |conns| {
+        r.rows
+            .iter()
+            .find(|b| b.label == "cortex durable signal" && b.conns == conns)
+    };
+    let verdict = |ok: bool| if ok { "met   " } else { "MISSED" };
+    if let Some(c1) = find(C1.1) {
+        let (p50, p99) = (c1.run.p50_us, c1.run.p99_us);
+        println!(
+            "  [{}] 1 conn p50 <= 250 us: {}",
+            verdict(p50 <= TARGET_C1_P50_US),
+            us(p50)
+        );
+        println!(
+            "  [{}] 1 conn p99 <= 1.5 ms: {}",
+            verdict(p99 <= TARGET_C1_P99_US),
+            us(p99)
+        );
+    }
+    if let Some(c50) = find(C50_CONNS) {
+        let (rps, p99) = (c50.run.rps(), c50.run.p99_us);
+        println!(
+            "  [{}] 50 conns >= 30,000 durable signals/s: {}/s",
+            verdict(rps >= TARGET_C50_RPS),
+            thousands(rps)
+        );
+        println!(
+            "  [{}] 50 conns p99 <= 10 ms: {}",
+            verdict(p99 <= TARGET_C50_P99_US),
+            us(p99)
+        );
+    }
+    match &p.cli {
+        Ok(t) => println!(
+            "  [{}] cortex-signal faster than curl: {} vs {} (mean)",
+            verdict(t.mean < p.curl.mean),
+            ms(t.mean),
+            ms(p.curl.mean)
+        ),
+        Err(why) => println!("  [n/a   ] cortex-signal faster than curl: {why}"),
+    }
+}
+
+/// What the report says about the machine and tools.
+struct Facts {
+    date: String,
+    machine: String,
+    disk: String,
+    tools: String,
+}
+
+fn machine_facts(scratch: &Path) -> Facts {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map_or("unknown CPU", |(_, m)| m.trim())
+        .to_string();
+    let mem_gib = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or("?".to_string(), |kb| format!("{:.1}", kb / 1024.0 / 1024.0));
+    let kernel = read("/proc/sys/kernel/osrelease").trim().to_string();
+    let (fs, dev) = mount_of(scratch, &read("/proc/self/mountinfo"));
+    Facts {
+        date: utc_now(),
+        machine: format!("nproc {cpus} ({model}), {mem_gib} GiB, Linux {kernel}"),
+        disk: format!("{} on {fs} ({dev})", scratch.display()),
+        tools: [
+            tools::version("wrk", "-v")
+                .split_whitespace()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" "),
+            tools::version("webhook", "-version"),
+            tools::version("hyperfine", "--version"),
+            tools::version("curl", "--version")
+                .split_whitespace()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" "),
+        ]
+        .join(", "),
+    }
+}
+
+/// The filesystem type and source of the mount holding `path` (longest mount point
+/// that prefixes it).
+fn mount_of(path: &Path, mountinfo: &str) -> (String, String) {
+    let mut best: Option<(usize, String, String)> = None;
+    for line in mountinfo.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        let (Some(mnt), Some(fs), Some(src)) =
+            (fields.get(4), fields.get(sep + 1), fields.get(sep + 2))
+        else {
+            continue;
+        };
+        if path.starts_with(mnt) && best.as_ref().is_none_or(|b| mnt.len() >= b.0) {
+            best = Some((mnt.len(), fs.to_string(), src.to_string()));
+        }
+    }
+    best.map_or(("?".into(), "?".into()), |(_, fs, src)| (fs, src))
+}
+
+fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map_or(manifest.clone(), Path::to_path_buf)
+}
+
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| root.join("target"), PathBuf::from)
+}
+
+fn cargo_build(root: &Path, package: &str) -> anyhow::Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("bench: cargo build --release -p {package}");
+    let status = Command::new(cargo)
+        .current_dir(root)
+        .args(["build", "--release", "--quiet", "-p", package])
+        .status()
+        .context("running cargo")?;
+    ensure!(
+        status.success(),
+        "cargo build --release -p {package}: {status}"
+    );
+    Ok(())
+}
+
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// `1 conn`, `50 conns`.
+fn conn_s(n: u32) -> String {
+    if n == 1 {
+        "1 conn".into()
+    } else {
+        format!("{n} conns")
+    }
+}
+
+/// `1234567.8` → `1,234,568`.
+fn thousands(v: f64) -> String {
+    let digits = format!("{:.0}", v.max(0.0));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Microseconds, shown as us below 1 ms and as ms above.
+fn us(v: f64) -> String {
+    if v < 1_000.0 {
+        format!("{v:.0} us")
+    } else {
+        format!("{:.2} ms", v / 1_000.0)
+    }
+}
+
+/// Seconds, shown as ms.
+fn ms(s: f64) -> String {
+    format!("{:.2} ms", s * 1e3)
+}
+
+/// Now as `YYYY-MM-DD HH:MM UTC`.
+fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let rem = secs % 86_400;
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60
+    )
+}
+
+/// Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(thousands(1_234_567.6), "1,234,568");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(us(140.4), "140 us");
+        assert_eq!(us(1_270.0), "1.27 ms");
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_513), (2026, 3, 1));
+    }
+
+    #[test]
+    fn mount_lookup_takes_the_longest_prefix() {
+        let info = "22 1 254:0 / / rw - ext4 /dev/vda rw\n\
+                    30 22 0:25 / /tmp rw - tmpfs tmpfs rw\n";
+        assert_eq!(
+            mount_of(Path::new("/tmp/x"), info),
+            ("tmpfs".into(), "tmpfs".into())
+        );
+        assert_eq!(
+            mount_of(Path::new("/work/x"), info),
+            ("ext4".into(), "/dev/vda".into())
+        );
+    }
+
+    #[test]
+    fn options() -> anyhow::Result<()> {
+        let o = parse_options(&["--duration", "3", "--no-build"])?;
+        assert_eq!((o.seconds, o.build, o.runs), (3, false, 200));
+        assert!(parse_options(&["--duration"]).is_err());
+        assert!(parse_options(&["--bogus"]).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,311 @@
+//! The measuring tools: wrk (driven by a generated Lua script whose `done` hook prints its
+//! figures as one JSON line), hyperfine (read from `--export-json`), and the raw fdatasync
+//! loop. Each returns plain numbers; judging and printing them is the caller's.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+
+/// What the bench needs on PATH, and how to get it.
+pub const TOOLS: [&str; 3] = ["wrk", "webhook", "hyperfine"];
+pub const INSTALL: &str = "apt-get update && apt-get install -y webhook wrk hyperfine";
+
+/// Whether `name` is an executable file in one of PATH's directories.
+pub fn on_path(name: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|p| {
+        std::env::split_paths(&p).any(|d| {
+            std::fs::metadata(d.join(name))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
+/// The first line a `--version`-like flag prints (stdout or stderr), for the report.
+pub fn version(cmd: &str, flag: &str) -> String {
+    let out = Command::new(cmd).arg(flag).stdin(Stdio::null()).output();
+    match out {
+        Ok(o) => {
+            let text = [o.stdout, o.stderr].concat();
+            String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or("?")
+                .trim()
+                .to_string()
+        }
+        Err(_) => "?".to_string(),
+    }
+}
+
+/// One wrk run's figures.
+#[derive(Debug, Clone)]
+pub struct WrkRun {
+    pub requests: u64,
+    pub duration_s: f64,
+    /// Answers that were not 2xx/3xx.
+    pub non_2xx: u64,
+    pub connect_errors: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub timeouts: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+impl WrkRun {
+    pub fn rps(&self) -> f64 {
+        self.requests as f64 / self.duration_s
+    }
+
+    pub fn ok(&self) -> u64 {
+        self.requests.saturating_sub(self.non_2xx)
+    }
+
+    pub fn socket_errors(&self) -> u64 {
+        self.connect_errors + self.read_errors + self.write_errors + self.timeouts
+    }
+}
+
+/// How wrk is driven: threads, connections, seconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    pub threads: u32,
+    pub connections: u32,
+    pub seconds: u64,
+}
+
+/// A wrk script that POSTs `bodies` to `path` in turn (each thread starting at its own
+/// offset). The requests are formatted once in `init`, so wrk does the same small work per
+/// request for every server.
+pub fn wrk_script(path: &str, bodies: &[String]) -> anyhow::Result<String> {
+    let mut s = String::from("local bodies = {\n");
+    for b in bodies {
+        ensure!(!b.contains("]]"), "a body holds ']]': {b}");
+        s.push_str(&format!("  [[{b}]],\n"));
+    }
+    s.push_str(&format!(
+        r#"}}
+local reqs = {{}}
+local i = 0
+local threads = 0
+
+function setup(thread)
+  thread:set("offset", threads)
+  threads = threads + 1
+end
+
+function init(args)
+  for k, b in ipairs(bodies) do
+    reqs[k] = wrk.format("POST", "{path}", {{["Content-Type"] = "application/json"}}, b)
+  end
+  i = ((offset or 0) * 37) % #reqs
+end
+
+function request()
+  i = i % #reqs + 1
+  return reqs[i]
+end
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    "XTASK-WRK {{\"requests\":%d,\"duration_us\":%d,\"status\":%d,\"connect\":%d,\"read\":%d,\"write\":%d,\"timeout\":%d,\"p50_us\":%.1f,\"p99_us\":%.1f,\"max_us\":%.1f}}\n",
+    summary.requests, summary.duration, e.status, e.connect, e.read, e.write, e.timeout,
+    latency:percentile(50.0), latency:percentile(99.0), latency.max))
+end
+"#
+    ));
+    Ok(s)
+}
+
+/// Runs wrk with `script` against `url`.
+pub fn wrk(script: &Path, url: &str, load: Load) -> anyhow::Result<WrkRun> {
+    let out = Command::new("wrk")
+        .arg(format!("-t{}", load.threads))
+        .arg(format!("-c{}", load.connections))
+        .arg(format!("-d{}s", load.seconds))
+        .arg("--latency")
+        .arg("-s")
+        .arg(script)
+        .arg(url)
+        .stdin(Stdio::null())
+        .output()
+        .context("running wrk")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.success(),
+        "wrk failed ({}):\n{stdout}{stderr}",
+        out.status
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("XTASK-WRK "))
+        .with_context(|| format!("wrk printed no result line:\n{stdout}{stderr}"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(line).with_context(|| format!("wrk's result line {line:?}"))?;
+    let int = |k: &str| {
+        v[k].as_u64()
+            .with_context(|| format!("wrk result: {k} in {line}"))
+    };
+    let num = |k: &str| {
+        v[k].as_f64()
+            .with_context(|| format!("wrk result: {k} in {line}"))
+    };
+    let duration_us = int("duration_us")?;
+    ensure!(duration_us > 0, "wrk ran for no time: {line}");
+    Ok(WrkRun {
+        requests: int("requests")?,
+        duration_s: duration_us as f64 / 1e6,
+        non_2xx: int("status")?,
+        connect_errors: int("connect")?,
+        read_errors: int("read")?,
+        write_errors: int("write")?,
+        timeouts: int("timeout")?,
+        p50_us: num("p50_us")?,
+        p99_us: num("p99_us")?,
+        max_us: num("max_us")?,
+    })
+}
+
+/// One command's timing from hyperfine, in seconds.
+#[derive(Debug, Clone)]
+pub struct Timing {
+    pub mean: f64,
+    pub stddev: f64,
+    pub median: f64,
+    pub min: f64,
+}
+
+/// Runs hyperfine without a shell (`-N`) over `commands` (name, command line) with
+/// `envs` set for them, and returns one timing per command in order.
+pub fn hyperfine(
+    commands: &[(String, String)],
+    warmup: u32,
+    runs: u32,
+    envs: &[(&str, &Path)],
+    json_out: &Path,
+) -> anyhow::Result<Vec<Timing>> {
+    let mut cmd = Command::new("hyperfine");
+    cmd.args(["-N", "--style", "basic"])
+        .args(["--warmup", &warmup.to_string(), "--runs", &runs.to_string()])
+        .arg("--export-json")
+        .arg(json_out);
+    for (name, line) in commands {
+        cmd.args(["--command-name", name]).arg(line);
+    }
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .context("running hyperfine")?;
+    ensure!(
+        out.status.success(),
+        "hyperfine failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read(json_out)
+        .with_context(|| format!("reading hyperfine's {}", json_out.display()))?;
+    let v: serde_json::Value = serde_json::from_slice(&text).context("hyperfine's JSON")?;
+    let results = v["results"]
+        .as_array()
+        .context("hyperfine's JSON has no results")?;
+    ensure!(
+        results.len() == commands.len(),
+        "hyperfine gave {} results for {} commands",
+        results.len(),
+        commands.len()
+    );
+    results
+        .iter()
+        .map(|r| {
+            let f = |k: &str| {
+                r[k].as_f64()
+                    .with_context(|| format!("hyperfine result: {k}"))
+            };
+            Ok(Timing {
+                mean: f("mean")?,
+                stddev: f("stddev")?,
+                median: f("median")?,
+                min: f("min")?,
+            })
+        })
+        .collect()
+}
+
+/// The raw fdatasync loop's figures.
+#[derive(Debug, Clone)]
+pub struct SyncRun {
+    pub ops: usize,
+    pub per_s: f64,
+    pub p50: Duration,
+    pub p99: Duration,
+}
+
+/// Appends 100 bytes and calls fdatasync, over and over on one thread for `for_how_long`,
+/// in a file under `dir` (the same disk as the hub's store).
+pub fn fdatasync_loop(dir: &Path, for_how_long: Duration) -> anyhow::Result<SyncRun> {
+    let path = dir.join("fdatasync.log");
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let record = [b'x'; 100];
+    let mut lat = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < for_how_long {
+        let t = Instant::now();
+        f.write_all(&record)
+            .with_context(|| format!("appending to {}", path.display()))?;
+        f.sync_data()
+            .with_context(|| format!("fdatasync on {}", path.display()))?;
+        lat.push(t.elapsed());
+    }
+    let total = start.elapsed();
+    if lat.is_empty() {
+        bail!("the fdatasync loop did not run");
+    }
+    lat.sort_unstable();
+    Ok(SyncRun {
+        ops: lat.len(),
+        per_s: lat.len() as f64 / total.as_secs_f64(),
+        p50: percentile(&lat, 50.0),
+        p99: percentile(&lat, 99.0),
+    })
+}
+
+/// Nearest-rank percentile of sorted, non-empty `v`.
+fn percentile(v: &[Duration], p: f64) -> Duration {
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank() {
+        let v: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
+        assert_eq!(percentile(&v, 50.0), Duration::from_micros(50));
+        assert_eq!(percentile(&v, 99.0), Duration::from_micros(99));
+        assert_eq!(percentile(&v[..1], 99.0), Duration::from_micros(1));
+    }
+
+    #[test]
+    fn script_refuses_a_body_that_would_end_the_lua_string() {
+        assert!(wrk_script("/x", &["{\"a\":\"]]\"}".to_string()]).is_err());
+        assert!(wrk_script("/x", &["{}".to_string()]).is_ok());
+    }
+}
