@@ -294,3 +294,67 @@ mod tests {
         assert_eq!(back, e);
     }
 }
+
+// ---------------------------------------------------------------- devices
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateDevice {
+    pub name: String,
+}
+
+/// Answer to `POST /api/devices`: the only time the token is shown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceCreated {
+    pub name: String,
+    pub token: String,
+    /// The line that starts the agent on the device with this token.
+    pub install: String,
+}
+
+/// One device in `GET /api/devices` (and `cortex devices`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceView {
+    pub name: String,
+    /// `online` or `offline`.
+    pub state: String,
+    /// When it went online or offline.
+    pub since: Option<u64>,
+    pub last_seen: Option<u64>,
+    pub agent_version: Option<String>,
+    pub host: Option<crate::mesh::HostFacts>,
+    pub spool: crate::mesh::SpoolCounts,
+    /// Waits armed on the device.
+    pub waits: u32,
+    /// Why it last went offline (`ping timed out`, `revoked`, `closed by the agent`…).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offline_reason: Option<String>,
+}
+
+/// An event of the hub itself (`GET /api/events`): devices going online and offline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HubEvent {
+    pub seq: u64,
+    pub ts: u64,
+    #[serde(flatten)]
+    pub body: HubEventBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum HubEventBody {
+    DeviceOnline {
+        device: String,
+        agent_version: String,
+    },
+    DeviceOffline {
+        device: String,
+        reason: String,
+    },
+    DeviceAdded {
+        device: String,
+    },
+    DeviceRevoked {
+        device: String,
+    },
+}

@@ -5,6 +5,7 @@
 //! depends on no other workspace crate.
 
 pub mod api;
+pub mod mesh;
 pub mod signal;
 
 pub use signal::{SignalRequest, SignalStatus};
