@@ -5,17 +5,18 @@
 //! It checks that the hub recorded every signal it acknowledged, prints one report, and
 //! leaves nothing running. Method and figures: docs/benchmarks.md.
 
+mod cpu;
 mod http;
 mod servers;
 mod tools;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail, ensure};
 
-use servers::{Hub, Monitor, Procs, ScratchDir, Webhook};
+use servers::{Hub, Procs, ScratchDir, Webhook};
 use tools::{Load, Timing, WrkRun};
 
 /// The targets for this 2-core machine.
@@ -31,6 +32,8 @@ const HYPERFINE_WARMUP: u32 = 20;
 const FDATASYNC_FOR: Duration = Duration::from_secs(2);
 /// How long webhook may keep running its `/bin/true` backlog before the bench moves on.
 const IDLE_BOUND: Duration = Duration::from_secs(60);
+/// Above this many CPUs used by others during a run, the report warns.
+const NOISY_CPUS: f64 = 0.1;
 
 struct Options {
     seconds: u64,
@@ -39,6 +42,8 @@ struct Options {
     monitors: usize,
     /// wrk threads for the 50-connection runs.
     threads: u32,
+    /// How long to wait for an idle machine before each measured run (0: don't).
+    quiet_wait: u64,
     build: bool,
 }
 
@@ -55,6 +60,7 @@ fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
         runs: 200,
         monitors: 200,
         threads: 2,
+        quiet_wait: 120,
         build: true,
     };
     let mut it = args.iter();
@@ -70,9 +76,10 @@ fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
             "--runs" => o.runs = number(flag, value(flag)?)?,
             "--monitors" => o.monitors = number(flag, value(flag)?)?,
             "--threads" => o.threads = number(flag, value(flag)?)?,
+            "--quiet-wait" => o.quiet_wait = number(flag, value(flag)?)?,
             "--no-build" => o.build = false,
             _ => bail!(
-                "unknown flag {flag:?}; flags: --duration SECS (10) --warmup SECS (1) --runs N (200) --monitors N (200) --threads N (2) --no-build"
+                "unknown flag {flag:?}; flags: --duration SECS (10) --warmup SECS (1) --runs N (200) --monitors N (200) --threads N (2) --quiet-wait SECS (120) --no-build"
             ),
         }
     }
@@ -132,7 +139,10 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
     let mut procs = Procs::default();
     let facts = machine_facts(scratch.path());
     eprintln!("bench: fdatasync loop ({} s)", FDATASYNC_FOR.as_secs());
-    let sync = tools::fdatasync_loop(scratch.path(), FDATASYNC_FOR)?;
+    wait_quiet(&opts)?;
+    let (sync, sync_noise) = watched(None, || {
+        tools::fdatasync_loop(scratch.path(), FDATASYNC_FOR)
+    })?;
 
     let hub_home = scratch.path().join("hub-home");
     let hub = Hub::start(&hub_bin, &hub_home, &mut procs)?;
@@ -159,27 +169,43 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         wh_scripts.push(path);
     }
 
-    let load = |(threads, connections): (u32, u32), seconds| Load {
+    let load = |(threads, connections): (u32, u32)| Load {
         threads,
         connections,
-        seconds,
+        seconds: opts.seconds,
     };
     let mut rows = Vec::new();
     let mut checks = Vec::new();
     let mut failures = Vec::new();
+    let hub_pid = procs.pid(hub.index).context("the hub's pid")?;
     for conns in [C1, opts.c50()] {
-        let (row, check) = measure_hub(
-            &hub,
-            &mut procs,
-            &monitors,
-            &hub_script,
-            &opts,
-            load(conns, opts.seconds),
-        )
+        let l = load(conns);
+        let label = "cortex durable signal";
+        eprintln!("bench: {label}, {}, {} s", conn_s(l.connections), l.seconds);
+        let (row, check) = (|| {
+            let mut before = 0;
+            let (run, noise) =
+                measured_wrk(&hub_script, &hub.signal_url(), l, &opts, hub_pid, || {
+                    settle();
+                    before = hub.recorded(&monitors)?;
+                    Ok(())
+                })?;
+            procs.check_alive(hub.index)?;
+            settle();
+            let recorded = hub.recorded(&monitors)? - before;
+            let check = count_check(label, l, &run, recorded);
+            anyhow::Ok((
+                Row {
+                    label,
+                    conns: l.connections,
+                    run,
+                    noise,
+                },
+                check,
+            ))
+        })()
         .with_context(|| format!("hub log tail:\n{}", hub.log_tail()))?;
-        if let Some(f) = check.failure.clone() {
-            failures.push(f);
-        }
+        failures.extend(check.failure);
         checks.push(check.text);
         rows.push(row);
     }
@@ -188,31 +214,29 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         ("check", &wh_scripts[0], "webhook: check secret"),
         ("true", &wh_scripts[1], "webhook: run /bin/true"),
     ] {
-        let ticks_before = servers::children_cpu_ticks(wh_pid)?;
+        let ticks_before = cpu::children_ticks(wh_pid)?;
         for conns in [C1, opts.c50()] {
-            let l = load(conns, opts.seconds);
+            let l = load(conns);
             eprintln!("bench: {label}, {}, {} s", conn_s(l.connections), l.seconds);
-            if opts.warmup_seconds > 0 {
-                tools::wrk(script, &wh.url(hook), load(conns, opts.warmup_seconds))?;
-                servers::wait_idle(wh_pid, IDLE_BOUND)?;
-            }
-            let r = tools::wrk(script, &wh.url(hook), l)?;
+            let (run, noise) = measured_wrk(script, &wh.url(hook), l, &opts, wh_pid, || {
+                cpu::wait_idle(wh_pid, IDLE_BOUND).map(drop)
+            })?;
             procs.check_alive(wh.index)?;
-            let drained = servers::wait_idle(wh_pid, IDLE_BOUND)?;
+            let drained = cpu::wait_idle(wh_pid, IDLE_BOUND)?;
             let mut text = format!(
                 "{label}, {}: {} answered 2xx, {} not, {} socket errors",
                 conn_s(l.connections),
-                thousands(r.ok() as f64),
-                r.non_2xx,
-                r.socket_errors()
+                thousands(run.ok() as f64),
+                run.non_2xx,
+                run.socket_errors()
             );
             if drained >= Duration::from_millis(100) {
                 text.push_str(&format!(
-                    "; webhook kept working {:.1} s after wrk stopped",
+                    "; webhook was still running commands {:.1} s after wrk stopped",
                     drained.as_secs_f64()
                 ));
             }
-            if r.non_2xx > 0 || r.socket_errors() > 0 {
+            if run.non_2xx > 0 || run.socket_errors() > 0 {
                 text.push_str("  <-- NOT CLEAN");
                 failures.push(format!("{label} at {} had errors", conn_s(l.connections)));
             }
@@ -220,28 +244,28 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
             rows.push(Row {
                 label,
                 conns: l.connections,
-                run: r,
+                run,
+                noise,
             });
         }
-        let ran = servers::children_cpu_ticks(wh_pid)? - ticks_before;
-        checks.push(format!(
-            "{label}: webhook's children used {ran} CPU ticks during its runs{}",
-            if hook == "true" && ran == 0 {
+        let ran = cpu::children_ticks(wh_pid)? - ticks_before;
+        let mut text = format!("{label}: webhook's children used {ran} CPU ticks over both runs");
+        if hook == "true" {
+            if ran == 0 {
+                text.push_str("  <-- /bin/true NEVER RAN");
                 failures.push("webhook never ran /bin/true".into());
-                "  <-- /bin/true NEVER RAN"
-            } else if hook == "true" {
-                " (so /bin/true really ran)"
             } else {
-                ""
+                text.push_str(" (so /bin/true really ran)");
             }
-        ));
+        }
+        checks.push(text);
     }
 
     eprintln!(
         "bench: hyperfine, {HYPERFINE_WARMUP} warm-up + {} runs per command",
         opts.runs
     );
-    let one_post = one_post(&hub, &cli, &opts, scratch.path())?;
+    let one_post = one_post(&hub, hub_pid, &cli, &opts, scratch.path())?;
     if let Some(f) = &one_post.failure {
         failures.push(f.clone());
     }
@@ -254,6 +278,7 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         rows: &rows,
         checks: &checks,
         sync: &sync,
+        sync_noise,
         one_post: &one_post,
     });
     drop(procs);
@@ -268,6 +293,7 @@ struct Row {
     label: &'static str,
     conns: u32,
     run: WrkRun,
+    noise: cpu::Noise,
 }
 
 struct Check {
@@ -275,34 +301,67 @@ struct Check {
     failure: Option<String>,
 }
 
-/// One measured wrk run on the hub, with the count check around it.
-fn measure_hub(
-    hub: &Hub,
-    procs: &mut Procs,
-    monitors: &[Monitor],
+/// A warm-up at the same load (unmeasured), `quiesce`, then the measured run, with the CPU
+/// that processes other than the server and wrk used meanwhile.
+fn measured_wrk(
     script: &Path,
-    opts: &Options,
+    url: &str,
     l: Load,
-) -> anyhow::Result<(Row, Check)> {
-    let label = "cortex durable signal";
-    eprintln!("bench: {label}, {}, {} s", conn_s(l.connections), l.seconds);
-    let url = hub.signal_url();
+    opts: &Options,
+    server_pid: u32,
+    mut quiesce: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<(WrkRun, cpu::Noise)> {
+    wait_quiet(opts)?;
     if opts.warmup_seconds > 0 {
-        tools::wrk(
-            script,
-            &url,
-            Load {
-                seconds: opts.warmup_seconds,
-                ..l
-            },
-        )?;
-        settle();
+        let warm = Load {
+            seconds: opts.warmup_seconds,
+            ..l
+        };
+        tools::wrk(script, url, warm)?;
     }
-    let before = hub.recorded(monitors)?;
-    let r = tools::wrk(script, &url, l)?;
-    procs.check_alive(hub.index)?;
-    settle();
-    let recorded = hub.recorded(monitors)? - before;
+    quiesce()?;
+    watched(Some(server_pid), || tools::wrk(script, url, l))
+}
+
+/// Waits, at most --quiet-wait seconds, until nothing else uses the CPUs.
+fn wait_quiet(opts: &Options) -> anyhow::Result<()> {
+    if opts.quiet_wait == 0 {
+        return Ok(());
+    }
+    match cpu::wait_quiet(Duration::from_secs(opts.quiet_wait))? {
+        Some(w) if w >= Duration::from_secs(1) => {
+            eprintln!(
+                "bench:   waited {:.0} s for a quiet machine",
+                w.as_secs_f64()
+            );
+        }
+        Some(_) => {}
+        None => eprintln!(
+            "bench:   the machine stayed busy for {} s; measuring anyway",
+            opts.quiet_wait
+        ),
+    }
+    Ok(())
+}
+
+/// Runs `f` and measures what processes other than `server_pid`, the bench and its
+/// children used meanwhile.
+fn watched<T>(
+    server_pid: Option<u32>,
+    f: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<(T, cpu::Noise)> {
+    let start = Instant::now();
+    let before = cpu::snap(server_pid)?;
+    let out = f()?;
+    let after = cpu::snap(server_pid)?;
+    Ok((
+        out,
+        cpu::between(before, after, start.elapsed().as_secs_f64()),
+    ))
+}
+
+/// Compares what wrk saw acknowledged with what the hub recorded.
+fn count_check(label: &str, l: Load, r: &WrkRun, recorded: u64) -> Check {
     // wrk counts only answers it read before it stopped; the requests still in flight
     // then (at most one per connection, plus any it gave up on) may be recorded too.
     let in_flight_max = u64::from(l.connections) + r.timeouts + r.read_errors + r.write_errors;
@@ -343,14 +402,7 @@ fn measure_hub(
     if let Some(f) = &failure {
         text.push_str(&format!("  <-- {f}"));
     }
-    Ok((
-        Row {
-            label,
-            conns: l.connections,
-            run: r,
-        },
-        Check { text, failure },
-    ))
+    Check { text, failure }
 }
 
 /// Lets what was in flight when wrk stopped reach the store before counting.
@@ -362,12 +414,14 @@ fn settle() {
 struct OnePost {
     cli: Result<Timing, String>,
     curl: Timing,
+    noise: cpu::Noise,
     check: String,
     failure: Option<String>,
 }
 
 fn one_post(
     hub: &Hub,
+    hub_pid: u32,
     cli: &Result<PathBuf, String>,
     opts: &Options,
     scratch: &Path,
@@ -399,13 +453,16 @@ fn one_post(
     let client_home = scratch.join("client-home");
     std::fs::create_dir_all(&client_home)
         .with_context(|| format!("creating {}", client_home.display()))?;
-    let timings = tools::hyperfine(
-        &commands,
-        HYPERFINE_WARMUP,
-        opts.runs,
-        &[("CORTEX_HOME", &client_home)],
-        &scratch.join("hyperfine.json"),
-    )?;
+    wait_quiet(opts)?;
+    let (timings, noise) = watched(Some(hub_pid), || {
+        tools::hyperfine(
+            &commands,
+            HYPERFINE_WARMUP,
+            opts.runs,
+            &[("CORTEX_HOME", &client_home)],
+            &scratch.join("hyperfine.json"),
+        )
+    })?;
     let expected = u64::from(HYPERFINE_WARMUP + opts.runs) * commands.len() as u64;
     let recorded = hub.recorded(std::slice::from_ref(&m))?;
     let spooled = count_files(&client_home.join("tmp").join("signals"));
@@ -424,6 +481,7 @@ fn one_post(
     Ok(OnePost {
         cli: cli_timing,
         curl: t.next().context("no curl timing")?,
+        noise,
         check,
         failure,
     })
@@ -445,6 +503,7 @@ struct Report<'a> {
     rows: &'a [Row],
     checks: &'a [String],
     sync: &'a tools::SyncRun,
+    sync_noise: cpu::Noise,
     one_post: &'a OnePost,
 }
 
@@ -470,8 +529,8 @@ fn print_report(r: &Report<'_>) {
     );
     println!();
     println!(
-        "{:<26} {:>5} {:>10} {:>9} {:>9} {:>9} {:>13} {:>13}",
-        "server", "conns", "req/s", "p50", "p99", "max", "req/s÷cortex", "p99÷cortex"
+        "{:<24} {:>5} {:>9} {:>9} {:>9} {:>9} {:>13} {:>11} {:>7}",
+        "server", "conns", "req/s", "p50", "p99", "max", "req/s÷cortex", "p99÷cortex", "others"
     );
     for row in r.rows {
         let base = r
@@ -486,7 +545,7 @@ fn print_report(r: &Report<'_>) {
             None => ("-".into(), "-".into()),
         };
         println!(
-            "{:<26} {:>5} {:>10} {:>9} {:>9} {:>9} {:>13} {:>13}",
+            "{:<24} {:>5} {:>9} {:>9} {:>9} {:>9} {:>13} {:>11} {:>7.2}",
             row.label,
             row.conns,
             thousands(row.run.rps()),
@@ -494,29 +553,50 @@ fn print_report(r: &Report<'_>) {
             us(row.run.p99_us),
             us(row.run.max_us),
             rps_ratio,
-            p99_ratio
+            p99_ratio,
+            row.noise.others_cpus
         );
     }
     println!(
-        "(req/s÷cortex above 1: more requests/s than cortex; p99÷cortex above 1: a slower p99 than cortex; same connection count)"
+        "req/s÷cortex above 1: more requests/s than cortex; p99÷cortex above 1: a slower p99 than cortex (same connection count)"
     );
+    println!(
+        "others: CPUs used by processes other than the server and wrk during the run (0.00 = a quiet machine)"
+    );
+    let noisy = r.rows.iter().any(|row| row.noise.others_cpus > NOISY_CPUS);
+    let steal = r
+        .rows
+        .iter()
+        .map(|row| row.noise.steal_cpus)
+        .fold(0.0, f64::max);
+    if noisy {
+        println!(
+            "WARNING: other processes used more than {NOISY_CPUS} CPU during some runs; those figures are low: rerun on a quiet machine"
+        );
+    }
+    if steal > NOISY_CPUS {
+        println!("WARNING: the hypervisor stole up to {steal:.2} CPU from this VM during a run");
+    }
     println!();
     println!(
-        "fdatasync, same disk, one thread, 100 B append + fdatasync for {} s: {} ops, {}/s, p50 {}, p99 {}",
+        "fdatasync, same disk, one thread, 100 B append + fdatasync for {} s: {} ops, {}/s, p50 {}, p99 {} (others {:.2} CPU)",
         FDATASYNC_FOR.as_secs(),
         thousands(r.sync.ops as f64),
         thousands(r.sync.per_s),
         us(r.sync.p50.as_secs_f64() * 1e6),
-        us(r.sync.p99.as_secs_f64() * 1e6)
+        us(r.sync.p99.as_secs_f64() * 1e6),
+        r.sync_noise.others_cpus
     );
-    println!(
-        "  note: a flush this cheap means the VM's host absorbs it (a disk that really flushes its cache takes ~1-10 ms); durable here means the guest's fdatasync returned"
-    );
+    if r.sync.p50 < Duration::from_micros(500) {
+        println!(
+            "  note: a flush this cheap looks absorbed by the VM's host (a disk that really empties its write cache takes ~1-10 ms); \"durable\" here means the guest's fdatasync returned"
+        );
+    }
     println!();
     let p = r.one_post;
     println!(
-        "one POST as a process (hyperfine -N, {HYPERFINE_WARMUP} warm-up + {} runs):",
-        r.opts.runs
+        "one POST as a process (hyperfine -N, {HYPERFINE_WARMUP} warm-up + {} runs; others {:.2} CPU):",
+        r.opts.runs, p.noise.others_cpus
     );
     let line = |name: &str, t: &Timing| {
         println!(

@@ -9,7 +9,8 @@ const USAGE: &str = "\
 usage: cargo xtask <task> [args]
 
 tasks:
-  bench signals [--duration SECS] [--warmup SECS] [--runs N] [--monitors N] [--no-build]
+  bench signals [--duration SECS] [--warmup SECS] [--runs N] [--monitors N]
+                [--threads N] [--quiet-wait SECS] [--no-build]
       the durable signal route against adnanh/webhook 2.8 (wrk), the disk's raw
       fdatasync rate, and one cortex-signal against one curl (hyperfine);
       see docs/benchmarks.md";
