@@ -4,8 +4,11 @@
 //!   files jobs drop into it without following links or blocking, parking refused ones under
 //!   `bad/`, and an inotify watcher that says when to look. The hub reads its local spool with
 //!   the same code.
+//! - [`agent`]: the `cortex-device-agent` daemon: its link to the hub (WebSocket, backoff,
+//!   keepalive, a window of unacknowledged files) and the forwarding of spool files over it.
 //!
 //! The spool module touches only the filesystem and inotify: forwarding a file and deciding
 //! when it was acknowledged belong to the caller.
 
+pub mod agent;
 pub mod spool;

@@ -1,1 +1,123 @@
-fn main() {}
+//! `cortex-device-agent`: flags and environment, logging to stderr, SIGTERM/SIGINT; the
+//! daemon itself is `cortex_device_agent::agent::run`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use cortex_device_agent::agent::{self, Config, HubUrl, Timing, config};
+
+/// The cortex device agent: forwards this machine's signal spool (~/.cortex/tmp/signals/) to
+/// the hub over one WebSocket, deleting each file only once the hub has it.
+///
+/// Files wait on disk while the hub is unreachable, and refused or malformed ones are
+/// parked under bad/ with a .reason file beside them. The device token comes from
+/// --token-file (or CORTEX_DEVICE_TOKEN_FILE), else the systemd credential `token`
+/// ($CREDENTIALS_DIRECTORY/token), else CORTEX_DEVICE_TOKEN; it is never logged.
+#[derive(Debug, Parser)]
+#[command(name = "cortex-device-agent", version)]
+struct Args {
+    /// The hub's mesh URL: ws://HOST:3002/mesh/v1, or wss://HOST/mesh/v1 when the hub serves
+    /// TLS. Plaintext ws:// only to this machine (loopback) unless --mesh-insecure
+    #[arg(long, env = "CORTEX_HUB_URL", value_name = "URL")]
+    hub: String,
+
+    /// This device's name, as enrolled on the hub with `cortex device add NAME`
+    #[arg(long, env = "CORTEX_DEVICE_NAME", value_name = "NAME")]
+    name: String,
+
+    /// File holding the device token (keep it mode 0600)
+    #[arg(long, env = "CORTEX_DEVICE_TOKEN_FILE", value_name = "FILE")]
+    token_file: Option<PathBuf>,
+
+    /// Home directory (default $CORTEX_HOME, else ~/.cortex); the spool is DIR/tmp/signals/
+    #[arg(long, env = "CORTEX_HOME", value_name = "DIR")]
+    home: Option<PathBuf>,
+
+    /// PEM file of CA certificates to trust besides the system's, for a hub whose certificate
+    /// a private CA signed (or the hub's self-signed certificate itself)
+    #[arg(long, env = "CORTEX_CA_CERT", value_name = "PEM")]
+    ca_cert: Option<PathBuf>,
+
+    /// Let agents start commands on this device. NOT IMPLEMENTED in this version: the flag is
+    /// accepted, no command is ever run, and no exec capability is advertised to the hub
+    #[arg(long)]
+    allow_exec: bool,
+
+    /// Allow plaintext ws:// to a host other than this machine; the token then crosses the
+    /// network in the clear (the hub's --mesh-insecure is the same rule on its side)
+    #[arg(long)]
+    mesh_insecure: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    match real_main(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cortex-device-agent: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main(args: Args) -> anyhow::Result<()> {
+    let hub = HubUrl::parse(&args.hub, args.mesh_insecure)?;
+    config::check_name(&args.name)?;
+    let env_token = std::env::var("CORTEX_DEVICE_TOKEN").ok();
+    let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
+    let (token, source) = config::load_token(
+        args.token_file.as_deref(),
+        credentials.as_deref(),
+        env_token.as_deref(),
+    )?;
+    let home = config::home_or_default(args.home, std::env::var_os("HOME").map(PathBuf::from))?;
+    let config = Config {
+        hub,
+        name: args.name,
+        token,
+        home,
+        ca_cert: args.ca_cert,
+        allow_exec: args.allow_exec,
+        timing: Timing::default(),
+    };
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        device = %config.name,
+        hub = %config.hub,
+        spool = %config.spool_dir().display(),
+        token_from = %source,
+        "cortex-device-agent starting"
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(agent::run(config, shutdown_signal()))
+        .context("the device agent could not start")
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM");
+            std::future::pending::<()>().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+    }
+}

@@ -1,0 +1,490 @@
+//! The device agent daemon: holds a WebSocket link to the hub and forwards the spool's
+//! files over it, deleting each only once the hub acknowledged it.
+//!
+//! One loop ([`Daemon::run_loop`]) selects over every source and turns it into an
+//! [`Event`]; [`Daemon::handle`] is the one place state changes (rust-analyzer's
+//! `main_loop.rs` shape). The sources:
+//! - the current link's reader and writer tasks ([`link`]): hub frames, and why the link
+//!   died;
+//! - the dial in progress, and the reconnect timer;
+//! - the spool watcher ([`crate::spool::SpoolWatcher`]), polled only while the forwarding
+//!   queue has room;
+//! - a tick for retries, the ack timeout, the debounced status and the systemd watchdog;
+//! - shutdown (SIGTERM/SIGINT in `main`).
+//!
+//! The agent is useful offline: it reports READY to systemd once the spool is watched, not
+//! once the hub answers, and files simply wait on disk while the hub is away.
+//!
+//! Link rules: a dial (TCP, TLS, upgrade) is bounded by `connect_timeout`, the welcome by
+//! `welcome_timeout`; failures back off with full jitter from 1 s doubling to a 60 s cap
+//! ([`backoff`]); a refused token or a protocol mismatch waits near the cap; a
+//! `retry_after_ms` from the hub is a floor. The backoff resets on the first ack of a link,
+//! or once a link stayed up for `stable_after` (an idle device gets no acks). Remote waits
+//! (a later issue) add a `Wait` event and their frames' arms in [`Daemon::on_hub`].
+
+pub mod backoff;
+pub mod config;
+pub mod forward;
+pub mod host;
+pub mod link;
+pub mod notify;
+pub mod tls;
+
+#[cfg(test)]
+mod tests;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cortex_protocol::mesh::{
+    self, AgentFrame, CloseReason, Frame, Hello, HostFacts, HubFrame, MESH_VERSION,
+};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::spool::{Spool, SpoolError, SpoolEvent, SpoolWatcher};
+use backoff::Backoff;
+use forward::{Forwarder, Outbox};
+use link::{ConnectError, Connected, Dialer, Down, Link, LinkMsg, LinkMsgKind, Outgoing};
+use notify::Notifier;
+
+pub use config::{Config, ConfigError, HubUrl, Timing, Token, TokenSource};
+
+/// What this agent can do, as the hello says. `exec` is absent even with `--allow-exec`:
+/// this version runs no commands.
+pub const CAPABILITIES: &[&str] = &["spool"];
+
+/// The hub's link messages waiting for the loop; the window bounds what a hub sends.
+const LINK_EVENTS: usize = 1024;
+
+/// Why the agent could not start. Once running, nothing is fatal: the link reconnects and
+/// the spool watcher retries.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Spool(#[from] SpoolError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+}
+
+/// Everything the loop reacts to.
+#[derive(Debug)]
+pub enum Event {
+    /// A frame from the hub on the current link.
+    Hub(HubFrame),
+    Spool(Result<SpoolEvent, SpoolError>),
+    /// The dial in progress finished.
+    Dialed(Result<Box<Connected>, ConnectError>),
+    /// The reconnect delay passed.
+    Redial,
+    Tick,
+    /// The current link died.
+    LinkDown(Down),
+    Shutdown,
+}
+
+/// Run the agent until `shutdown` completes: then close the link with a close frame and
+/// return. Files not yet acknowledged stay in the spool.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+    tls::install_provider();
+    let tls = if config.hub.is_tls() {
+        Some(tls::client_config(config.ca_cert.as_deref())?)
+    } else {
+        None
+    };
+    let spool = Arc::new(Spool::open(&config.spool_dir())?);
+    // Watch first, then list: the watcher's first event is the listing.
+    let watcher = SpoolWatcher::new(spool.clone(), Some(config.timing.rescan))?;
+    let mut notifier = Notifier::from_env();
+    notifier.ready();
+    notifier.status(&format!("connecting to {}", config.hub));
+    if config.allow_exec {
+        tracing::warn!(
+            "--allow-exec is accepted, but this version runs no commands: no exec capability is advertised"
+        );
+    }
+    let host = host::gather().await;
+    tracing::info!(
+        hostname = %host.hostname,
+        kernel = %host.kernel,
+        cpus = host.cpus,
+        gpus = ?host.gpus,
+        "host facts"
+    );
+    let dialer = Arc::new(Dialer::new(
+        config.hub.clone(),
+        config.name.clone(),
+        config.token.clone(),
+        tls,
+        config.timing.connect_timeout,
+        config.timing.welcome_timeout,
+    ));
+    let (link_tx, link_rx) = mpsc::channel(LINK_EVENTS);
+    let now = Instant::now();
+    let daemon = Daemon {
+        backoff: Backoff::new(
+            config.timing.backoff_base,
+            config.timing.backoff_cap,
+            backoff::random_seed(),
+        ),
+        forward: Forwarder::new(spool.clone(), config.timing.retry_delay),
+        spool,
+        notifier,
+        dialer,
+        host,
+        link: LinkState::Waiting { at: now },
+        generation: 0,
+        link_tx,
+        link_rx,
+        link_line: format!("connecting to {}", config.hub),
+        counts: None,
+        counts_sent: None,
+        last_counts_at: None,
+        last_watchdog: now,
+        config,
+    };
+    daemon.run_loop(watcher, shutdown).await;
+    Ok(())
+}
+
+type Dialing = Pin<Box<dyn Future<Output = Result<Connected, ConnectError>> + Send>>;
+
+enum LinkState {
+    /// No link; dial at `at`.
+    Waiting {
+        at: Instant,
+    },
+    Dialing(Dialing),
+    Up {
+        link: Link,
+        since: Instant,
+        /// The backoff was reset for this link (first ack, or up long enough).
+        stable: bool,
+    },
+}
+
+struct Daemon {
+    config: Config,
+    spool: Arc<Spool>,
+    forward: Forwarder,
+    notifier: Notifier,
+    dialer: Arc<Dialer>,
+    host: HostFacts,
+    backoff: Backoff,
+    link: LinkState,
+    /// Increments per link, so messages of a replaced link are recognised.
+    generation: u64,
+    link_tx: mpsc::Sender<LinkMsg>,
+    link_rx: mpsc::Receiver<LinkMsg>,
+    /// The link part of the systemd status line.
+    link_line: String,
+    counts: Option<crate::spool::SpoolCounts>,
+    /// What the hub was last told (hello or status frame) on the current link.
+    counts_sent: Option<mesh::SpoolCounts>,
+    last_counts_at: Option<Instant>,
+    last_watchdog: Instant,
+}
+
+/// Whether the loop goes on.
+#[derive(Debug, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl Daemon {
+    async fn run_loop(mut self, mut watcher: SpoolWatcher, shutdown: impl Future<Output = ()>) {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut tick = tokio::time::interval(self.tick_every());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let wants_spool = self.forward.wants_events();
+            let ev = tokio::select! {
+                biased;
+                () = &mut shutdown => Event::Shutdown,
+                Some(msg) = self.link_rx.recv() => {
+                    if !self.is_current(msg.generation) {
+                        continue;
+                    }
+                    match msg.kind {
+                        LinkMsgKind::Frame(f) => Event::Hub(f),
+                        LinkMsgKind::Down(d) => Event::LinkDown(d),
+                    }
+                }
+                ev = link_timer(&mut self.link) => ev,
+                ev = watcher.next(), if wants_spool => Event::Spool(ev),
+                _ = tick.tick() => Event::Tick,
+            };
+            if self.handle(ev) == Flow::Stop {
+                break;
+            }
+        }
+        self.stop().await;
+    }
+
+    /// The one place state changes.
+    fn handle(&mut self, ev: Event) -> Flow {
+        let now = Instant::now();
+        match ev {
+            Event::Shutdown => return Flow::Stop,
+            Event::Hub(frame) => self.on_hub(frame, now),
+            Event::LinkDown(down) => self.link_lost(down, now),
+            Event::Dialed(Ok(connected)) => self.link_up(*connected, now),
+            Event::Dialed(Err(e)) => self.dial_failed(e, now),
+            Event::Redial => self.dial(),
+            Event::Spool(Ok(SpoolEvent::File(name))) => self.forward.file(name),
+            Event::Spool(Ok(SpoolEvent::Rescan(why))) => {
+                tracing::debug!(reason = %why, "spool rescan");
+                self.forward.rescan();
+            }
+            Event::Spool(Err(e)) => {
+                // The watcher retries by itself, with its own backoff.
+                tracing::error!(error = %e, "the spool watch failed; retrying");
+            }
+            Event::Tick => self.on_tick(now),
+        }
+        if let LinkState::Up { link, .. } = &self.link {
+            let mut out = LinkOutbox(link.outbox());
+            self.forward.pump(&mut out, now);
+        }
+        Flow::Continue
+    }
+
+    fn on_hub(&mut self, frame: HubFrame, now: Instant) {
+        match frame {
+            HubFrame::Ack { name, outcome } => {
+                if self.forward.ack(&name, outcome, now)
+                    && let LinkState::Up { stable, .. } = &mut self.link
+                    && !*stable
+                {
+                    // The hub's first ack: the link is proven, not just connected.
+                    *stable = true;
+                    self.backoff.reset();
+                }
+            }
+            HubFrame::Rescan => self.forward.rescan(),
+            HubFrame::Welcome { .. } => {
+                tracing::warn!("the hub sent a second welcome on one link; ignored");
+            }
+        }
+    }
+
+    fn dial(&mut self) {
+        let counts = self.read_counts();
+        self.counts_sent = counts.map(to_wire);
+        let hello = Hello {
+            version: MESH_VERSION,
+            device: self.config.name.clone(),
+            agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+            host: self.host.clone(),
+            capabilities: CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
+            spool: self.counts_sent.unwrap_or_default(),
+        };
+        tracing::debug!(hub = %self.config.hub, "dialing the hub");
+        self.link = LinkState::Dialing(Box::pin(self.dialer.clone().dial(hello)));
+    }
+
+    fn dial_failed(&mut self, e: ConnectError, now: Instant) {
+        let delay = if e.needs_operator() {
+            self.backoff.fail_at_cap()
+        } else {
+            self.backoff.fail()
+        };
+        let delay = delay.max(e.retry_after().unwrap_or_default());
+        if e.needs_operator() {
+            tracing::error!(hub = %self.config.hub, device = %self.config.name, error = %e, retry_in = %secs(delay), "cannot join the hub");
+        } else {
+            tracing::warn!(hub = %self.config.hub, error = %e, retry_in = %secs(delay), failures = self.backoff.failures(), "cannot reach the hub");
+        }
+        self.set_link_line(format!("hub unreachable: {e}, retrying in {}", secs(delay)));
+        self.link = LinkState::Waiting { at: now + delay };
+    }
+
+    fn link_up(&mut self, connected: Connected, now: Instant) {
+        self.generation += 1;
+        let params = connected.params;
+        let link = Link::start(connected, self.generation, self.link_tx.clone());
+        self.forward
+            .link_up(params.window, params.max_message_bytes);
+        tracing::info!(
+            hub = %self.config.hub,
+            ping = ?params.ping_interval,
+            window = params.window,
+            "connected to the hub"
+        );
+        self.set_link_line(format!("connected to {}", self.config.hub));
+        self.link = LinkState::Up {
+            link,
+            since: now,
+            stable: false,
+        };
+    }
+
+    fn link_lost(&mut self, down: Down, now: Instant) {
+        let old = std::mem::replace(&mut self.link, LinkState::Waiting { at: now });
+        if let LinkState::Up { link, .. } = old {
+            tokio::spawn(link.close_for(&down));
+        }
+        let unacked = self.forward.unacked();
+        self.forward.link_down();
+        let delay = self
+            .backoff
+            .fail()
+            .max(down.retry_after().unwrap_or_default());
+        tracing::warn!(hub = %self.config.hub, reason = %down, unacked, retry_in = %secs(delay), "lost the link to the hub; unacknowledged files stay in the spool");
+        self.set_link_line(format!(
+            "hub unreachable: {down}, retrying in {}",
+            secs(delay)
+        ));
+        self.link = LinkState::Waiting { at: now + delay };
+    }
+
+    fn on_tick(&mut self, now: Instant) {
+        self.forward.tick(now);
+        if let LinkState::Up { since, stable, .. } = &mut self.link
+            && !*stable
+            && now.saturating_duration_since(*since) >= self.config.timing.stable_after
+        {
+            *stable = true;
+            self.backoff.reset();
+        }
+        if matches!(self.link, LinkState::Up { .. })
+            && let Some(age) = self.forward.oldest_unacked(now)
+            && age >= self.config.timing.ack_timeout
+        {
+            self.link_lost(Down::AckTimeout(age), now);
+        }
+        self.report_counts(now);
+        if let Some(every) = self.notifier.watchdog_every()
+            && now.saturating_duration_since(self.last_watchdog) >= every
+        {
+            self.notifier.watchdog();
+            self.last_watchdog = now;
+        }
+    }
+
+    /// Status frame and systemd STATUS, when the counts changed, at most once per
+    /// `status_every`.
+    fn report_counts(&mut self, now: Instant) {
+        if self
+            .last_counts_at
+            .is_some_and(|t| now.saturating_duration_since(t) < self.config.timing.status_every)
+        {
+            return;
+        }
+        if !self.forward.take_dirty() && self.counts.is_some() {
+            return;
+        }
+        self.last_counts_at = Some(now);
+        self.read_counts();
+        self.update_status();
+        let Some(counts) = self.counts.map(to_wire) else {
+            return;
+        };
+        if let LinkState::Up { link, .. } = &self.link
+            && self.counts_sent != Some(counts)
+        {
+            match (AgentFrame::Status { spool: counts }).encode() {
+                Ok(bytes) => {
+                    if link.outbox().try_send(Outgoing::Frame(bytes)).is_ok() {
+                        self.counts_sent = Some(counts);
+                    } else {
+                        // The writer is busy: try again on a later tick.
+                        self.forward.mark_dirty();
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "cannot encode a status frame"),
+            }
+        }
+    }
+
+    fn read_counts(&mut self) -> Option<crate::spool::SpoolCounts> {
+        match self.spool.counts() {
+            Ok(c) => self.counts = Some(c),
+            Err(e) => tracing::warn!(error = %e, "cannot count the spool"),
+        }
+        self.counts
+    }
+
+    fn set_link_line(&mut self, line: String) {
+        self.link_line = line;
+        self.update_status();
+    }
+
+    fn update_status(&mut self) {
+        let line = match self.counts {
+            Some(c) => notify::status_line(&self.link_line, c.pending, c.bad),
+            None => self.link_line.clone(),
+        };
+        self.notifier.status(&line);
+    }
+
+    fn is_current(&self, generation: u64) -> bool {
+        matches!(&self.link, LinkState::Up { link, .. } if link.generation == generation)
+    }
+
+    /// Tick often enough for the status debounce and the watchdog, and at least each second
+    /// for retries and the ack timeout.
+    fn tick_every(&self) -> Duration {
+        let mut every = Duration::from_secs(1).min(self.config.timing.status_every);
+        if let Some(w) = self.notifier.watchdog_every() {
+            every = every.min(w);
+        }
+        every.max(Duration::from_millis(10))
+    }
+
+    async fn stop(mut self) {
+        self.notifier.stopping();
+        let unacked = self.forward.unacked();
+        let old = std::mem::replace(&mut self.link, LinkState::Waiting { at: Instant::now() });
+        if let LinkState::Up { link, .. } = old {
+            link.close(CloseReason {
+                code: "shutdown".into(),
+                message: "the device agent is stopping".into(),
+                retry_after_ms: None,
+            })
+            .await;
+        }
+        tracing::info!(
+            unacked,
+            "stopped; files not yet acknowledged stay in the spool and are sent after the next start"
+        );
+    }
+}
+
+/// The end of the dial in progress, or the reconnect time; never while a link is up.
+async fn link_timer(link: &mut LinkState) -> Event {
+    match link {
+        LinkState::Dialing(f) => Event::Dialed(f.await.map(Box::new)),
+        LinkState::Waiting { at } => {
+            tokio::time::sleep_until(*at).await;
+            Event::Redial
+        }
+        LinkState::Up { .. } => std::future::pending().await,
+    }
+}
+
+struct LinkOutbox<'a>(&'a mpsc::Sender<Outgoing>);
+
+impl Outbox for LinkOutbox<'_> {
+    fn has_room(&self) -> bool {
+        self.0.capacity() > 0
+    }
+
+    fn send(&mut self, frame: Vec<u8>) -> bool {
+        self.0.try_send(Outgoing::Frame(frame)).is_ok()
+    }
+}
+
+/// A delay for people: `0.5s`, `42.0s`.
+fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+fn to_wire(c: crate::spool::SpoolCounts) -> mesh::SpoolCounts {
+    mesh::SpoolCounts {
+        pending: u32::try_from(c.pending).unwrap_or(u32::MAX),
+        bad: u32::try_from(c.bad).unwrap_or(u32::MAX),
+    }
+}
