@@ -5,10 +5,12 @@
 //! - [`store`]: redb, behind one writer thread with group commit; the only module that
 //!   knows the storage engine.
 //! - [`server`]: axum routes, the wake timer, the sweep, the local spool intake.
+//! - [`mesh`]: the device mesh's listener and links (WebSocket, rustls).
 //! - [`text`]: what agents and people read (wake text, how_to_signal).
 
 pub mod config;
 pub mod engine;
+pub mod mesh;
 pub mod secret;
 pub mod server;
 pub mod store;

@@ -1,4 +1,5 @@
-//! `cortex-hub`: parses flags, binds the listener, and hands over to `cortex_hub::run`.
+//! `cortex-hub`: parses flags, binds the listeners (the API's and the device mesh's), and
+//! hands over to `cortex_hub::server::run_with_mesh`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,6 +19,21 @@ struct Args {
     /// (default 127.0.0.1:$WEBHOOK_PORT, port 3001). Port 0 picks a free port.
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
+    /// Address of the device mesh (WebSocket, /mesh/v1), or `off`. Plaintext only on
+    /// loopback unless --mesh-insecure; give --tls-cert/--tls-key for wss://.
+    /// Port 0 picks a free port.
+    #[arg(long, value_name = "ADDR|off", default_value = cortex_protocol::DEFAULT_MESH_LISTEN)]
+    mesh_listen: String,
+    /// PEM certificate chain for the mesh (wss://); goes with --tls-key.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Allow a plaintext mesh on a non-loopback address (device tokens travel in the
+    /// clear: only on a network you trust).
+    #[arg(long)]
+    mesh_insecure: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -55,9 +71,21 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         }
     };
     config::check_loopback(listen)?;
+    let mesh = mesh_setup(
+        &args.mesh_listen,
+        args.tls_cert,
+        args.tls_key,
+        args.mesh_insecure,
+    )?;
+    if let Some(m) = &mesh {
+        // Refused before anything starts, with the reason.
+        m.check()?;
+    }
     std::fs::create_dir_all(home.join("hub"))
         .with_context(|| format!("creating {}", home.join("hub").display()))?;
     let token = config::operator_token(&home, std::env::var("CORTEX_WEBHOOK_TOKEN").ok())?;
+    // Before any TLS: tokio-tungstenite's rustls features leave rustls without a provider.
+    cortex_hub::mesh::tls::install_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -67,13 +95,56 @@ fn real_main(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {listen}; is another hub running? (set --listen or WEBHOOK_PORT)"))?;
         let addr = listener.local_addr().context("reading the bound address")?;
+        let mesh = match &mesh {
+            Some(m) => Some(cortex_hub::mesh::Bound::bind(m).await?),
+            None => None,
+        };
+        let mesh_text = mesh
+            .as_ref()
+            .map_or_else(|| "mesh off".to_string(), |m| format!("mesh {}", m.url));
+        // Tests and scripts read this line: keep its prefix and the mesh's place.
         eprintln!(
-            "cortex-hub listening on http://{addr} (signal route /webhook/signal, API /api), home {}",
+            "cortex-hub listening on http://{addr} (signal route /webhook/signal, API /api), {mesh_text}, home {}",
             home.display()
         );
         let config = cortex_hub::server::Config { home, settings, token };
-        cortex_hub::server::run(config, listener, shutdown_signal()).await
+        cortex_hub::server::run_with_mesh(config, listener, mesh, shutdown_signal()).await
     })
+}
+
+/// The mesh's setup from the flags and `CORTEX_MESH_PING_MS`; `None` for `off`.
+fn mesh_setup(
+    listen: &str,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    insecure: bool,
+) -> anyhow::Result<Option<cortex_hub::mesh::MeshSetup>> {
+    if listen.trim().eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let addr: SocketAddr = listen.trim().parse().with_context(|| {
+        format!(
+            "--mesh-listen {listen:?} is not an address; give IP:PORT (e.g. 127.0.0.1:3002) or off"
+        )
+    })?;
+    let mut m = cortex_hub::mesh::MeshSetup::new(addr);
+    m.tls = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => return Err(cortex_hub::mesh::MeshError::TlsHalf.into()),
+    };
+    m.insecure = insecure;
+    if let Ok(p) = std::env::var("CORTEX_MESH_PING_MS")
+        && !p.trim().is_empty()
+    {
+        m.ping_ms = match p.trim().parse::<u64>() {
+            Ok(n) if n >= 10 => n,
+            _ => anyhow::bail!(
+                "CORTEX_MESH_PING_MS={p:?} is not usable; give the keepalive interval in milliseconds, at least 10 (default 20000)"
+            ),
+        };
+    }
+    Ok(Some(m))
 }
 
 async fn shutdown_signal() {

@@ -1,11 +1,13 @@
 //! The hub's server: `run(config, listener, shutdown)` starts everything `main` and the
 //! tests need — the HTTP listener (signal route and API), the timer that delivers decided
-//! wakes, the sweep, and the local spool intake — and stops it all cleanly.
+//! wakes, the sweep, the local spool intake and, with [`run_with_mesh`], the device
+//! mesh — and stops it all cleanly.
 
 pub mod api;
+pub mod devices;
 pub mod error;
 pub mod signal;
-mod spool;
+pub(crate) mod spool;
 
 use std::future::Future;
 use std::ops::Deref;
@@ -15,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use tokio::sync::watch;
 
 use crate::config::HubSettings;
@@ -57,6 +59,10 @@ pub struct Inner {
     /// The signal route's URL, for `how_to_signal`.
     pub signal_url: String,
     pub shutdown: Shutdown,
+    /// Devices allowed to connect and their live links.
+    pub devices: crate::mesh::Registry,
+    /// The mesh's URL for agents (`None` with `--mesh-listen off`).
+    pub mesh_url: Option<String>,
 }
 
 #[derive(Clone)]
@@ -89,6 +95,12 @@ pub fn router(state: AppState) -> Router {
             "/waitpoints/{id}",
             get(api::get_waitpoint).delete(api::cancel_waitpoint),
         )
+        .route(
+            "/devices",
+            post(devices::create_device).get(devices::list_devices),
+        )
+        .route("/devices/{name}", delete(devices::revoke_device))
+        .route("/events", get(devices::hub_events))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             api::auth,
@@ -105,10 +117,21 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Runs the hub on `listener` until `shutdown` resolves, then stops accepting, finishes
-/// what is in flight, lets the store commit what it holds, and returns.
+/// what is in flight, lets the store commit what it holds, and returns. No device mesh:
+/// see [`run_with_mesh`].
 pub async fn run(
     config: Config,
     listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    run_with_mesh(config, listener, None, shutdown).await
+}
+
+/// [`run`], plus the device mesh on `mesh` when given.
+pub async fn run_with_mesh(
+    config: Config,
+    listener: tokio::net::TcpListener,
+    mesh: Option<crate::mesh::Bound>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let hub_dir = config.home.join("hub");
@@ -128,7 +151,10 @@ pub async fn run(
         misses: signal::MissBudget::default(),
         signal_url: format!("http://{addr}/webhook/signal"),
         shutdown: Shutdown::new(),
+        devices: crate::mesh::Registry::default(),
+        mesh_url: mesh.as_ref().map(|m| m.url.clone()),
     }));
+    crate::mesh::start(&state).await?;
 
     // What fell due while the hub was down is delivered first, once.
     fire_due(&state).await;
@@ -146,6 +172,15 @@ pub async fn run(
     let rescan =
         (config.settings.sweep_ms > 0).then(|| Duration::from_millis(config.settings.sweep_ms));
     tasks.spawn(spool::intake(state.clone(), Arc::new(spool), rescan));
+    if let Some(bound) = mesh {
+        tasks.spawn(crate::mesh::serve(state.clone(), bound));
+        if config.settings.sweep_ms > 0 {
+            tasks.spawn(crate::mesh::sweep(
+                state.clone(),
+                Duration::from_millis(config.settings.sweep_ms),
+            ));
+        }
+    }
 
     let app = router(state.clone());
     let stop = state.shutdown.clone();

@@ -124,7 +124,25 @@ async fn take(state: &AppState, spool: &Spool, name: &str, listed: bool) {
             return;
         }
     };
-    let reason = match outcome {
+    let reason = refusal_reason(&req, &outcome);
+    match reason {
+        None => {
+            if let Err(e) = spool.remove(name) {
+                tracing::warn!(file = name, error = %e, "cannot remove a handled spool file; it will be answered as a duplicate");
+            }
+        }
+        Some(reason) => {
+            tracing::warn!(file = name, waitpoint = %req.id, reason = %reason, "spool file refused");
+            park(spool, name, &reason);
+        }
+    }
+}
+
+/// Why a signal from a file (local or a device's) was refused, in words that tell its
+/// writer what to fix; `None` when the file was taken (accepted, duplicate, or its
+/// waitpoint already resolved).
+pub(crate) fn refusal_reason(req: &SignalRequest, outcome: &SignalOutcome) -> Option<String> {
+    match outcome {
         SignalOutcome::Accepted { .. }
         | SignalOutcome::Duplicate { .. }
         | SignalOutcome::Refused(Refusal::Gone { .. }) => None,
@@ -137,29 +155,11 @@ async fn take(state: &AppState, spool: &Spool, name: &str, listed: bool) {
             req.id
         )),
         SignalOutcome::Refused(
-            r @ (Refusal::MemberMissing { .. } | Refusal::MemberUnlisted { .. }),
-        ) => {
-            let members = match &r {
-                Refusal::MemberMissing { members } | Refusal::MemberUnlisted { members, .. } => {
-                    members.join(", ")
-                }
-                Refusal::Gone { .. } => String::new(),
-            };
-            Some(format!(
-                "{r}; add \"member\":\"NAME\" with one of: {members}"
-            ))
-        }
-    };
-    match reason {
-        None => {
-            if let Err(e) = spool.remove(name) {
-                tracing::warn!(file = name, error = %e, "cannot remove a handled spool file; it will be answered as a duplicate");
-            }
-        }
-        Some(reason) => {
-            tracing::warn!(file = name, waitpoint = %req.id, reason = %reason, "spool file refused");
-            park(spool, name, &reason);
-        }
+            r @ (Refusal::MemberMissing { members } | Refusal::MemberUnlisted { members, .. }),
+        ) => Some(format!(
+            "{r}; add \"member\":\"NAME\" with one of: {}",
+            members.join(", ")
+        )),
     }
 }
 

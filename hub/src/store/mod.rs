@@ -8,6 +8,7 @@
 //!
 //! Reads use redb read transactions directly and run beside the writer.
 
+pub mod devices;
 pub mod ops;
 pub mod tables;
 
@@ -59,16 +60,30 @@ const MAX_BATCH: usize = 1024;
 
 type Completion = Box<dyn FnOnce(Result<(), Arc<StoreError>>) + Send>;
 type Job = Box<dyn for<'a> FnOnce(&mut Tx<'a>) -> Completion + Send>;
-/// What a commit publishes: sessions whose log grew, and the new first timer if it moved.
-type Published = (HashMap<String, u64>, Option<Option<u64>>);
+/// What a commit publishes: sessions whose log grew, the new first timer if it moved,
+/// and the newest hub event if one was appended.
+type Published = (HashMap<String, u64>, Option<Option<u64>>, Option<u64>);
 
-/// Per-session "newest event seq" channels, for long polls and SSE.
-#[derive(Default)]
+/// Per-session "newest event seq" channels, and one for the hub's own events, for long
+/// polls and SSE.
 pub struct Notifier {
     sessions: Mutex<HashMap<String, watch::Sender<u64>>>,
+    hub: watch::Sender<u64>,
 }
 
 impl Notifier {
+    fn new(hub_seq: u64) -> Self {
+        Notifier {
+            sessions: Mutex::default(),
+            hub: watch::channel(hub_seq).0,
+        }
+    }
+
+    /// The newest hub event's seq, as of the last commit.
+    pub fn subscribe_hub(&self) -> watch::Receiver<u64> {
+        self.hub.subscribe()
+    }
+
     pub fn subscribe(&self, sid: &str, current: u64) -> watch::Receiver<u64> {
         let mut map = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         map.entry(sid.to_string())
@@ -128,13 +143,14 @@ impl Store {
             tables::create_all(&wtx)?;
             wtx.commit()?;
         }
-        let first = {
+        let (first, hub_seq) = {
             let rtx = db.begin_read()?;
-            tables::first_timer(&rtx)?
+            let first = tables::first_timer(&rtx)?;
+            (first, tables::ReadTx::new(rtx).last_hub_seq()?)
         };
         let (timer_tx, next_timer) = watch::channel(first);
         let (jobs, rx) = mpsc::channel::<Job>(16 * 1024);
-        let notifier = Arc::new(Notifier::default());
+        let notifier = Arc::new(Notifier::new(hub_seq));
         let settings = Arc::new(settings);
         let thread = {
             let db = db.clone();
@@ -217,7 +233,7 @@ fn writer(
         let mut completions: Vec<Completion> = Vec::with_capacity(batch.len());
         let result = (|| -> Result<Published, StoreError> {
             let wtx = db.begin_write()?;
-            let (touched, timers_changed, poisoned) = {
+            let (touched, timers_changed, hub_seq, poisoned) = {
                 let mut tx = Tx::open(&wtx, settings.clone())?;
                 for job in batch.drain(..) {
                     completions.push(job(&mut tx));
@@ -227,20 +243,28 @@ fn writer(
                 } else {
                     None
                 };
-                (std::mem::take(&mut tx.touched), timers, tx.poisoned.take())
+                (
+                    std::mem::take(&mut tx.touched),
+                    timers,
+                    tx.hub_seq,
+                    tx.poisoned.take(),
+                )
             };
             if let Some(e) = poisoned {
                 wtx.abort()?;
                 return Err(StoreError::Decode(e));
             }
             wtx.commit()?;
-            Ok((touched, timers_changed))
+            Ok((touched, timers_changed, hub_seq))
         })();
         batch.clear();
         match result {
-            Ok((touched, timers)) => {
+            Ok((touched, timers, hub_seq)) => {
                 // Publish before answering, so a caller sees its own change everywhere.
                 notifier.publish(&touched);
+                if let Some(seq) = hub_seq {
+                    notifier.hub.send_replace(seq);
+                }
                 if let Some(t) = timers {
                     timer_tx.send_replace(t);
                 }

@@ -8,6 +8,8 @@
 //! - `timers`: (time, waitpoint) → (), a decided wake's due time
 //! - `sessions`: id → session; `session_wps`: (session, waitpoint) → ()
 //! - `events`: (session, seq) → event JSON; `message_keys`: (session, key) → seq
+//! - `devices`: name → device record (token SHA-256, last seen, host facts, …)
+//! - `hub_events`: seq → hub event JSON (devices added, revoked, online, offline)
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,6 +34,8 @@ pub(crate) const SESSION_WPS: TableDefinition<(&str, &str), ()> =
 pub(crate) const EVENTS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("events");
 pub(crate) const MESSAGE_KEYS: TableDefinition<(&str, &str), u64> =
     TableDefinition::new("message_keys");
+pub(crate) const DEVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("devices");
+pub(crate) const HUB_EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("hub_events");
 
 /// A stored session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -60,6 +64,8 @@ pub(crate) fn create_all(wtx: &WriteTransaction) -> Result<(), StoreError> {
     wtx.open_table(SESSION_WPS)?;
     wtx.open_table(EVENTS)?;
     wtx.open_table(MESSAGE_KEYS)?;
+    wtx.open_table(DEVICES)?;
+    wtx.open_table(HUB_EVENTS)?;
     Ok(())
 }
 
@@ -79,9 +85,13 @@ pub struct Tx<'a> {
     pub(crate) session_wps: Table<'a, (&'static str, &'static str), ()>,
     pub(crate) events: Table<'a, (&'static str, u64), &'static [u8]>,
     pub(crate) msg_keys: Table<'a, (&'static str, &'static str), u64>,
+    pub(crate) devices: Table<'a, &'static str, &'static [u8]>,
+    pub(crate) hub_events: Table<'a, u64, &'static [u8]>,
     pub settings: Arc<Settings>,
     /// Sessions whose log grew, with their newest seq.
     pub(crate) touched: HashMap<String, u64>,
+    /// The newest hub event appended in this transaction.
+    pub(crate) hub_seq: Option<u64>,
     pub(crate) timers_changed: bool,
     pub(crate) poisoned: Option<String>,
 }
@@ -101,8 +111,11 @@ impl<'a> Tx<'a> {
             session_wps: wtx.open_table(SESSION_WPS)?,
             events: wtx.open_table(EVENTS)?,
             msg_keys: wtx.open_table(MESSAGE_KEYS)?,
+            devices: wtx.open_table(DEVICES)?,
+            hub_events: wtx.open_table(HUB_EVENTS)?,
             settings,
             touched: HashMap::new(),
+            hub_seq: None,
             timers_changed: false,
             poisoned: None,
         })

@@ -1,0 +1,740 @@
+//! One device connection, from the TCP accept to the close.
+//!
+//! 1. TLS (when configured) and the WebSocket upgrade, bounded in time. The upgrade is
+//!    refused with 404 (wrong path), 401 (no credentials) or 403 (unknown device or wrong
+//!    token) and a JSON [`CloseReason`] body.
+//! 2. The agent's `Hello` (bounded in time): version and name checked, the link
+//!    registered (a second connection for a device replaces the first), the device
+//!    recorded online, then `Welcome`.
+//! 3. The loop: one reader always polling (tungstenite answers pings only while read),
+//!    each `File` handled in its own task up to the window so a burst shares group
+//!    commits, every frame out written by one writer task fed by a bounded channel.
+//!    A link from which nothing arrived for two ping intervals is dropped.
+//! 4. The close: in-flight files answered first, then a close frame whose reason is a
+//!    JSON [`CloseReason`], and the device recorded offline with a typed reason.
+//!
+//! Nothing an agent sends can panic the hub: every frame error ends only this link.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cortex_protocol::SignalRequest;
+use cortex_protocol::mesh::{
+    AgentFrame, CloseReason, DEFAULT_WINDOW, DEVICE_HEADER, FileOutcome, Frame, Hello, HubFrame,
+    MAX_MESSAGE_BYTES, MESH_PATH, MESH_VERSION,
+};
+use cortex_protocol::signal::MAX_BODY_BYTES;
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::handshake::server::{
+    Callback, ErrorResponse, Request, Response,
+};
+use tokio_tungstenite::tungstenite::http::{StatusCode, header};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
+
+use super::registry::{End, Link};
+use crate::server::AppState;
+use crate::server::spool::refusal_reason;
+use crate::store::devices::Online;
+use crate::store::{SignalIn, SignalOutcome};
+use crate::time::now_ms;
+
+/// TLS plus the upgrade request: a connection that says nothing is dropped after this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The agent's hello must arrive this soon after the upgrade.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// On shutdown, in-flight files get this long to be answered.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// After our close frame, how long we wait for the agent's.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// A close frame's reason holds at most 123 bytes (RFC 6455, 5.5.1).
+const CLOSE_REASON_BYTES: usize = 123;
+/// A spool file's name as the hub accepts it (a file name, not a path).
+const MAX_FILE_NAME_BYTES: usize = 255;
+/// How long a refusal's reason may be in an ack.
+const MAX_REASON_CHARS: usize = 1_000;
+/// Reconnect delay asked of an agent whose token was refused or revoked.
+const RETRY_FORBIDDEN_MS: u64 = 60_000;
+/// Reconnect delay asked of an agent whose link was replaced, so two agents started
+/// with one name flap slowly and visibly instead of fighting.
+const RETRY_REPLACED_MS: u64 = 30_000;
+/// Reconnect delay asked when the hub stops (it is usually back at once).
+const RETRY_SHUTDOWN_MS: u64 = 1_000;
+
+/// The WebSocket limits of a device link: frames and messages capped at the protocol's
+/// cap, small eager buffers (thousands of links share the hub's memory), a bounded write
+/// buffer.
+pub fn ws_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .read_buffer_size(16 * 1024)
+        .write_buffer_size(0)
+        .max_write_buffer_size(2 * MAX_MESSAGE_BYTES + 64 * 1024)
+        .max_message_size(Some(MAX_MESSAGE_BYTES))
+        .max_frame_size(Some(MAX_MESSAGE_BYTES))
+}
+
+/// `code` + `message` as a close frame reason: JSON, cut to fit the 123-byte limit.
+pub fn close_frame(code: CloseCode, reason: &CloseReason) -> CloseFrame {
+    let mut r = reason.clone();
+    let mut text = serde_json::to_string(&r).unwrap_or_default();
+    while text.len() > CLOSE_REASON_BYTES && !r.message.is_empty() {
+        let over = text.len() - CLOSE_REASON_BYTES;
+        let mut keep = r.message.len().saturating_sub(over.max(1));
+        while !r.message.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        r.message.truncate(keep);
+        text = serde_json::to_string(&r).unwrap_or_default();
+    }
+    if text.len() > CLOSE_REASON_BYTES {
+        text.clear();
+    }
+    CloseFrame {
+        code,
+        reason: text.into(),
+    }
+}
+
+fn reason(code: &str, message: impl Into<String>, retry_after_ms: Option<u64>) -> CloseReason {
+    CloseReason {
+        code: code.to_string(),
+        message: message.into(),
+        retry_after_ms,
+    }
+}
+
+/// The close frame that tells an agent why its link ended.
+fn close_for(end: &End) -> CloseFrame {
+    let (code, r) = match end {
+        End::PingTimeout => (
+            CloseCode::Policy,
+            reason("ping_timeout", "nothing heard for two ping intervals", None),
+        ),
+        End::ClosedByAgent | End::Lost(_) => (CloseCode::Normal, reason("closed", "", None)),
+        End::Revoked => (
+            CloseCode::Policy,
+            reason(
+                "revoked",
+                "this device was revoked; enrol it again with cortex device add",
+                Some(RETRY_FORBIDDEN_MS),
+            ),
+        ),
+        End::Replaced => (
+            CloseCode::Policy,
+            reason(
+                "replaced",
+                "another connection for this device took over; is the agent running twice?",
+                Some(RETRY_REPLACED_MS),
+            ),
+        ),
+        End::Shutdown => (
+            CloseCode::Away,
+            reason(
+                "shutting_down",
+                "hub shutting down; reconnect shortly",
+                Some(RETRY_SHUTDOWN_MS),
+            ),
+        ),
+        End::Protocol(e) if e.starts_with("message over") => {
+            (CloseCode::Size, reason("too_large", e.clone(), None))
+        }
+        End::Protocol(e) => (
+            CloseCode::Protocol,
+            reason("protocol_error", e.clone(), None),
+        ),
+        End::Store => (
+            CloseCode::Error,
+            reason(
+                "store_unavailable",
+                "the hub could not record the link; retry shortly",
+                Some(5_000),
+            ),
+        ),
+    };
+    close_frame(code, &r)
+}
+
+/// Handles one accepted TCP connection until it closes.
+pub async fn connection(
+    state: AppState,
+    tls: Option<TlsAcceptor>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    ping: Duration,
+) {
+    match tls {
+        Some(acceptor) => {
+            let tls = tokio::select! {
+                r = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)) => r,
+                () = state.shutdown.cancelled() => return,
+            };
+            match tls {
+                Ok(Ok(stream)) => serve(state, stream, peer, ping).await,
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "mesh TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "mesh TLS handshake timed out"),
+            }
+        }
+        None => serve(state, tcp, peer, ping).await,
+    }
+}
+
+/// Who the upgrade request authenticated.
+struct Authed {
+    device: String,
+    token_hash: [u8; 32],
+}
+
+fn refuse(status: StatusCode, r: &CloseReason) -> ErrorResponse {
+    let mut resp = ErrorResponse::new(serde_json::to_string(r).ok());
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// Checks the upgrade request: path, device header, bearer token.
+fn check_upgrade(state: &AppState, req: &Request) -> Result<Authed, (StatusCode, CloseReason)> {
+    if req.uri().path() != MESH_PATH {
+        return Err((
+            StatusCode::NOT_FOUND,
+            reason(
+                "not_found",
+                format!(
+                    "no mesh endpoint at {}; the agent's --hub is ws://HOST:PORT{MESH_PATH} (wss:// with TLS)",
+                    req.uri().path()
+                ),
+                None,
+            ),
+        ));
+    }
+    let device = req
+        .headers()
+        .get(DEVICE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|d| !d.is_empty());
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let (Some(device), Some(token)) = (device, token) else {
+        return Err((
+            StatusCode::UNAUTHORIZED,
+            reason(
+                "unauthorized",
+                format!(
+                    "send the device's name in {DEVICE_HEADER} and its token as Authorization: Bearer TOKEN (from cortex device add NAME)"
+                ),
+                Some(RETRY_FORBIDDEN_MS),
+            ),
+        ));
+    };
+    match state.devices.authenticate(device, token) {
+        Ok(token_hash) => Ok(Authed {
+            device: device.to_string(),
+            token_hash,
+        }),
+        Err(_) => Err((
+            StatusCode::FORBIDDEN,
+            reason(
+                "forbidden",
+                format!(
+                    "device {device:?} is unknown or its token does not match (revoked, or never added): enrol it on the hub with cortex device add {device}"
+                ),
+                Some(RETRY_FORBIDDEN_MS),
+            ),
+        )),
+    }
+}
+
+/// The upgrade's check, run by tungstenite on the request; who it authenticated is left
+/// in `authed`.
+struct Upgrade {
+    state: AppState,
+    authed: Arc<Mutex<Option<Authed>>>,
+    peer: SocketAddr,
+}
+
+impl Callback for Upgrade {
+    fn on_request(self, req: &Request, resp: Response) -> Result<Response, ErrorResponse> {
+        match check_upgrade(&self.state, req) {
+            Ok(a) => {
+                *self.authed.lock().unwrap_or_else(|e| e.into_inner()) = Some(a);
+                Ok(resp)
+            }
+            Err((status, why)) => {
+                tracing::warn!(
+                    peer = %self.peer,
+                    device = req.headers().get(DEVICE_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("-"),
+                    %status,
+                    code = %why.code,
+                    "mesh connection refused"
+                );
+                Err(refuse(status, &why))
+            }
+        }
+    }
+}
+
+type Sink<S> = SplitSink<WebSocketStream<S>, Message>;
+type Source<S> = SplitStream<WebSocketStream<S>>;
+
+/// What the writer task sends.
+enum Out {
+    Msg(Message),
+    /// The last frame: after it the writer flushes and ends.
+    Close(CloseFrame),
+}
+
+async fn serve<S>(state: AppState, stream: S, peer: SocketAddr, ping: Duration)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let authed: Arc<Mutex<Option<Authed>>> = Arc::default();
+    let callback = Upgrade {
+        state: state.clone(),
+        authed: authed.clone(),
+        peer,
+    };
+    let upgrade =
+        tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config()));
+    let ws = tokio::select! {
+        r = tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade) => r,
+        () = state.shutdown.cancelled() => return,
+    };
+    let ws = match ws {
+        Ok(Ok(ws)) => ws,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "mesh upgrade failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "mesh upgrade timed out");
+            return;
+        }
+    };
+    let Some(authed) = authed.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        return;
+    };
+    run_link(state, ws, authed, peer, ping).await;
+}
+
+/// Reads the hello; `Err` carries why the link must end before it began.
+async fn read_hello<S>(source: &mut Source<S>) -> Result<Hello, End>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let read = async {
+        loop {
+            match source.next().await {
+                None => return Err(End::Lost("closed before the hello".into())),
+                Some(Err(e)) => return Err(ws_error(e)),
+                Some(Ok(Message::Binary(b))) => {
+                    return match AgentFrame::decode(&b) {
+                        Ok(AgentFrame::Hello(h)) => Ok(h),
+                        Ok(_) => Err(End::Protocol("the first frame must be a hello".into())),
+                        Err(e) => Err(End::Protocol(e.to_string())),
+                    };
+                }
+                Some(Ok(Message::Close(_))) => return Err(End::ClosedByAgent),
+                Some(Ok(Message::Text(_))) => {
+                    return Err(End::Protocol(
+                        "a text message; frames are MessagePack in binary messages".into(),
+                    ));
+                }
+                Some(Ok(_)) => {}
+            }
+        }
+    };
+    match tokio::time::timeout(HELLO_TIMEOUT, read).await {
+        Ok(r) => r,
+        Err(_) => Err(End::Protocol(format!(
+            "no hello within {}s of the upgrade",
+            HELLO_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+fn ws_error(e: WsError) -> End {
+    match e {
+        WsError::Capacity(c) => End::Protocol(format!(
+            "message over the {MAX_MESSAGE_BYTES}-byte cap ({c})"
+        )),
+        WsError::Protocol(p) => End::Protocol(p.to_string()),
+        WsError::ConnectionClosed | WsError::AlreadyClosed => End::ClosedByAgent,
+        e => End::Lost(e.to_string()),
+    }
+}
+
+fn cut(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => s[..i].to_string(),
+        None => s.to_string(),
+    }
+}
+
+/// Keeps what a hello reports to sizes worth storing.
+fn tidy_hello(h: &mut Hello) {
+    h.agent_version = cut(&h.agent_version, 64);
+    h.host.hostname = cut(&h.host.hostname, 255);
+    h.host.kernel = cut(&h.host.kernel, 255);
+    h.host.gpus.truncate(64);
+    for g in &mut h.host.gpus {
+        *g = cut(g, 128);
+    }
+    h.capabilities.truncate(32);
+    for c in &mut h.capabilities {
+        *c = cut(c, 64);
+    }
+}
+
+/// Sends the close frame for `end` directly (before the writer task exists) and waits
+/// briefly for the agent's.
+async fn close_early<S>(mut sink: Sink<S>, mut source: Source<S>, end: &End)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let bye = async {
+        if !matches!(end, End::ClosedByAgent | End::Lost(_)) {
+            let _ = sink.send(Message::Close(Some(close_for(end)))).await;
+        }
+        while let Some(Ok(_)) = source.next().await {}
+    };
+    let _ = tokio::time::timeout(CLOSE_GRACE, bye).await;
+}
+
+async fn run_link<S>(
+    state: AppState,
+    ws: WebSocketStream<S>,
+    authed: Authed,
+    peer: SocketAddr,
+    ping: Duration,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sink, mut source) = ws.split();
+    let device = authed.device.clone();
+    let mut hello = match read_hello(&mut source).await {
+        Ok(h) => h,
+        Err(end) => {
+            tracing::warn!(%peer, device, reason = %end.reason(), "mesh link ended before its hello");
+            return close_early(sink, source, &end).await;
+        }
+    };
+    if hello.version != MESH_VERSION {
+        let end = End::Protocol(format!(
+            "this hub speaks mesh v{MESH_VERSION} and the agent v{}; run the same cortex version on both",
+            hello.version
+        ));
+        tracing::warn!(%peer, device, agent_version = %hello.agent_version, reason = %end.reason(), "mesh link refused");
+        return close_early(sink, source, &end).await;
+    }
+    if hello.device != device {
+        let end = End::Protocol(format!(
+            "the hello names device {:?} but the upgrade named {device:?}",
+            hello.device
+        ));
+        tracing::warn!(%peer, device, reason = %end.reason(), "mesh link refused");
+        return close_early(sink, source, &end).await;
+    }
+    tidy_hello(&mut hello);
+
+    let now = now_ms();
+    let link = Arc::new(Link::new(
+        state.devices.next_link_id(),
+        device.clone(),
+        hello.agent_version.clone(),
+        hello.host.clone(),
+        hello.spool,
+        now,
+    ));
+    let replaced = match state.devices.register(link.clone(), &authed.token_hash) {
+        Ok(old) => old,
+        Err(_) => return close_early(sink, source, &End::Revoked).await,
+    };
+    if replaced.is_some() {
+        tracing::warn!(%peer, device, "a second connection for this device replaces the first; is its agent running twice?");
+    }
+    let up = Online {
+        link: link.id,
+        agent_version: hello.agent_version.clone(),
+        host: hello.host.clone(),
+        capabilities: hello.capabilities.clone(),
+        spool: hello.spool,
+    };
+    let replaced_reason = replaced.as_ref().map(|_| End::Replaced.reason());
+    let recorded = {
+        let d = device.clone();
+        state
+            .store
+            .exec(move |t| t.device_online(&d, &up, replaced_reason.as_deref(), now))
+            .await
+    };
+    match recorded {
+        Ok(true) => {}
+        Ok(false) => {
+            state.devices.unregister(&device, link.id);
+            return close_early(sink, source, &End::Revoked).await;
+        }
+        Err(e) => {
+            tracing::error!(device, error = %e, "cannot record a device online; closing its link");
+            state.devices.unregister(&device, link.id);
+            return close_early(sink, source, &End::Store).await;
+        }
+    }
+
+    let window = DEFAULT_WINDOW;
+    let (out, rx) = mpsc::channel::<Out>(window as usize * 2 + 8);
+    let mut writer = tokio::spawn(writer(sink, rx));
+    let welcome = HubFrame::Welcome {
+        version: MESH_VERSION,
+        ping_interval_ms: ping.as_millis() as u64,
+        window,
+        max_message_bytes: MAX_MESSAGE_BYTES as u64,
+    };
+    if let Ok(b) = welcome.encode() {
+        let _ = out.send(Out::Msg(Message::Binary(b.into()))).await;
+    }
+    tracing::info!(%peer, device, agent_version = %hello.agent_version, link = link.id, "device online");
+
+    let mut files = tokio::task::JoinSet::new();
+    let end = read_loop(&state, &link, &mut source, &out, &mut files, ping, window).await;
+
+    // In-flight files are answered before the close, when the agent can still hear it.
+    if !matches!(end, End::ClosedByAgent | End::Lost(_) | End::PingTimeout) {
+        let drain = async { while files.join_next().await.is_some() {} };
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+    }
+    files.abort_all();
+
+    let why = end.reason();
+    match &end {
+        End::Protocol(_) => {
+            tracing::warn!(%peer, device, reason = %why, "device link closed for a protocol error")
+        }
+        _ => tracing::info!(%peer, device, reason = %why, "device offline"),
+    }
+    // Recorded while the link is still registered, so nobody reads the device offline
+    // without its reason. A replaced link's successor already recorded this end, before
+    // its own online.
+    if end != End::Replaced {
+        let (id, seen, spool) = (link.id, link.last_seen(), link.spool());
+        let (d, w) = (device.clone(), why.clone());
+        if let Err(e) = state
+            .store
+            .exec(move |t| t.device_offline(&d, id, &w, seen, spool, now_ms()))
+            .await
+        {
+            tracing::error!(device, error = %e, "cannot record a device offline");
+        }
+    }
+    state.devices.unregister(&device, link.id);
+
+    if !matches!(end, End::ClosedByAgent | End::Lost(_)) {
+        let _ = out.send(Out::Close(close_for(&end))).await;
+    }
+    drop(out);
+    // The writer may be stuck on an agent that stopped reading: bounded.
+    if tokio::time::timeout(CLOSE_GRACE, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
+    let _ = tokio::time::timeout(CLOSE_GRACE, async {
+        while let Some(Ok(_)) = source.next().await {}
+    })
+    .await;
+}
+
+/// The link's main loop; returns why it ended.
+async fn read_loop<S>(
+    state: &AppState,
+    link: &Arc<Link>,
+    source: &mut Source<S>,
+    out: &mpsc::Sender<Out>,
+    files: &mut tokio::task::JoinSet<()>,
+    ping: Duration,
+    window: u32,
+) -> End
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    // Files taken and not yet answered. Lowered just before an ack is queued, so the
+    // hub never counts more than the agent does and a well-behaved agent is never cut.
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let mut last_rx = Instant::now();
+    let mut pinger = tokio::time::interval_at(Instant::now() + ping, ping);
+    pinger.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let silent_until = last_rx + 2 * ping;
+        tokio::select! {
+            biased;
+            () = link.ended.notified() => return link.ended_with().unwrap_or(End::Shutdown),
+            () = state.shutdown.cancelled() => return End::Shutdown,
+            msg = source.next() => {
+                let m = match msg {
+                    None => return End::Lost("the connection ended without a close".into()),
+                    Some(Err(e)) => return ws_error(e),
+                    Some(Ok(m)) => m,
+                };
+                last_rx = Instant::now();
+                link.seen(now_ms());
+                match m {
+                    Message::Binary(b) => match AgentFrame::decode(&b) {
+                        Ok(AgentFrame::File { name, body }) => {
+                            if in_flight.fetch_add(1, Ordering::AcqRel) >= window as usize {
+                                return End::Protocol(format!(
+                                    "more than {window} files unacknowledged (the window in the welcome)"
+                                ));
+                            }
+                            let (state, out, device) = (state.clone(), out.clone(), link.device.clone());
+                            let in_flight = in_flight.clone();
+                            files.spawn(async move {
+                                let outcome = take_file(&state, &device, &name, &body).await;
+                                in_flight.fetch_sub(1, Ordering::AcqRel);
+                                match (HubFrame::Ack { name, outcome }).encode() {
+                                    Ok(b) => {
+                                        let _ = out.send(Out::Msg(Message::Binary(b.into()))).await;
+                                    }
+                                    Err(e) => tracing::error!(device, error = %e, "cannot encode an ack"),
+                                }
+                            });
+                        }
+                        Ok(AgentFrame::Status { spool }) => link.set_spool(spool),
+                        Ok(AgentFrame::Hello(_)) => {
+                            return End::Protocol("a second hello on one link".into());
+                        }
+                        Err(e) => return End::Protocol(e.to_string()),
+                    },
+                    Message::Text(_) => {
+                        return End::Protocol(
+                            "a text message; frames are MessagePack in binary messages".into(),
+                        );
+                    }
+                    Message::Close(_) => return End::ClosedByAgent,
+                    Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
+                }
+            }
+            Some(_) = files.join_next(), if !files.is_empty() => {}
+            () = link.rescan.notified() => {
+                if let Ok(b) = HubFrame::Rescan.encode() {
+                    // A full queue means the agent is busy or stuck: the next sweep asks again.
+                    let _ = out.try_send(Out::Msg(Message::Binary(b.into())));
+                }
+            }
+            _ = pinger.tick() => {
+                let _ = out.try_send(Out::Msg(Message::Ping(Bytes::new())));
+            }
+            () = tokio::time::sleep_until(silent_until) => return End::PingTimeout,
+        }
+    }
+}
+
+/// Writes every frame of the link, flushing when the queue runs dry, so a burst of acks
+/// leaves in few writes.
+async fn writer<S>(mut sink: Sink<S>, mut rx: mpsc::Receiver<Out>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        while let Some(o) = next {
+            match o {
+                Out::Msg(m) => {
+                    if sink.feed(m).await.is_err() {
+                        return;
+                    }
+                }
+                Out::Close(f) => {
+                    let _ = sink.send(Message::Close(Some(f))).await;
+                    return;
+                }
+            }
+            next = rx.try_recv().ok();
+        }
+        if sink.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A device's spool file: the same checks and store operation as the signal route and
+/// the local spool. The identity is the body's key, else the device and file name.
+pub async fn take_file(state: &AppState, device: &str, name: &str, body: &str) -> FileOutcome {
+    let refused = |reason: String| FileOutcome::Refused {
+        reason: cut(&reason, MAX_REASON_CHARS),
+    };
+    if name.is_empty()
+        || name.len() > MAX_FILE_NAME_BYTES
+        || name.contains(['/', '\0'])
+        || name == "."
+        || name == ".."
+    {
+        return refused(format!(
+            "file name {:?} is not usable; a spool file's name is 1-{MAX_FILE_NAME_BYTES} bytes without '/'",
+            cut(name, 64)
+        ));
+    }
+    if body.len() > MAX_BODY_BYTES {
+        return refused(format!(
+            "the file is {} bytes, over the cap of {MAX_BODY_BYTES}; write at most 2,000 characters of message and 16,000 of data",
+            body.len()
+        ));
+    }
+    let req = match SignalRequest::parse(body.as_bytes()) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(device, file = name, error = %e, "device spool file refused");
+            return refused(e.to_string());
+        }
+    };
+    let input = SignalIn {
+        dedupe: Some(
+            req.key
+                .clone()
+                .unwrap_or_else(|| format!("file:{device}:{name}")),
+        ),
+        req: req.clone(),
+        source: format!("device:{device}"),
+    };
+    let outcome = match state.store.exec(move |t| t.signal(&input, now_ms())).await {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!(device, file = name, error = %e, "store failure; the device keeps the file and sends it again");
+            return FileOutcome::Retry {
+                reason:
+                    "the hub could not write to its store; keep the file and send it again later"
+                        .into(),
+            };
+        }
+    };
+    match outcome {
+        SignalOutcome::Accepted { .. } => FileOutcome::Accepted,
+        SignalOutcome::Duplicate { .. } => FileOutcome::Duplicate,
+        SignalOutcome::Refused(crate::engine::Refusal::Gone { .. }) => FileOutcome::Resolved,
+        o => {
+            let reason = refusal_reason(&req, &o).unwrap_or_else(|| "refused".into());
+            tracing::warn!(device, file = name, waitpoint = %req.id, reason = %reason, "device spool file refused");
+            refused(reason)
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! The hub's side of the device mesh: the WebSocket listener on `--mesh-listen`
+//! (`/mesh/v1`, `ws://` on loopback or `wss://` with rustls), one task per device link,
+//! and the sweep's rescan of every connected agent. The frames are
+//! `cortex_protocol::mesh`'s and `docs/protocol.md` lists them.
+//!
+//! - [`registry`]: who may connect (token hashes) and who is connected (live links).
+//! - [`link`]: one connection: upgrade and auth, hello, files and acks, keepalive, close.
+//! - [`tls`]: the rustls acceptor.
+//!
+//! Only this module and the agent's link touch the mesh's sockets. A device's file goes
+//! through the same store operation as the signal route; an ack is sent only after the
+//! commit holding the signal returned.
+
+pub mod link;
+pub mod registry;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use cortex_protocol::mesh::{DEFAULT_PING_MS, MESH_PATH};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::server::AppState;
+use crate::time::now_ms;
+
+pub use registry::{End, Link, Registry};
+
+/// Errors of starting the mesh; each says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshError {
+    #[error(
+        "--mesh-listen {0} is not a loopback address and the mesh has no TLS: devices would send their tokens in the clear; give --tls-cert PEM --tls-key PEM, or --mesh-insecure if the network is trusted"
+    )]
+    PlainOffLoopback(SocketAddr),
+    #[error("--tls-cert and --tls-key go together; give both (PEM files) or neither")]
+    TlsHalf,
+    #[error(
+        "TLS: {path}: {why}; give a PEM certificate chain (--tls-cert) and its PEM private key (--tls-key)"
+    )]
+    Tls { path: String, why: String },
+    #[error(
+        "cannot listen for devices on {addr}: {source}; is another hub running? (set --mesh-listen ADDR, or off)"
+    )]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// What the mesh listener is asked to be.
+#[derive(Debug, Clone)]
+pub struct MeshSetup {
+    pub listen: SocketAddr,
+    /// `--tls-cert`, `--tls-key`.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// `--mesh-insecure`: plaintext off loopback is allowed.
+    pub insecure: bool,
+    /// The keepalive interval told to agents (`CORTEX_MESH_PING_MS`, default 20 s).
+    pub ping_ms: u64,
+}
+
+impl MeshSetup {
+    pub fn new(listen: SocketAddr) -> Self {
+        MeshSetup {
+            listen,
+            tls: None,
+            insecure: false,
+            ping_ms: DEFAULT_PING_MS,
+        }
+    }
+
+    /// The start rule: plaintext only on loopback, unless `--mesh-insecure`.
+    pub fn check(&self) -> Result<(), MeshError> {
+        if self.tls.is_none() && !self.insecure && !self.listen.ip().is_loopback() {
+            return Err(MeshError::PlainOffLoopback(self.listen));
+        }
+        Ok(())
+    }
+}
+
+/// A bound mesh listener, ready for [`crate::server::run_with_mesh`].
+pub struct Bound {
+    pub listener: TcpListener,
+    pub tls: Option<TlsAcceptor>,
+    /// `ws://127.0.0.1:3002/mesh/v1`: what an agent's `--hub` is given.
+    pub url: String,
+    pub ping: Duration,
+}
+
+impl Bound {
+    /// Checks the rules, loads TLS and binds. Nothing is listening if this fails.
+    pub async fn bind(setup: &MeshSetup) -> Result<Bound, MeshError> {
+        setup.check()?;
+        let tls = match &setup.tls {
+            Some((cert, key)) => Some(tls::acceptor(cert, key)?),
+            None => None,
+        };
+        let listener = TcpListener::bind(setup.listen)
+            .await
+            .map_err(|source| MeshError::Bind {
+                addr: setup.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| MeshError::Bind {
+            addr: setup.listen,
+            source,
+        })?;
+        Ok(Bound {
+            listener,
+            url: url(addr, tls.is_some()),
+            tls,
+            ping: Duration::from_millis(setup.ping_ms.max(1)),
+        })
+    }
+}
+
+/// The URL agents connect to. An unspecified address (`0.0.0.0`) is shown with this
+/// machine's host name, which is what a device can reach.
+fn url(addr: SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "wss" } else { "ws" };
+    let host = if addr.ip().is_unspecified() {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "HUB-HOST".into())
+    } else if addr.is_ipv6() {
+        format!("[{}]", addr.ip())
+    } else {
+        addr.ip().to_string()
+    };
+    format!("{scheme}://{host}:{}{MESH_PATH}", addr.port())
+}
+
+/// Loads the allowed devices into the registry and records the links a killed hub left
+/// "online" as offline. Runs before anything listens.
+pub async fn start(state: &AppState) -> anyhow::Result<()> {
+    use anyhow::Context;
+    state
+        .store
+        .exec(|t| t.devices_restarted(now_ms()))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("recording the devices of the previous run offline")?;
+    let records = state
+        .store
+        .read(|r| r.devices())
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("reading the devices")?;
+    state
+        .devices
+        .load(records.into_iter().map(|r| (r.name, r.token_hash)));
+    Ok(())
+}
+
+/// Accepts device connections until the hub stops, then ends every link with a reason
+/// and waits for them (their in-flight files are answered first).
+pub async fn serve(state: AppState, bound: Bound) {
+    let Bound {
+        listener,
+        tls,
+        ping,
+        ..
+    } = bound;
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((tcp, peer)) => {
+                    // Acks are small and latency matters more than packing them.
+                    let _ = tcp.set_nodelay(true);
+                    conns.spawn(link::connection(state.clone(), tls.clone(), tcp, peer, ping));
+                }
+                Err(e) => {
+                    // EMFILE and friends: do not spin; the listener recovers by itself.
+                    tracing::warn!(error = %e, "mesh accept failed; retrying in 100 ms");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            () = state.shutdown.cancelled() => break,
+        }
+    }
+    drop(listener);
+    state.devices.end_all(End::Shutdown);
+    while conns.join_next().await.is_some() {}
+}
+
+/// The sweep's half for the mesh: every `every`, ask each connected agent to list its
+/// spool again (the backstop to inotify), and save live links' last seen.
+pub async fn sweep(state: AppState, every: Duration) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = state.shutdown.cancelled() => return,
+        }
+        let links = state.devices.links();
+        if links.is_empty() {
+            continue;
+        }
+        state.devices.rescan_all();
+        let live: Vec<_> = links
+            .iter()
+            .map(|l| (l.device.clone(), l.id, l.last_seen(), l.spool()))
+            .collect();
+        if let Err(e) = state.store.exec(move |t| t.touch_devices(&live)).await {
+            tracing::warn!(error = %e, "saving the devices' last seen failed; it is saved again at the next sweep");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,241 @@
+//! The live half of the device registry: which devices may connect (their token hashes,
+//! loaded from the store at start and kept in step with `device add|revoke`) and which
+//! are connected now (one [`Link`] each, with a handle to end it).
+//!
+//! Authentication and registration go through one mutex, so a revoke can never miss a
+//! link: either the link registered before the revoke took the lock (and is ended by
+//! it), or it registers after (and finds its token gone).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cortex_protocol::mesh::{HostFacts, SpoolCounts};
+use tokio::sync::Notify;
+
+use crate::secret;
+
+/// Why a link ended; its text is the offline reason people read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    PingTimeout,
+    ClosedByAgent,
+    Revoked,
+    Replaced,
+    Shutdown,
+    /// The agent broke the protocol (unknown, malformed or oversized frame, …).
+    Protocol(String),
+    /// The connection failed under us (reset, EOF without a close).
+    Lost(String),
+    /// The store could not record the link.
+    Store,
+}
+
+impl End {
+    pub fn reason(&self) -> String {
+        match self {
+            End::PingTimeout => "ping timed out".into(),
+            End::ClosedByAgent => "closed by the agent".into(),
+            End::Revoked => "revoked".into(),
+            End::Replaced => "replaced by a new connection".into(),
+            End::Shutdown => "hub shutting down".into(),
+            End::Protocol(e) => format!("protocol error: {e}"),
+            End::Lost(e) => format!("connection lost: {e}"),
+            End::Store => "the hub's store failed".into(),
+        }
+    }
+}
+
+/// One live link, shared between its task, the registry and the API.
+pub struct Link {
+    pub id: u64,
+    pub device: String,
+    pub agent_version: String,
+    pub host: HostFacts,
+    pub online_since: u64,
+    /// Milliseconds since the epoch of the last thing received (frame, ping or pong).
+    pub last_seen: AtomicU64,
+    spool: Mutex<SpoolCounts>,
+    end: Mutex<Option<End>>,
+    pub ended: Notify,
+    pub rescan: Notify,
+}
+
+impl Link {
+    pub fn new(
+        id: u64,
+        device: String,
+        agent_version: String,
+        host: HostFacts,
+        spool: SpoolCounts,
+        now: u64,
+    ) -> Self {
+        Link {
+            id,
+            device,
+            agent_version,
+            host,
+            online_since: now,
+            last_seen: AtomicU64::new(now),
+            spool: Mutex::new(spool),
+            end: Mutex::new(None),
+            ended: Notify::new(),
+            rescan: Notify::new(),
+        }
+    }
+
+    pub fn spool(&self) -> SpoolCounts {
+        *self.spool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn set_spool(&self, s: SpoolCounts) {
+        *self.spool.lock().unwrap_or_else(|e| e.into_inner()) = s;
+    }
+
+    pub fn seen(&self, now: u64) {
+        self.last_seen.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub fn last_seen(&self) -> u64 {
+        self.last_seen.load(Ordering::Relaxed)
+    }
+
+    /// Asks the link's task to end with `why`; the first reason given wins.
+    pub fn end(&self, why: End) {
+        let mut e = self.end.lock().unwrap_or_else(|e| e.into_inner());
+        if e.is_none() {
+            *e = Some(why);
+        }
+        drop(e);
+        // notify_one keeps a permit, so a task not yet waiting still sees it.
+        self.ended.notify_one();
+    }
+
+    /// The reason given to [`Link::end`], if any.
+    pub fn ended_with(&self) -> Option<End> {
+        self.end.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// The device is unknown or the token does not match (revoked, or never added).
+    Forbidden,
+}
+
+#[derive(Default)]
+struct Inner {
+    tokens: HashMap<String, [u8; 32]>,
+    links: HashMap<String, Arc<Link>>,
+}
+
+/// Devices allowed to connect, and their live links.
+#[derive(Default)]
+pub struct Registry {
+    inner: Mutex<Inner>,
+    next_id: AtomicU64,
+}
+
+/// Compared against when the device is unknown, so both answers take the same time.
+const NO_TOKEN: [u8; 32] = [0; 32];
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Replaces the allowed devices (at start, from the store).
+    pub fn load(&self, tokens: impl IntoIterator<Item = (String, [u8; 32])>) {
+        self.lock().tokens = tokens.into_iter().collect();
+    }
+
+    /// A device was added (after its record committed).
+    pub fn allow(&self, name: &str, token_hash: [u8; 32]) {
+        self.lock().tokens.insert(name.to_string(), token_hash);
+    }
+
+    /// A device was revoked (after its record was deleted): no new link is accepted and
+    /// the live one, if any, is told to end now.
+    pub fn revoke(&self, name: &str) -> bool {
+        let mut g = self.lock();
+        g.tokens.remove(name);
+        let link = g.links.remove(name);
+        drop(g);
+        match link {
+            Some(l) => {
+                l.end(End::Revoked);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Checks `token` for `device` in constant time; returns the hash it matched.
+    pub fn authenticate(&self, device: &str, token: &str) -> Result<[u8; 32], Refused> {
+        let stored = self.lock().tokens.get(device).copied();
+        let ok = secret::matches(token, stored.as_ref().unwrap_or(&NO_TOKEN));
+        match stored {
+            Some(h) if ok => Ok(h),
+            _ => Err(Refused::Forbidden),
+        }
+    }
+
+    pub fn next_link_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Registers a link authenticated with `token_hash`. The device's previous link, if
+    /// any, is told to end (`Replaced`) and returned. Refused when the token was revoked
+    /// (or changed) since the upgrade was authenticated.
+    pub fn register(
+        &self,
+        link: Arc<Link>,
+        token_hash: &[u8; 32],
+    ) -> Result<Option<Arc<Link>>, Refused> {
+        let mut g = self.lock();
+        if g.tokens.get(&link.device) != Some(token_hash) {
+            return Err(Refused::Forbidden);
+        }
+        let old = g.links.insert(link.device.clone(), link);
+        drop(g);
+        if let Some(o) = &old {
+            o.end(End::Replaced);
+        }
+        Ok(old)
+    }
+
+    /// Removes the device's link if it is still `id` (a replaced link leaves its
+    /// successor in place).
+    pub fn unregister(&self, device: &str, id: u64) {
+        let mut g = self.lock();
+        if g.links.get(device).is_some_and(|l| l.id == id) {
+            g.links.remove(device);
+        }
+    }
+
+    pub fn link(&self, device: &str) -> Option<Arc<Link>> {
+        self.lock().links.get(device).cloned()
+    }
+
+    /// Every live link (a snapshot).
+    pub fn links(&self) -> Vec<Arc<Link>> {
+        self.lock().links.values().cloned().collect()
+    }
+
+    /// The sweep's backstop to inotify: every connected agent lists its spool again.
+    pub fn rescan_all(&self) -> usize {
+        let links = self.links();
+        for l in &links {
+            l.rescan.notify_one();
+        }
+        links.len()
+    }
+
+    /// Ends every link (the hub is stopping).
+    pub fn end_all(&self, why: End) {
+        for l in self.links() {
+            l.end(why.clone());
+        }
+    }
+}

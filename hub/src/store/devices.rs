@@ -1,0 +1,300 @@
+//! The device registry's durable half and the hub's own event log.
+//!
+//! A device record keeps what survives a restart: the token's SHA-256 (never the token),
+//! when it was added, the facts its agent last reported, and when and why it last went
+//! online or offline. Whether a device is online *now* is not stored: only the mesh's
+//! registry of live links knows that, so after a restart every device reads as offline
+//! with its last seen. The hub events (`device-added`, `-revoked`, `-online`, `-offline`)
+//! are appended in the same transaction as the change they describe.
+
+use cortex_protocol::api::{HubEvent, HubEventBody};
+use cortex_protocol::mesh::{HostFacts, SpoolCounts};
+use redb::ReadableTable;
+use serde::{Deserialize, Serialize};
+
+use super::StoreError;
+use super::tables::{DEVICES, HUB_EVENTS, ReadTx, Tx, decode, encode};
+
+/// How many hub events are kept; older ones are dropped as new ones arrive.
+pub const HUB_EVENTS_KEPT: u64 = 100_000;
+
+/// A stored device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceRecord {
+    pub name: String,
+    pub token_hash: [u8; 32],
+    pub created_at: u64,
+    #[serde(default)]
+    pub last_seen: Option<u64>,
+    #[serde(default)]
+    pub agent_version: Option<String>,
+    #[serde(default)]
+    pub host: Option<HostFacts>,
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    #[serde(default)]
+    pub spool: SpoolCounts,
+    /// The live link that last recorded it online; an older link's end must not
+    /// overwrite a newer link's state.
+    #[serde(default)]
+    pub link: Option<u64>,
+    /// When it last came online, while the record says online.
+    #[serde(default)]
+    pub online_since: Option<u64>,
+    #[serde(default)]
+    pub offline_since: Option<u64>,
+    #[serde(default)]
+    pub offline_reason: Option<String>,
+}
+
+/// What an agent's hello tells, as recorded when its link comes up.
+#[derive(Debug, Clone)]
+pub struct Online {
+    pub link: u64,
+    pub agent_version: String,
+    pub host: HostFacts,
+    pub capabilities: Vec<String>,
+    pub spool: SpoolCounts,
+}
+
+impl Tx<'_> {
+    pub(crate) fn get_device(&self, name: &str) -> Result<Option<DeviceRecord>, StoreError> {
+        match self.devices.get(name)? {
+            Some(v) => Ok(Some(decode(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn put_device(&mut self, rec: &DeviceRecord) -> Result<(), StoreError> {
+        self.devices
+            .insert(rec.name.as_str(), encode(rec)?.as_slice())?;
+        Ok(())
+    }
+
+    /// Appends a hub event; returns its seq. Keeps at most [`HUB_EVENTS_KEPT`].
+    pub fn append_hub_event(&mut self, body: HubEventBody, now: u64) -> Result<u64, StoreError> {
+        let seq = match self.hub_events.last()? {
+            Some((k, _)) => k.value() + 1,
+            None => 1,
+        };
+        let ev = HubEvent { seq, ts: now, body };
+        let json = serde_json::to_vec(&ev).map_err(|e| StoreError::Decode(e.to_string()))?;
+        self.hub_events.insert(seq, json.as_slice())?;
+        if seq > HUB_EVENTS_KEPT {
+            self.hub_events.remove(seq - HUB_EVENTS_KEPT)?;
+        }
+        self.hub_seq = Some(seq);
+        Ok(seq)
+    }
+
+    /// `cortex device add`: false when the name is taken.
+    pub fn add_device(
+        &mut self,
+        name: &str,
+        token_hash: [u8; 32],
+        now: u64,
+    ) -> Result<bool, StoreError> {
+        if self.get_device(name)?.is_some() {
+            return Ok(false);
+        }
+        self.put_device(&DeviceRecord {
+            name: name.to_string(),
+            token_hash,
+            created_at: now,
+            last_seen: None,
+            agent_version: None,
+            host: None,
+            capabilities: Vec::new(),
+            spool: SpoolCounts::default(),
+            link: None,
+            online_since: None,
+            offline_since: None,
+            offline_reason: None,
+        })?;
+        self.append_hub_event(
+            HubEventBody::DeviceAdded {
+                device: name.to_string(),
+            },
+            now,
+        )?;
+        Ok(true)
+    }
+
+    /// `cortex device revoke`: forgets the device and its token hash; false if unknown.
+    pub fn revoke_device(&mut self, name: &str, now: u64) -> Result<bool, StoreError> {
+        if self.devices.remove(name)?.is_none() {
+            return Ok(false);
+        }
+        self.append_hub_event(
+            HubEventBody::DeviceRevoked {
+                device: name.to_string(),
+            },
+            now,
+        )?;
+        Ok(true)
+    }
+
+    /// A link came up. `replaced`: the reason the device's previous link was ended, which
+    /// is recorded here (before the new online) so a follower reads them in order.
+    /// False when the device is gone (revoked meanwhile).
+    pub fn device_online(
+        &mut self,
+        name: &str,
+        up: &Online,
+        replaced: Option<&str>,
+        now: u64,
+    ) -> Result<bool, StoreError> {
+        let Some(mut rec) = self.get_device(name)? else {
+            return Ok(false);
+        };
+        if let Some(reason) = replaced {
+            self.append_hub_event(
+                HubEventBody::DeviceOffline {
+                    device: name.to_string(),
+                    reason: reason.to_string(),
+                },
+                now,
+            )?;
+        }
+        rec.link = Some(up.link);
+        rec.last_seen = Some(now);
+        rec.agent_version = Some(up.agent_version.clone());
+        rec.host = Some(up.host.clone());
+        rec.capabilities = up.capabilities.clone();
+        rec.spool = up.spool;
+        rec.online_since = Some(now);
+        rec.offline_since = None;
+        rec.offline_reason = None;
+        self.put_device(&rec)?;
+        self.append_hub_event(
+            HubEventBody::DeviceOnline {
+                device: name.to_string(),
+                agent_version: up.agent_version.clone(),
+            },
+            now,
+        )?;
+        Ok(true)
+    }
+
+    /// A link ended. The record changes only if this link is still the one it names (a
+    /// newer link's online state is never overwritten); the event is always appended.
+    pub fn device_offline(
+        &mut self,
+        name: &str,
+        link: u64,
+        reason: &str,
+        last_seen: u64,
+        spool: SpoolCounts,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        if let Some(mut rec) = self.get_device(name)?
+            && rec.link == Some(link)
+        {
+            rec.link = None;
+            rec.last_seen = Some(last_seen.max(rec.last_seen.unwrap_or(0)));
+            rec.spool = spool;
+            rec.online_since = None;
+            rec.offline_since = Some(now);
+            rec.offline_reason = Some(reason.to_string());
+            self.put_device(&rec)?;
+        }
+        self.append_hub_event(
+            HubEventBody::DeviceOffline {
+                device: name.to_string(),
+                reason: reason.to_string(),
+            },
+            now,
+        )?;
+        Ok(())
+    }
+
+    /// Saves live links' last seen and spool counts (the sweep tick), so a hub that is
+    /// killed still shows a recent last seen after its restart.
+    pub fn touch_devices(
+        &mut self,
+        live: &[(String, u64, u64, SpoolCounts)],
+    ) -> Result<(), StoreError> {
+        for (name, link, last_seen, spool) in live {
+            if let Some(mut rec) = self.get_device(name)?
+                && rec.link == Some(*link)
+            {
+                rec.last_seen = Some(*last_seen);
+                rec.spool = *spool;
+                self.put_device(&rec)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// At start: every record still saying online belongs to a link of a previous run
+    /// that ended without a word (the hub was killed). Each is recorded offline since its
+    /// last seen, with a device-offline event. Returns how many.
+    pub fn devices_restarted(&mut self, now: u64) -> Result<usize, StoreError> {
+        let stale: Vec<DeviceRecord> = {
+            let mut v = Vec::new();
+            for r in self.devices.iter()? {
+                let rec: DeviceRecord = decode(r?.1.value())?;
+                if rec.link.is_some() {
+                    v.push(rec);
+                }
+            }
+            v
+        };
+        let n = stale.len();
+        for mut rec in stale {
+            let reason = "the hub restarted";
+            rec.link = None;
+            rec.online_since = None;
+            rec.offline_since = Some(rec.last_seen.unwrap_or(now));
+            rec.offline_reason = Some(reason.to_string());
+            self.put_device(&rec)?;
+            self.append_hub_event(
+                HubEventBody::DeviceOffline {
+                    device: rec.name.clone(),
+                    reason: reason.to_string(),
+                },
+                now,
+            )?;
+        }
+        Ok(n)
+    }
+}
+
+impl ReadTx {
+    /// Every device, by name.
+    pub fn devices(&self) -> Result<Vec<DeviceRecord>, StoreError> {
+        let t = self.table(DEVICES)?;
+        let mut out = Vec::new();
+        for r in t.iter()? {
+            out.push(decode(r?.1.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn device(&self, name: &str) -> Result<Option<DeviceRecord>, StoreError> {
+        let t = self.table(DEVICES)?;
+        match t.get(name)? {
+            Some(v) => Ok(Some(decode(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Raw JSON of the hub events after `after`, at most `limit`.
+    pub fn hub_events_after(&self, after: u64, limit: usize) -> Result<Vec<Vec<u8>>, StoreError> {
+        let t = self.table(HUB_EVENTS)?;
+        let mut out = Vec::new();
+        for r in t.range(after.saturating_add(1)..)? {
+            out.push(r?.1.value().to_vec());
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The newest hub event's seq (0 when there is none).
+    pub fn last_hub_seq(&self) -> Result<u64, StoreError> {
+        let t = self.table(HUB_EVENTS)?;
+        Ok(t.last()?.map_or(0, |(k, _)| k.value()))
+    }
+}
