@@ -2,6 +2,7 @@
 //! module. The binary only parses the command line and calls [`run`]; the environment comes
 //! in as a [`CortexEnv`] and output goes to the writers it is given.
 
+pub mod devices;
 pub mod sessions;
 pub mod wait;
 pub mod wait_for;
@@ -52,6 +53,25 @@ pub enum Command {
     /// Waitpoints: arm, check, cancel, and block until one wakes
     #[command(subcommand)]
     Wait(WaitCommand),
+    /// List the devices: state, since, last seen, agent version, spool counts, waits
+    Devices,
+    /// Enrol a device (prints its token once) or revoke one
+    #[command(subcommand)]
+    Device(DeviceCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeviceCommand {
+    /// Enrol a device: print its token (shown this once) and the line that starts its agent
+    Add {
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
+    /// Revoke a device's token and drop its link at once
+    Revoke {
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -237,6 +257,9 @@ fn execute(
         Command::Session(SessionCommand::Events { sid, after, follow }) => {
             sessions::events(&hub, sid, *after, *follow, json, out, err)?
         }
+        Command::Devices => devices::list(&hub, json, out)?,
+        Command::Device(DeviceCommand::Add { name }) => devices::add(&hub, name, json, out)?,
+        Command::Device(DeviceCommand::Revoke { name }) => devices::revoke(&hub, name, json, out)?,
         Command::Wait(WaitCommand::Create(args)) => wait::create(&hub, args, json, out)?,
         Command::Wait(WaitCommand::Check { session, wp }) => {
             wait::check(&hub, session.as_deref(), wp.as_deref(), json, out)?
