@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+pub mod sim;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -58,8 +60,12 @@ pub struct Hub {
     child: Option<Child>,
     /// `127.0.0.1:PORT`.
     pub addr: String,
+    /// The device mesh's URL from the start line (`ws://127.0.0.1:PORT/mesh/v1`), empty
+    /// with `--mesh-listen off`.
+    pub mesh_url: String,
     pub token: String,
     env: Vec<(String, String)>,
+    args: Vec<String>,
     starts: usize,
 }
 
@@ -70,17 +76,25 @@ impl Hub {
 
     /// Starts a hub with extra environment (e.g. `CORTEX_WAITPOINT_SWEEP_MS`).
     pub fn start_with(env: &[(&str, &str)]) -> Hub {
+        Hub::start_with_args(env, &[])
+    }
+
+    /// Starts a hub with extra environment and flags (a `--mesh-listen` given here
+    /// replaces the default `127.0.0.1:0`).
+    pub fn start_with_args(env: &[(&str, &str)], args: &[&str]) -> Hub {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut hub = Hub {
             home: tmp.path().to_path_buf(),
             _tmp: Some(tmp),
             child: None,
             addr: String::new(),
+            mesh_url: String::new(),
             token: String::new(),
             env: env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            args: args.iter().map(|a| a.to_string()).collect(),
             starts: 0,
         };
         hub.spawn();
@@ -103,18 +117,22 @@ impl Hub {
         cmd.arg("--home")
             .arg(&self.home)
             .args(["--listen", "127.0.0.1:0"])
+            .args(&self.args)
             .env_remove("CORTEX_WEBHOOK_TOKEN")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
+        if !self.args.iter().any(|a| a == "--mesh-listen") {
+            cmd.args(["--mesh-listen", "127.0.0.1:0"]);
+        }
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
         self.child = Some(cmd.spawn().expect("spawn cortex-hub"));
         self.starts += 1;
         let want = self.starts;
-        let addr = wait_until(Duration::from_secs(30), "the hub's listen line", || {
+        let line = wait_until(Duration::from_secs(30), "the hub's listen line", || {
             if let Some(c) = self.child.as_mut()
                 && let Ok(Some(st)) = c.try_wait()
             {
@@ -125,10 +143,20 @@ impl Hub {
                 .lines()
                 .filter(|l| l.starts_with("cortex-hub listening on http://"))
                 .nth(want - 1)?;
-            let rest = line.strip_prefix("cortex-hub listening on http://")?;
-            Some(rest.split_whitespace().next()?.to_string())
+            Some(line.to_string())
         });
-        self.addr = addr;
+        let rest = line
+            .strip_prefix("cortex-hub listening on http://")
+            .expect("prefix");
+        self.addr = rest.split_whitespace().next().expect("addr").to_string();
+        // `…, mesh ws://127.0.0.1:PORT/mesh/v1, home DIR` (or `mesh off`).
+        self.mesh_url = line
+            .split(", mesh ")
+            .nth(1)
+            .and_then(|m| m.split(',').next())
+            .filter(|m| *m != "off")
+            .unwrap_or_default()
+            .to_string();
         self.token = std::fs::read_to_string(self.home.join("hub/token"))
             .expect("token")
             .trim()

@@ -3,6 +3,7 @@
 
 mod cortex_cli;
 mod durability;
+mod mesh_hub;
 mod packaging;
 mod signal_cli;
 mod signal_route;
