@@ -4,6 +4,9 @@
 //!   files jobs drop into it without following links or blocking, parking refused ones under
 //!   `bad/`, and an inotify watcher that says when to look. The hub reads its local spool with
 //!   the same code.
+//! - [`wait`]: seed 004's waits on this machine (a pid exiting, a file written, a lock
+//!   free), with its exit-code contract; `cortex wait pid|file|flock` and the agent's remote
+//!   waits run it.
 //! - [`agent`]: the `cortex-device-agent` daemon: its link to the hub (WebSocket, backoff,
 //!   keepalive, a window of unacknowledged files) and the forwarding of spool files over it.
 //!
@@ -12,3 +15,4 @@
 
 pub mod agent;
 pub mod spool;
+pub mod wait;
