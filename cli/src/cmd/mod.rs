@@ -6,6 +6,7 @@ pub mod devices;
 pub mod sessions;
 pub mod wait;
 pub mod wait_for;
+pub mod wait_local;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -24,8 +25,9 @@ The hub's address: --hub URL, else $CORTEX_HUB, else http://127.0.0.1:$WEBHOOK_P
 The operator token: $CORTEX_WEBHOOK_TOKEN, else the file $CORTEX_HOME/hub/token (CORTEX_HOME
 defaults to ~/.cortex).
 
-Exit status: 0 done; 1 failed; every `cortex wait …` exits 2 when it fails, and `cortex wait for`
-follows the wait contract: 0 fired, 1 timed out (or the waitpoint expired), 2 broke.";
+Exit status: 0 done; 1 failed; every `cortex wait …` exits 2 when it fails, and `cortex wait for`,
+`pid`, `file` and `flock` follow the wait contract: 0 fired, 1 timed out (or the waitpoint
+expired), 2 broke. `cortex wait pid|file|flock` wait on this machine and need no hub.";
 
 /// The cortex command line: sessions and waitpoints on a cortex hub
 #[derive(Debug, Parser)]
@@ -50,7 +52,8 @@ pub enum Command {
     /// Create a session, post a message to one, read its events
     #[command(subcommand)]
     Session(SessionCommand),
-    /// Waitpoints: arm, check, cancel, and block until one wakes
+    /// Waitpoints (arm, check, cancel, block until one wakes), and waits on this machine
+    /// for a pid, a file or a lock
     #[command(subcommand)]
     Wait(WaitCommand),
     /// List the devices: state, since, last seen, agent version, spool counts, waits
@@ -136,6 +139,8 @@ pub enum WaitCommand {
         #[arg(long, value_name = "DUR", value_parser = parse_duration)]
         timeout: Option<Duration>,
     },
+    #[command(flatten)]
+    Local(wait_local::LocalWait),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -241,6 +246,10 @@ fn execute(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<u8> {
+    // Local waits need no hub: no address, no token.
+    if let Command::Wait(WaitCommand::Local(w)) = &cli.command {
+        return Ok(wait_local::run(w, out, err));
+    }
     let hub = connect(cli.hub.as_deref(), env)?;
     let json = cli.json;
     match &cli.command {
@@ -268,6 +277,7 @@ fn execute(
         Command::Wait(WaitCommand::For { wp, timeout }) => {
             return Ok(wait_for::run(&hub, wp, *timeout, out, err));
         }
+        Command::Wait(WaitCommand::Local(w)) => return Ok(wait_local::run(w, out, err)),
     }
     Ok(0)
 }

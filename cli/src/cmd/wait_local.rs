@@ -1,0 +1,427 @@
+//! `cortex wait pid|file|flock`: seed 004's waits on this machine, no hub involved. The
+//! waiting itself is `cortex_device_agent::wait`, the same code the device agent runs for
+//! remote waits; this module owns only the command line around it: the flags, the one
+//! "armed" line on stderr, the payload on stdout, the exit status (0 fired, 1 timed out,
+//! 2 broke), and the `--cursor` file of a file wait.
+//!
+//! A current-thread Tokio runtime is built here, inside these commands only, so the rest
+//! of `cortex` (and `cortex-signal`) starts no runtime. SIGINT and SIGTERM end the wait
+//! as "broke" (2): it stopped looking, and says so; everything it held is released by
+//! dropping it.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use cortex_device_agent::wait::{
+    Captured, FileCursor, Gone, PidMethod, WaitOptions, WaitOutcome, WaitSpec, Waits,
+};
+use serde::{Deserialize, Serialize};
+
+use super::parse_duration;
+use super::wait_for::{BROKE, FIRED, TIMED_OUT};
+use crate::timefmt::{human, utc};
+
+/// The bound and liveness flags every local wait takes.
+#[derive(Debug, Clone, Args)]
+pub struct Bound {
+    /// Give up after this long and exit 1 (30s, 10m, 2h, 1.5h, 1d, or seconds)
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "24h")]
+    pub timeout: Duration,
+    /// Touch this file (create it, then update its mtime) while waiting, so a dead wait
+    /// and a quiet one can be told apart by the file's age
+    #[arg(long, value_name = "PATH")]
+    pub heartbeat: Option<PathBuf>,
+    /// How often to touch the --heartbeat file
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
+    pub heartbeat_every: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PidArgs {
+    /// The process to wait for (any process, not only a child)
+    #[arg(value_name = "PID", allow_negative_numbers = true)]
+    pub pid: i32,
+    /// Its start time (field 22 of /proc/PID/stat, as the armed line prints it): when
+    /// re-arming, makes sure another process that got the same pid is not waited on
+    #[arg(long, value_name = "TICKS")]
+    pub start_time: Option<u64>,
+    #[command(flatten)]
+    pub bound: Bound,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FileArgs {
+    /// The file to wait for a write to (it may not exist yet)
+    #[arg(value_name = "PATH")]
+    pub path: PathBuf,
+    /// Keep the position in this file: read when armed (a change since fires at once),
+    /// written when armed and when fired, so a re-arm neither misses a write nor reports
+    /// one twice
+    #[arg(long, value_name = "FILE")]
+    pub cursor: Option<PathBuf>,
+    #[command(flatten)]
+    pub bound: Bound,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FlockArgs {
+    /// The lock file (as `flock FILE …` names it); it must exist
+    #[arg(value_name = "PATH")]
+    pub path: PathBuf,
+    #[command(flatten)]
+    pub bound: Bound,
+}
+
+/// The local waits, flattened into `cortex wait`'s subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum LocalWait {
+    /// Wait on this machine for a process to exit; print one JSON line
+    /// (exit 0 exited, 1 timed out, 2 broke; no hub needed)
+    Pid(PidArgs),
+    /// Wait on this machine for a file to be written (closed after writing, moved into
+    /// place, created); never fires on a read (exit 0 written, 1 timed out, 2 broke)
+    File(FileArgs),
+    /// Wait on this machine for a flock(2) lock to be free, as `flock FILE true` would,
+    /// without holding it (exit 0 free, 1 timed out, 2 broke)
+    Flock(FlockArgs),
+}
+
+/// Runs one local wait; returns the exit status.
+pub fn run(wait: &LocalWait, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    match wait {
+        LocalWait::Pid(a) => pid(a, out, err),
+        LocalWait::File(a) => file(a, out, err),
+        LocalWait::Flock(a) => flock(a, out, err),
+    }
+}
+
+/// What `--cursor FILE` holds.
+#[derive(Debug, Serialize, Deserialize)]
+struct CursorFile {
+    path: PathBuf,
+    cursor: FileCursor,
+}
+
+pub fn pid(args: &PidArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    let spec = WaitSpec::Pid {
+        pid: args.pid,
+        start_time: args.start_time,
+    };
+    wait(spec, &args.bound, None, out, err)
+}
+
+pub fn file(args: &FileArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    let prepared = absolute(&args.path).and_then(|path| {
+        let cursor = match &args.cursor {
+            Some(f) => Some(CursorStore::open(f, &path)?),
+            None => None,
+        };
+        Ok((path, cursor))
+    });
+    let (path, store) = match prepared {
+        Ok(p) => p,
+        Err(e) => return broke(err, &e),
+    };
+    let spec = WaitSpec::File {
+        path,
+        cursor: store.as_ref().and_then(|s| s.loaded),
+    };
+    wait(spec, &args.bound, store.as_ref(), out, err)
+}
+
+pub fn flock(args: &FlockArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    match absolute(&args.path) {
+        Ok(path) => wait(WaitSpec::Flock { path }, &args.bound, None, out, err),
+        Err(e) => broke(err, &e),
+    }
+}
+
+fn broke(err: &mut dyn Write, e: &anyhow::Error) -> u8 {
+    let _ = writeln!(err, "cortex: {e:#}");
+    BROKE
+}
+
+/// Absolute without resolving links: the payload names the path the user meant.
+fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
+    std::path::absolute(path).with_context(|| format!("cannot make {} absolute", path.display()))
+}
+
+fn wait(
+    spec: WaitSpec,
+    bound: &Bound,
+    store: Option<&CursorStore>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return broke(err, &anyhow::Error::new(e).context("starting the runtime")),
+    };
+    let opts = WaitOptions {
+        timeout: bound.timeout,
+        heartbeat: bound.heartbeat.clone(),
+        heartbeat_every: bound.heartbeat_every,
+    };
+    rt.block_on(async {
+        let armed = match Waits::new().arm(&spec) {
+            Ok(a) => a,
+            Err(e) => return broke(err, &e.into()),
+        };
+        let captured = armed.captured();
+        let _ = writeln!(err, "cortex: {}", armed_line(&captured, bound, store));
+        let _ = err.flush();
+        // The position goes to disk before waiting: killed now, a re-arm still knows
+        // where this wait started.
+        if let (
+            Some(store),
+            WaitSpec::File {
+                cursor: Some(c), ..
+            },
+        ) = (store, armed.resume_spec())
+            && let Err(e) = store.save(&c)
+        {
+            return broke(err, &e);
+        }
+        let outcome = tokio::select! {
+            o = armed.wait(&opts) => o,
+            why = stop_signal() => {
+                let _ = writeln!(err, "cortex: cancelled by {why}; nothing fired");
+                return BROKE;
+            }
+        };
+        finish(outcome, &captured, bound, store, out, err)
+    })
+}
+
+fn finish(
+    outcome: WaitOutcome,
+    captured: &Captured,
+    bound: &Bound,
+    store: Option<&CursorStore>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    match outcome {
+        WaitOutcome::Fired(fire) => {
+            if let (Some(store), Some(c)) = (store, &fire.cursor)
+                && let Err(e) = store.save(c)
+            {
+                // Not printed as fired: the same change is reported again on re-arm, since
+                // the old position is still on disk. Nothing is lost.
+                return broke(
+                    err,
+                    &e.context("the file changed, but its new position could not be saved"),
+                );
+            }
+            let printed = serde_json::to_string(&fire.payload)
+                .map_err(io::Error::other)
+                .and_then(|line| writeln!(out, "{line}"))
+                .and_then(|()| out.flush());
+            match printed {
+                Ok(()) => FIRED,
+                Err(e) => broke(err, &anyhow::Error::new(e).context("writing the payload")),
+            }
+        }
+        WaitOutcome::TimedOut => {
+            let what = match captured {
+                Captured::Pid(c) => format!("pid {} is still running", c.pid),
+                Captured::File(c) => format!("no write to {}", c.path.display()),
+                Captured::Flock(c) => format!("the lock on {} is still held", c.path.display()),
+            };
+            let _ = writeln!(
+                err,
+                "cortex: timed out after {}: {what}; run the same command again to keep waiting",
+                human(bound.timeout)
+            );
+            TIMED_OUT
+        }
+        WaitOutcome::Broke(e) => broke(err, &e.into()),
+    }
+}
+
+/// The one line on arm: what is watched, what was captured, the bound.
+fn armed_line(c: &Captured, bound: &Bound, store: Option<&CursorStore>) -> String {
+    let mut tail = format!("at most {}", human(bound.timeout));
+    if let Some(h) = &bound.heartbeat {
+        tail.push_str(&format!(
+            "; heartbeat {} every {}",
+            h.display(),
+            human(bound.heartbeat_every)
+        ));
+    }
+    match c {
+        Captured::Pid(p) => {
+            let who = match (&p.comm, p.start_time) {
+                (Some(comm), Some(st)) => {
+                    let at = p
+                        .started_at_ms
+                        .map(|ms| format!("started {}, ", utc(ms)))
+                        .unwrap_or_default();
+                    format!("{comm}, {at}start time {st}")
+                }
+                (None, Some(st)) => format!("start time {st}"),
+                _ => "unknown".to_string(),
+            };
+            match p.gone {
+                Some(Gone::NoProcess) => {
+                    format!("pid {} was already gone when armed; firing at once", p.pid)
+                }
+                Some(Gone::Exited) => format!(
+                    "pid {} ({who}) had already exited when armed; firing at once",
+                    p.pid
+                ),
+                Some(Gone::Reused { now }) => format!(
+                    "pid {} now belongs to another process (start time {now}, not {}): the one meant is gone; firing at once",
+                    p.pid,
+                    p.start_time.unwrap_or_default()
+                ),
+                None => {
+                    let how = match p.method {
+                        PidMethod::Pidfd => "",
+                        PidMethod::Poll => "; no pidfd here, polling every 0.5s",
+                    };
+                    format!("waiting for pid {} ({who}) to exit{how}; {tail}", p.pid)
+                }
+            }
+        }
+        Captured::File(f) => {
+            let now = if f.now.exists {
+                format!(
+                    "{} bytes, modified {}",
+                    f.now.size,
+                    utc((f.now.mtime_ns / 1_000_000).max(0) as u64)
+                )
+            } else {
+                "does not exist yet".to_string()
+            };
+            let cursor = store
+                .map(|s| match s.loaded {
+                    Some(_) => format!("; cursor {}", s.file.display()),
+                    None => format!("; new cursor {}", s.file.display()),
+                })
+                .unwrap_or_default();
+            match f.since {
+                Some(since) if f.now.changed_since(&since) => format!(
+                    "{} changed since the cursor ({now}); firing at once",
+                    f.path.display()
+                ),
+                _ => format!(
+                    "waiting for a write to {} ({now}{cursor}); {tail}",
+                    f.path.display()
+                ),
+            }
+        }
+        Captured::Flock(l) => {
+            if l.free {
+                format!("the lock on {} is free; firing at once", l.path.display())
+            } else {
+                let how = if l.hinted {
+                    ""
+                } else {
+                    "; closes not watched, probing every second at most"
+                };
+                format!(
+                    "waiting for the lock on {} to be free (held now){how}; {tail}",
+                    l.path.display()
+                )
+            }
+        }
+    }
+}
+
+/// The `--cursor FILE` of a file wait.
+struct CursorStore {
+    file: PathBuf,
+    path: PathBuf,
+    loaded: Option<FileCursor>,
+}
+
+impl CursorStore {
+    /// Reads the cursor file if it exists; one kept for another path is refused.
+    fn open(file: &Path, path: &Path) -> anyhow::Result<CursorStore> {
+        let file = absolute(file)?;
+        let loaded = match fs::read(&file) {
+            Ok(bytes) => {
+                let c: CursorFile = serde_json::from_slice(&bytes).with_context(|| {
+                    format!(
+                        "{} is not a cursor file of cortex wait file (remove it to start afresh)",
+                        file.display()
+                    )
+                })?;
+                anyhow::ensure!(
+                    c.path == path,
+                    "{} holds the cursor of {}, not of {}; give each file its own cursor file",
+                    file.display(),
+                    c.path.display(),
+                    path.display()
+                );
+                Some(c.cursor)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(anyhow::Error::new(e)
+                    .context(format!("cannot read the cursor file {}", file.display())));
+            }
+        };
+        Ok(CursorStore {
+            file,
+            path: path.to_owned(),
+            loaded,
+        })
+    }
+
+    /// Replaces the cursor file atomically and durably: a temp file beside it, fsync,
+    /// rename, fsync of the directory.
+    fn save(&self, cursor: &FileCursor) -> anyhow::Result<()> {
+        let body = serde_json::to_vec(&CursorFile {
+            path: self.path.clone(),
+            cursor: *cursor,
+        })?;
+        let ctx = || format!("cannot write the cursor file {}", self.file.display());
+        let dir = self.file.parent().unwrap_or(Path::new("/"));
+        let name = self
+            .file
+            .file_name()
+            .context("the cursor file names no file")?;
+        let tmp = dir.join(format!(
+            ".{}.{}.tmp",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        let write = || -> io::Result<()> {
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(&body)?;
+            f.write_all(b"\n")?;
+            f.sync_all()?;
+            fs::rename(&tmp, &self.file)?;
+            fs::File::open(dir)?.sync_all()
+        };
+        write().map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            anyhow::Error::new(e).context(ctx())
+        })
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM with the signal's name; never, if neither can be caught.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}
