@@ -7,4 +7,5 @@ mod mesh_hub;
 mod packaging;
 mod signal_cli;
 mod signal_route;
+mod torture;
 mod waitpoints;
