@@ -3,6 +3,7 @@
 
 mod cortex_cli;
 mod durability;
+mod local_waits;
 mod mesh_hub;
 mod packaging;
 mod signal_cli;
