@@ -35,7 +35,8 @@ struct Args {
     home: Option<PathBuf>,
 
     /// PEM file of CA certificates to trust besides the system's, for a hub whose certificate
-    /// a private CA signed (or the hub's self-signed certificate itself)
+    /// a private CA signed (or the hub's own self-signed certificate, if made with
+    /// basicConstraints CA:FALSE)
     #[arg(long, env = "CORTEX_CA_CERT", value_name = "PEM")]
     ca_cert: Option<PathBuf>,
 

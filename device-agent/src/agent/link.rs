@@ -414,14 +414,25 @@ impl Dialer {
             }
             other => {
                 let mut text = other.to_string();
-                if self.url.is_tls() && text.to_ascii_lowercase().contains("certificate") {
-                    text.push_str(
-                        "; if the hub's certificate comes from a private CA or is self-signed, pass it with --ca-cert",
-                    );
+                if self.url.is_tls() {
+                    text.push_str(tls_hint(&text));
                 }
                 ConnectError::Io(text)
             }
         }
+    }
+}
+
+/// Advice for the certificate errors people meet with a private hub.
+pub(crate) fn tls_hint(error: &str) -> &'static str {
+    if error.contains("CaUsedAsEndEntity") {
+        "; the hub's certificate is a CA certificate (what `openssl req -x509` makes by default): sign a server certificate with that CA for the hub, or make the self-signed one with -addext basicConstraints=critical,CA:FALSE (docs/install.md, TLS)"
+    } else if error.contains("UnknownIssuer") {
+        "; the hub's certificate comes from a CA this machine does not trust: pass that CA's certificate with --ca-cert (docs/install.md, TLS)"
+    } else if error.to_ascii_lowercase().contains("certificate") {
+        "; check the hub's certificate names the host in the URL, and pass its CA with --ca-cert if it is private (docs/install.md, TLS)"
+    } else {
+        ""
     }
 }
 

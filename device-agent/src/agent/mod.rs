@@ -200,8 +200,9 @@ impl Daemon {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let wants_spool = self.forward.wants_events();
+            // Unbiased: under a steady stream of acks the tick (which feeds the watchdog)
+            // and the spool must still get their turns.
             let ev = tokio::select! {
-                biased;
                 () = &mut shutdown => Event::Shutdown,
                 Some(msg) = self.link_rx.recv() => {
                     if !self.is_current(msg.generation) {

@@ -341,3 +341,13 @@ fn close_reasons_fit_a_close_frame() {
         short
     );
 }
+
+#[test]
+fn certificate_errors_say_what_to_do() {
+    assert!(link::tls_hint("invalid peer certificate: UnknownIssuer").contains("--ca-cert"));
+    assert!(
+        link::tls_hint("invalid peer certificate: Other(OtherError(CaUsedAsEndEntity))")
+            .contains("CA:FALSE")
+    );
+    assert_eq!(link::tls_hint("Connection refused (os error 111)"), "");
+}
