@@ -139,6 +139,8 @@ impl Hub {
                 panic!("cortex-hub exited with {st} at start:\n{}", self.log());
             }
             let log = std::fs::read_to_string(self.log_path()).ok()?;
+            // Only whole lines: the hub may be writing this one right now.
+            let log = &log[..log.rfind('\n')? + 1];
             let line = log
                 .lines()
                 .filter(|l| l.starts_with("cortex-hub listening on http://"))

@@ -102,11 +102,13 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         let mesh_text = mesh
             .as_ref()
             .map_or_else(|| "mesh off".to_string(), |m| format!("mesh {}", m.url));
-        // Tests and scripts read this line: keep its prefix and the mesh's place.
-        eprintln!(
-            "cortex-hub listening on http://{addr} (signal route /webhook/signal, API /api), {mesh_text}, home {}",
+        // Tests and scripts read this line: keep its prefix and the mesh's place. One
+        // write, so a reader never sees half of it (eprintln! writes piece by piece).
+        let line = format!(
+            "cortex-hub listening on http://{addr} (signal route /webhook/signal, API /api), {mesh_text}, home {}\n",
             home.display()
         );
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         let config = cortex_hub::server::Config { home, settings, token };
         cortex_hub::server::run_with_mesh(config, listener, mesh, shutdown_signal()).await
     })

@@ -171,7 +171,7 @@ fn enrol_connect_and_a_file_wakes_a_session_once() {
         })
         .collect();
     assert_eq!(kinds, ["device-added:gpu1", "device-online:gpu1"]);
-    let (st, v) = hub.api(Method::Get, "/api/events?after=2&wait=30", None);
+    let (st, v) = hub.api(Method::Get, "/api/events?after=2&wait=1", None);
     assert_eq!(st, 200);
     assert!(v["events"].as_array().unwrap().is_empty(), "{v}");
 }
@@ -670,4 +670,28 @@ fn cortex_devices_and_device_add_revoke() {
     assert_eq!(code, 1);
     assert!(err.contains("no device"), "{err}");
     let _ = bin("cortex");
+}
+
+#[test]
+fn a_connection_cut_without_a_close_reads_as_lost() {
+    use futures_util::{SinkExt, StreamExt};
+    let hub = Hub::start();
+    let token = add_device(&hub, "cut");
+    let rt = rt();
+    rt.block_on(async {
+        let mut ws = sim::open(&Options::new(&hub.mesh_url, "cut", &token))
+            .await
+            .expect("upgrade");
+        let hello = cortex_protocol::mesh::Frame::encode(&AgentFrame::Hello(sim::hello("cut")))
+            .expect("encode");
+        ws.send(Message::Binary(hello.into())).await.expect("hello");
+        let welcome = ws.next().await.expect("a frame").expect("welcome");
+        assert!(matches!(welcome, Message::Binary(_)));
+        // Dropped without a close frame: the TCP connection just ends.
+    });
+    let d = wait_until(T, "the cut device to be offline", || {
+        device(&hub, "cut").filter(|d| d["state"] == "offline")
+    });
+    let r = d["offline_reason"].as_str().unwrap_or_default();
+    assert!(r.starts_with("connection lost"), "{r}");
 }

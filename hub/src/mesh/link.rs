@@ -34,6 +34,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::handshake::server::{
     Callback, ErrorResponse, Request, Response,
 };
@@ -378,6 +379,10 @@ fn ws_error(e: WsError) -> End {
         WsError::Capacity(c) => End::Protocol(format!(
             "message over the {MAX_MESSAGE_BYTES}-byte cap ({c})"
         )),
+        // A TCP connection cut without a close frame is a lost link, not a bad agent.
+        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => {
+            End::Lost("the connection ended without a close".into())
+        }
         WsError::Protocol(p) => End::Protocol(p.to_string()),
         WsError::ConnectionClosed | WsError::AlreadyClosed => End::ClosedByAgent,
         e => End::Lost(e.to_string()),
