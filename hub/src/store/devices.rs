@@ -147,7 +147,9 @@ impl Tx<'_> {
         let Some(mut rec) = self.get_device(name)? else {
             return Ok(false);
         };
-        if let Some(reason) = replaced {
+        // Only if the record still says online: an old link that already recorded its own
+        // end must not be reported offline twice.
+        if let Some(reason) = replaced.filter(|_| rec.link.is_some()) {
             self.append_hub_event(
                 HubEventBody::DeviceOffline {
                     device: name.to_string(),
@@ -177,7 +179,9 @@ impl Tx<'_> {
     }
 
     /// A link ended. The record changes only if this link is still the one it names (a
-    /// newer link's online state is never overwritten); the event is always appended.
+    /// newer link's online state is never overwritten), and then the event is appended;
+    /// for a link a newer one superseded, nothing is (the newer one recorded that end).
+    /// A revoked device has no record left: only the event.
     pub fn device_offline(
         &mut self,
         name: &str,
@@ -187,9 +191,10 @@ impl Tx<'_> {
         spool: SpoolCounts,
         now: u64,
     ) -> Result<(), StoreError> {
-        if let Some(mut rec) = self.get_device(name)?
-            && rec.link == Some(link)
-        {
+        if let Some(mut rec) = self.get_device(name)? {
+            if rec.link.is_some_and(|l| l != link) {
+                return Ok(());
+            }
             rec.link = None;
             rec.last_seen = Some(last_seen.max(rec.last_seen.unwrap_or(0)));
             rec.spool = spool;

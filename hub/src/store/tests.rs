@@ -496,10 +496,22 @@ async fn an_old_link_never_overwrites_a_newer_one() {
             "device-online",
             "device-offline",
             "device-online",
-            "device-offline",
             "device-offline"
-        ]
+        ],
+        "the superseded link's late end adds no event"
     );
+    // A link that ended on its own before its successor registered is not reported
+    // offline a second time by the successor.
+    let up = online(3);
+    store
+        .exec(move |t| t.device_online("d", &up, Some("replaced by a new connection"), T0 + 12))
+        .await
+        .expect("on");
+    assert_eq!(
+        hub_kinds(&store).last().map(String::as_str),
+        Some("device-online")
+    );
+    assert_eq!(hub_kinds(&store).len(), 6);
 }
 
 #[tokio::test]
