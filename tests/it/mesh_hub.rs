@@ -642,6 +642,10 @@ fn cortex_devices_and_device_add_revoke() {
         "{out}"
     );
     assert!(out.contains("--token-file ~/.cortex/device-token"), "{out}");
+    assert!(
+        out.contains("loopback only"),
+        "a loopback mesh is pointed out: {out}"
+    );
     let (code, _, err) = run("cortex", &["device", "add", "lab1"], &env);
     assert_eq!(code, 1);
     assert!(err.contains("revoke it first"), "{err}");

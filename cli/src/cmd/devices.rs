@@ -88,7 +88,19 @@ pub fn add(hub: &Hub, name: &str, json: bool, out: &mut dyn Write) -> anyhow::Re
             .install
             .replace(" --token-file ~/.cortex/device-token", ""),
     )?;
+    if loopback_hub(&d.install) {
+        writeln!(
+            out,
+            "\nThe hub's mesh listens on loopback only, which another machine cannot reach: start the hub\n\
+             with --mesh-listen 0.0.0.0:3002 --tls-cert PEM --tls-key PEM and use its host name in --hub."
+        )?;
+    }
     Ok(())
+}
+
+/// Whether the install line's `--hub` points at a loopback address.
+fn loopback_hub(install: &str) -> bool {
+    install.contains("://127.") || install.contains("://[::1]") || install.contains("://localhost")
 }
 
 pub fn revoke(hub: &Hub, name: &str, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
