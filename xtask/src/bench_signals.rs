@@ -33,7 +33,7 @@ const FDATASYNC_FOR: Duration = Duration::from_secs(2);
 /// How long webhook may keep running its `/bin/true` backlog before the bench moves on.
 const IDLE_BOUND: Duration = Duration::from_secs(60);
 /// Above this many CPUs used by others during a run, the report warns.
-const NOISY_CPUS: f64 = 0.1;
+const NOISY_CPUS: f64 = cpu::QUIET_CPUS;
 
 struct Options {
     seconds: u64,
@@ -60,7 +60,7 @@ fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
         runs: 200,
         monitors: 200,
         threads: 2,
-        quiet_wait: 120,
+        quiet_wait: 60,
         build: true,
     };
     let mut it = args.iter();
@@ -79,7 +79,7 @@ fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
             "--quiet-wait" => o.quiet_wait = number(flag, value(flag)?)?,
             "--no-build" => o.build = false,
             _ => bail!(
-                "unknown flag {flag:?}; flags: --duration SECS (10) --warmup SECS (1) --runs N (200) --monitors N (200) --threads N (2) --quiet-wait SECS (120) --no-build"
+                "unknown flag {flag:?}; flags: --duration SECS (10) --warmup SECS (1) --runs N (200) --monitors N (200) --threads N (2) --quiet-wait SECS (60) --no-build"
             ),
         }
     }

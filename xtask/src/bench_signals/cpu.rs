@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 const TICKS_PER_S: f64 = 100.0;
+/// Below this many CPUs busy, the machine counts as quiet (a desktop's idle hum fits).
+pub const QUIET_CPUS: f64 = 0.2;
 
 /// One reading of the counters.
 #[derive(Debug, Clone, Copy)]
@@ -42,16 +44,16 @@ pub fn snap(server_pid: Option<u32>) -> anyhow::Result<Snap> {
     })
 }
 
-/// Waits until the whole machine stays idle (under 0.05 CPU busy) for a second, while the
-/// bench itself does nothing; returns how long it waited, or `None` if it gave up after
-/// `bound`.
+/// Waits until the whole machine stays nearly idle (under [`QUIET_CPUS`] busy) for a
+/// second, while the bench itself does nothing; returns how long it waited, or `None` if it
+/// gave up after `bound`.
 pub fn wait_quiet(bound: Duration) -> anyhow::Result<Option<Duration>> {
     let start = Instant::now();
     loop {
         let (a, _) = machine_ticks()?;
         std::thread::sleep(Duration::from_secs(1));
         let (b, _) = machine_ticks()?;
-        if (b.saturating_sub(a) as f64) / TICKS_PER_S < 0.05 {
+        if (b.saturating_sub(a) as f64) / TICKS_PER_S < QUIET_CPUS {
             return Ok(Some(start.elapsed().saturating_sub(Duration::from_secs(1))));
         }
         if start.elapsed() >= bound {
