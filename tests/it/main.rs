@@ -4,6 +4,7 @@
 mod cortex_cli;
 mod durability;
 mod local_waits;
+mod mesh_e2e;
 mod mesh_hub;
 mod packaging;
 mod signal_cli;

@@ -1,0 +1,350 @@
+//! The real `cortex-device-agent` against the real `cortex-hub`: seed 000's file-drop line on
+//! a device wakes a session; 20,000 files are each recorded once and deleted; a SIGKILL of
+//! the agent in the middle of a burst loses nothing and counts nothing twice; a frozen hub
+//! (SIGSTOP) is noticed within two ping intervals and the files written meanwhile go once
+//! it thaws; a revoked device is told why.
+
+// Fields of JSON the hub just answered with; a panic is the test failing.
+#![allow(clippy::unwrap_used)]
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use cortex_cli::http::Method;
+use cortex_tests::{Hub, bin, wait_until};
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(20);
+
+/// A running `cortex-device-agent` with its own home, logging to a file.
+struct Agent {
+    home: PathBuf,
+    _tmp: tempfile::TempDir,
+    child: Option<Child>,
+    name: String,
+    mesh_url: String,
+    token_file: PathBuf,
+    starts: usize,
+}
+
+impl Agent {
+    fn start(hub: &Hub, name: &str, token: &str) -> Agent {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let home = tmp.path().join("home");
+        let token_file = tmp.path().join("device-token");
+        std::fs::write(&token_file, format!("{token}\n")).expect("token file");
+        let mut a = Agent {
+            home,
+            _tmp: tmp,
+            child: None,
+            name: name.to_string(),
+            mesh_url: hub.mesh_url.clone(),
+            token_file,
+            starts: 0,
+        };
+        a.spawn();
+        a
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.home.parent().expect("tmp").join("agent.log")
+    }
+
+    fn spawn(&mut self) {
+        assert!(self.child.is_none());
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("log");
+        let child = Command::new(bin("cortex-device-agent"))
+            .args(["--hub", &self.mesh_url, "--name", &self.name])
+            .arg("--token-file")
+            .arg(&self.token_file)
+            .arg("--home")
+            .arg(&self.home)
+            .env_remove("CORTEX_DEVICE_TOKEN")
+            .env_remove("CREDENTIALS_DIRECTORY")
+            .env_remove("NOTIFY_SOCKET")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn cortex-device-agent");
+        self.child = Some(child);
+        self.starts += 1;
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn spool(&self) -> PathBuf {
+        self.home.join("tmp/signals")
+    }
+
+    fn pending(&self) -> usize {
+        std::fs::read_dir(self.spool())
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    fn pid(&self) -> rustix::process::Pid {
+        let c = self.child.as_ref().expect("running");
+        rustix::process::Pid::from_raw(c.id() as i32).expect("pid")
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn stop(&mut self) -> ExitStatus {
+        let pid = self.pid();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+        let mut c = self.child.take().expect("running");
+        wait_until(T, "the agent to exit after SIGTERM", || {
+            c.try_wait().ok().flatten()
+        })
+    }
+
+    /// Peak resident memory in KiB, from /proc.
+    fn peak_rss_kib(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid().as_raw_nonzero()))
+                .expect("status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn add_device(hub: &Hub, name: &str) -> String {
+    let (st, v) = hub.api(Method::Post, "/api/devices", Some(&json!({"name": name})));
+    assert_eq!(st, 201, "{v}");
+    v["token"].as_str().expect("token").to_string()
+}
+
+fn device(hub: &Hub, name: &str) -> Value {
+    let (st, v) = hub.api(Method::Get, "/api/devices", None);
+    assert_eq!(st, 200, "{v}");
+    v.as_array()
+        .and_then(|a| a.iter().find(|d| d["name"] == name).cloned())
+        .expect("listed")
+}
+
+fn wait_online(hub: &Hub, agent: &Agent) -> Value {
+    wait_until(T, "the device online", || {
+        let d = device(hub, &agent.name);
+        (d["state"] == "online").then_some(d)
+    })
+}
+
+/// A spool file as the seed's shell line writes it: a `.tmp`, then a rename.
+fn drop_file(dir: &Path, name: &str, body: &str) {
+    let tmp = dir.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, body).expect("write");
+    std::fs::rename(&tmp, dir.join(format!("{name}.json"))).expect("rename");
+}
+
+fn progress_body(wp: &Value, n: usize) -> String {
+    json!({"id": wp["id"], "secret": wp["secret"], "status": "progress", "message": format!("step {n}")})
+        .to_string()
+}
+
+fn signal_count(hub: &Hub, wp: &Value) -> u64 {
+    hub.get_waitpoint(wp["id"].as_str().unwrap())["signal_count"]
+        .as_u64()
+        .expect("signal_count")
+}
+
+#[test]
+fn the_seed_file_drop_line_on_a_device_wakes_a_session() {
+    let hub = Hub::start();
+    let token = add_device(&hub, "gpu1");
+    let mut agent = Agent::start(&hub, "gpu1", &token);
+    let d = wait_online(&hub, &agent);
+    assert_eq!(d["agent_version"], env!("CARGO_PKG_VERSION"), "{d}");
+    assert!(
+        !d["host"]["hostname"].as_str().unwrap_or("").is_empty(),
+        "{d}"
+    );
+    assert!(d["host"]["cpus"].as_u64().unwrap_or(0) >= 1, "{d}");
+
+    let sid = hub.session();
+    let wp = hub.waitpoint(
+        &sid,
+        json!({"label": "nightly training", "intent": "compare the loss curve", "device": "gpu1"}),
+    );
+    assert_eq!(wp["how_to_signal"]["recommended"], "shell");
+    let shell = wp["how_to_signal"]["shell"].as_str().unwrap();
+    // The job fails with 3; the line appended to it reports that.
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(format!("(exit 3); {shell}"))
+        .env("CORTEX_HOME", &agent.home)
+        .status()
+        .expect("sh");
+    assert!(st.success());
+
+    let wake = hub.wait_wake(&sid, wp["id"].as_str().unwrap(), 1, T);
+    assert_eq!(wake["reason"], "failed", "{wake}");
+    assert_eq!(wake["signals"][0]["message"], "exit=3", "{wake}");
+    assert_eq!(wake["signals"][0]["source"], "device:gpu1", "{wake}");
+    wait_until(T, "the file deleted once recorded", || {
+        (agent.pending() == 0).then_some(())
+    });
+
+    // A file for the now-resolved waitpoint is not an error: deleted, not parked.
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(format!("true; {shell}"))
+        .env("CORTEX_HOME", &agent.home)
+        .status()
+        .expect("sh");
+    assert!(st.success());
+    wait_until(T, "the late file deleted", || {
+        (agent.pending() == 0).then_some(())
+    });
+    assert!(!agent.spool().join("bad").read_dir().unwrap().any(|_| true));
+
+    // SIGTERM: a clean exit, and the hub hears the agent close.
+    assert!(agent.stop().success(), "{}", agent.log());
+    let d = wait_until(T, "the device offline", || {
+        let d = device(&hub, "gpu1");
+        (d["state"] == "offline").then_some(d)
+    });
+    assert_eq!(d["offline_reason"], "closed by the agent", "{d}");
+    assert!(!agent.log().contains(&token), "the token is never logged");
+    assert!(!hub.log().contains(&token), "the token is never logged");
+}
+
+#[test]
+fn twenty_thousand_files_are_each_recorded_once_and_deleted() {
+    const N: usize = 20_000;
+    let hub = Hub::start();
+    let token = add_device(&hub, "burst");
+    let sid = hub.session();
+    let wp = hub.waitpoint(&sid, json!({"label": "m", "intent": "i", "max_signals": 5}));
+    let agent = Agent::start(&hub, "burst", &token);
+    wait_online(&hub, &agent);
+    let spool = agent.spool();
+    let start = Instant::now();
+    for i in 0..N {
+        drop_file(&spool, &format!("{i:06}"), &progress_body(&wp, i));
+    }
+    wait_until(Duration::from_secs(300), "every file recorded", || {
+        (signal_count(&hub, &wp) >= N as u64).then_some(())
+    });
+    let took = start.elapsed();
+    wait_until(T, "the spool empty", || {
+        (agent.pending() == 0).then_some(())
+    });
+    assert_eq!(signal_count(&hub, &wp), N as u64, "each file counted once");
+    let bad = std::fs::read_dir(spool.join("bad")).unwrap().count();
+    assert_eq!(bad, 0, "nothing parked:\n{}", agent.log());
+    // The backlog stays on disk: the agent's memory does not grow with it.
+    let rss = agent.peak_rss_kib();
+    assert!(rss < 64 * 1024, "peak RSS {rss} KiB");
+    eprintln!("{N} files through the agent in {took:?}, agent peak RSS {rss} KiB");
+}
+
+#[test]
+fn a_sigkill_in_a_burst_loses_nothing_and_counts_nothing_twice() {
+    const N: usize = 10_000;
+    let hub = Hub::start();
+    let token = add_device(&hub, "crashy");
+    let sid = hub.session();
+    let wp = hub.waitpoint(&sid, json!({"label": "m", "intent": "i", "max_signals": 5}));
+    let mut agent = Agent::start(&hub, "crashy", &token);
+    wait_online(&hub, &agent);
+    let spool = agent.spool();
+    for i in 0..N {
+        drop_file(&spool, &format!("{i:06}"), &progress_body(&wp, i));
+    }
+    // Kill it once some, not all, are through: some files were sent and not yet deleted.
+    wait_until(T, "part of the burst recorded", || {
+        (signal_count(&hub, &wp) >= 200).then_some(())
+    });
+    agent.kill();
+    let at_kill = signal_count(&hub, &wp);
+    assert!(at_kill < N as u64, "the burst was over before the kill");
+    assert!(agent.pending() > 0);
+
+    agent.spawn();
+    wait_until(
+        Duration::from_secs(120),
+        "the spool drained after the restart",
+        || (agent.pending() == 0).then_some(()),
+    );
+    assert_eq!(signal_count(&hub, &wp), N as u64, "each file counted once");
+    assert_eq!(std::fs::read_dir(spool.join("bad")).unwrap().count(), 0);
+}
+
+#[test]
+fn a_frozen_hub_is_noticed_within_two_ping_intervals_and_files_wait_for_it() {
+    let hub = Hub::start_with(&[("CORTEX_MESH_PING_MS", "500")]);
+    let token = add_device(&hub, "watcher");
+    let sid = hub.session();
+    let wp = hub.waitpoint(&sid, json!({"label": "m", "intent": "i", "max_signals": 5}));
+    let agent = Agent::start(&hub, "watcher", &token);
+    wait_online(&hub, &agent);
+    wait_until(T, "the agent connected", || {
+        agent.log().contains("connected to the hub").then_some(())
+    });
+
+    let pid = rustix::process::Pid::from_raw(hub.pid().expect("pid") as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP");
+    let stopped = Instant::now();
+    let noticed = wait_until(Duration::from_secs(10), "the agent noticing", || {
+        agent
+            .log()
+            .contains("two ping intervals")
+            .then(|| stopped.elapsed())
+    });
+    drop_file(&agent.spool(), "while-frozen", &progress_body(&wp, 1));
+    rustix::process::kill_process(pid, rustix::process::Signal::CONT).expect("SIGCONT");
+    // Nothing for 2 × 500 ms; the last message came at most one interval before the stop.
+    assert!(
+        noticed >= Duration::from_millis(400) && noticed < Duration::from_millis(2_500),
+        "noticed after {noticed:?}"
+    );
+
+    wait_until(
+        Duration::from_secs(60),
+        "the file recorded after the thaw",
+        || (signal_count(&hub, &wp) == 1 && agent.pending() == 0).then_some(()),
+    );
+}
+
+#[test]
+fn a_revoked_device_is_told_why() {
+    let hub = Hub::start();
+    let token = add_device(&hub, "old");
+    let agent = Agent::start(&hub, "old", &token);
+    wait_online(&hub, &agent);
+    let (st, v) = hub.api(Method::Delete, "/api/devices/old", None);
+    assert_eq!(st, 200, "{v}");
+    wait_until(T, "the agent's log naming the revocation", || {
+        agent.log().contains("revoked").then_some(())
+    });
+    let (st, _) = hub.api(Method::Get, "/api/devices", None);
+    assert_eq!(st, 200);
+}
