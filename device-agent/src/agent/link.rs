@@ -142,7 +142,7 @@ pub enum ConnectError {
     Timeout(Duration),
 
     #[error(
-        "the hub refused this device's token (HTTP {status}{}): re-enrol with `cortex device add NAME` on the hub and install the new token (docs/install.md)",
+        "the hub refused this device's token (HTTP {status}{}): on the hub, `cortex device add NAME` if it was revoked, or `cortex device revoke NAME` and then `add` if the token is wrong, and install the new token (docs/install.md)",
         reason_suffix(.reason)
     )]
     Unauthorized {
@@ -186,10 +186,16 @@ impl ConnectError {
     /// Only an operator can fix this (a revoked or wrong token, mismatched versions):
     /// retry near the backoff's cap, never in a tight loop.
     pub fn needs_operator(&self) -> bool {
-        matches!(
-            self,
-            ConnectError::Unauthorized { .. } | ConnectError::Version { .. }
-        )
+        match self {
+            ConnectError::Unauthorized { .. } | ConnectError::Version { .. } => true,
+            // A hello the hub refuses (another protocol version, a name it does not match)
+            // is refused again until someone upgrades or reconfigures.
+            ConnectError::Closed(info) => info
+                .reason
+                .as_ref()
+                .is_some_and(|r| r.code == "protocol_error"),
+            _ => false,
+        }
     }
 
     /// The earliest the hub asked to be called again.
@@ -247,11 +253,12 @@ impl Down {
 
     /// The close frame this agent sends for it (the hub logs it as the offline reason).
     fn close_reason(&self) -> CloseReason {
+        // The hub's close codes where one fits (docs/protocol.md), so both ends read alike.
         let code = match self {
-            Down::Silent(_) => "ping-timeout",
-            Down::BadFrame(_) => "bad-frame",
-            Down::AckTimeout(_) => "ack-timeout",
-            Down::Closed(_) | Down::Eof | Down::Read(_) | Down::Write(_) => "link-error",
+            Down::Silent(_) => "ping_timeout",
+            Down::BadFrame(_) => "protocol_error",
+            Down::AckTimeout(_) => "ack_timeout",
+            Down::Closed(_) | Down::Eof | Down::Read(_) | Down::Write(_) => "link_error",
         };
         CloseReason {
             code: code.into(),

@@ -441,7 +441,7 @@ impl Daemon {
         let old = std::mem::replace(&mut self.link, LinkState::Waiting { at: Instant::now() });
         if let LinkState::Up { link, .. } = old {
             link.close(CloseReason {
-                code: "shutdown".into(),
+                code: "shutting_down".into(),
                 message: "the device agent is stopping".into(),
                 retry_after_ms: None,
             })

@@ -322,17 +322,17 @@ fn the_watchdog_is_ours_only_for_our_pid() {
 fn close_reasons_fit_a_close_frame() {
     use cortex_protocol::mesh::CloseReason;
     let long = CloseReason {
-        code: "ping-timeout".into(),
+        code: "ping_timeout".into(),
         message: "é\"".repeat(200),
         retry_after_ms: Some(5000),
     };
     let text = link::close_text(&long);
     assert!(text.len() <= 123, "{} bytes", text.len());
     let back: CloseReason = serde_json::from_str(&text).unwrap();
-    assert_eq!(back.code, "ping-timeout");
+    assert_eq!(back.code, "ping_timeout");
     assert_eq!(back.retry_after_ms, Some(5000));
     let short = CloseReason {
-        code: "shutdown".into(),
+        code: "shutting_down".into(),
         message: "bye".into(),
         retry_after_ms: None,
     };
@@ -350,4 +350,44 @@ fn certificate_errors_say_what_to_do() {
             .contains("CA:FALSE")
     );
     assert_eq!(link::tls_hint("Connection refused (os error 111)"), "");
+}
+
+#[test]
+fn only_what_an_operator_must_fix_is_retried_near_the_cap() {
+    use cortex_protocol::mesh::CloseReason;
+    use link::{CloseInfo, ConnectError};
+    let closed = |code: &str, retry: Option<u64>| {
+        ConnectError::Closed(CloseInfo {
+            code: 1008,
+            reason: Some(CloseReason {
+                code: code.into(),
+                message: "m".into(),
+                retry_after_ms: retry,
+            }),
+            text: String::new(),
+        })
+    };
+    let unauthorized = ConnectError::Unauthorized {
+        status: 403,
+        reason: None,
+    };
+    assert!(unauthorized.needs_operator());
+    assert!(unauthorized.to_string().contains("cortex device add NAME"));
+    assert!(ConnectError::Version { hub: 2, ours: 1 }.needs_operator());
+    assert!(closed("protocol_error", None).needs_operator());
+    assert!(!closed("replaced", Some(30_000)).needs_operator());
+    assert_eq!(
+        closed("replaced", Some(30_000)).retry_after(),
+        Some(Duration::from_secs(30))
+    );
+    assert!(!ConnectError::Timeout(Duration::from_secs(10)).needs_operator());
+    assert_eq!(
+        ConnectError::Http {
+            status: 503,
+            reason: None,
+            retry_after: Some(Duration::from_secs(7)),
+        }
+        .retry_after(),
+        Some(Duration::from_secs(7))
+    );
 }

@@ -155,7 +155,7 @@ async fn files_are_forwarded_and_deleted_only_once_acknowledged() {
     // Stopping closes the link with a reason; the unacknowledged file stays.
     let stop = tokio::spawn(agent.stop());
     let reason = conn.close_reason().await.expect("a close reason");
-    assert_eq!(reason.code, "shutdown");
+    assert_eq!(reason.code, "shutting_down");
     stop.await.expect("stop");
     assert!(spool.join(&names[2]).exists());
 }
