@@ -59,7 +59,7 @@ fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
         warmup_seconds: 1,
         runs: 200,
         monitors: 200,
-        threads: 2,
+        threads: 1,
         quiet_wait: 60,
         build: true,
     };
@@ -79,7 +79,7 @@ fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
             "--quiet-wait" => o.quiet_wait = number(flag, value(flag)?)?,
             "--no-build" => o.build = false,
             _ => bail!(
-                "unknown flag {flag:?}; flags: --duration SECS (10) --warmup SECS (1) --runs N (200) --monitors N (200) --threads N (2) --quiet-wait SECS (60) --no-build"
+                "unknown flag {flag:?}; flags: --duration SECS (10) --warmup SECS (1) --runs N (200) --monitors N (200) --threads N (1) --quiet-wait SECS (60) --no-build"
             ),
         }
     }
