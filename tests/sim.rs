@@ -105,6 +105,7 @@ pub fn hello(name: &str) -> Hello {
         },
         capabilities: vec!["spool".into()],
         spool: SpoolCounts::default(),
+        waits: Vec::new(),
     }
 }
 
@@ -228,6 +229,7 @@ impl SimDevice {
                             ping_interval_ms,
                             window,
                             max_message_bytes,
+                            ..
                         }) => {
                             return Ok(Welcome {
                                 version,

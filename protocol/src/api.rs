@@ -312,8 +312,8 @@ pub struct DeviceCreated {
     pub install: String,
 }
 
-/// One device in `GET /api/devices` (and `cortex devices`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One device in `GET /api/devices` (and `cortex devices`), or `GET /api/devices/{name}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceView {
     pub name: String,
     /// `online` or `offline`.
@@ -324,11 +324,77 @@ pub struct DeviceView {
     pub agent_version: Option<String>,
     pub host: Option<crate::mesh::HostFacts>,
     pub spool: crate::mesh::SpoolCounts,
-    /// Waits armed on the device.
+    /// Remote waits on the device that have not ended: armed there, or waiting to be sent
+    /// (the device is offline, or has not answered yet).
     pub waits: u32,
     /// Why it last went offline (`ping timed out`, `revoked`, `closed by the agent`…).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offline_reason: Option<String>,
+    /// Those waits one by one, in `GET /api/devices/{name}` only (the list leaves it out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_list: Option<Vec<DeviceWaitView>>,
+}
+
+/// `POST /api/devices/{name}/waits`: a remote wait (seed 004) on that device, answered
+/// with a waitpoint bound to it that the device's agent signals.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateDeviceWait {
+    /// `pid`, `file` or `flock`.
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    /// With `pid`: its start time (field 22 of `/proc/PID/stat`), so another process that
+    /// got the same pid is never waited on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<u64>,
+    /// With `file` and `flock`: an absolute path on the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The bound, in seconds (fractions allowed) [default: the waitpoint lifetime, 7 days].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    /// The session the wake goes to; without it a session is created for this wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent: Option<String>,
+}
+
+/// One remote wait, as the devices API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceWaitView {
+    /// The waitpoint's id, which is also the wait's identity on the device.
+    pub id: String,
+    pub device: String,
+    /// `pid`, `file` or `flock`.
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// `pending` (not yet armed on the device: offline, or no answer yet), `armed`, or how
+    /// it ended: `fired`, `timed_out`, `broke`, `cancelled`.
+    pub state: String,
+    pub created_at: u64,
+    /// When the bound passes (ms since the epoch, the hub's clock).
+    pub deadline: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub armed_at: Option<u64>,
+    /// What the agent found when it armed the wait (a pid's command and start time, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captured: Option<serde_json::Value>,
+}
+
+/// Answer to `POST /api/devices/{name}/waits`: the waitpoint (as its creation answers,
+/// secret included this once) and the wait.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceWaitCreated {
+    #[serde(flatten)]
+    pub waitpoint: WaitpointCreated,
+    pub wait: DeviceWaitView,
 }
 
 /// An event of the hub itself (`GET /api/events`): devices going online and offline.

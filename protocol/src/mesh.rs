@@ -20,6 +20,18 @@ pub const MAX_MESSAGE_BYTES: usize = 128 * 1024;
 pub const DEFAULT_PING_MS: u64 = 20_000;
 /// Spool files a device may have in flight without an ack.
 pub const DEFAULT_WINDOW: u32 = 64;
+/// Remote waits one device may hold at once. Bounds the hello, which lists them: 4,096
+/// waitpoint ids fit well inside [`MAX_MESSAGE_BYTES`].
+pub const MAX_WAITS_PER_DEVICE: usize = 4096;
+
+/// Capabilities an agent announces in its [`Hello`] for the remote waits it runs; the hub
+/// sends a [`HubFrame::WaitArm`] of a kind only to an agent that announced it.
+pub const CAP_WAIT_PID: &str = "wait-pid";
+pub const CAP_WAIT_FILE: &str = "wait-file";
+pub const CAP_WAIT_FLOCK: &str = "wait-flock";
+/// The hub's capability (in its welcome) to take [`AgentFrame::WaitArmed`] and
+/// [`AgentFrame::WaitDone`]; an agent sends neither to a hub without it.
+pub const HUB_CAP_WAITS: &str = "waits";
 
 /// What a host tells the hub about itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +57,10 @@ pub struct Hello {
     /// Spool counts at connect time.
     #[serde(default)]
     pub spool: SpoolCounts,
+    /// The remote waits this agent holds (waitpoint ids): armed, or ended with an outcome
+    /// the hub has not acknowledged yet. The hub reconciles against it after every connect.
+    #[serde(default)]
+    pub waits: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +83,133 @@ pub enum AgentFrame {
     Status {
         spool: SpoolCounts,
     },
+    /// The answer to [`HubFrame::WaitArm`]: the wait is armed (or was already).
+    WaitArmed {
+        wait_id: String,
+        /// What arming found, as a JSON object (a pid's command and start time, a file's
+        /// cursor, whether a lock was free).
+        captured: String,
+        /// The spec to re-arm with after a restart: the pid pinned to its start time, the
+        /// file to its arm-time cursor. The hub keeps it and sends it in later arms.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resume: Option<WaitSpec>,
+    },
+    /// A remote wait ended. Sent again on every link until the hub's [`HubFrame::WaitAck`].
+    WaitDone {
+        wait_id: String,
+        outcome: WaitEnd,
+        /// The wait's payload, a JSON object (`{}` when it did not fire).
+        payload: String,
+        /// One line for people: what happened (`pid 4242 (sleep) exited`).
+        message: String,
+    },
+}
+
+/// What a remote wait waits for: the wire form of the wait library's spec
+/// (`cortex_device_agent::wait::WaitSpec`, seed 004), converted at each edge.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WaitSpec {
+    /// The process `pid` exits; with `start_time` (field 22 of `/proc/PID/stat`), only the
+    /// process that started then.
+    Pid {
+        pid: i32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        start_time: Option<u64>,
+    },
+    /// The file at `path` (absolute, on the device) is written; with `cursor`, fires at
+    /// once if it changed since.
+    File {
+        path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cursor: Option<FileCursor>,
+    },
+    /// The `flock(2)` lock on the file at `path` (absolute, on the device) is free.
+    Flock { path: String },
+}
+
+impl WaitSpec {
+    /// `pid`, `file` or `flock`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WaitSpec::Pid { .. } => "pid",
+            WaitSpec::File { .. } => "file",
+            WaitSpec::Flock { .. } => "flock",
+        }
+    }
+
+    /// The capability an agent must announce to run this wait.
+    pub fn capability(&self) -> &'static str {
+        match self {
+            WaitSpec::Pid { .. } => CAP_WAIT_PID,
+            WaitSpec::File { .. } => CAP_WAIT_FILE,
+            WaitSpec::Flock { .. } => CAP_WAIT_FLOCK,
+        }
+    }
+
+    /// What is waited for, for people: `pid 4242`, `a write to /x`, `the lock on /x`.
+    pub fn describe(&self) -> String {
+        match self {
+            WaitSpec::Pid { pid, .. } => format!("pid {pid}"),
+            WaitSpec::File { path, .. } => format!("a write to {path}"),
+            WaitSpec::Flock { path } => format!("the lock on {path}"),
+        }
+    }
+}
+
+/// A file wait's position: what the file was when the wait was armed (seed 004's cursor).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileCursor {
+    pub exists: bool,
+    #[serde(default)]
+    pub dev: u64,
+    #[serde(default)]
+    pub ino: u64,
+    #[serde(default)]
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    #[serde(default)]
+    pub mtime_ns: i64,
+}
+
+/// How a remote wait ended: seed 004's exit codes 0, 1 and 2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitEnd {
+    /// The condition holds.
+    Fired,
+    /// The bound passed and nothing happened.
+    TimedOut,
+    /// The wait failed and can no longer tell (a path gone, an error, the device lost).
+    Broke,
+}
+
+impl WaitEnd {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitEnd::Fired => "fired",
+            WaitEnd::TimedOut => "timed_out",
+            WaitEnd::Broke => "broke",
+        }
+    }
+
+    /// Seed 004's exit status: 0, 1, 2.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            WaitEnd::Fired => 0,
+            WaitEnd::TimedOut => 1,
+            WaitEnd::Broke => 2,
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<WaitEnd> {
+        match s {
+            "fired" => Some(WaitEnd::Fired),
+            "timed_out" => Some(WaitEnd::TimedOut),
+            "broke" => Some(WaitEnd::Broke),
+            _ => None,
+        }
+    }
 }
 
 /// What the hub did with a spool file.
@@ -98,11 +241,30 @@ pub enum HubFrame {
         /// Spool files the agent may have unacknowledged at once.
         window: u32,
         max_message_bytes: u64,
+        /// What this hub takes beyond spool files: `waits` ([`HUB_CAP_WAITS`]).
+        #[serde(default)]
+        capabilities: Vec<String>,
     },
     /// The hub's answer for one spool file.
     Ack { name: String, outcome: FileOutcome },
     /// List the spool again (the sweep's backstop to inotify).
     Rescan,
+    /// Arm a remote wait (only of a kind the agent announced). `wait_id` is the waitpoint's
+    /// id and the wait's identity on both sides: an agent that already holds it arms
+    /// nothing new and answers [`AgentFrame::WaitArmed`] again.
+    WaitArm {
+        wait_id: String,
+        spec: WaitSpec,
+        /// The bound left when the hub sent this, relative, so the two machines' clocks
+        /// need not agree; past it the agent reports `timed_out`.
+        timeout_ms: u64,
+        /// The same bound on the hub's clock (ms since the epoch), for logs.
+        deadline_ms: u64,
+    },
+    /// Drop the wait (its waitpoint ended, or was cancelled); no answer.
+    WaitCancel { wait_id: String },
+    /// The outcome of [`AgentFrame::WaitDone`] is recorded (or was already): forget it.
+    WaitAck { wait_id: String },
 }
 
 /// Why the hub refuses or ends a link; sent as the WebSocket close reason, and for a
@@ -182,6 +344,7 @@ mod tests {
                 },
                 capabilities: vec!["spool".into()],
                 spool: SpoolCounts { pending: 3, bad: 1 },
+                waits: vec!["wp_1".into()],
             }),
             AgentFrame::File {
                 name: "1-2-3.json".into(),
@@ -189,6 +352,20 @@ mod tests {
             },
             AgentFrame::Status {
                 spool: SpoolCounts::default(),
+            },
+            AgentFrame::WaitArmed {
+                wait_id: "wp_1".into(),
+                captured: "{}".into(),
+                resume: Some(WaitSpec::Pid {
+                    pid: 7,
+                    start_time: Some(99),
+                }),
+            },
+            AgentFrame::WaitDone {
+                wait_id: "wp_1".into(),
+                outcome: WaitEnd::TimedOut,
+                payload: "{}".into(),
+                message: "timed out".into(),
             },
         ];
         for f in frames {
@@ -203,6 +380,7 @@ mod tests {
                 ping_interval_ms: 20_000,
                 window: 64,
                 max_message_bytes: 1,
+                capabilities: vec![HUB_CAP_WAITS.into()],
             },
             HubFrame::Ack {
                 name: "a.json".into(),
@@ -213,6 +391,33 @@ mod tests {
                 outcome: FileOutcome::Accepted,
             },
             HubFrame::Rescan,
+            HubFrame::WaitArm {
+                wait_id: "wp_1".into(),
+                spec: WaitSpec::File {
+                    path: "/x".into(),
+                    cursor: Some(FileCursor {
+                        exists: true,
+                        dev: 1,
+                        ino: 2,
+                        size: 3,
+                        mtime_ns: -4,
+                    }),
+                },
+                timeout_ms: 1,
+                deadline_ms: 2,
+            },
+            HubFrame::WaitArm {
+                wait_id: "wp_2".into(),
+                spec: WaitSpec::Flock { path: "/l".into() },
+                timeout_ms: 1,
+                deadline_ms: 2,
+            },
+            HubFrame::WaitCancel {
+                wait_id: "wp_1".into(),
+            },
+            HubFrame::WaitAck {
+                wait_id: "wp_1".into(),
+            },
         ];
         for f in frames {
             assert_eq!(
@@ -220,6 +425,77 @@ mod tests {
                 f
             );
         }
+    }
+
+    /// A hello and a welcome of a build before remote waits still decode: the new fields
+    /// default to empty.
+    #[test]
+    fn older_hellos_and_welcomes_decode() {
+        #[derive(Serialize)]
+        #[serde(tag = "type", rename_all = "snake_case")]
+        enum Old {
+            Hello {
+                version: u32,
+                device: String,
+                agent_version: String,
+                host: HostFacts,
+            },
+            Welcome {
+                version: u32,
+                ping_interval_ms: u64,
+                window: u32,
+                max_message_bytes: u64,
+            },
+        }
+        let hello = rmp_serde::to_vec_named(&Old::Hello {
+            version: 1,
+            device: "d".into(),
+            agent_version: "0.0.9".into(),
+            host: HostFacts::default(),
+        })
+        .expect("encode");
+        match AgentFrame::decode(&hello).expect("decode") {
+            AgentFrame::Hello(h) => assert!(h.waits.is_empty() && h.capabilities.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        let welcome = rmp_serde::to_vec_named(&Old::Welcome {
+            version: 1,
+            ping_interval_ms: 1,
+            window: 1,
+            max_message_bytes: 1,
+        })
+        .expect("encode");
+        match HubFrame::decode(&welcome).expect("decode") {
+            HubFrame::Welcome { capabilities, .. } => assert!(capabilities.is_empty()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_full_hello_of_waits_fits_in_a_message() {
+        let hello = AgentFrame::Hello(Hello {
+            version: MESH_VERSION,
+            device: "d".repeat(64),
+            agent_version: "v".repeat(64),
+            host: HostFacts::default(),
+            capabilities: vec!["spool".into()],
+            spool: SpoolCounts::default(),
+            waits: (0..MAX_WAITS_PER_DEVICE)
+                .map(|i| format!("wp_{i:012x}"))
+                .collect(),
+        });
+        assert!(hello.encode().is_ok());
+    }
+
+    #[test]
+    fn wait_ends_parse_and_map_to_exit_codes() {
+        for e in [WaitEnd::Fired, WaitEnd::TimedOut, WaitEnd::Broke] {
+            assert_eq!(WaitEnd::parse(e.as_str()), Some(e));
+            let json = serde_json::to_string(&e).expect("ser");
+            assert_eq!(json, format!("\"{}\"", e.as_str()));
+        }
+        assert_eq!(WaitEnd::TimedOut.exit_code(), 1);
+        assert_eq!(WaitEnd::parse("expired"), None);
     }
 
     #[test]

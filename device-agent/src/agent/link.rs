@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cortex_protocol::mesh::{
-    AgentFrame, CloseReason, DEVICE_HEADER, Frame, Hello, HubFrame, MAX_MESSAGE_BYTES, MESH_VERSION,
+    AgentFrame, CloseReason, DEVICE_HEADER, Frame, HUB_CAP_WAITS, Hello, HubFrame,
+    MAX_MESSAGE_BYTES, MESH_VERSION,
 };
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
@@ -64,6 +65,8 @@ pub struct Params {
     pub window: usize,
     /// The largest frame the hub takes from us.
     pub max_message_bytes: usize,
+    /// The hub takes remote waits' frames (`WaitArmed`, `WaitDone`): its welcome said so.
+    pub hub_waits: bool,
 }
 
 impl Params {
@@ -82,6 +85,7 @@ impl Params {
             } else {
                 max.min(MAX_MESSAGE_BYTES)
             },
+            hub_waits: false,
         }
     }
 
@@ -462,6 +466,7 @@ async fn welcome(ws: &mut Ws, hello: Vec<u8>) -> Result<Params, ConnectError> {
                         ping_interval_ms,
                         window,
                         max_message_bytes,
+                        capabilities,
                     }) => {
                         if version != MESH_VERSION {
                             return Err(ConnectError::Version {
@@ -469,11 +474,10 @@ async fn welcome(ws: &mut Ws, hello: Vec<u8>) -> Result<Params, ConnectError> {
                                 ours: MESH_VERSION,
                             });
                         }
-                        Ok(Params::from_welcome(
-                            ping_interval_ms,
-                            window,
-                            max_message_bytes,
-                        ))
+                        let mut params =
+                            Params::from_welcome(ping_interval_ms, window, max_message_bytes);
+                        params.hub_waits = capabilities.iter().any(|c| c == HUB_CAP_WAITS);
+                        Ok(params)
                     }
                     Ok(other) => Err(ConnectError::Protocol(format!(
                         "expected a welcome, got {}",
@@ -500,6 +504,9 @@ fn frame_kind(f: &HubFrame) -> &'static str {
         HubFrame::Welcome { .. } => "welcome",
         HubFrame::Ack { .. } => "ack",
         HubFrame::Rescan => "rescan",
+        HubFrame::WaitArm { .. } => "wait_arm",
+        HubFrame::WaitCancel { .. } => "wait_cancel",
+        HubFrame::WaitAck { .. } => "wait_ack",
     }
 }
 

@@ -19,8 +19,12 @@
 //! `welcome_timeout`; failures back off with full jitter from 1 s doubling to a 60 s cap
 //! ([`backoff`]); a refused token or a protocol mismatch waits near the cap; a
 //! `retry_after_ms` from the hub is a floor. The backoff resets on the first ack of a link,
-//! or once a link stayed up for `stable_after` (an idle device gets no acks). Remote waits
-//! (a later issue) add a `Wait` event and their frames' arms in [`Daemon::on_hub`].
+//! or once a link stayed up for `stable_after` (an idle device gets no acks).
+//!
+//! Remote waits ([`waits`]): the hub's `WaitArm`, `WaitCancel` and `WaitAck` arms in
+//! [`Daemon::on_hub`], one more source (each armed wait's task reports its outcome as
+//! [`Event::WaitDone`]), and the held ids in every hello. Their state is saved when the
+//! loop is idle, and restored (every wait armed again) before the first dial.
 
 pub mod backoff;
 pub mod config;
@@ -29,6 +33,7 @@ pub mod host;
 pub mod link;
 pub mod notify;
 pub mod tls;
+pub mod waits;
 
 #[cfg(test)]
 mod tests;
@@ -48,12 +53,22 @@ use backoff::Backoff;
 use forward::{Forwarder, Outbox};
 use link::{ConnectError, Connected, Dialer, Down, Link, LinkMsg, LinkMsgKind, Outgoing};
 use notify::Notifier;
+use waits::{FrameSink, RemoteWaits, WaitsStore};
 
 pub use config::{Config, ConfigError, HubUrl, Timing, Token, TokenSource};
 
 /// What this agent can do, as the hello says. `exec` is absent even with `--allow-exec`:
 /// this version runs no commands.
-pub const CAPABILITIES: &[&str] = &["spool"];
+pub const CAPABILITIES: &[&str] = &[
+    "spool",
+    mesh::CAP_WAIT_PID,
+    mesh::CAP_WAIT_FILE,
+    mesh::CAP_WAIT_FLOCK,
+];
+
+/// Outcomes of remote waits waiting for the loop; a task whose outcome finds it full
+/// waits its turn.
+const WAIT_EVENTS: usize = 1024;
 
 /// The hub's link messages waiting for the loop; the window bounds what a hub sends.
 const LINK_EVENTS: usize = 1024;
@@ -81,6 +96,8 @@ pub enum Event {
     Tick,
     /// The current link died.
     LinkDown(Down),
+    /// A remote wait's task ended (fired, timed out, broke).
+    WaitDone(waits::Finished),
     Shutdown,
 }
 
@@ -121,6 +138,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         config.timing.welcome_timeout,
     ));
     let (link_tx, link_rx) = mpsc::channel(LINK_EVENTS);
+    let (wait_tx, wait_rx) = mpsc::channel(WAIT_EVENTS);
+    let fd_limit = waits::raise_fd_limit();
+    tracing::debug!(?fd_limit, "open-file limit");
+    // One inotify instance for every file and flock wait, created on the first one.
+    let mut remote = RemoteWaits::new(
+        crate::wait::Waits::new(),
+        WaitsStore::under(&config.home),
+        wait_tx,
+    );
+    remote.restore();
     let now = Instant::now();
     let daemon = Daemon {
         backoff: Backoff::new(
@@ -137,6 +164,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         generation: 0,
         link_tx,
         link_rx,
+        remote,
+        wait_rx,
         link_line: format!("connecting to {}", config.hub),
         counts: None,
         counts_sent: None,
@@ -177,6 +206,8 @@ struct Daemon {
     generation: u64,
     link_tx: mpsc::Sender<LinkMsg>,
     link_rx: mpsc::Receiver<LinkMsg>,
+    remote: RemoteWaits,
+    wait_rx: mpsc::Receiver<waits::Finished>,
     /// The link part of the systemd status line.
     link_line: String,
     counts: Option<crate::spool::SpoolCounts>,
@@ -215,12 +246,19 @@ impl Daemon {
                 }
                 ev = link_timer(&mut self.link) => ev,
                 ev = watcher.next(), if wants_spool => Event::Spool(ev),
+                Some(done) = self.wait_rx.recv() => Event::WaitDone(done),
                 _ = tick.tick() => Event::Tick,
             };
             if self.handle(ev) == Flow::Stop {
                 break;
             }
+            // Saved once a burst (a thousand arms) has been handled, not per frame: the
+            // hub's reconciliation covers a crash in between.
+            if self.remote.dirty() && self.link_rx.is_empty() && self.wait_rx.is_empty() {
+                self.remote.persist();
+            }
         }
+        self.remote.persist();
         self.stop().await;
     }
 
@@ -243,9 +281,13 @@ impl Daemon {
                 // The watcher retries by itself, with its own backoff.
                 tracing::error!(error = %e, "the spool watch failed; retrying");
             }
+            Event::WaitDone(done) => self.remote.finished(done),
             Event::Tick => self.on_tick(now),
         }
         if let LinkState::Up { link, .. } = &self.link {
+            if link.params.hub_waits {
+                self.remote.pump(&mut LinkOutbox(link.outbox()));
+            }
             let mut out = LinkOutbox(link.outbox());
             self.forward.pump(&mut out, now);
         }
@@ -268,6 +310,16 @@ impl Daemon {
             HubFrame::Welcome { .. } => {
                 tracing::warn!("the hub sent a second welcome on one link; ignored");
             }
+            HubFrame::WaitArm {
+                wait_id,
+                spec,
+                timeout_ms,
+                ..
+            } => self
+                .remote
+                .arm(wait_id, &spec, Duration::from_millis(timeout_ms)),
+            HubFrame::WaitCancel { wait_id } => self.remote.cancel(&wait_id),
+            HubFrame::WaitAck { wait_id } => self.remote.ack(&wait_id),
         }
     }
 
@@ -281,6 +333,7 @@ impl Daemon {
             host: self.host.clone(),
             capabilities: CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
             spool: self.counts_sent.unwrap_or_default(),
+            waits: self.remote.ids(),
         };
         tracing::debug!(hub = %self.config.hub, "dialing the hub");
         self.link = LinkState::Dialing(Box::pin(self.dialer.clone().dial(hello)));
@@ -308,6 +361,7 @@ impl Daemon {
         let link = Link::start(connected, self.generation, self.link_tx.clone());
         self.forward
             .link_up(params.window, params.max_message_bytes);
+        self.remote.link_up();
         tracing::info!(
             hub = %self.config.hub,
             ping = ?params.ping_interval,
@@ -329,6 +383,7 @@ impl Daemon {
         }
         let unacked = self.forward.unacked();
         self.forward.link_down();
+        self.remote.link_down();
         let delay = self
             .backoff
             .fail()
@@ -343,6 +398,8 @@ impl Daemon {
 
     fn on_tick(&mut self, now: Instant) {
         self.forward.tick(now);
+        // A save that failed is tried again here.
+        self.remote.persist();
         if let LinkState::Up { since, stable, .. } = &mut self.link
             && !*stable
             && now.saturating_duration_since(*since) >= self.config.timing.stable_after
@@ -467,6 +524,12 @@ async fn link_timer(link: &mut LinkState) -> Event {
 }
 
 struct LinkOutbox<'a>(&'a mpsc::Sender<Outgoing>);
+
+impl FrameSink for LinkOutbox<'_> {
+    fn try_send(&mut self, frame: Vec<u8>) -> bool {
+        self.0.try_send(Outgoing::Frame(frame)).is_ok()
+    }
+}
 
 impl Outbox for LinkOutbox<'_> {
     fn has_room(&self) -> bool {

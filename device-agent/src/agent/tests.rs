@@ -1,6 +1,7 @@
 //! Unit tests of the agent's pure parts (backoff, configuration, host facts, notify
 //! messages, close reasons); the forwarder against a fake outbox (`tests/forward.rs`); the
-//! whole daemon against a minimal in-test hub (`tests/daemon.rs`, `tests/fake_hub.rs`).
+//! whole daemon against a minimal in-test hub (`tests/daemon.rs`, `tests/fake_hub.rs`), and
+//! its remote waits the same way (`tests/remote.rs`).
 
 #![allow(clippy::unwrap_used)]
 // The in-test hub's upgrade callbacks return tungstenite's own (large) error type.
@@ -9,6 +10,7 @@
 mod daemon;
 mod fake_hub;
 mod forward;
+mod remote;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use cortex_protocol::SignalRequest;
 use cortex_protocol::mesh::{
-    AgentFrame, CloseReason, DEFAULT_WINDOW, DEVICE_HEADER, FileOutcome, Frame, Hello, HubFrame,
-    MAX_MESSAGE_BYTES, MESH_PATH, MESH_VERSION,
+    AgentFrame, CloseReason, DEFAULT_WINDOW, DEVICE_HEADER, FileOutcome, Frame, HUB_CAP_WAITS,
+    Hello, HubFrame, MAX_MESSAGE_BYTES, MAX_WAITS_PER_DEVICE, MESH_PATH, MESH_VERSION,
 };
 use cortex_protocol::signal::MAX_BODY_BYTES;
 use futures_util::stream::{SplitSink, SplitStream};
@@ -44,6 +44,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
 
 use super::registry::{End, Link};
+use super::waits::LinkWaits;
 use crate::server::AppState;
 use crate::server::spool::refusal_reason;
 use crate::store::devices::Online;
@@ -299,7 +300,7 @@ type Sink<S> = SplitSink<WebSocketStream<S>, Message>;
 type Source<S> = SplitStream<WebSocketStream<S>>;
 
 /// What the writer task sends.
-enum Out {
+pub(crate) enum Out {
     Msg(Message),
     /// The last frame: after it the writer flushes and ends.
     Close(CloseFrame),
@@ -409,6 +410,9 @@ fn tidy_hello(h: &mut Hello) {
     for c in &mut h.capabilities {
         *c = cut(c, 64);
     }
+    // Waitpoint ids are short; anything else is not one of ours and is cancelled anyway.
+    h.waits.truncate(MAX_WAITS_PER_DEVICE);
+    h.waits.retain(|w| !w.is_empty() && w.len() <= 64);
 }
 
 /// Sends the close frame for `end` directly (before the writer task exists) and waits
@@ -463,14 +467,16 @@ async fn run_link<S>(
     tidy_hello(&mut hello);
 
     let now = now_ms();
-    let link = Arc::new(Link::new(
+    let mut new_link = Link::new(
         state.devices.next_link_id(),
         device.clone(),
         hello.agent_version.clone(),
         hello.host.clone(),
         hello.spool,
         now,
-    ));
+    );
+    new_link.capabilities = hello.capabilities.clone();
+    let link = Arc::new(new_link);
     let replaced = match state.devices.register(link.clone(), &authed.token_hash) {
         Ok(old) => old,
         Err(_) => return close_early(sink, source, &End::Revoked).await,
@@ -514,14 +520,37 @@ async fn run_link<S>(
         ping_interval_ms: ping.as_millis() as u64,
         window,
         max_message_bytes: MAX_MESSAGE_BYTES as u64,
+        capabilities: vec![HUB_CAP_WAITS.to_string()],
     };
     if let Ok(b) = welcome.encode() {
         let _ = out.send(Out::Msg(Message::Binary(b.into()))).await;
     }
-    tracing::info!(%peer, device, agent_version = %hello.agent_version, link = link.id, "device online");
+    tracing::info!(%peer, device, agent_version = %hello.agent_version, link = link.id, waits = hello.waits.len(), "device online");
 
+    let mut waits = LinkWaits::new(
+        &state,
+        &device,
+        &hello.agent_version,
+        hello.capabilities.clone(),
+        std::mem::take(&mut hello.waits),
+    );
     let mut files = tokio::task::JoinSet::new();
-    let end = read_loop(&state, &link, &mut source, &out, &mut files, ping, window).await;
+    let end = match waits.reconcile(&state, &out).await {
+        Ok(()) => {
+            read_loop(
+                &state,
+                &link,
+                &mut source,
+                &out,
+                &mut files,
+                &mut waits,
+                ping,
+                window,
+            )
+            .await
+        }
+        Err(end) => end,
+    };
 
     // In-flight files are answered before the close, when the agent can still hear it.
     if !matches!(end, End::ClosedByAgent | End::Lost(_) | End::PingTimeout) {
@@ -571,12 +600,14 @@ async fn run_link<S>(
 }
 
 /// The link's main loop; returns why it ended.
+#[allow(clippy::too_many_arguments)]
 async fn read_loop<S>(
     state: &AppState,
     link: &Arc<Link>,
     source: &mut Source<S>,
     out: &mpsc::Sender<Out>,
     files: &mut tokio::task::JoinSet<()>,
+    waits: &mut LinkWaits,
     ping: Duration,
     window: u32,
 ) -> End
@@ -625,6 +656,16 @@ where
                             });
                         }
                         Ok(AgentFrame::Status { spool }) => link.set_spool(spool),
+                        Ok(AgentFrame::WaitArmed { wait_id, captured, resume }) => {
+                            if let Err(end) = waits.armed(state, wait_id, captured, resume) {
+                                return end;
+                            }
+                        }
+                        Ok(AgentFrame::WaitDone { wait_id, outcome, payload, message }) => {
+                            if let Err(end) = waits.done(state, wait_id, outcome, payload, message) {
+                                return end;
+                            }
+                        }
                         Ok(AgentFrame::Hello(_)) => {
                             return End::Protocol("a second hello on one link".into());
                         }
@@ -640,6 +681,19 @@ where
                 }
             }
             Some(_) = files.join_next(), if !files.is_empty() => {}
+            Some(w) = waits.written.recv() => {
+                if let Err(end) = waits.written(w, out).await {
+                    return end;
+                }
+            }
+            changed = waits.changed.changed() => {
+                if changed.is_err() {
+                    return End::Shutdown;
+                }
+                if let Err(end) = waits.reconcile(state, out).await {
+                    return end;
+                }
+            }
             () = link.rescan.notified() => {
                 if let Ok(b) = HubFrame::Rescan.encode() {
                     // A full queue means the agent is busy or stuck: the next sweep asks again.

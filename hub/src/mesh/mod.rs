@@ -6,6 +6,7 @@
 //! - [`registry`]: who may connect (token hashes) and who is connected (live links).
 //! - [`link`]: one connection: upgrade and auth, hello, files and acks, keepalive, close.
 //! - [`tls`]: the rustls acceptor.
+//! - [`waits`]: remote waits on a link: what the agent holds reconciled with the store.
 //!
 //! Only this module and the agent's link touch the mesh's sockets. A device's file goes
 //! through the same store operation as the signal route; an ack is sent only after the
@@ -14,6 +15,7 @@
 pub mod link;
 pub mod registry;
 pub mod tls;
+pub mod waits;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -52,6 +52,8 @@ pub struct Link {
     pub device: String,
     pub agent_version: String,
     pub host: HostFacts,
+    /// What the agent announced in its hello (`spool`, `wait-pid`, …).
+    pub capabilities: Vec<String>,
     pub online_since: u64,
     /// Milliseconds since the epoch of the last thing received (frame, ping or pong).
     pub last_seen: AtomicU64,
@@ -75,6 +77,7 @@ impl Link {
             device,
             agent_version,
             host,
+            capabilities: Vec::new(),
             online_since: now,
             last_seen: AtomicU64::new(now),
             spool: Mutex::new(spool),

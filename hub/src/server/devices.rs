@@ -1,6 +1,7 @@
 //! `/api/devices` and `/api/events`: enrolling and revoking devices, the fleet's status,
-//! and the hub's own event log (devices added, revoked, online, offline) as a long poll
-//! or SSE. Behind the operator token like the rest of `/api`.
+//! remote waits (`POST /api/devices/{name}/waits`), and the hub's own event log (devices
+//! added, revoked, online, offline) as a long poll or SSE. Behind the operator token like
+//! the rest of `/api`.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -11,15 +12,21 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use cortex_protocol::api::{CreateDevice, DeviceCreated, DeviceView};
+use cortex_protocol::api::{
+    CreateDevice, CreateDeviceWait, DeviceCreated, DeviceView, DeviceWaitCreated, WaitpointCreated,
+};
+use cortex_protocol::mesh::{MAX_WAITS_PER_DEVICE, WaitSpec};
 use serde::Deserialize;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::AppState;
 use super::error::{ApiError, parse_json};
-use crate::secret;
+use crate::store::device_waits::{
+    CreateDeviceWaitOutcome, EXPIRY_MARGIN_MS, NewDeviceWait, TIMEOUT_GRACE_MS,
+};
 use crate::store::devices::DeviceRecord;
-use crate::time::now_ms;
+use crate::time::{human_duration, now_ms};
+use crate::{secret, text};
 
 /// The longest long poll one request may ask for.
 const MAX_WAIT_S: u64 = 120;
@@ -103,8 +110,9 @@ pub async fn create_device(
         .into_response())
 }
 
-/// A stored device merged with its live link, if it has one.
-pub fn view(state: &AppState, rec: DeviceRecord) -> DeviceView {
+/// A stored device merged with its live link, if it has one; `waits` is the count of
+/// its active remote waits.
+pub fn view(state: &AppState, rec: DeviceRecord, waits: u32) -> DeviceView {
     match state.devices.link(&rec.name) {
         Some(link) => DeviceView {
             name: rec.name,
@@ -114,9 +122,9 @@ pub fn view(state: &AppState, rec: DeviceRecord) -> DeviceView {
             agent_version: Some(link.agent_version.clone()),
             host: Some(link.host.clone()),
             spool: link.spool(),
-            // Remote waits arrive with a later issue; until then a device holds none.
-            waits: 0,
+            waits,
             offline_reason: None,
+            wait_list: None,
         },
         None => DeviceView {
             name: rec.name,
@@ -126,16 +134,291 @@ pub fn view(state: &AppState, rec: DeviceRecord) -> DeviceView {
             agent_version: rec.agent_version,
             host: rec.host,
             spool: rec.spool,
-            waits: 0,
+            waits,
             offline_reason: rec.offline_reason,
+            wait_list: None,
         },
     }
 }
 
 pub async fn list_devices(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let records = state.store.read(|r| r.devices()).map_err(ApiError::store)?;
-    let views: Vec<DeviceView> = records.into_iter().map(|r| view(&state, r)).collect();
+    let records = state
+        .store
+        .read(|r| {
+            let mut out = Vec::new();
+            for d in r.devices()? {
+                let n = r.device_wait_count(&d.name)?;
+                out.push((d, n));
+            }
+            Ok(out)
+        })
+        .map_err(ApiError::store)?;
+    let views: Vec<DeviceView> = records
+        .into_iter()
+        .map(|(r, n)| view(&state, r, n))
+        .collect();
     Ok(Json(views).into_response())
+}
+
+/// `GET /api/devices/{name}`: one device, with its active remote waits listed.
+pub async fn get_device(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let found = state
+        .store
+        .read(|r| match r.device(&name)? {
+            Some(d) => Ok(Some((d, r.device_waits(&name)?))),
+            None => Ok(None),
+        })
+        .map_err(ApiError::store)?;
+    let Some((rec, waits)) = found else {
+        return Err(no_device(&name));
+    };
+    let mut v = view(&state, rec, waits.len() as u32);
+    v.wait_list = Some(waits.iter().map(|w| w.view()).collect());
+    Ok(Json(v).into_response())
+}
+
+/// The bound a device wait may ask for at most: the longest waitpoint lifetime less what
+/// the hub adds after the bound.
+fn max_timeout_ms(state: &AppState) -> u64 {
+    state
+        .store
+        .settings
+        .max_ttl_ms
+        .saturating_sub(TIMEOUT_GRACE_MS + EXPIRY_MARGIN_MS)
+}
+
+/// The body checked: the spec and the bound in ms.
+pub fn parse_wait(
+    req: &CreateDeviceWait,
+    default_ms: u64,
+    max_ms: u64,
+) -> Result<(WaitSpec, u64), ApiError> {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_wait", m);
+    let path = |kind: &str| -> Result<String, ApiError> {
+        let Some(p) = req.path.as_deref() else {
+            return Err(bad(format!(
+                "a {kind} wait needs \"path\": the absolute path of the file on the device"
+            )));
+        };
+        if !p.starts_with('/') || p.len() > 4096 || p.contains('\0') {
+            return Err(bad(format!(
+                "path {p:?} is not usable; give the absolute path on the device (from /, at most 4096 bytes)"
+            )));
+        }
+        if req.pid.is_some() || req.start_time.is_some() {
+            return Err(bad(format!(
+                "pid and start_time belong to a pid wait, not a {kind} wait; leave them out"
+            )));
+        }
+        Ok(p.to_string())
+    };
+    let spec = match req.kind.as_str() {
+        "pid" => {
+            let pid = match req.pid {
+                Some(p) if p > 0 => p,
+                Some(p) => {
+                    return Err(bad(format!(
+                        "pid {p} is not a process id; give a number above 0"
+                    )));
+                }
+                None => {
+                    return Err(bad(
+                        "a pid wait needs \"pid\": the process id on the device".into(),
+                    ));
+                }
+            };
+            if req.path.is_some() {
+                return Err(bad(
+                    "path belongs to a file or flock wait, not a pid wait; leave it out".into(),
+                ));
+            }
+            WaitSpec::Pid {
+                pid,
+                start_time: req.start_time,
+            }
+        }
+        "file" => WaitSpec::File {
+            path: path("file")?,
+            cursor: None,
+        },
+        "flock" => WaitSpec::Flock {
+            path: path("flock")?,
+        },
+        other => {
+            return Err(bad(format!(
+                "kind {other:?} is not a wait this hub knows; use \"pid\", \"file\" or \"flock\""
+            )));
+        }
+    };
+    let timeout_ms = match req.timeout_s {
+        None => default_ms.min(max_ms),
+        Some(s) if s.is_finite() && s > 0.0 => {
+            let ms = (s * 1000.0).round().max(1.0);
+            if ms > max_ms as f64 {
+                return Err(bad(format!(
+                    "timeout_s {s} is over the longest bound, {}s ({}); wait in parts",
+                    max_ms / 1000,
+                    human_duration(max_ms)
+                )));
+            }
+            ms as u64
+        }
+        Some(s) => {
+            return Err(bad(format!(
+                "timeout_s must be a number of seconds above 0; got {s}"
+            )));
+        }
+    };
+    Ok((spec, timeout_ms))
+}
+
+/// The words a device wait is shown with when the request gives none.
+fn wait_words(spec: &WaitSpec, device: &str) -> (String, String, String) {
+    let (title, label, intent) = match spec {
+        WaitSpec::Pid { pid, .. } => (
+            format!("wait pid {pid} on {device}"),
+            format!("pid {pid} on {device}"),
+            format!("wake when process {pid} on {device} exits"),
+        ),
+        WaitSpec::File { path, .. } => (
+            format!("wait file {path} on {device}"),
+            format!("{path} on {device}"),
+            format!("wake when {path} on {device} is written"),
+        ),
+        WaitSpec::Flock { path } => (
+            format!("wait flock {path} on {device}"),
+            format!("lock {path} on {device}"),
+            format!("wake when the lock on {path} on {device} is free"),
+        ),
+    };
+    let cut = |s: String, n: usize| -> String {
+        match s.char_indices().nth(n) {
+            Some((i, _)) => format!("{}…", &s[..i]),
+            None => s,
+        }
+    };
+    (
+        cut(title, 200),
+        cut(label, crate::engine::MAX_LABEL_CHARS - 1),
+        cut(intent, crate::engine::MAX_INTENT_CHARS - 1),
+    )
+}
+
+/// `POST /api/devices/{name}/waits`.
+pub async fn create_wait(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    if !valid_device_name(&name) {
+        return Err(no_device(&name));
+    }
+    let req: CreateDeviceWait = parse_json(&body)?;
+    let max = max_timeout_ms(&state);
+    let (spec, timeout_ms) = parse_wait(&req, state.store.settings.default_ttl_ms, max)?;
+    if let Some(link) = state.devices.link(&name) {
+        let cap = spec.capability();
+        if !link.capabilities.iter().any(|c| c == cap) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "unsupported_wait",
+                format!(
+                    "the agent on {name} (version {}) does not run {} waits (it does not announce {cap}); upgrade cortex-device-agent there",
+                    link.agent_version,
+                    spec.kind()
+                ),
+            ));
+        }
+    }
+    let (title, label, intent) = wait_words(&spec, &name);
+    let new = NewDeviceWait {
+        device: name.clone(),
+        spec,
+        timeout_ms,
+        session: req.session.clone().filter(|s| !s.is_empty()),
+        title,
+        label: req
+            .label
+            .clone()
+            .filter(|l| !l.trim().is_empty())
+            .unwrap_or(label),
+        intent: req
+            .intent
+            .clone()
+            .filter(|i| !i.trim().is_empty())
+            .unwrap_or(intent),
+    };
+    let secret = secret::new_secret();
+    let hash = secret::hash(&secret);
+    let out = state
+        .store
+        .exec(move |t| t.create_device_wait(new, hash, now_ms()))
+        .await
+        .map_err(ApiError::store)?;
+    let (wp, wait, session_created) = match out {
+        CreateDeviceWaitOutcome::Created {
+            waitpoint,
+            wait,
+            session_created,
+        } => (waitpoint, wait, session_created),
+        CreateDeviceWaitOutcome::NoDevice => return Err(no_device(&name)),
+        CreateDeviceWaitOutcome::NoSession => {
+            return Err(ApiError::not_found(
+                "session",
+                req.session.as_deref().unwrap_or_default(),
+            ));
+        }
+        CreateDeviceWaitOutcome::TooMany => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "too_many_waits",
+                format!(
+                    "device {name} holds {MAX_WAITS_PER_DEVICE} remote waits already; cancel some (cortex wait cancel WP_ID) before arming more"
+                ),
+            ));
+        }
+        CreateDeviceWaitOutcome::Invalid(e) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_waitpoint",
+                e.to_string(),
+            ));
+        }
+    };
+    tracing::info!(
+        device = %name,
+        waitpoint = %wp.id,
+        what = %wait.spec.describe(),
+        bound = %human_duration(timeout_ms),
+        session_created,
+        online = state.devices.link(&name).is_some(),
+        "remote wait created"
+    );
+    let how = text::how_to_signal(&wp, &secret, &state.signal_url);
+    let reply = DeviceWaitCreated {
+        waitpoint: WaitpointCreated {
+            id: wp.id.clone(),
+            state: wp.state.as_str().to_string(),
+            session: wp.session.clone(),
+            label: wp.label.clone(),
+            intent: wp.intent.clone(),
+            created_at: wp.created_at,
+            expires_at: wp.expires_at,
+            members: wp.members.clone(),
+            quorum: wp.quorum,
+            fail_fast: wp.fail_fast,
+            max_signals: wp.max_signals,
+            device: wp.device.clone(),
+            member_note: text::member_note(&wp),
+            how_to_signal: how,
+            secret,
+        },
+        wait: wait.view(),
+    };
+    Ok((StatusCode::CREATED, Json(reply)).into_response())
 }
 
 pub async fn revoke_device(

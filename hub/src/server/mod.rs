@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 use tokio::sync::watch;
 
 use crate::config::HubSettings;
@@ -99,7 +99,11 @@ pub fn router(state: AppState) -> Router {
             "/devices",
             post(devices::create_device).get(devices::list_devices),
         )
-        .route("/devices/{name}", delete(devices::revoke_device))
+        .route(
+            "/devices/{name}",
+            get(devices::get_device).delete(devices::revoke_device),
+        )
+        .route("/devices/{name}/waits", post(devices::create_wait))
         .route("/events", get(devices::hub_events))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -163,6 +167,7 @@ pub async fn run_with_mesh(
     }
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(timer_task(state.clone()));
+    tasks.spawn(device_wait_task(state.clone()));
     if config.settings.sweep_ms > 0 {
         tasks.spawn(sweep_task(
             state.clone(),
@@ -248,6 +253,77 @@ async fn timer_task(state: AppState) {
             Some(t) if t <= now => {
                 fire_due(&state).await;
                 // A failing store must not spin: wait a little before looking again.
+                if next.borrow().is_some_and(|t| t <= now_ms()) {
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                        () = state.shutdown.cancelled() => return,
+                    }
+                }
+            }
+            Some(t) => {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(t - now)) => {}
+                    r = next.changed() => if r.is_err() { return },
+                    () = state.shutdown.cancelled() => return,
+                }
+            }
+            None => {
+                tokio::select! {
+                    r = next.changed() => if r.is_err() { return },
+                    () = state.shutdown.cancelled() => return,
+                }
+            }
+        }
+    }
+}
+
+/// After a start, devices get this long to reconnect before the device-wait timer judges
+/// the waits that fell due while the hub was down: an agent's reconnect backoff tops out
+/// at 60 s, and its own outcome (kept until acknowledged) is better than the hub's guess.
+const DEVICE_WAIT_RESTART_GRACE: Duration = Duration::from_secs(60);
+
+async fn device_waits_due(state: &AppState) {
+    loop {
+        let online: std::collections::HashSet<String> = state
+            .devices
+            .links()
+            .iter()
+            .map(|l| l.device.clone())
+            .collect();
+        match state
+            .store
+            .exec(move |t| t.device_waits_due(now_ms(), &online))
+            .await
+        {
+            Ok(n) if n >= PASS_LIMIT => continue,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "ending overdue remote waits failed; retrying shortly");
+                return;
+            }
+        }
+    }
+}
+
+/// Sleeps until the earliest remote wait's hub deadline (its bound plus a grace for the
+/// agent's own report) and ends what is due: `timed_out` on an online device, `broke` on
+/// an offline one. Like the wake timer, it wakes on the store's watch, never polls.
+async fn device_wait_task(state: AppState) {
+    let mut next = state.store.next_device_wait.clone();
+    // Waits that fell due while the hub was down are judged only once their devices had
+    // the time to reconnect and report; waits created after the start are not held back.
+    if next.borrow().is_some_and(|t| t <= now_ms()) {
+        tokio::select! {
+            () = tokio::time::sleep(DEVICE_WAIT_RESTART_GRACE) => {}
+            () = state.shutdown.cancelled() => return,
+        }
+    }
+    loop {
+        let due = *next.borrow_and_update();
+        let now = now_ms();
+        match due {
+            Some(t) if t <= now => {
+                device_waits_due(&state).await;
                 if next.borrow().is_some_and(|t| t <= now_ms()) {
                     tokio::select! {
                         () = tokio::time::sleep(Duration::from_millis(200)) => {}

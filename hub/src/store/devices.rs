@@ -121,10 +121,12 @@ impl Tx<'_> {
     }
 
     /// `cortex device revoke`: forgets the device and its token hash; false if unknown.
+    /// Its remote waits end as broke: nothing will report them any more.
     pub fn revoke_device(&mut self, name: &str, now: u64) -> Result<bool, StoreError> {
         if self.devices.remove(name)?.is_none() {
             return Ok(false);
         }
+        self.device_waits_revoked(name, now)?;
         self.append_hub_event(
             HubEventBody::DeviceRevoked {
                 device: name.to_string(),

@@ -8,6 +8,7 @@
 //!
 //! Reads use redb read transactions directly and run beside the writer.
 
+pub mod device_waits;
 pub mod devices;
 pub mod ops;
 pub mod tables;
@@ -15,7 +16,7 @@ pub mod tables;
 pub use ops::{SignalIn, SignalOutcome};
 pub use tables::Tx;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -61,14 +62,22 @@ const MAX_BATCH: usize = 1024;
 type Completion = Box<dyn FnOnce(Result<(), Arc<StoreError>>) + Send>;
 type Job = Box<dyn for<'a> FnOnce(&mut Tx<'a>) -> Completion + Send>;
 /// What a commit publishes: sessions whose log grew, the new first timer if it moved,
-/// and the newest hub event if one was appended.
-type Published = (HashMap<String, u64>, Option<Option<u64>>, Option<u64>);
+/// the newest hub event if one was appended, devices whose remote waits changed, and the
+/// new first device-wait deadline if it moved.
+struct Published {
+    touched: HashMap<String, u64>,
+    timers: Option<Option<u64>>,
+    hub_seq: Option<u64>,
+    devices: HashSet<String>,
+    device_wait_due: Option<Option<u64>>,
+}
 
 /// Per-session "newest event seq" channels, and one for the hub's own events, for long
-/// polls and SSE.
+/// polls and SSE; per-device "remote waits changed" counters for the devices' links.
 pub struct Notifier {
     sessions: Mutex<HashMap<String, watch::Sender<u64>>>,
     hub: watch::Sender<u64>,
+    devices: Mutex<HashMap<String, watch::Sender<u64>>>,
 }
 
 impl Notifier {
@@ -76,6 +85,30 @@ impl Notifier {
         Notifier {
             sessions: Mutex::default(),
             hub: watch::channel(hub_seq).0,
+            devices: Mutex::default(),
+        }
+    }
+
+    /// Changes whenever a commit added or ended remote waits of `device`.
+    pub fn subscribe_device(&self, device: &str) -> watch::Receiver<u64> {
+        let mut map = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(device.to_string())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
+    }
+
+    fn publish_devices(&self, touched: &HashSet<String>) {
+        if touched.is_empty() {
+            return;
+        }
+        let mut map = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        for d in touched {
+            if let Some(tx) = map.get(d) {
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
+        if map.len() > 1024 {
+            map.retain(|_, tx| tx.receiver_count() > 0);
         }
     }
 
@@ -112,6 +145,8 @@ pub struct Store {
     pub notifier: Arc<Notifier>,
     /// The earliest precise timer (a decided wake), updated after each commit.
     pub next_timer: watch::Receiver<Option<u64>>,
+    /// The earliest hub deadline of an active remote wait, updated after each commit.
+    pub next_device_wait: watch::Receiver<Option<u64>>,
     pub settings: Arc<Settings>,
 }
 
@@ -143,12 +178,14 @@ impl Store {
             tables::create_all(&wtx)?;
             wtx.commit()?;
         }
-        let (first, hub_seq) = {
+        let (first, first_dw, hub_seq) = {
             let rtx = db.begin_read()?;
             let first = tables::first_timer(&rtx)?;
-            (first, tables::ReadTx::new(rtx).last_hub_seq()?)
+            let first_dw = tables::first_device_wait_due(&rtx)?;
+            (first, first_dw, tables::ReadTx::new(rtx).last_hub_seq()?)
         };
         let (timer_tx, next_timer) = watch::channel(first);
+        let (dw_tx, next_device_wait) = watch::channel(first_dw);
         let (jobs, rx) = mpsc::channel::<Job>(16 * 1024);
         let notifier = Arc::new(Notifier::new(hub_seq));
         let settings = Arc::new(settings);
@@ -158,7 +195,7 @@ impl Store {
             let settings = settings.clone();
             std::thread::Builder::new()
                 .name("store-writer".into())
-                .spawn(move || writer(db, rx, notifier, timer_tx, settings))
+                .spawn(move || writer(db, rx, notifier, (timer_tx, dw_tx), settings))
                 .map_err(|e| StoreError::Decode(format!("cannot start the writer thread: {e}")))?
         };
         Ok((
@@ -167,6 +204,7 @@ impl Store {
                 jobs,
                 notifier,
                 next_timer,
+                next_device_wait,
                 settings,
             },
             WriterGuard {
@@ -214,11 +252,13 @@ impl Store {
     }
 }
 
+type TimerWatches = (watch::Sender<Option<u64>>, watch::Sender<Option<u64>>);
+
 fn writer(
     db: Arc<Database>,
     mut rx: mpsc::Receiver<Job>,
     notifier: Arc<Notifier>,
-    timer_tx: watch::Sender<Option<u64>>,
+    (timer_tx, dw_tx): TimerWatches,
     settings: Arc<Settings>,
 ) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
@@ -233,7 +273,7 @@ fn writer(
         let mut completions: Vec<Completion> = Vec::with_capacity(batch.len());
         let result = (|| -> Result<Published, StoreError> {
             let wtx = db.begin_write()?;
-            let (touched, timers_changed, hub_seq, poisoned) = {
+            let (published, poisoned) = {
                 let mut tx = Tx::open(&wtx, settings.clone())?;
                 for job in batch.drain(..) {
                     completions.push(job(&mut tx));
@@ -243,10 +283,19 @@ fn writer(
                 } else {
                     None
                 };
+                let device_wait_due = if tx.device_wait_due_changed {
+                    Some(tx.first_device_wait_due()?)
+                } else {
+                    None
+                };
                 (
-                    std::mem::take(&mut tx.touched),
-                    timers,
-                    tx.hub_seq,
+                    Published {
+                        touched: std::mem::take(&mut tx.touched),
+                        timers,
+                        hub_seq: tx.hub_seq,
+                        devices: std::mem::take(&mut tx.devices_touched),
+                        device_wait_due,
+                    },
                     tx.poisoned.take(),
                 )
             };
@@ -255,19 +304,23 @@ fn writer(
                 return Err(StoreError::Decode(e));
             }
             wtx.commit()?;
-            Ok((touched, timers_changed, hub_seq))
+            Ok(published)
         })();
         batch.clear();
         match result {
-            Ok((touched, timers, hub_seq)) => {
+            Ok(p) => {
                 // Publish before answering, so a caller sees its own change everywhere.
-                notifier.publish(&touched);
-                if let Some(seq) = hub_seq {
+                notifier.publish(&p.touched);
+                if let Some(seq) = p.hub_seq {
                     notifier.hub.send_replace(seq);
                 }
-                if let Some(t) = timers {
+                if let Some(t) = p.timers {
                     timer_tx.send_replace(t);
                 }
+                if let Some(t) = p.device_wait_due {
+                    dw_tx.send_replace(t);
+                }
+                notifier.publish_devices(&p.devices);
                 for c in completions {
                     c(Ok(()));
                 }

@@ -10,8 +10,11 @@
 //! - `events`: (session, seq) → event JSON; `message_keys`: (session, key) → seq
 //! - `devices`: name → device record (token SHA-256, last seen, host facts, …)
 //! - `hub_events`: seq → hub event JSON (devices added, revoked, online, offline)
+//! - `device_waits`: (device, waitpoint) → an active remote wait (`device_waits.rs`)
+//! - `device_wait_due`: (time, waitpoint) → device, when the hub ends an active remote
+//!   wait nobody reported on
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use redb::{
@@ -36,6 +39,10 @@ pub(crate) const MESSAGE_KEYS: TableDefinition<(&str, &str), u64> =
     TableDefinition::new("message_keys");
 pub(crate) const DEVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("devices");
 pub(crate) const HUB_EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("hub_events");
+pub(crate) const DEVICE_WAITS: TableDefinition<(&str, &str), &[u8]> =
+    TableDefinition::new("device_waits");
+pub(crate) const DEVICE_WAIT_DUE: TableDefinition<(u64, &str), &str> =
+    TableDefinition::new("device_wait_due");
 
 /// A stored session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -66,7 +73,14 @@ pub(crate) fn create_all(wtx: &WriteTransaction) -> Result<(), StoreError> {
     wtx.open_table(MESSAGE_KEYS)?;
     wtx.open_table(DEVICES)?;
     wtx.open_table(HUB_EVENTS)?;
+    wtx.open_table(DEVICE_WAITS)?;
+    wtx.open_table(DEVICE_WAIT_DUE)?;
     Ok(())
+}
+
+pub(crate) fn first_device_wait_due(rtx: &ReadTransaction) -> Result<Option<u64>, StoreError> {
+    let t = rtx.open_table(DEVICE_WAIT_DUE)?;
+    Ok(t.first()?.map(|(k, _)| k.value().0))
 }
 
 pub(crate) fn first_timer(rtx: &ReadTransaction) -> Result<Option<u64>, StoreError> {
@@ -87,12 +101,17 @@ pub struct Tx<'a> {
     pub(crate) msg_keys: Table<'a, (&'static str, &'static str), u64>,
     pub(crate) devices: Table<'a, &'static str, &'static [u8]>,
     pub(crate) hub_events: Table<'a, u64, &'static [u8]>,
+    pub(crate) device_waits: Table<'a, (&'static str, &'static str), &'static [u8]>,
+    pub(crate) device_wait_due: Table<'a, (u64, &'static str), &'static str>,
     pub settings: Arc<Settings>,
     /// Sessions whose log grew, with their newest seq.
     pub(crate) touched: HashMap<String, u64>,
     /// The newest hub event appended in this transaction.
     pub(crate) hub_seq: Option<u64>,
     pub(crate) timers_changed: bool,
+    /// Devices whose set of active remote waits changed: their links reconcile.
+    pub(crate) devices_touched: HashSet<String>,
+    pub(crate) device_wait_due_changed: bool,
     pub(crate) poisoned: Option<String>,
 }
 
@@ -113,10 +132,14 @@ impl<'a> Tx<'a> {
             msg_keys: wtx.open_table(MESSAGE_KEYS)?,
             devices: wtx.open_table(DEVICES)?,
             hub_events: wtx.open_table(HUB_EVENTS)?,
+            device_waits: wtx.open_table(DEVICE_WAITS)?,
+            device_wait_due: wtx.open_table(DEVICE_WAIT_DUE)?,
             settings,
             touched: HashMap::new(),
             hub_seq: None,
             timers_changed: false,
+            devices_touched: HashSet::new(),
+            device_wait_due_changed: false,
             poisoned: None,
         })
     }
@@ -130,6 +153,10 @@ impl<'a> Tx<'a> {
 
     pub(crate) fn first_timer(&self) -> Result<Option<u64>, StoreError> {
         Ok(self.timers.first()?.map(|(k, _)| k.value().0))
+    }
+
+    pub(crate) fn first_device_wait_due(&self) -> Result<Option<u64>, StoreError> {
+        Ok(self.device_wait_due.first()?.map(|(k, _)| k.value().0))
     }
 
     pub(crate) fn get_wp(&self, id: &str) -> Result<Option<Waitpoint>, StoreError> {
@@ -170,7 +197,8 @@ impl<'a> Tx<'a> {
             self.timers_changed = true;
         }
         self.wps.insert(id, encode(wp)?.as_slice())?;
-        Ok(())
+        // A remote wait lives only as long as its waitpoint is armed.
+        self.waitpoint_ended(wp)
     }
 
     pub(crate) fn get_session(&self, sid: &str) -> Result<Option<SessionRecord>, StoreError> {

@@ -31,7 +31,7 @@ fn timing() -> Timing {
     }
 }
 
-fn config(home: &Path, url: &str) -> Config {
+pub(super) fn config(home: &Path, url: &str) -> Config {
     Config {
         hub: HubUrl::parse(url, false).expect("url"),
         name: "gpu1".into(),
@@ -44,14 +44,14 @@ fn config(home: &Path, url: &str) -> Config {
 }
 
 /// A running agent; dropping it without [`Agent::stop`] aborts it.
-struct Agent {
+pub(super) struct Agent {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), AgentError>>,
     spool: PathBuf,
 }
 
 impl Agent {
-    fn start(config: Config) -> Agent {
+    pub(super) fn start(config: Config) -> Agent {
         let spool = config.spool_dir();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(agent::run(config, async {
@@ -64,7 +64,7 @@ impl Agent {
         }
     }
 
-    async fn stop(mut self) {
+    pub(super) async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
@@ -95,7 +95,7 @@ fn spool_in(home: &Path) -> PathBuf {
 }
 
 /// Polls `f` until true, at most [`LIMIT`].
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+pub(super) async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {
         assert!(start.elapsed() < LIMIT, "timed out waiting for {what}");
@@ -123,7 +123,11 @@ async fn files_are_forwarded_and_deleted_only_once_acknowledged() {
     assert_eq!(hello.version, MESH_VERSION);
     assert_eq!(hello.device, "gpu1");
     assert_eq!(hello.agent_version, env!("CARGO_PKG_VERSION"));
-    assert_eq!(hello.capabilities, ["spool"]);
+    assert_eq!(
+        hello.capabilities,
+        ["spool", "wait-pid", "wait-file", "wait-flock"]
+    );
+    assert!(hello.waits.is_empty());
     assert_eq!(hello.spool.pending, 3);
     assert!(!hello.host.hostname.is_empty());
 

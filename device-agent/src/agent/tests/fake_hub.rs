@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cortex_protocol::mesh::{
-    AgentFrame, CloseReason, DEFAULT_WINDOW, FileOutcome, Frame, Hello, HubFrame,
+    AgentFrame, CloseReason, DEFAULT_WINDOW, FileOutcome, Frame, HUB_CAP_WAITS, Hello, HubFrame,
     MAX_MESSAGE_BYTES, MESH_VERSION,
 };
 use futures_util::{SinkExt, StreamExt};
@@ -158,6 +158,7 @@ impl Conn {
             ping_interval_ms: ping_ms,
             window,
             max_message_bytes: MAX_MESSAGE_BYTES as u64,
+            capabilities: vec![HUB_CAP_WAITS.into()],
         })
         .await;
         hello
@@ -230,6 +231,34 @@ impl Conn {
             match self.frame_within(left).await {
                 Err(()) | Ok(None) => return None,
                 Ok(Some(AgentFrame::File { name, body })) => return Some((name, body)),
+                Ok(Some(_)) => {}
+            }
+        }
+    }
+
+    /// The next remote-wait frame (`WaitArmed` or `WaitDone`), skipping status frames.
+    pub async fn wait_frame(&mut self) -> AgentFrame {
+        loop {
+            match self.frame().await {
+                Some(f @ (AgentFrame::WaitArmed { .. } | AgentFrame::WaitDone { .. })) => {
+                    return f;
+                }
+                Some(AgentFrame::Status { .. }) => {}
+                other => panic!("expected a remote-wait frame, got {other:?}"),
+            }
+        }
+    }
+
+    /// A remote-wait frame within `limit`, or `None` (status frames are skipped).
+    pub async fn wait_frame_within(&mut self, limit: Duration) -> Option<AgentFrame> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.frame_within(left).await {
+                Err(()) | Ok(None) => return None,
+                Ok(Some(f @ (AgentFrame::WaitArmed { .. } | AgentFrame::WaitDone { .. }))) => {
+                    return Some(f);
+                }
                 Ok(Some(_)) => {}
             }
         }

@@ -1,0 +1,717 @@
+//! Remote waits on the device: the hub's `WaitArm` run through the wait library
+//! ([`crate::wait`]), one task per armed wait, their outcomes kept until the hub
+//! acknowledges them, and all of it persisted so a restarted agent re-arms what it held.
+//!
+//! The daemon loop owns a [`RemoteWaits`] and drives it from its one `handle`: a hub frame
+//! (`arm`, `cancel`, `ack`), a task's outcome (`finished`), a link going up (`link_up`:
+//! every unacknowledged outcome is queued again). Frames for the hub go into a queue the
+//! loop pumps into the link when it has room ([`RemoteWaits::pump`]); nothing here
+//! touches a socket.
+//!
+//! Identity: the waitpoint id is the wait's id on both sides. A `WaitArm` for an id this
+//! agent already holds (armed, or ended and not yet acknowledged) arms nothing: it is
+//! answered again, so two waits on one condition for one waitpoint never exist.
+//!
+//! Persistence: `$CORTEX_HOME/agent/waits.json`, replaced atomically (temp file, fsync,
+//! rename, fsync of the directory) whenever the state changed and the loop is idle. It
+//! holds each armed wait's *resume* spec (a pid pinned to the start time read at arm time,
+//! so a pid reused while the agent was down is never followed; a file with its arm-time
+//! cursor, so a write made meanwhile fires) and its deadline, and each unacknowledged
+//! outcome. At start every wait is armed again: a pid that exited meanwhile fires at once.
+//! Losing the file loses nothing the hub wants: the hello lists the ids held, and the hub
+//! sends again what it wants and this agent lacks.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use cortex_protocol::mesh::{self, AgentFrame, Frame, MAX_WAITS_PER_DEVICE, WaitEnd};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::wait::{Captured, FileCursor, Gone, WaitOptions, WaitOutcome, WaitSpec, Waits};
+
+/// The file's format version.
+const FILE_VERSION: u32 = 1;
+
+/// A wait's end as its task reports it to the loop.
+#[derive(Debug)]
+pub struct Finished {
+    pub id: String,
+    /// Which arming of `id` this is: an outcome that raced a cancel is not taken for a
+    /// later arming of the same id.
+    pub run: u64,
+    pub outcome: WaitOutcome,
+}
+
+/// One armed wait, as persisted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldWait {
+    pub id: String,
+    /// The resume spec (see the module docs).
+    pub spec: mesh::WaitSpec,
+    /// The bound on this machine's clock, ms since the epoch.
+    pub deadline_ms: u64,
+    pub armed_at_ms: u64,
+    /// What arming found, JSON.
+    pub captured: String,
+}
+
+/// One ended wait whose outcome the hub has not acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DoneWait {
+    pub id: String,
+    pub outcome: WaitEnd,
+    pub payload: String,
+    pub message: String,
+}
+
+/// `waits.json`.
+#[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitsFile {
+    pub version: u32,
+    #[serde(default)]
+    pub waits: Vec<HeldWait>,
+    #[serde(default)]
+    pub outbox: Vec<DoneWait>,
+}
+
+/// Why the waits file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot {action} {}: {source}", .path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "{} is not a waits file of this agent ({why}); it was moved aside to {}, and the hub sends again the waits it wants",
+        .path.display(), .aside.display()
+    )]
+    Corrupt {
+        path: PathBuf,
+        aside: PathBuf,
+        why: String,
+    },
+}
+
+/// Reads and replaces `waits.json`.
+#[derive(Debug, Clone)]
+pub struct WaitsStore {
+    path: PathBuf,
+}
+
+impl WaitsStore {
+    /// The file under `home`: `home/agent/waits.json`.
+    pub fn under(home: &Path) -> WaitsStore {
+        WaitsStore {
+            path: home.join("agent").join("waits.json"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The saved state; empty when there is no file. A file that cannot be parsed is moved
+    /// aside (kept for a person to look at) and reported, and an empty state returned.
+    pub fn load(&self) -> (WaitsFile, Option<StoreError>) {
+        let bytes = match fs::read(&self.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return (WaitsFile::default(), None),
+            Err(source) => {
+                return (
+                    WaitsFile::default(),
+                    Some(StoreError::Io {
+                        action: "read",
+                        path: self.path.clone(),
+                        source,
+                    }),
+                );
+            }
+        };
+        let why = match serde_json::from_slice::<WaitsFile>(&bytes) {
+            Ok(f) if f.version == FILE_VERSION => return (f, None),
+            Ok(f) => format!("version {}, this agent reads {FILE_VERSION}", f.version),
+            Err(e) => e.to_string(),
+        };
+        let aside = self.path.with_extension(format!("json.bad-{}", now_ms()));
+        let _ = fs::rename(&self.path, &aside);
+        (
+            WaitsFile::default(),
+            Some(StoreError::Corrupt {
+                path: self.path.clone(),
+                aside,
+                why,
+            }),
+        )
+    }
+
+    /// Replaces the file atomically and durably.
+    pub fn save(&self, file: &WaitsFile) -> Result<(), StoreError> {
+        let err = |action: &'static str, path: &Path| {
+            let path = path.to_owned();
+            move |source| StoreError::Io {
+                action,
+                path,
+                source,
+            }
+        };
+        let dir = self.path.parent().unwrap_or(Path::new("/"));
+        create_private_dir(dir).map_err(err("create", dir))?;
+        let body = serde_json::to_vec(file)
+            .map_err(|e| io::Error::other(e.to_string()))
+            .map_err(err("encode", &self.path))?;
+        let tmp = dir.join(format!(".waits.json.{}.tmp", std::process::id()));
+        let write = || -> io::Result<()> {
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(&body)?;
+            f.write_all(b"\n")?;
+            f.sync_all()?;
+            fs::rename(&tmp, &self.path)?;
+            fs::File::open(dir)?.sync_all()
+        };
+        write().map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            err("write", &self.path)(e)
+        })
+    }
+}
+
+fn create_private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// An armed wait in memory: what is persisted, and its task.
+struct Live {
+    held: HeldWait,
+    run: u64,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        // Dropping the wait's future releases its pidfd, watches and lock file.
+        self.task.abort();
+    }
+}
+
+/// The agent's remote waits; see the module docs.
+pub struct RemoteWaits {
+    waits: Waits,
+    store: WaitsStore,
+    live: HashMap<String, Live>,
+    /// Ended, not acknowledged, by id (ordered, so resends go oldest id first).
+    outbox: BTreeMap<String, DoneWait>,
+    /// Encoded frames for the hub, sent when the link has room.
+    queue: VecDeque<Vec<u8>>,
+    /// Numbers each arming (see [`Finished::run`]).
+    runs: u64,
+    finished: mpsc::Sender<Finished>,
+    /// The state changed since it was last saved.
+    dirty: bool,
+    /// The last save failed (logged once per streak).
+    save_failing: bool,
+}
+
+impl std::fmt::Debug for RemoteWaits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteWaits")
+            .field("armed", &self.live.len())
+            .field("outbox", &self.outbox.len())
+            .field("queued", &self.queue.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a frame for the hub goes; false when it cannot take one now.
+pub trait FrameSink {
+    fn try_send(&mut self, frame: Vec<u8>) -> bool;
+}
+
+impl RemoteWaits {
+    /// Empty; `finished` is where the waits' tasks report.
+    pub fn new(waits: Waits, store: WaitsStore, finished: mpsc::Sender<Finished>) -> Self {
+        RemoteWaits {
+            waits,
+            store,
+            live: HashMap::new(),
+            outbox: BTreeMap::new(),
+            queue: VecDeque::new(),
+            runs: 0,
+            finished,
+            dirty: false,
+            save_failing: false,
+        }
+    }
+
+    /// Loads the saved state and arms every wait in it again (inside the runtime).
+    pub fn restore(&mut self) {
+        let (file, problem) = self.store.load();
+        if let Some(e) = problem {
+            tracing::error!(error = %e, "remote waits: the saved state is unusable");
+        }
+        let now = now_ms();
+        let (n_waits, n_out) = (file.waits.len(), file.outbox.len());
+        for d in file.outbox {
+            self.outbox.insert(d.id.clone(), d);
+        }
+        for h in file.waits {
+            if self.outbox.contains_key(&h.id) || self.live.contains_key(&h.id) {
+                continue;
+            }
+            let left = Duration::from_millis(h.deadline_ms.saturating_sub(now));
+            let spec = h.spec.clone();
+            self.start(h.id.clone(), &spec, left, Some(h));
+        }
+        if n_waits + n_out > 0 {
+            tracing::info!(
+                armed = n_waits,
+                unacknowledged = n_out,
+                "remote waits restored from {}",
+                self.store.path().display()
+            );
+        }
+    }
+
+    /// Every id held, armed or ended and unacknowledged: the hello's `waits`.
+    pub fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .live
+            .keys()
+            .chain(self.outbox.keys())
+            .cloned()
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids.truncate(MAX_WAITS_PER_DEVICE);
+        ids
+    }
+
+    pub fn armed(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn unacknowledged(&self) -> usize {
+        self.outbox.len()
+    }
+
+    /// The hub's `WaitArm`.
+    pub fn arm(&mut self, id: String, spec: &mesh::WaitSpec, timeout: Duration) {
+        if let Some(l) = self.live.get(&id) {
+            // Already armed: say so again, arm nothing new.
+            let frame = armed_frame(&l.held);
+            self.enqueue(frame);
+            return;
+        }
+        if let Some(d) = self.outbox.get(&id) {
+            // Already ended: its outcome, again.
+            let frame = done_frame(d);
+            self.enqueue(frame);
+            return;
+        }
+        if self.live.len() + self.outbox.len() >= MAX_WAITS_PER_DEVICE {
+            self.end(
+                id,
+                WaitEnd::Broke,
+                json!({}),
+                format!(
+                    "this agent holds {MAX_WAITS_PER_DEVICE} remote waits already; end some before arming more"
+                ),
+            );
+            return;
+        }
+        self.start(id, spec, timeout, None);
+    }
+
+    /// Arms `spec` and starts its task; `restored` is the persisted record of a wait armed
+    /// before a restart (its deadline and first arm time are kept).
+    fn start(
+        &mut self,
+        id: String,
+        spec: &mesh::WaitSpec,
+        left: Duration,
+        restored: Option<HeldWait>,
+    ) {
+        let local = match from_wire(spec) {
+            Ok(s) => s,
+            Err(why) => {
+                self.end(id, WaitEnd::Broke, json!({}), why);
+                return;
+            }
+        };
+        let armed = match self.waits.arm(&local) {
+            Ok(a) => a,
+            Err(e) => {
+                let msg = format!("cannot wait for {}: {e}", spec.describe());
+                self.end(id, WaitEnd::Broke, json!({"error": e.to_string()}), msg);
+                return;
+            }
+        };
+        let now = now_ms();
+        let held = HeldWait {
+            id: id.clone(),
+            spec: to_wire(&armed.resume_spec()),
+            deadline_ms: restored
+                .as_ref()
+                .map_or_else(|| now.saturating_add(ms(left)), |r| r.deadline_ms),
+            armed_at_ms: restored.as_ref().map_or(now, |r| r.armed_at_ms),
+            captured: captured_json(&armed.captured()).to_string(),
+        };
+        let tx = self.finished.clone();
+        let task_id = id.clone();
+        self.runs += 1;
+        let run = self.runs;
+        let task = tokio::spawn(async move {
+            let outcome = armed.wait(&WaitOptions::new(left)).await;
+            let _ = tx
+                .send(Finished {
+                    id: task_id,
+                    run,
+                    outcome,
+                })
+                .await;
+        });
+        let frame = armed_frame(&held);
+        self.enqueue(frame);
+        self.live.insert(id, Live { held, run, task });
+        self.dirty = true;
+    }
+
+    /// A wait's task ended.
+    pub fn finished(&mut self, f: Finished) {
+        if self.live.get(&f.id).is_none_or(|l| l.run != f.run) {
+            // Cancelled while its outcome was on the way.
+            return;
+        }
+        let Some(live) = self.live.remove(&f.id) else {
+            return;
+        };
+        let h = &live.held;
+        let (end, payload, message) = describe(h, f.outcome);
+        tracing::info!(wait = %f.id, outcome = end.as_str(), message = %message, "remote wait ended");
+        self.end(f.id, end, payload, message);
+    }
+
+    fn end(&mut self, id: String, outcome: WaitEnd, payload: Value, message: String) {
+        let d = DoneWait {
+            id: id.clone(),
+            outcome,
+            payload: payload.to_string(),
+            message,
+        };
+        let frame = done_frame(&d);
+        self.outbox.insert(id, d);
+        self.enqueue(frame);
+        self.dirty = true;
+    }
+
+    /// The hub's `WaitCancel`: the wait (or its unacknowledged outcome) is dropped.
+    pub fn cancel(&mut self, id: &str) {
+        let armed = self.live.remove(id).is_some();
+        let ended = self.outbox.remove(id).is_some();
+        if armed || ended {
+            tracing::info!(wait = id, "remote wait cancelled by the hub");
+            self.dirty = true;
+        }
+    }
+
+    /// The hub's `WaitAck`: the outcome is recorded there.
+    pub fn ack(&mut self, id: &str) {
+        if self.outbox.remove(id).is_some() {
+            self.dirty = true;
+        }
+    }
+
+    /// A link is up: every unacknowledged outcome goes again (the hub counts it once).
+    pub fn link_up(&mut self) {
+        self.queue.clear();
+        let frames: Vec<Vec<u8>> = self.outbox.values().filter_map(done_frame).collect();
+        self.queue.extend(frames);
+    }
+
+    /// The link is gone: queued frames are dropped (the next link's hello and resends
+    /// cover them).
+    pub fn link_down(&mut self) {
+        self.queue.clear();
+    }
+
+    fn enqueue(&mut self, frame: Option<Vec<u8>>) {
+        if let Some(f) = frame {
+            self.queue.push_back(f);
+        }
+    }
+
+    /// Sends queued frames while `sink` takes them.
+    pub fn pump(&mut self, sink: &mut impl FrameSink) {
+        while let Some(f) = self.queue.pop_front() {
+            if !sink.try_send(f.clone()) {
+                self.queue.push_front(f);
+                return;
+            }
+        }
+    }
+
+    /// Frames waiting for room on the link.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Saves the state if it changed. A failure is logged (once per streak) and retried
+    /// at the next call.
+    pub fn persist(&mut self) {
+        if !self.dirty {
+            return;
+        }
+        match self.store.save(&self.snapshot()) {
+            Ok(()) => {
+                self.dirty = false;
+                if self.save_failing {
+                    tracing::info!("remote waits: saving works again");
+                }
+                self.save_failing = false;
+            }
+            Err(e) => {
+                if !self.save_failing {
+                    tracing::error!(error = %e, "remote waits: cannot save their state; retrying each second (a restart now would lose what changed; the hub sends its waits again)");
+                }
+                self.save_failing = true;
+            }
+        }
+    }
+
+    /// What is saved.
+    pub fn snapshot(&self) -> WaitsFile {
+        let mut waits: Vec<HeldWait> = self.live.values().map(|l| l.held.clone()).collect();
+        waits.sort_by(|a, b| a.id.cmp(&b.id));
+        WaitsFile {
+            version: FILE_VERSION,
+            waits,
+            outbox: self.outbox.values().cloned().collect(),
+        }
+    }
+}
+
+/// Each armed pid wait holds a pidfd, and a file or flock wait a descriptor or a watch:
+/// [`MAX_WAITS_PER_DEVICE`] waits need more descriptors than the usual soft limit of 1,024.
+/// Raises the soft limit towards the hard one (as Go's runtime does at start); returns the
+/// soft limit now in force.
+pub fn raise_fd_limit() -> Option<u64> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    const WANT: u64 = 65_536;
+    let now = getrlimit(Resource::Nofile);
+    let soft = now.current?;
+    let target = now.maximum.map_or(WANT, |hard| hard.min(WANT));
+    if soft >= target {
+        return Some(soft);
+    }
+    match setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(target),
+            maximum: now.maximum,
+        },
+    ) {
+        Ok(()) => Some(target),
+        Err(e) => {
+            tracing::warn!(error = %e, soft, "cannot raise the open-file limit; remote waits beyond it will break with EMFILE");
+            Some(soft)
+        }
+    }
+}
+
+fn armed_frame(h: &HeldWait) -> Option<Vec<u8>> {
+    encode(&AgentFrame::WaitArmed {
+        wait_id: h.id.clone(),
+        captured: h.captured.clone(),
+        resume: Some(h.spec.clone()),
+    })
+}
+
+fn done_frame(d: &DoneWait) -> Option<Vec<u8>> {
+    encode(&AgentFrame::WaitDone {
+        wait_id: d.id.clone(),
+        outcome: d.outcome,
+        payload: d.payload.clone(),
+        message: d.message.clone(),
+    })
+}
+
+fn encode(f: &AgentFrame) -> Option<Vec<u8>> {
+    match f.encode() {
+        Ok(b) => Some(b),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode a remote wait's frame");
+            None
+        }
+    }
+}
+
+/// The wire spec as the wait library's. Paths must be absolute: a relative path means
+/// nothing to a daemon whose working directory is not the asker's.
+pub fn from_wire(spec: &mesh::WaitSpec) -> Result<WaitSpec, String> {
+    let abs = |p: &str| {
+        let path = PathBuf::from(p);
+        if path.is_absolute() {
+            Ok(path)
+        } else {
+            Err(format!(
+                "{p:?} is not an absolute path; a remote wait names a path on the device from /"
+            ))
+        }
+    };
+    Ok(match spec {
+        mesh::WaitSpec::Pid { pid, start_time } => WaitSpec::Pid {
+            pid: *pid,
+            start_time: *start_time,
+        },
+        mesh::WaitSpec::File { path, cursor } => WaitSpec::File {
+            path: abs(path)?,
+            cursor: cursor.map(|c| FileCursor {
+                exists: c.exists,
+                dev: c.dev,
+                ino: c.ino,
+                size: c.size,
+                mtime_ns: c.mtime_ns,
+            }),
+        },
+        mesh::WaitSpec::Flock { path } => WaitSpec::Flock { path: abs(path)? },
+    })
+}
+
+/// The wait library's spec on the wire.
+pub fn to_wire(spec: &WaitSpec) -> mesh::WaitSpec {
+    match spec {
+        WaitSpec::Pid { pid, start_time } => mesh::WaitSpec::Pid {
+            pid: *pid,
+            start_time: *start_time,
+        },
+        WaitSpec::File { path, cursor } => mesh::WaitSpec::File {
+            path: path.to_string_lossy().into_owned(),
+            cursor: cursor.map(|c| mesh::FileCursor {
+                exists: c.exists,
+                dev: c.dev,
+                ino: c.ino,
+                size: c.size,
+                mtime_ns: c.mtime_ns,
+            }),
+        },
+        WaitSpec::Flock { path } => mesh::WaitSpec::Flock {
+            path: path.to_string_lossy().into_owned(),
+        },
+    }
+}
+
+/// What arming found, as the JSON the hub shows.
+pub fn captured_json(c: &Captured) -> Value {
+    match c {
+        Captured::Pid(p) => json!({
+            "kind": "pid",
+            "pid": p.pid,
+            "comm": p.comm,
+            "start_time": p.start_time,
+            "started_at_ms": p.started_at_ms,
+            "method": p.method.as_str(),
+            "already_gone": p.gone.is_some(),
+            "reused": matches!(p.gone, Some(Gone::Reused { .. })),
+        }),
+        Captured::File(f) => json!({
+            "kind": "file",
+            "path": f.path.to_string_lossy(),
+            "exists": f.now.exists,
+            "size": f.now.size,
+            "mtime_ns": f.now.mtime_ns,
+            "watching_file": f.watching_file,
+            "changed_since_cursor": f.since.is_some_and(|s| f.now.changed_since(&s)),
+        }),
+        Captured::Flock(l) => json!({
+            "kind": "flock",
+            "path": l.path.to_string_lossy(),
+            "free": l.free,
+            "closes_watched": l.hinted,
+        }),
+    }
+}
+
+/// An outcome as (end, payload, one line for people).
+fn describe(h: &HeldWait, outcome: WaitOutcome) -> (WaitEnd, Value, String) {
+    let captured: Value = serde_json::from_str(&h.captured).unwrap_or(Value::Null);
+    let what = h.spec.describe();
+    match outcome {
+        WaitOutcome::Fired(fire) => {
+            let note = fire.payload["note"].as_str().map(str::to_owned);
+            let message = match (&h.spec, note) {
+                (_, Some(note)) => note,
+                (mesh::WaitSpec::Pid { pid, .. }, None) => match captured["comm"].as_str() {
+                    Some(comm) => format!("pid {pid} ({comm}) exited"),
+                    None => format!("pid {pid} exited"),
+                },
+                (mesh::WaitSpec::File { path, .. }, None) => {
+                    let ev = fire.payload["event"].as_str().unwrap_or("written");
+                    format!("{path} was written ({ev})")
+                }
+                (mesh::WaitSpec::Flock { path }, None) => format!("the lock on {path} is free"),
+            };
+            (WaitEnd::Fired, fire.payload, message)
+        }
+        WaitOutcome::TimedOut => {
+            let bound = human(h.deadline_ms.saturating_sub(h.armed_at_ms));
+            let state = match &h.spec {
+                mesh::WaitSpec::Pid { pid, .. } => format!("pid {pid} is still running"),
+                mesh::WaitSpec::File { path, .. } => format!("no write to {path}"),
+                mesh::WaitSpec::Flock { path } => format!("the lock on {path} is still held"),
+            };
+            (
+                WaitEnd::TimedOut,
+                json!({}),
+                format!("timed out after {bound}: {state}"),
+            )
+        }
+        WaitOutcome::Broke(e) => (
+            WaitEnd::Broke,
+            json!({"error": e.to_string()}),
+            format!("the wait for {what} broke: {e}"),
+        ),
+    }
+}
+
+/// `1.5s`, `10m`, `2h`, `3d`: the bound as people read it.
+fn human(ms: u64) -> String {
+    let s = ms as f64 / 1000.0;
+    let (v, unit) = if s < 60.0 {
+        (s, "s")
+    } else if s < 3600.0 {
+        (s / 60.0, "m")
+    } else if s < 86_400.0 {
+        (s / 3600.0, "h")
+    } else {
+        (s / 86_400.0, "d")
+    };
+    let text = format!("{v:.1}");
+    format!("{}{unit}", text.trim_end_matches(".0"))
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(ms)
+        .unwrap_or(0)
+}

@@ -1,0 +1,390 @@
+//! The durable half of remote waits: created with its waitpoint (and a session when none
+//! is named), its outcome recorded once under `device-wait:{id}`, ended with its
+//! waitpoint however that ends, ended by the hub at its deadline (`timed_out` online,
+//! `broke` offline), and the device's link told after each change.
+
+use std::collections::HashSet;
+
+use cortex_protocol::api::{Event, EventBody, WakeReason};
+use cortex_protocol::mesh::{WaitEnd, WaitSpec};
+
+use super::*;
+use crate::engine::Settings;
+use crate::store::ops::CancelOutcome;
+use crate::store::{Store, WriterGuard};
+
+const T0: u64 = 1_796_000_000_000;
+
+fn open(dir: &std::path::Path) -> (Store, WriterGuard) {
+    Store::open(&dir.join("hub.redb"), Settings::default()).expect("open")
+}
+
+async fn add_device(store: &Store, name: &str) {
+    let n = name.to_string();
+    assert!(
+        store
+            .exec(move |t| t.add_device(&n, [1; 32], T0))
+            .await
+            .expect("add")
+    );
+}
+
+fn new_wait(device: &str, pid: i32, timeout_ms: u64, session: Option<String>) -> NewDeviceWait {
+    NewDeviceWait {
+        device: device.into(),
+        spec: WaitSpec::Pid {
+            pid,
+            start_time: None,
+        },
+        timeout_ms,
+        session,
+        title: format!("wait pid {pid} on {device}"),
+        label: format!("pid {pid} on {device}"),
+        intent: "wake when it exits".into(),
+    }
+}
+
+async fn create(store: &Store, w: NewDeviceWait, now: u64) -> CreateDeviceWaitOutcome {
+    store
+        .exec(move |t| t.create_device_wait(w, [2; 32], now))
+        .await
+        .expect("create")
+}
+
+async fn created(store: &Store, w: NewDeviceWait, now: u64) -> (Waitpoint, DeviceWaitRecord) {
+    match create(store, w, now).await {
+        CreateDeviceWaitOutcome::Created {
+            waitpoint, wait, ..
+        } => (*waitpoint, *wait),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn events(store: &Store, sid: &str) -> Vec<Event> {
+    store
+        .read(|r| r.events_after(sid, 0, 1000))
+        .expect("read")
+        .expect("session")
+        .iter()
+        .map(|b| serde_json::from_slice(b).expect("event json"))
+        .collect()
+}
+
+fn wakes(store: &Store, sid: &str) -> Vec<cortex_protocol::api::Wake> {
+    events(store, sid)
+        .into_iter()
+        .filter_map(|e| match e.body {
+            EventBody::Wake(w) => Some(*w),
+            _ => None,
+        })
+        .collect()
+}
+
+fn active(store: &Store, device: &str) -> Vec<DeviceWaitRecord> {
+    store.read(|r| r.device_waits(device)).expect("read")
+}
+
+#[tokio::test]
+async fn a_wait_is_created_with_its_waitpoint_and_a_session_of_its_own() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    assert_eq!(
+        create(&store, new_wait("gpu1", 42, 10_000, None), T0).await,
+        CreateDeviceWaitOutcome::NoDevice
+    );
+    add_device(&store, "gpu1").await;
+    assert_eq!(
+        create(
+            &store,
+            new_wait("gpu1", 42, 10_000, Some("ses_nope".into())),
+            T0
+        )
+        .await,
+        CreateDeviceWaitOutcome::NoSession
+    );
+    let changed = store.notifier.subscribe_device("gpu1");
+    let (wp, rec) = match create(&store, new_wait("gpu1", 42, 10_000, None), T0).await {
+        CreateDeviceWaitOutcome::Created {
+            waitpoint,
+            wait,
+            session_created,
+        } => {
+            assert!(session_created);
+            (*waitpoint, *wait)
+        }
+        other => panic!("{other:?}"),
+    };
+    assert!(changed.has_changed().expect("open"), "the link is told");
+    assert_eq!(wp.device.as_deref(), Some("gpu1"));
+    assert_eq!(wp.max_signals, 1);
+    assert_eq!(rec.deadline, T0 + 10_000);
+    assert_eq!(rec.phase, Phase::Pending);
+    // The waitpoint outlives the hub's deadline, so the wait's own end comes first.
+    assert_eq!(
+        wp.expires_at,
+        T0 + 10_000 + TIMEOUT_GRACE_MS + EXPIRY_MARGIN_MS
+    );
+    assert_eq!(
+        *store.next_device_wait.borrow(),
+        Some(T0 + 10_000 + TIMEOUT_GRACE_MS)
+    );
+    let session = store
+        .read(|r| r.session(&wp.session))
+        .expect("read")
+        .expect("session");
+    assert_eq!(session.title.as_deref(), Some("wait pid 42 on gpu1"));
+    assert_eq!(active(&store, "gpu1"), vec![rec.clone()]);
+    assert_eq!(store.read(|r| r.device_wait_count("gpu1")).expect("n"), 1);
+    assert_eq!(store.read(|r| r.device_wait_count("gpu2")).expect("n"), 0);
+
+    // In a named session: no new session.
+    let sid = wp.session.clone();
+    match create(&store, new_wait("gpu1", 43, 10_000, Some(sid.clone())), T0).await {
+        CreateDeviceWaitOutcome::Created {
+            waitpoint,
+            session_created,
+            ..
+        } => {
+            assert!(!session_created);
+            assert_eq!(waitpoint.session, sid);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.read(|r| r.device_wait_count("gpu1")).expect("n"), 2);
+}
+
+#[tokio::test]
+async fn an_outcome_is_recorded_once_as_a_device_wait_signal() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    add_device(&store, "gpu1").await;
+    let (wp, _) = created(&store, new_wait("gpu1", 42, 60_000, None), T0).await;
+    let id = wp.id.clone();
+
+    let i = id.clone();
+    let resume = Some(WaitSpec::Pid {
+        pid: 42,
+        start_time: Some(777),
+    });
+    assert!(
+        store
+            .exec(move |t| t.device_wait_armed(
+                "gpu1",
+                &i,
+                r#"{"comm":"sleep"}"#.into(),
+                resume,
+                T0 + 1
+            ))
+            .await
+            .expect("armed")
+    );
+    let rec = &active(&store, "gpu1")[0];
+    assert_eq!(rec.phase, Phase::Armed);
+    assert_eq!(
+        rec.arm_spec(),
+        &WaitSpec::Pid {
+            pid: 42,
+            start_time: Some(777)
+        },
+        "later arms send the pinned spec"
+    );
+    // Another device cannot report this one.
+    let i = id.clone();
+    assert_eq!(
+        store
+            .exec(move |t| t.device_wait_done("gpu2", &i, WaitEnd::Fired, "{}", "x", T0 + 2))
+            .await
+            .expect("done"),
+        DoneOutcome::NotActive
+    );
+    let changed = store.notifier.subscribe_device("gpu1");
+    for n in 0..2 {
+        let i = id.clone();
+        let out = store
+            .exec(move |t| {
+                t.device_wait_done(
+                    "gpu1",
+                    &i,
+                    WaitEnd::Fired,
+                    r#"{"pid":42,"exited":true}"#,
+                    "pid 42 (sleep) exited",
+                    T0 + 5,
+                )
+            })
+            .await
+            .expect("done");
+        if n == 0 {
+            assert!(
+                matches!(out, DoneOutcome::Recorded(SignalOutcome::Accepted { .. })),
+                "{out:?}"
+            );
+        } else {
+            assert_eq!(out, DoneOutcome::NotActive, "a resend counts once");
+        }
+    }
+    assert!(changed.has_changed().expect("open"));
+    assert!(active(&store, "gpu1").is_empty());
+    let w = wakes(&store, &wp.session);
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].reason, WakeReason::Fired);
+    let s = &w[0].signals[0];
+    assert_eq!(s.source, "device-wait");
+    assert_eq!(s.key.as_deref(), Some(dedupe_key(&id).as_str()));
+    assert_eq!(s.message.as_deref(), Some("pid 42 (sleep) exited"));
+    let data: serde_json::Value =
+        serde_json::from_str(s.data.as_deref().expect("data")).expect("json");
+    assert_eq!(data["outcome"], "fired");
+    assert_eq!(data["device"], "gpu1");
+    assert_eq!(data["payload"]["exited"], true);
+    // Armed reports for an ended wait tell the link to cancel it.
+    let i = id.clone();
+    assert!(
+        !store
+            .exec(move |t| t.device_wait_armed("gpu1", &i, "{}".into(), None, T0 + 6))
+            .await
+            .expect("armed")
+    );
+}
+
+#[tokio::test]
+async fn a_waitpoint_ending_otherwise_ends_its_wait() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    add_device(&store, "gpu1").await;
+    let (a, _) = created(&store, new_wait("gpu1", 1, 60_000, None), T0).await;
+    let (b, _) = created(&store, new_wait("gpu1", 2, 60_000, None), T0).await;
+    let changed = store.notifier.subscribe_device("gpu1");
+    let id = a.id.clone();
+    assert_eq!(
+        store
+            .exec(move |t| t.cancel_waitpoint(&id, None, "operator", T0 + 1))
+            .await
+            .expect("cancel"),
+        CancelOutcome::Cancelled
+    );
+    assert!(changed.has_changed().expect("open"));
+    assert_eq!(active(&store, "gpu1").len(), 1);
+    let sid = b.session.clone();
+    assert!(
+        store
+            .exec(move |t| t.delete_session(&sid, T0 + 2))
+            .await
+            .expect("delete")
+    );
+    assert!(active(&store, "gpu1").is_empty());
+    assert_eq!(
+        *store.next_device_wait.borrow(),
+        None,
+        "the deadlines went too"
+    );
+}
+
+#[tokio::test]
+async fn the_hubs_deadline_times_out_online_and_breaks_offline() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    add_device(&store, "up").await;
+    add_device(&store, "down").await;
+    let (a, _) = created(&store, new_wait("up", 1, 10_000, None), T0).await;
+    let (b, _) = created(&store, new_wait("down", 2, 10_000, None), T0).await;
+    let (c, _) = created(&store, new_wait("up", 3, 50_000, None), T0).await;
+    let online: HashSet<String> = ["up".to_string()].into();
+    let o = online.clone();
+    assert_eq!(
+        store
+            .exec(move |t| t.device_waits_due(T0 + 10_000 + TIMEOUT_GRACE_MS - 1, &o))
+            .await
+            .expect("due"),
+        0
+    );
+    let o = online.clone();
+    assert_eq!(
+        store
+            .exec(move |t| t.device_waits_due(T0 + 10_000 + TIMEOUT_GRACE_MS, &o))
+            .await
+            .expect("due"),
+        2
+    );
+    let outcome = |wp: &Waitpoint| {
+        let w = wakes(&store, &wp.session);
+        assert_eq!(w.len(), 1, "one wake");
+        assert_eq!(w[0].reason, WakeReason::Failed);
+        let s = &w[0].signals[0];
+        let data: serde_json::Value =
+            serde_json::from_str(s.data.as_deref().expect("data")).expect("json");
+        (
+            data["outcome"].as_str().unwrap_or_default().to_string(),
+            s.message.clone().unwrap_or_default(),
+        )
+    };
+    let (o, m) = outcome(&a);
+    assert_eq!(o, "timed_out");
+    assert!(m.contains("timed out after 10s"), "{m}");
+    let (o, m) = outcome(&b);
+    assert_eq!(o, "broke");
+    assert!(m.contains("offline"), "{m}");
+    assert!(wakes(&store, &c.session).is_empty());
+    assert_eq!(
+        *store.next_device_wait.borrow(),
+        Some(T0 + 50_000 + TIMEOUT_GRACE_MS)
+    );
+}
+
+#[tokio::test]
+async fn waits_an_agent_cannot_run_and_waits_of_a_revoked_device_break() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    add_device(&store, "old").await;
+    let (a, _) = created(&store, new_wait("old", 1, 60_000, None), T0).await;
+    let mut f = new_wait("old", 0, 60_000, None);
+    f.spec = WaitSpec::File {
+        path: "/x".into(),
+        cursor: None,
+    };
+    let (b, _) = created(&store, f, T0).await;
+    let caps = vec!["spool".to_string(), "wait-pid".to_string()];
+    assert_eq!(
+        store
+            .exec(move |t| t.device_waits_unsupported("old", &caps, "0.0.9", T0 + 1))
+            .await
+            .expect("unsupported"),
+        1
+    );
+    let w = wakes(&store, &b.session);
+    assert_eq!(w.len(), 1);
+    let m = w[0].signals[0].message.clone().unwrap_or_default();
+    assert!(m.contains("does not announce wait-file"), "{m}");
+    assert!(wakes(&store, &a.session).is_empty());
+
+    assert!(
+        store
+            .exec(|t| t.revoke_device("old", T0 + 2))
+            .await
+            .expect("revoke")
+    );
+    let w = wakes(&store, &a.session);
+    assert_eq!(w.len(), 1);
+    assert!(
+        w[0].signals[0]
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("revoked"))
+    );
+    assert!(active(&store, "old").is_empty());
+}
+
+#[test]
+fn an_outcome_too_big_for_data_leaves_its_payload_out() {
+    let spec = WaitSpec::Flock { path: "/l".into() };
+    let big = serde_json::json!({"x": "y".repeat(20_000)}).to_string();
+    let s = outcome_signal("wp_1", "d", &spec, WaitEnd::Fired, &big, &"m".repeat(3_000));
+    let data: serde_json::Value =
+        serde_json::from_str(s.req.data.as_deref().expect("data")).expect("json");
+    assert_eq!(data["payload_omitted"], true);
+    assert_eq!(
+        s.req.message.as_deref().map(|m| m.chars().count()),
+        Some(2_000)
+    );
+    assert_eq!(s.req.status, Some(cortex_protocol::SignalStatus::Ok));
+    assert!(s.req.check_caps().is_ok());
+}
