@@ -7,6 +7,7 @@ pub mod sessions;
 pub mod wait;
 pub mod wait_for;
 pub mod wait_local;
+pub mod wait_remote;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -27,7 +28,8 @@ defaults to ~/.cortex).
 
 Exit status: 0 done; 1 failed; every `cortex wait …` exits 2 when it fails, and `cortex wait for`,
 `pid`, `file` and `flock` follow the wait contract: 0 fired, 1 timed out (or the waitpoint
-expired), 2 broke. `cortex wait pid|file|flock` wait on this machine and need no hub.";
+expired), 2 broke. `cortex wait pid|file|flock` wait on this machine and need no hub; with
+--device NAME they wait on that device, through the hub and its agent.";
 
 /// The cortex command line: sessions and waitpoints on a cortex hub
 #[derive(Debug, Parser)]
@@ -52,8 +54,8 @@ pub enum Command {
     /// Create a session, post a message to one, read its events
     #[command(subcommand)]
     Session(SessionCommand),
-    /// Waitpoints (arm, check, cancel, block until one wakes), and waits on this machine
-    /// for a pid, a file or a lock
+    /// Waitpoints (arm, check, cancel, block until one wakes), and waits for a pid, a file
+    /// or a lock, on this machine or on a device
     #[command(subcommand)]
     Wait(WaitCommand),
     /// List the devices: state, since, last seen, agent version, spool counts, waits
@@ -247,7 +249,9 @@ fn execute(
     err: &mut dyn Write,
 ) -> anyhow::Result<u8> {
     // Local waits need no hub: no address, no token.
-    if let Command::Wait(WaitCommand::Local(w)) = &cli.command {
+    if let Command::Wait(WaitCommand::Local(w)) = &cli.command
+        && w.device().is_none()
+    {
         return Ok(wait_local::run(w, out, err));
     }
     let hub = connect(cli.hub.as_deref(), env)?;
@@ -277,7 +281,7 @@ fn execute(
         Command::Wait(WaitCommand::For { wp, timeout }) => {
             return Ok(wait_for::run(&hub, wp, *timeout, out, err));
         }
-        Command::Wait(WaitCommand::Local(w)) => return Ok(wait_local::run(w, out, err)),
+        Command::Wait(WaitCommand::Local(w)) => return Ok(wait_remote::run(&hub, w, out, err)),
     }
     Ok(0)
 }

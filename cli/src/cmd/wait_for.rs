@@ -4,12 +4,18 @@
 //!
 //! It reads the session's event log by long polls from a cursor taken before the waitpoint's
 //! state, so no wake can fall between the two; it changes nothing on the hub.
+//!
+//! A remote wait's waitpoint (`cortex wait pid|file|flock --device`) is ended by a signal
+//! with `source: "device-wait"` whose data says how: `fired`, `timed_out` or `broke`. That
+//! outcome decides the exit status (0, 1, 2) rather than the wake's reason, so a remote
+//! wait that timed out exits 1 like a local one, here and in `cortex wait for`.
 
 use std::io::Write;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use cortex_protocol::api::{SessionView, WaitpointView};
+use cortex_protocol::mesh::WaitEnd;
 use serde_json::Value;
 
 use super::sessions::events_of;
@@ -36,10 +42,24 @@ pub fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
+    run_with(hub, wp, timeout, true, out, err)
+}
+
+/// [`run`]; `announce: false` leaves out the "waiting for" line, for a caller that has
+/// printed its own armed line.
+pub fn run_with(
+    hub: &Hub,
+    wp: &str,
+    timeout: Option<Duration>,
+    announce: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
     let mut waiter = Waiter {
         hub,
         wp,
         timeout,
+        announce,
         deadline: after(timeout.unwrap_or(GRACE)),
     };
     match waiter.wait(out, err) {
@@ -58,6 +78,7 @@ struct Waiter<'a> {
     hub: &'a Hub,
     wp: &'a str,
     timeout: Option<Duration>,
+    announce: bool,
     deadline: Instant,
 }
 
@@ -91,7 +112,7 @@ impl Waiter<'_> {
                 // Resolved or expired: its wake is in the log, or still on its way.
                 if let Some(wake) = self.last_wake(&sid)? {
                     let _ = writeln!(err, "cortex: {wp} is {state}; its last wake:");
-                    return Ok(fire(&wake, out));
+                    return Ok(fire(&wake, out, err));
                 }
                 if !view.wakes.is_empty() && view.wakes.iter().all(|w| w.delivered) {
                     return Err(Broke(format!(
@@ -104,11 +125,13 @@ impl Waiter<'_> {
             Some(t) => format!("at most {}", human(t)),
             None => format!("its expiry {} plus {}", utc(view.expires_at), human(GRACE)),
         };
-        let _ = writeln!(
-            err,
-            "cortex: waiting for {wp} \"{}\" ({}) in session {sid}; {bound}",
-            view.label, view.state
-        );
+        if self.announce {
+            let _ = writeln!(
+                err,
+                "cortex: waiting for {wp} \"{}\" ({}) in session {sid}; {bound}",
+                view.label, view.state
+            );
+        }
 
         loop {
             let left = self.deadline.saturating_duration_since(Instant::now());
@@ -137,7 +160,7 @@ impl Waiter<'_> {
             for ev in events {
                 cursor = cursor.max(ev["seq"].as_u64().unwrap_or(cursor));
                 if is_for(ev, "wake", wp) {
-                    return Ok(fire(ev, out));
+                    return Ok(fire(ev, out, err));
                 }
                 if is_for(ev, "waitpoint-cancelled", wp) {
                     return Err(cancelled(wp, ev["by"].as_str()));
@@ -235,8 +258,9 @@ fn is_for(ev: &Value, kind: &str, wp: &str) -> bool {
     ev["kind"] == kind && ev["waitpoint"]["id"] == wp
 }
 
-/// Prints the wake as one JSON line; its reason decides the exit status.
-fn fire(wake: &Value, out: &mut dyn Write) -> u8 {
+/// Prints the wake as one JSON line; a remote wait's outcome, else the wake's reason,
+/// decides the exit status. A remote wait that did not fire says why on `err`.
+fn fire(wake: &Value, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
     let printed = serde_json::to_string(wake)
         .map_err(std::io::Error::other)
         .and_then(|line| writeln!(out, "{line}"))
@@ -244,10 +268,33 @@ fn fire(wake: &Value, out: &mut dyn Write) -> u8 {
     if printed.is_err() {
         return BROKE;
     }
+    if let Some((outcome, message)) = device_wait_outcome(wake) {
+        if outcome != WaitEnd::Fired && !message.is_empty() {
+            let _ = writeln!(err, "cortex: {message}");
+        }
+        return outcome.exit_code();
+    }
     match wake["reason"].as_str() {
         Some("expired") => TIMED_OUT,
         _ => FIRED,
     }
+}
+
+/// The outcome and message of the remote wait a wake carries, if it carries one: its
+/// `device-wait` signal's data says `{"outcome": "fired"|"timed_out"|"broke", …}`.
+pub fn device_wait_outcome(wake: &Value) -> Option<(WaitEnd, String)> {
+    let signals = wake["signals"].as_array()?;
+    signals.iter().rev().find_map(|s| {
+        if s["source"] != "device-wait" {
+            return None;
+        }
+        let data: Value = serde_json::from_str(s["data"].as_str()?).ok()?;
+        let outcome = WaitEnd::parse(data["outcome"].as_str()?)?;
+        Some((
+            outcome,
+            s["message"].as_str().unwrap_or_default().to_string(),
+        ))
+    })
 }
 
 /// The monotonic instant at which the wall clock reads `ms` (now, if that is past).

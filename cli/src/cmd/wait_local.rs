@@ -2,7 +2,8 @@
 //! waiting itself is `cortex_device_agent::wait`, the same code the device agent runs for
 //! remote waits; this module owns only the command line around it: the flags, the one
 //! "armed" line on stderr, the payload on stdout, the exit status (0 fired, 1 timed out,
-//! 2 broke), and the `--cursor` file of a file wait.
+//! 2 broke), and the `--cursor` file of a file wait. With `--device NAME` the same
+//! commands are remote waits, run by `wait_remote.rs` instead.
 //!
 //! A current-thread Tokio runtime is built here, inside these commands only, so the rest
 //! of `cortex` (and `cortex-signal`) starts no runtime. SIGINT and SIGTERM end the wait
@@ -38,6 +39,13 @@ pub struct Bound {
     /// How often to touch the --heartbeat file
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
     pub heartbeat_every: Duration,
+    /// Wait on this connected device instead, through the hub and the device's agent
+    /// (a waitpoint bound to the device; the wake goes to --session, or a new session)
+    #[arg(long, value_name = "NAME")]
+    pub device: Option<String>,
+    /// With --device: the session the wake goes to [default: a new session for this wait]
+    #[arg(long, value_name = "SID", requires = "device")]
+    pub session: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -79,15 +87,32 @@ pub struct FlockArgs {
 /// The local waits, flattened into `cortex wait`'s subcommands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum LocalWait {
-    /// Wait on this machine for a process to exit; print one JSON line
-    /// (exit 0 exited, 1 timed out, 2 broke; no hub needed)
+    /// Wait for a process to exit, on this machine (no hub needed) or with --device on a
+    /// connected device; print one JSON line (exit 0 exited, 1 timed out, 2 broke)
     Pid(PidArgs),
-    /// Wait on this machine for a file to be written (closed after writing, moved into
-    /// place, created); never fires on a read (exit 0 written, 1 timed out, 2 broke)
+    /// Wait for a file to be written (closed after writing, moved into place, created),
+    /// here or with --device on a device; never fires on a read (exit 0 written,
+    /// 1 timed out, 2 broke)
     File(FileArgs),
-    /// Wait on this machine for a flock(2) lock to be free, as `flock FILE true` would,
-    /// without holding it (exit 0 free, 1 timed out, 2 broke)
+    /// Wait for a flock(2) lock to be free, as `flock FILE true` would, without holding
+    /// it, here or with --device on a device (exit 0 free, 1 timed out, 2 broke)
     Flock(FlockArgs),
+}
+
+impl LocalWait {
+    /// The flags every kind shares.
+    pub fn bound(&self) -> &Bound {
+        match self {
+            LocalWait::Pid(a) => &a.bound,
+            LocalWait::File(a) => &a.bound,
+            LocalWait::Flock(a) => &a.bound,
+        }
+    }
+
+    /// `--device NAME`: a remote wait.
+    pub fn device(&self) -> Option<&str> {
+        self.bound().device.as_deref()
+    }
 }
 
 /// Runs one local wait; returns the exit status.

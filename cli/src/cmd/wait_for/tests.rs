@@ -337,3 +337,38 @@ fn a_failing_hub_is_asked_again() {
     let (code, _, err) = wait(&server, Some(Duration::from_secs(60)));
     assert_eq!(code, FIRED, "{err}");
 }
+
+fn device_wake(seq: u64, outcome: &str, message: &str) -> Value {
+    let mut w = wake(
+        seq,
+        "wp_1",
+        if outcome == "fired" {
+            "fired"
+        } else {
+            "failed"
+        },
+    );
+    w["signals"] = json!([{
+        "status": if outcome == "fired" { "ok" } else { "fail" },
+        "message": message, "member": null,
+        "data": json!({"outcome": outcome, "device": "gpu1", "kind": "pid", "payload": {}}).to_string(),
+        "source": "device-wait", "key": "device-wait:wp_1", "at": 1,
+    }]);
+    w
+}
+
+#[test]
+fn a_remote_waits_outcome_decides_the_exit_status() {
+    for (outcome, code) in [("fired", FIRED), ("timed_out", TIMED_OUT), ("broke", BROKE)] {
+        let message = format!("the wait {outcome}");
+        let server = Fake::armed(vec![page(vec![device_wake(6, outcome, &message)])]).serve();
+        let (got, out, err) = wait(&server, None);
+        assert_eq!(got, code, "{outcome}: {err}");
+        assert_eq!(out.lines().count(), 1, "the wake, as for any wait");
+        // Why it did not fire is said on stderr; a fire needs no words.
+        assert_eq!(err.contains(&message), outcome != "fired", "{err}");
+    }
+    // A failure signal from elsewhere (a job holding the secret) is still a fired wait.
+    let w = wake(6, "wp_1", "failed");
+    assert_eq!(device_wait_outcome(&w), None);
+}

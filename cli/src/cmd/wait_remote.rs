@@ -1,0 +1,134 @@
+//! `cortex wait pid|file|flock … --device NAME`: a remote wait. It asks the hub for one
+//! (`POST /api/devices/{name}/waits`: a waitpoint bound to the device, which the device's
+//! agent signals when the condition holds), prints one armed line on stderr, and then ends
+//! exactly like `cortex wait for` on that waitpoint: the wake as one JSON object on stdout,
+//! exit 0 fired, 1 timed out, 2 broke (the device lost and not back within the bound, the
+//! wait refused or cancelled, the hub unreachable).
+//!
+//! The bound is the hub's: `--timeout` goes to the hub as `timeout_s`, and the hub (or the
+//! agent) ends the wait then. This command waits that long plus [`SLACK`] for the wake, so
+//! a hub that is slow to say so is still heard.
+//!
+//! Ctrl-C stops only this command: the waitpoint stays armed and still wakes its session
+//! (`cortex wait cancel WP_ID` disarms it).
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Context;
+use cortex_protocol::api::{CreateDeviceWait, DeviceView, DeviceWaitCreated};
+
+use super::wait_for::{self, BROKE};
+use super::wait_local::LocalWait;
+use crate::hub::{Hub, segment};
+use crate::timefmt::human;
+
+/// How long past its bound the wake may take to come: the hub's grace for the agent's
+/// report (2 s), a commit, and a long poll's turn.
+pub const SLACK: Duration = Duration::from_secs(30);
+
+/// Asks for the wait and blocks until it ends; returns the exit status.
+pub fn run(hub: &Hub, wait: &LocalWait, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    let Some(device) = wait.device() else {
+        return BROKE;
+    };
+    let created = match body(wait, device).and_then(|b| create(hub, device, &b)) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = writeln!(err, "cortex: {e:#}");
+            return BROKE;
+        }
+    };
+    let wp = &created.waitpoint;
+    let online = hub
+        .get(&format!("/api/devices/{}", segment(device)))
+        .ok()
+        .and_then(|r| r.json::<DeviceView>("GET /api/devices/{name}").ok())
+        .map(|d| d.state == "online");
+    let timeout = wait.bound().timeout;
+    let _ = writeln!(
+        err,
+        "cortex: {}",
+        armed_line(&created, device, online, timeout)
+    );
+    let _ = err.flush();
+    wait_for::run_with(hub, &wp.id, Some(timeout + SLACK), false, out, err)
+}
+
+/// The request body from the flags. Flags that only make sense on this machine are
+/// refused with what to do instead.
+pub fn body(wait: &LocalWait, device: &str) -> anyhow::Result<CreateDeviceWait> {
+    let bound = wait.bound();
+    anyhow::ensure!(
+        bound.heartbeat.is_none(),
+        "--heartbeat is for waits on this machine; a remote wait is kept alive by {device}'s agent, and `cortex devices` shows it"
+    );
+    let abs = |p: &std::path::Path| -> anyhow::Result<String> {
+        let s = p
+            .to_str()
+            .with_context(|| format!("{} is not UTF-8; name the file in UTF-8", p.display()))?;
+        anyhow::ensure!(
+            s.starts_with('/'),
+            "{s} is relative; give the absolute path of the file on {device}"
+        );
+        Ok(s.to_string())
+    };
+    let mut b = CreateDeviceWait {
+        timeout_s: Some(bound.timeout.as_secs_f64()),
+        session: bound.session.clone(),
+        ..CreateDeviceWait::default()
+    };
+    match wait {
+        LocalWait::Pid(a) => {
+            b.kind = "pid".into();
+            b.pid = Some(a.pid);
+            b.start_time = a.start_time;
+        }
+        LocalWait::File(a) => {
+            anyhow::ensure!(
+                a.cursor.is_none(),
+                "--cursor is for waits on this machine; {device}'s agent keeps a remote file wait's position itself"
+            );
+            b.kind = "file".into();
+            b.path = Some(abs(&a.path)?);
+        }
+        LocalWait::Flock(a) => {
+            b.kind = "flock".into();
+            b.path = Some(abs(&a.path)?);
+        }
+    }
+    Ok(b)
+}
+
+fn create(hub: &Hub, device: &str, b: &CreateDeviceWait) -> anyhow::Result<DeviceWaitCreated> {
+    let reply = hub
+        .post(&format!("/api/devices/{}/waits", segment(device)), b)
+        .with_context(|| format!("asking the hub for a wait on {device}"))?;
+    Ok(reply.json("POST /api/devices/{name}/waits")?)
+}
+
+/// The one line on arm: what, where, the waitpoint, and the bound.
+fn armed_line(
+    c: &DeviceWaitCreated,
+    device: &str,
+    online: Option<bool>,
+    timeout: Duration,
+) -> String {
+    let what = match (c.wait.kind.as_str(), c.wait.pid, c.wait.path.as_deref()) {
+        ("pid", Some(pid), _) => format!("pid {pid} to exit"),
+        ("file", _, Some(p)) => format!("a write to {p}"),
+        ("flock", _, Some(p)) => format!("the lock on {p} to be free"),
+        (k, _, _) => format!("a {k} wait"),
+    };
+    let state = match online {
+        Some(true) => String::new(),
+        Some(false) => format!("; {device} is offline and gets the wait when it reconnects"),
+        None => String::new(),
+    };
+    format!(
+        "waiting on {device} for {what} (waitpoint {}, session {}){state}; at most {}",
+        c.waitpoint.id,
+        c.waitpoint.session,
+        human(timeout)
+    )
+}
