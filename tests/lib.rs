@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+pub mod agent;
 pub mod sim;
 
 use std::fs::File;

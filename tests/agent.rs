@@ -1,0 +1,117 @@
+//! A real `cortex-device-agent` for the whole-system tests: its own temp home, its token
+//! in a file, logging to a file beside the home; SIGKILL, SIGTERM and start again on the
+//! same home (so its spool and its saved remote waits survive).
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::{Hub, bin, wait_until};
+
+/// A running (or stopped) agent.
+pub struct Agent {
+    pub home: PathBuf,
+    _tmp: tempfile::TempDir,
+    child: Option<Child>,
+    pub name: String,
+    mesh_url: String,
+    token_file: PathBuf,
+}
+
+impl Agent {
+    /// Starts an agent for device `name` of `hub`.
+    pub fn start(hub: &Hub, name: &str, token: &str) -> Agent {
+        let mut a = Agent::new(hub, name, token);
+        a.spawn();
+        a
+    }
+
+    /// An agent ready to start, not started (a device that is offline when asked).
+    pub fn new(hub: &Hub, name: &str, token: &str) -> Agent {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let home = tmp.path().join("home");
+        let token_file = tmp.path().join("device-token");
+        std::fs::write(&token_file, format!("{token}\n")).expect("token file");
+        Agent {
+            home,
+            _tmp: tmp,
+            child: None,
+            name: name.to_string(),
+            mesh_url: hub.mesh_url.clone(),
+            token_file,
+        }
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.home.parent().expect("tmp").join("agent.log")
+    }
+
+    /// Starts the process (again) on the same home.
+    pub fn spawn(&mut self) {
+        assert!(self.child.is_none(), "the agent is already running");
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("log");
+        let child = Command::new(bin("cortex-device-agent"))
+            .args(["--hub", &self.mesh_url, "--name", &self.name])
+            .arg("--token-file")
+            .arg(&self.token_file)
+            .arg("--home")
+            .arg(&self.home)
+            .env_remove("CORTEX_DEVICE_TOKEN")
+            .env_remove("CREDENTIALS_DIRECTORY")
+            .env_remove("NOTIFY_SOCKET")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn cortex-device-agent");
+        self.child = Some(child);
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL: nothing saved on the way out.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then waits (bounded) for the exit status.
+    pub fn stop(&mut self) -> ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let pid = rustix::process::Pid::from_raw(c.id() as i32).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+        wait_until(Duration::from_secs(20), "the agent to exit", || {
+            c.try_wait().ok().flatten()
+        })
+    }
+
+    /// `$HOME/agent/waits.json`: the remote waits it saved (`Null` when there is none).
+    pub fn saved_waits(&self) -> Value {
+        std::fs::read(self.home.join("agent/waits.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

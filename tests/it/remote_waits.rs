@@ -1,0 +1,487 @@
+//! Remote waits end to end: the real hub, the real `cortex-device-agent`, real `sleep`
+//! processes. A pid wait fires when its process is killed and wakes the session (source
+//! `device-wait`); `cortex wait pid --device` exits 0 on the exit, 1 on its timeout, 2 when
+//! the device stays offline past the bound; the agent SIGKILLed mid-wait re-arms and
+//! fires once (also when the pid exits while it is down); a wait asked of an offline
+//! device fires once it connects; `cortex devices` counts the active waits; cancelling the
+//! waitpoint cancels the agent's wait; refusals say why.
+
+// Fields of JSON the hub just answered with; a panic is the test failing.
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use cortex_cli::http::Method;
+use cortex_tests::agent::Agent;
+use cortex_tests::sim::{Options, SimDevice};
+use cortex_tests::{Hub, bin, run, wait_until};
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(20);
+
+/// A `sleep 3600`, killed and reaped when dropped.
+struct Sleep(Child);
+
+impl Sleep {
+    fn start() -> Sleep {
+        Sleep(
+            Command::new("sleep")
+                .arg("3600")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn sleep"),
+        )
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn add_device(hub: &Hub, name: &str) -> String {
+    let (st, v) = hub.api(Method::Post, "/api/devices", Some(&json!({"name": name})));
+    assert_eq!(st, 201, "{v}");
+    v["token"].as_str().unwrap().to_string()
+}
+
+fn device(hub: &Hub, name: &str) -> Value {
+    let (st, v) = hub.api(Method::Get, &format!("/api/devices/{name}"), None);
+    assert_eq!(st, 200, "{v}");
+    v
+}
+
+fn listed_waits(hub: &Hub, name: &str) -> u64 {
+    let (st, v) = hub.api(Method::Get, "/api/devices", None);
+    assert_eq!(st, 200, "{v}");
+    v.as_array()
+        .and_then(|a| a.iter().find(|d| d["name"] == name))
+        .and_then(|d| d["waits"].as_u64())
+        .expect("listed with waits")
+}
+
+fn wait_online(hub: &Hub, name: &str) {
+    wait_until(T, "the device online", || {
+        (device(hub, name)["state"] == "online").then_some(())
+    });
+}
+
+/// The device wait's state in `GET /api/devices/{name}` (`None` once it ended).
+fn wait_state(hub: &Hub, name: &str, wp: &str) -> Option<String> {
+    device(hub, name)["wait_list"]
+        .as_array()
+        .and_then(|l| l.iter().find(|w| w["id"] == wp))
+        .and_then(|w| w["state"].as_str())
+        .map(str::to_string)
+}
+
+fn wait_armed(hub: &Hub, name: &str, wp: &str) -> Value {
+    wait_until(T, "the wait armed on the device", || {
+        let d = device(hub, name);
+        d["wait_list"]
+            .as_array()
+            .and_then(|l| l.iter().find(|w| w["id"] == wp && w["state"] == "armed"))
+            .cloned()
+    })
+}
+
+fn remote_pid_wait(hub: &Hub, name: &str, pid: u32, timeout_s: f64) -> Value {
+    let (st, v) = hub.api(
+        Method::Post,
+        &format!("/api/devices/{name}/waits"),
+        Some(&json!({"kind": "pid", "pid": pid, "timeout_s": timeout_s})),
+    );
+    assert_eq!(st, 201, "{v}");
+    v
+}
+
+/// The device-wait signals recorded on a waitpoint.
+fn device_wait_signals(hub: &Hub, wp: &str) -> Vec<Value> {
+    hub.get_waitpoint(wp)["signals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["source"] == "device-wait")
+        .cloned()
+        .collect()
+}
+
+fn outcome_of(signal: &Value) -> String {
+    let data: Value = serde_json::from_str(signal["data"].as_str().unwrap()).unwrap();
+    data["outcome"].as_str().unwrap().to_string()
+}
+
+/// The agent forgot the wait: not armed, no outcome waiting for an ack.
+fn agent_forgot(agent: &Agent, wp: &str) -> bool {
+    let f = agent.saved_waits();
+    let has = |k: &str| {
+        f[k].as_array()
+            .is_some_and(|a| a.iter().any(|w| w["id"] == wp))
+    };
+    !f.is_null() && !has("waits") && !has("outbox")
+}
+
+fn cortex(hub: &Hub, args: &[&str]) -> (i32, String, String) {
+    let url = format!("http://{}", hub.addr);
+    run(
+        "cortex",
+        args,
+        &[("CORTEX_HUB", &url), ("CORTEX_WEBHOOK_TOKEN", &hub.token)],
+    )
+}
+
+#[test]
+fn a_remote_pid_wait_fires_when_its_process_is_killed_and_wakes_the_session() {
+    let hub = Hub::start();
+    let token = add_device(&hub, "gpu1");
+    let agent = Agent::start(&hub, "gpu1", &token);
+    wait_online(&hub, "gpu1");
+    let d = device(&hub, "gpu1");
+    assert_eq!(d["waits"], 0);
+    assert_eq!(d["wait_list"], json!([]));
+
+    let mut sleep = Sleep::start();
+    let created = remote_pid_wait(&hub, "gpu1", sleep.pid(), 600.0);
+    let wp = created["id"].as_str().unwrap().to_string();
+    let sid = created["session"].as_str().unwrap().to_string();
+    assert_eq!(created["device"], "gpu1");
+    assert_eq!(created["max_signals"], 1);
+    assert_eq!(created["wait"]["kind"], "pid");
+    assert_eq!(created["wait"]["pid"], sleep.pid());
+    assert_eq!(created["label"], format!("pid {} on gpu1", sleep.pid()));
+    let (_, s) = hub.api(Method::Get, &format!("/api/sessions/{sid}"), None);
+    assert_eq!(s["title"], format!("wait pid {} on gpu1", sleep.pid()));
+
+    let w = wait_armed(&hub, "gpu1", &wp);
+    assert_eq!(w["captured"]["comm"], "sleep", "{w}");
+    assert_eq!(listed_waits(&hub, "gpu1"), 1);
+    let (code, out, err) = cortex(&hub, &["devices"]);
+    assert_eq!(code, 0, "{err}");
+    let row = out.lines().find(|l| l.starts_with("gpu1")).expect("a row");
+    assert!(row.trim_end().ends_with(" 1"), "the WAITS column: {out}");
+
+    sleep.kill();
+    let wake = hub.wait_wake(&sid, &wp, 1, T);
+    assert_eq!(wake["reason"], "fired", "{wake}");
+    let sig = &wake["signals"][0];
+    assert_eq!(sig["source"], "device-wait");
+    assert_eq!(sig["status"], "ok");
+    assert_eq!(sig["key"], format!("device-wait:{wp}"));
+    assert_eq!(
+        sig["message"],
+        format!("pid {} (sleep) exited", sleep.pid())
+    );
+    assert_eq!(outcome_of(sig), "fired");
+    assert!(wake["text"].as_str().unwrap().contains("exited"), "{wake}");
+
+    wait_until(T, "the agent's outcome acknowledged", || {
+        agent_forgot(&agent, &wp).then_some(())
+    });
+    assert_eq!(listed_waits(&hub, "gpu1"), 0);
+    assert_eq!(device_wait_signals(&hub, &wp).len(), 1);
+    assert_eq!(hub.wakes(&sid).len(), 1);
+}
+
+#[test]
+fn cortex_wait_pid_device_exits_0_on_the_exit_and_1_on_its_timeout() {
+    let hub = Hub::start();
+    let token = add_device(&hub, "gpu1");
+    let _agent = Agent::start(&hub, "gpu1", &token);
+    wait_online(&hub, "gpu1");
+    let url = format!("http://{}", hub.addr);
+
+    let mut sleep = Sleep::start();
+    let pid = sleep.pid().to_string();
+    let child = Command::new(bin("cortex"))
+        .args(["wait", "pid", &pid, "--device", "gpu1", "--timeout", "10m"])
+        .env("CORTEX_HUB", &url)
+        .env("CORTEX_WEBHOOK_TOKEN", &hub.token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cortex");
+    let armed = wait_until(T, "the wait armed", || {
+        device(&hub, "gpu1")["wait_list"]
+            .as_array()
+            .and_then(|l| l.iter().find(|w| w["state"] == "armed").cloned())
+    });
+    assert_eq!(armed["pid"], sleep.pid());
+    sleep.kill();
+    let out = child.wait_with_output().expect("cortex ends");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one armed line: {stderr}");
+    assert!(
+        stderr.contains(&format!("waiting on gpu1 for pid {pid} to exit")),
+        "{stderr}"
+    );
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let wake: Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(wake["kind"], "wake");
+    assert_eq!(wake["reason"], "fired");
+    assert_eq!(wake["signals"][0]["source"], "device-wait");
+
+    // The bound passes with the process still running: 1, and stderr says so.
+    let still = Sleep::start();
+    let (code, stdout, stderr) = cortex(
+        &hub,
+        &[
+            "wait",
+            "pid",
+            &still.pid().to_string(),
+            "--device",
+            "gpu1",
+            "--timeout",
+            "1s",
+        ],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("timed out after 1s"), "{stderr}");
+    assert!(stderr.contains("still running"), "{stderr}");
+    let wake: Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(outcome_of(&wake["signals"][0]), "timed_out");
+
+    // A bad request is a broken wait (2), with the hub's reason.
+    let (code, _, stderr) = cortex(
+        &hub,
+        &[
+            "wait",
+            "flock",
+            "rel/lock",
+            "--device",
+            "gpu1",
+            "--timeout",
+            "1s",
+        ],
+    );
+    assert_eq!(code, 2);
+    assert!(stderr.contains("absolute path"), "{stderr}");
+    let (code, _, stderr) = cortex(
+        &hub,
+        &["wait", "pid", "1", "--device", "nosuch", "--timeout", "1s"],
+    );
+    assert_eq!(code, 2);
+    assert!(stderr.contains("no device"), "{stderr}");
+}
+
+#[test]
+fn the_agent_killed_mid_wait_re_arms_and_the_wait_fires_once() {
+    let hub = Hub::start();
+    let token = add_device(&hub, "gpu1");
+    let mut agent = Agent::start(&hub, "gpu1", &token);
+    wait_online(&hub, "gpu1");
+
+    // Killed and restarted while the process runs.
+    let mut sleep = Sleep::start();
+    let a = remote_pid_wait(&hub, "gpu1", sleep.pid(), 600.0);
+    let a_id = a["id"].as_str().unwrap().to_string();
+    let a_st = wait_armed(&hub, "gpu1", &a_id)["captured"]["start_time"].clone();
+    // The wait is on disk before the kill, pinned to the process's start time.
+    wait_until(T, "the wait saved by the agent", || {
+        agent.saved_waits()["waits"]
+            .as_array()
+            .and_then(|l| l.iter().find(|w| w["id"] == a_id))
+            .map(|w| w["spec"]["start_time"].clone())
+            .filter(|st| *st == a_st)
+    });
+    agent.kill();
+    agent.spawn();
+    wait_until(T, "the agent back, holding the wait", || {
+        agent.log().contains("remote waits restored").then_some(())
+    });
+    wait_online(&hub, "gpu1");
+    assert_eq!(wait_state(&hub, "gpu1", &a_id).as_deref(), Some("armed"));
+    sleep.kill();
+    let sid = a["session"].as_str().unwrap();
+    let wake = hub.wait_wake(sid, &a_id, 1, T);
+    assert_eq!(wake["reason"], "fired", "{wake}");
+    wait_until(T, "acknowledged", || {
+        agent_forgot(&agent, &a_id).then_some(())
+    });
+    assert_eq!(device_wait_signals(&hub, &a_id).len(), 1, "once");
+    assert_eq!(hub.wakes(sid).len(), 1, "one wake");
+
+    // The process exits while the agent is down: it fires at once on the restart, once.
+    let mut sleep = Sleep::start();
+    let b = remote_pid_wait(&hub, "gpu1", sleep.pid(), 600.0);
+    let b_id = b["id"].as_str().unwrap().to_string();
+    wait_armed(&hub, "gpu1", &b_id);
+    wait_until(T, "the wait saved by the agent", || {
+        agent.saved_waits()["waits"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|w| w["id"] == b_id))
+            .then_some(())
+    });
+    agent.kill();
+    sleep.kill();
+    agent.spawn();
+    let sid = b["session"].as_str().unwrap();
+    let wake = hub.wait_wake(sid, &b_id, 1, T);
+    assert_eq!(wake["reason"], "fired", "{wake}");
+    let msg = wake["signals"][0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("already"),
+        "said it was gone at the re-arm: {msg}"
+    );
+    wait_until(T, "acknowledged", || {
+        agent_forgot(&agent, &b_id).then_some(())
+    });
+    assert_eq!(device_wait_signals(&hub, &b_id).len(), 1, "once");
+    assert_eq!(hub.wakes(sid).len(), 1, "one wake");
+    assert_eq!(listed_waits(&hub, "gpu1"), 0);
+}
+
+#[test]
+fn a_wait_asked_of_an_offline_device_fires_after_it_connects() {
+    let hub = Hub::start();
+    let token = add_device(&hub, "gpu1");
+    let mut agent = Agent::new(&hub, "gpu1", &token);
+
+    let mut sleep = Sleep::start();
+    let created = remote_pid_wait(&hub, "gpu1", sleep.pid(), 600.0);
+    let wp = created["id"].as_str().unwrap().to_string();
+    assert_eq!(created["wait"]["state"], "pending");
+    assert_eq!(device(&hub, "gpu1")["state"], "offline");
+    assert_eq!(
+        listed_waits(&hub, "gpu1"),
+        1,
+        "counted while it waits to go"
+    );
+    assert_eq!(wait_state(&hub, "gpu1", &wp).as_deref(), Some("pending"));
+
+    agent.spawn();
+    wait_armed(&hub, "gpu1", &wp);
+    sleep.kill();
+    let sid = created["session"].as_str().unwrap();
+    let wake = hub.wait_wake(sid, &wp, 1, T);
+    assert_eq!(wake["reason"], "fired", "{wake}");
+    assert_eq!(wake["signals"][0]["source"], "device-wait");
+    assert_eq!(device_wait_signals(&hub, &wp).len(), 1);
+}
+
+#[test]
+fn a_bound_passing_while_the_device_is_offline_breaks_the_wait() {
+    let hub = Hub::start();
+    let token = add_device(&hub, "gpu1");
+    let _agent = Agent::new(&hub, "gpu1", &token);
+    let sleep = Sleep::start();
+    // Offline, so nobody can say whether the process ended: broke (2), not timed out,
+    // which would claim nothing happened (seed 004).
+    let (code, stdout, stderr) = cortex(
+        &hub,
+        &[
+            "wait",
+            "pid",
+            &sleep.pid().to_string(),
+            "--device",
+            "gpu1",
+            "--timeout",
+            "1s",
+        ],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    let mut lines = stderr.lines();
+    let armed = lines.next().unwrap_or_default();
+    assert!(
+        armed.contains("gpu1 is offline and gets the wait when it reconnects"),
+        "{stderr}"
+    );
+    let why = lines.next().unwrap_or_default();
+    assert!(why.contains("was offline when the bound of 1"), "{stderr}");
+    let wake: Value = serde_json::from_str(stdout.trim()).expect("the wake");
+    assert_eq!(outcome_of(&wake["signals"][0]), "broke");
+    assert_eq!(listed_waits(&hub, "gpu1"), 0);
+}
+
+#[test]
+fn cancelling_the_waitpoint_cancels_the_agents_wait() {
+    let hub = Hub::start();
+    let token = add_device(&hub, "gpu1");
+    let agent = Agent::start(&hub, "gpu1", &token);
+    wait_online(&hub, "gpu1");
+    let mut sleep = Sleep::start();
+    let created = remote_pid_wait(&hub, "gpu1", sleep.pid(), 600.0);
+    let wp = created["id"].as_str().unwrap().to_string();
+    wait_armed(&hub, "gpu1", &wp);
+    wait_until(T, "the wait saved by the agent", || {
+        agent.saved_waits()["waits"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|w| w["id"] == wp))
+            .then_some(())
+    });
+
+    let (st, v) = hub.api(Method::Delete, &format!("/api/waitpoints/{wp}"), None);
+    assert_eq!(st, 200, "{v}");
+    wait_until(T, "the agent dropped the wait", || {
+        agent_forgot(&agent, &wp).then_some(())
+    });
+    assert_eq!(listed_waits(&hub, "gpu1"), 0);
+    sleep.kill();
+    let v = hub.get_waitpoint(&wp);
+    assert_eq!(v["state"], "cancelled");
+    assert_eq!(
+        v["signal_count"], 0,
+        "nothing reported for a cancelled wait"
+    );
+    assert!(agent.log().contains("remote wait cancelled by the hub"));
+}
+
+#[test]
+fn refusals_say_why() {
+    let hub = Hub::start();
+    let token = add_device(&hub, "old");
+    let post = |name: &str, body: Value| {
+        hub.api(
+            Method::Post,
+            &format!("/api/devices/{name}/waits"),
+            Some(&body),
+        )
+    };
+    let (st, v) = post("nosuch", json!({"kind": "pid", "pid": 1}));
+    assert_eq!(st, 404, "{v}");
+    let (st, v) = post("old", json!({"kind": "file", "path": "relative.txt"}));
+    assert_eq!(st, 400, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("absolute"), "{v}");
+    let (st, v) = post("old", json!({"kind": "pid"}));
+    assert_eq!(st, 400, "{v}");
+    let (st, v) = post("old", json!({"kind": "socket", "path": "/x"}));
+    assert_eq!(st, 400, "{v}");
+    let (st, v) = post("old", json!({"kind": "pid", "pid": 1, "timeout_s": 0}));
+    assert_eq!(st, 400, "{v}");
+    let (st, v) = post(
+        "old",
+        json!({"kind": "pid", "pid": 1, "session": "ses_nope"}),
+    );
+    assert_eq!(st, 404, "{v}");
+
+    // An online agent that does not announce wait-pid (an older one) is refused at once.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    let _dev = rt
+        .block_on(SimDevice::connect(&Options::new(
+            &hub.mesh_url,
+            "old",
+            &token,
+        )))
+        .expect("connect");
+    let (st, v) = post("old", json!({"kind": "pid", "pid": 1}));
+    assert_eq!(st, 409, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("wait-pid"), "{v}");
+}
