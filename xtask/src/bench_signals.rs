@@ -109,8 +109,13 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         .filter(|t| !tools::on_path(t))
         .collect();
     if !missing.is_empty() {
+        let curl = if missing.contains(&"curl") {
+            " curl"
+        } else {
+            ""
+        };
         bail!(
-            "missing on PATH: {}; install them with:\n    {}",
+            "missing on PATH: {}; install them with:\n    {}{curl}",
             missing.join(", "),
             tools::INSTALL
         );

@@ -124,7 +124,8 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// Starts `bin --home HOME --listen 127.0.0.1:0` and reads its one start line. Its
+    /// Starts `bin --home HOME --listen 127.0.0.1:0 --mesh-listen off` and reads its start
+    /// line. Its
     /// stderr is drained for the rest of its life (the last lines are kept for errors).
     pub fn start(bin: &Path, home: &Path, procs: &mut Procs) -> anyhow::Result<Hub> {
         let token = format!(
@@ -138,6 +139,8 @@ impl Hub {
         cmd.arg("--home")
             .arg(home)
             .args(["--listen", "127.0.0.1:0"])
+            // No devices here; the mesh's fixed default port would clash with a running hub.
+            .args(["--mesh-listen", "off"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -158,10 +161,12 @@ impl Hub {
         let (tx, rx) = mpsc::channel();
         let tail = log_tail.clone();
         std::thread::spawn(move || {
-            let mut first = Some(tx);
+            let mut start_line = Some(tx);
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                if let Some(tx) = first.take() {
+                if line.contains("listening on http://")
+                    && let Some(tx) = start_line.take()
+                {
                     let _ = tx.send(line.clone());
                 }
                 let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
@@ -171,9 +176,18 @@ impl Hub {
                 t.push_back(line);
             }
         });
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .context("cortex-hub printed no start line within 20 s")?;
+        let line = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) => line,
+            Err(_) => {
+                // Give the reader a moment to collect what a failing hub said last.
+                std::thread::sleep(Duration::from_millis(100));
+                let t = log_tail.lock().unwrap_or_else(|e| e.into_inner());
+                bail!(
+                    "cortex-hub printed no \"listening on\" line within 20 s; it said:\n{}",
+                    t.iter().cloned().collect::<Vec<_>>().join("\n")
+                );
+            }
+        };
         let addr = line
             .split("http://")
             .nth(1)

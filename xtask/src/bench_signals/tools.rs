@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 
-/// What the bench needs on PATH, and how to get it.
-pub const TOOLS: [&str; 3] = ["wrk", "webhook", "hyperfine"];
+/// What the bench needs on PATH, and how to get it (Debian's packages have the same names).
+pub const TOOLS: [&str; 4] = ["wrk", "webhook", "hyperfine", "curl"];
 pub const INSTALL: &str = "apt-get update && apt-get install -y webhook wrk hyperfine";
 
 /// Whether `name` is an executable file in one of PATH's directories.
