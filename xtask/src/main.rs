@@ -2,6 +2,7 @@
 //! shell script. This file only dispatches; each task lives in its own module beside it.
 
 mod bench_signals;
+mod test;
 
 use std::process::ExitCode;
 
@@ -9,6 +10,11 @@ const USAGE: &str = "\
 usage: cargo xtask <task> [args]
 
 tasks:
+  test [ARGS…]
+      what CI runs (.ci/run): cargo fmt --check, build every binary, cargo test --workspace
+      (ARGS go to cargo test)
+  torture [CYCLES]
+      the crash torture test at full length (default 30 SIGKILL cycles) on release binaries
   bench signals [--duration SECS] [--warmup SECS] [--runs N] [--monitors N]
                 [--threads N] [--quiet-wait SECS] [--no-build]
       the durable signal route against adnanh/webhook 2.8 (wrk), the disk's raw
@@ -19,6 +25,8 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     let result = match words.as_slice() {
+        ["test", rest @ ..] => test::run(rest),
+        ["torture", rest @ ..] => test::torture(rest),
         ["bench", "signals", rest @ ..] => bench_signals::run(rest),
         [] | ["help" | "-h" | "--help", ..] => {
             println!("{USAGE}");

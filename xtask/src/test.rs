@@ -30,13 +30,26 @@ pub fn run(extra: &[&str]) -> anyhow::Result<()> {
 pub fn torture(extra: &[&str]) -> anyhow::Result<()> {
     let cycles = match extra {
         [] => "30".to_string(),
-        [n] => n.parse::<u32>().with_context(|| format!("{n:?} is not a number of cycles"))?.to_string(),
+        [n] => n
+            .parse::<u32>()
+            .with_context(|| format!("{n:?} is not a number of cycles"))?
+            .to_string(),
         _ => bail!("usage: cargo xtask torture [CYCLES]"),
     };
     cargo(&["build", "--release", "--workspace", "--bins"])?;
     eprintln!("xtask: CORTEX_TORTURE_CYCLES={cycles}");
     let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["test", "--release", "-p", "cortex-tests", "--test", "it", "torture", "--", "--nocapture"])
+        .args([
+            "test",
+            "--release",
+            "-p",
+            "cortex-tests",
+            "--test",
+            "it",
+            "torture",
+            "--",
+            "--nocapture",
+        ])
         .env("CORTEX_TORTURE_CYCLES", &cycles)
         .status()
         .context("running the torture test")?;
