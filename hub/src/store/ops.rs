@@ -11,8 +11,8 @@ use redb::ReadableTable;
 
 use super::StoreError;
 use super::tables::{
-    DEADLINES, EVENTS, ReadTx, SESSION_WPS, SESSIONS, SIGNALS, SessionRecord, Tx, WAITPOINTS,
-    decode, encode,
+    DEADLINES, EVENTS, ReadTx, SESSION_WPS, SESSIONS, STATE, SessionRecord, Tx, WAITPOINTS, decode,
+    encode,
 };
 use crate::engine::{
     CreateError, CreateParams, Effect, Refusal, SignalMeta, State, Waitpoint, WakePlan,
@@ -212,7 +212,7 @@ impl Tx<'_> {
             return Ok(CreateOutcome::NoSession);
         }
         let mut id = secret::new_id("wp");
-        while self.wps.get(id.as_str())?.is_some() {
+        while self.wps.get((id.as_str(), STATE))?.is_some() {
             id = secret::new_id("wp");
         }
         let wp = match Waitpoint::create(
@@ -328,7 +328,7 @@ impl Tx<'_> {
                     key: s.dedupe.clone(),
                     at: now,
                 };
-                self.signals.insert((id, seq), encode(&view)?.as_slice())?;
+                self.wps.insert((id, seq), encode(&view)?.as_slice())?;
                 if let Some(k) = &s.dedupe {
                     self.keys.insert((id, k.as_str()), seq)?;
                 }
@@ -418,7 +418,7 @@ impl Tx<'_> {
     fn deliver(&mut self, wp: &mut Waitpoint, plan: &WakePlan, now: u64) -> Result<(), StoreError> {
         let mut carried: Vec<SignalView> = Vec::new();
         for r in self
-            .signals
+            .wps
             .range((wp.id.as_str(), plan.from_seq)..(wp.id.as_str(), plan.to_seq))?
         {
             carried.push(decode(r?.1.value())?);
@@ -454,7 +454,7 @@ impl Tx<'_> {
             self.timers_changed = true;
         }
         for seq in 0..wp.signal_count {
-            self.signals.remove((id, seq))?;
+            self.wps.remove((id, seq))?;
         }
         let keys: Vec<String> = {
             let mut v = Vec::new();
@@ -472,7 +472,7 @@ impl Tx<'_> {
             self.keys.remove((id, k.as_str()))?;
         }
         self.session_wps.remove((wp.session.as_str(), id))?;
-        self.wps.remove(id)?;
+        self.wps.remove((id, STATE))?;
         Ok(())
     }
 }
@@ -553,7 +553,7 @@ impl ReadTx {
             if s != sid {
                 break;
             }
-            if let Some(v) = wps.get(id)? {
+            if let Some(v) = wps.get((id, STATE))? {
                 out.push(decode::<Waitpoint>(v.value())?);
             }
         }
@@ -585,7 +585,9 @@ impl ReadTx {
         settings: &crate::engine::Settings,
     ) -> Result<Option<WaitpointView>, StoreError> {
         let t = self.table(WAITPOINTS)?;
-        let Some(v) = t.get(id)? else { return Ok(None) };
+        let Some(v) = t.get((id, STATE))? else {
+            return Ok(None);
+        };
         let wp: Waitpoint = decode(v.value())?;
         Ok(Some(self.view(&wp, now, settings)?))
     }
@@ -593,7 +595,7 @@ impl ReadTx {
     /// The raw engine state, for callers that act on it.
     pub fn waitpoint_state(&self, id: &str) -> Result<Option<Waitpoint>, StoreError> {
         let t = self.table(WAITPOINTS)?;
-        match t.get(id)? {
+        match t.get((id, STATE))? {
             Some(v) => Ok(Some(decode(v.value())?)),
             None => Ok(None),
         }
@@ -605,7 +607,7 @@ impl ReadTx {
         now: u64,
         settings: &crate::engine::Settings,
     ) -> Result<WaitpointView, StoreError> {
-        let t = self.table(SIGNALS)?;
+        let t = self.table(WAITPOINTS)?;
         let from = wp.signal_count.saturating_sub(VIEW_SIGNALS as u64);
         let mut signals = Vec::new();
         for r in t.range((wp.id.as_str(), from)..(wp.id.as_str(), wp.signal_count))? {

@@ -1,8 +1,10 @@
 //! redb tables, the write transaction wrapper [`Tx`] and the read wrapper [`ReadTx`].
 //!
 //! Layout (keys → values; records are MessagePack with field names, events are JSON):
-//! - `waitpoints`: id → engine state
-//! - `signals`: (waitpoint, seq) → signal
+//! - `waitpoints`: (waitpoint, seq) → signal, and (waitpoint, [`STATE`]) → engine state.
+//!   A waitpoint's state sits right after its newest signals, in the same B-tree leaf, so
+//!   recording a signal rewrites one leaf per waitpoint rather than one in each of two
+//!   tables: a group commit over many waitpoints writes about half the pages.
 //! - `signal_keys`: (waitpoint, key) → seq, for de-duplication
 //! - `deadlines`: (time, waitpoint) → (), read by the sweep: expiry, then purge
 //! - `timers`: (time, waitpoint) → (), a decided wake's due time
@@ -25,8 +27,10 @@ use serde::{Deserialize, Serialize};
 use super::StoreError;
 use crate::engine::{Settings, Waitpoint};
 
-pub(crate) const WAITPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("waitpoints");
-pub(crate) const SIGNALS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("signals");
+pub(crate) const WAITPOINTS: TableDefinition<(&str, u64), &[u8]> =
+    TableDefinition::new("waitpoints_v2");
+/// The key of a waitpoint's state record in [`WAITPOINTS`]; its signals use 0, 1, 2…
+pub(crate) const STATE: u64 = u64::MAX;
 pub(crate) const SIGNAL_KEYS: TableDefinition<(&str, &str), u64> =
     TableDefinition::new("signal_keys");
 pub(crate) const DEADLINES: TableDefinition<(u64, &str), ()> = TableDefinition::new("deadlines");
@@ -63,7 +67,6 @@ pub(crate) fn decode<T: for<'de> Deserialize<'de>>(b: &[u8]) -> Result<T, StoreE
 
 pub(crate) fn create_all(wtx: &WriteTransaction) -> Result<(), StoreError> {
     wtx.open_table(WAITPOINTS)?;
-    wtx.open_table(SIGNALS)?;
     wtx.open_table(SIGNAL_KEYS)?;
     wtx.open_table(DEADLINES)?;
     wtx.open_table(TIMERS)?;
@@ -90,8 +93,8 @@ pub(crate) fn first_timer(rtx: &ReadTransaction) -> Result<Option<u64>, StoreErr
 
 /// One group commit's view: every table open for writing, plus what to publish after.
 pub struct Tx<'a> {
-    pub(crate) wps: Table<'a, &'static str, &'static [u8]>,
-    pub(crate) signals: Table<'a, (&'static str, u64), &'static [u8]>,
+    /// Waitpoint states and their signals ([`WAITPOINTS`]).
+    pub(crate) wps: Table<'a, (&'static str, u64), &'static [u8]>,
     pub(crate) keys: Table<'a, (&'static str, &'static str), u64>,
     pub(crate) deadlines: Table<'a, (u64, &'static str), ()>,
     pub(crate) timers: Table<'a, (u64, &'static str), ()>,
@@ -122,7 +125,6 @@ impl<'a> Tx<'a> {
     ) -> Result<Self, StoreError> {
         Ok(Tx {
             wps: wtx.open_table(WAITPOINTS)?,
-            signals: wtx.open_table(SIGNALS)?,
             keys: wtx.open_table(SIGNAL_KEYS)?,
             deadlines: wtx.open_table(DEADLINES)?,
             timers: wtx.open_table(TIMERS)?,
@@ -160,7 +162,7 @@ impl<'a> Tx<'a> {
     }
 
     pub(crate) fn get_wp(&self, id: &str) -> Result<Option<Waitpoint>, StoreError> {
-        match self.wps.get(id)? {
+        match self.wps.get((id, STATE))? {
             Some(v) => Ok(Some(decode(v.value())?)),
             None => Ok(None),
         }
@@ -196,7 +198,7 @@ impl<'a> Tx<'a> {
             }
             self.timers_changed = true;
         }
-        self.wps.insert(id, encode(wp)?.as_slice())?;
+        self.wps.insert((id, STATE), encode(wp)?.as_slice())?;
         // A remote wait lives only as long as its waitpoint is armed.
         self.waitpoint_ended(wp)
     }
