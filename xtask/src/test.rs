@@ -3,7 +3,8 @@
 //! ones), then runs every test of the workspace. Extra arguments go to `cargo test`.
 
 use anyhow::{Context, bail};
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 
 fn cargo(args: &[&str]) -> anyhow::Result<()> {
     eprintln!("xtask: cargo {}", args.join(" "));
@@ -22,7 +23,63 @@ pub fn run(extra: &[&str]) -> anyhow::Result<()> {
     cargo(&["build", "--workspace", "--bins"])?;
     let mut args = vec!["test", "--workspace"];
     args.extend_from_slice(extra);
-    cargo(&args)
+    eprintln!("xtask: cargo {}", args.join(" "));
+    // cargo's own last line is the last crate's doc tests (often "0 passed"): pass its
+    // output through and close with the sum over every test binary.
+    let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running cargo test")?;
+    let out = child.stdout.take().context("cargo test's stdout")?;
+    let mut total = Totals::default();
+    for line in BufReader::new(out).lines() {
+        let line = line.context("reading cargo test's output")?;
+        println!("{line}");
+        total.add(&line);
+    }
+    let st = child.wait().context("waiting for cargo test")?;
+    println!(
+        "tests: {} passed, {} failed, {} skipped",
+        total.passed, total.failed, total.ignored
+    );
+    if !st.success() {
+        bail!("cargo test failed ({st})");
+    }
+    if total.passed == 0 {
+        bail!("cargo test ran no test");
+    }
+    Ok(())
+}
+
+/// Sums of cargo's `test result:` lines.
+#[derive(Debug, Default, PartialEq)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Totals {
+    /// Adds `test result: ok. 5 passed; 0 failed; 1 ignored; …`; other lines are ignored.
+    fn add(&mut self, line: &str) {
+        let Some(rest) = line.strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(what), Some(n)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
 }
 
 /// `cargo xtask torture [CYCLES]`: the crash torture test at full length (30 SIGKILL
@@ -57,4 +114,25 @@ pub fn torture(extra: &[&str]) -> anyhow::Result<()> {
         bail!("the torture test failed ({st})");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Totals;
+
+    #[test]
+    fn sums_cargo_result_lines() {
+        let mut t = Totals::default();
+        t.add("test result: ok. 79 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.17s");
+        t.add("test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out");
+        t.add("running 4 tests");
+        assert_eq!(
+            t,
+            Totals {
+                passed: 82,
+                failed: 1,
+                ignored: 2
+            }
+        );
+    }
 }
