@@ -3,24 +3,19 @@
 //! added, revoked, online, offline) as a long poll or SSE. Behind the operator token like
 //! the rest of `/api`.
 
-use std::convert::Infallible;
-use std::time::Duration;
-
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use cortex_protocol::api::{
     CreateDevice, CreateDeviceWait, DeviceCreated, DeviceView, DeviceWaitCreated, WaitpointCreated,
 };
 use cortex_protocol::mesh::{MAX_WAITS_PER_DEVICE, WaitSpec};
-use serde::Deserialize;
-use tokio_stream::wrappers::ReceiverStream;
 
 use super::AppState;
 use super::error::{ApiError, parse_json};
+use super::log::{self, LogQuery};
 use crate::store::device_waits::{
     CreateDeviceWaitOutcome, EXPIRY_MARGIN_MS, NewDeviceWait, TIMEOUT_GRACE_MS,
 };
@@ -28,10 +23,6 @@ use crate::store::devices::DeviceRecord;
 use crate::time::{human_duration, now_ms};
 use crate::{secret, text};
 
-/// The longest long poll one request may ask for.
-const MAX_WAIT_S: u64 = 120;
-/// Events per page.
-const PAGE: usize = 1_000;
 /// Longest device name.
 pub const MAX_DEVICE_CHARS: usize = 64;
 
@@ -443,97 +434,21 @@ pub async fn revoke_device(
     )
 }
 
-#[derive(Debug, Deserialize)]
-pub struct EventsQuery {
-    #[serde(default)]
-    after: u64,
-    wait: Option<u64>,
-}
-
-fn events_body(raw: &[Vec<u8>]) -> Response {
-    let mut out = Vec::with_capacity(raw.iter().map(|r| r.len() + 1).sum::<usize>() + 16);
-    out.extend_from_slice(b"{\"events\":[");
-    for (i, r) in raw.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(r);
-    }
-    out.extend_from_slice(b"]}");
-    ([(header::CONTENT_TYPE, "application/json")], out).into_response()
-}
-
 /// `GET /api/events?after=SEQ[&wait=S]`, or SSE with `Accept: text/event-stream`.
 pub async fn hub_events(
     State(state): State<AppState>,
-    Query(q): Query<EventsQuery>,
+    Query(q): Query<LogQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let sse = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("text/event-stream"));
     // Subscribe before reading, so nothing committed in between is missed.
-    let mut rx = state.store.notifier.subscribe_hub();
-    if sse {
-        return Ok(sse_stream(state, q.after, rx));
-    }
-    let deadline = q
-        .wait
-        .map(|w| tokio::time::Instant::now() + Duration::from_secs(w.min(MAX_WAIT_S)));
-    loop {
-        rx.borrow_and_update();
-        let raw = state
-            .store
-            .read(|r| r.hub_events_after(q.after, PAGE))
-            .map_err(ApiError::store)?;
-        if !raw.is_empty() {
-            return Ok(events_body(&raw));
-        }
-        let Some(deadline) = deadline else {
-            return Ok(events_body(&raw));
-        };
-        tokio::select! {
-            changed = rx.changed() => if changed.is_err() { return Ok(events_body(&raw)) },
-            () = tokio::time::sleep_until(deadline) => return Ok(events_body(&raw)),
-            () = state.shutdown.cancelled() => return Ok(events_body(&raw)),
-        }
-    }
-}
-
-fn sse_stream(state: AppState, after: u64, mut rx: tokio::sync::watch::Receiver<u64>) -> Response {
-    let (tx, out) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(64);
-    tokio::spawn(async move {
-        let mut cursor = after;
-        loop {
-            rx.borrow_and_update();
-            let Ok(raw) = state.store.read(|r| r.hub_events_after(cursor, PAGE)) else {
-                return;
-            };
-            for r in raw {
-                let seq = serde_json::from_slice::<serde_json::Value>(&r)
-                    .ok()
-                    .and_then(|v| v.get("seq").and_then(|s| s.as_u64()))
-                    .unwrap_or(cursor);
-                cursor = cursor.max(seq);
-                let ev = SseEvent::default()
-                    .id(seq.to_string())
-                    .event("event")
-                    .data(String::from_utf8_lossy(&r));
-                if tx.send(Ok(ev)).await.is_err() {
-                    return;
-                }
-            }
-            tokio::select! {
-                changed = rx.changed() => if changed.is_err() { return },
-                () = tx.closed() => return,
-                () = state.shutdown.cancelled() => return,
-            }
-        }
-    });
-    Sse::new(ReceiverStream::new(out))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response()
+    let rx = state.store.notifier.subscribe_hub();
+    let read = |store: &crate::store::Store, after: u64| {
+        store
+            .read(|r| r.hub_events_after(after, log::PAGE))
+            .map(Some)
+    };
+    let gone = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no hub event log");
+    log::serve(state, q, log::wants_sse(&headers), rx, read, gone).await
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 pub mod api;
 pub mod devices;
 pub mod error;
+pub mod log;
 pub mod signal;
 pub(crate) mod spool;
 
