@@ -149,18 +149,7 @@ impl Tx<'_> {
         if self.get_session(sid)?.is_none() {
             return Ok(false);
         }
-        let ids: Vec<String> = {
-            let mut v = Vec::new();
-            for r in self.session_wps.range((sid, "")..)? {
-                let (k, _) = r?;
-                let (s, id) = k.value();
-                if s != sid {
-                    break;
-                }
-                v.push(id.to_string());
-            }
-            v
-        };
+        let ids = seconds_of(&self.session_wps, sid)?;
         for id in ids {
             if let Some(mut wp) = self.get_wp(&id)? {
                 let before = (wp.deadline(&self.settings), wp.timer());
@@ -179,18 +168,7 @@ impl Tx<'_> {
         for s in seqs {
             self.events.remove((sid, s))?;
         }
-        let keys: Vec<String> = {
-            let mut v = Vec::new();
-            for r in self.msg_keys.range((sid, "")..)? {
-                let (k, _) = r?;
-                let (s, key) = k.value();
-                if s != sid {
-                    break;
-                }
-                v.push(key.to_string());
-            }
-            v
-        };
+        let keys = seconds_of(&self.msg_keys, sid)?;
         for k in keys {
             self.msg_keys.remove((sid, k.as_str()))?;
         }
@@ -456,18 +434,7 @@ impl Tx<'_> {
         for seq in 0..wp.signal_count {
             self.wps.remove((id, seq))?;
         }
-        let keys: Vec<String> = {
-            let mut v = Vec::new();
-            for r in self.keys.range((id, "")..)? {
-                let (k, _) = r?;
-                let (w, key) = k.value();
-                if w != id {
-                    break;
-                }
-                v.push(key.to_string());
-            }
-            v
-        };
+        let keys = seconds_of(&self.keys, id)?;
         for k in keys {
             self.keys.remove((id, k.as_str()))?;
         }
@@ -475,6 +442,24 @@ impl Tx<'_> {
         self.wps.remove((id, STATE))?;
         Ok(())
     }
+}
+
+/// The second halves of the keys `(first, _)` of a table keyed by string pairs: a session's
+/// waitpoints, a waitpoint's signal keys, a session's message keys.
+fn seconds_of<V: redb::Value + 'static>(
+    t: &impl ReadableTable<(&'static str, &'static str), V>,
+    first: &str,
+) -> Result<Vec<String>, StoreError> {
+    let mut v = Vec::new();
+    for r in t.range((first, "")..)? {
+        let (k, _) = r?;
+        let (f, second) = k.value();
+        if f != first {
+            break;
+        }
+        v.push(second.to_string());
+    }
+    Ok(v)
 }
 
 fn wp_ref(wp: &Waitpoint) -> WaitpointRef {
@@ -547,13 +532,8 @@ impl ReadTx {
         let idx = self.table(SESSION_WPS)?;
         let wps = self.table(WAITPOINTS)?;
         let mut out = Vec::new();
-        for r in idx.range((sid, "")..)? {
-            let (k, _) = r?;
-            let (s, id) = k.value();
-            if s != sid {
-                break;
-            }
-            if let Some(v) = wps.get((id, STATE))? {
+        for id in seconds_of(&idx, sid)? {
+            if let Some(v) = wps.get((id.as_str(), STATE))? {
                 out.push(decode::<Waitpoint>(v.value())?);
             }
         }
