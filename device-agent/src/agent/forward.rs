@@ -125,8 +125,9 @@ impl Forwarder {
         self.relist = true;
     }
 
-    /// Whether more spool events are wanted: false while the queue is full, which leaves
-    /// further events in the kernel (an overflow there turns into a rescan).
+    /// Whether the queue has room. The loop reads the spool's events regardless (remote
+    /// waits share its inotify instance); a file announced while the queue is full only
+    /// sets the flag to list the spool again once it drained, so memory stays bounded.
     pub fn wants_events(&self) -> bool {
         self.queue.len() < QUEUE_CAP
     }

@@ -7,8 +7,10 @@
 //! - the current link's reader and writer tasks ([`link`]): hub frames, and why the link
 //!   died;
 //! - the dial in progress, and the reconnect timer;
-//! - the spool watcher ([`crate::spool::SpoolWatcher`]), polled only while the forwarding
-//!   queue has room;
+//! - the spool watcher ([`crate::spool::SpoolWatcher`]), polled at all times: its inotify
+//!   instance is also the remote file and flock waits' (one instance per agent), whose
+//!   events it routes; a file it announces while the forwarding queue is full only makes
+//!   the forwarder list the spool again once there is room;
 //! - a tick for retries, the ack timeout, the debounced status and the systemd watchdog;
 //! - shutdown (SIGTERM/SIGINT in `main`).
 //!
@@ -112,7 +114,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     };
     let spool = Arc::new(Spool::open(&config.spool_dir())?);
     // Watch first, then list: the watcher's first event is the listing.
-    let watcher = SpoolWatcher::new(spool.clone(), Some(config.timing.rescan))?;
+    let mut watcher = SpoolWatcher::new(spool.clone(), Some(config.timing.rescan))?;
     let mut notifier = Notifier::from_env();
     notifier.ready();
     notifier.status(&format!("connecting to {}", config.hub));
@@ -141,12 +143,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let (wait_tx, wait_rx) = mpsc::channel(WAIT_EVENTS);
     let fd_limit = waits::raise_fd_limit();
     tracing::debug!(?fd_limit, "open-file limit");
-    // One inotify instance for every file and flock wait, created on the first one.
-    let mut remote = RemoteWaits::new(
-        crate::wait::Waits::new(),
-        WaitsStore::under(&config.home),
-        wait_tx,
-    );
+    // The spool's inotify instance serves every file and flock wait too.
+    let mut remote = RemoteWaits::new(watcher.waits(), WaitsStore::under(&config.home), wait_tx);
     remote.restore();
     let now = Instant::now();
     let daemon = Daemon {
@@ -230,7 +228,6 @@ impl Daemon {
         let mut tick = tokio::time::interval(self.tick_every());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let wants_spool = self.forward.wants_events();
             // Unbiased: under a steady stream of acks the tick (which feeds the watchdog)
             // and the spool must still get their turns.
             let ev = tokio::select! {
@@ -245,7 +242,8 @@ impl Daemon {
                     }
                 }
                 ev = link_timer(&mut self.link) => ev,
-                ev = watcher.next(), if wants_spool => Event::Spool(ev),
+                // Always: remote file waits' events come through it too.
+                ev = watcher.next() => Event::Spool(ev),
                 Some(done) = self.wait_rx.recv() => Event::WaitDone(done),
                 _ = tick.tick() => Event::Tick,
             };

@@ -805,3 +805,98 @@ fn types_can_cross_tasks() {
     // The daemon spawns its loop: `next()`'s future must be Send.
     send(&w.next());
 }
+
+// ---- one inotify instance for the spool and the waits ----
+
+/// Drives the watcher (which routes the waits' events) until `fut` is done.
+async fn while_watching<T>(w: &mut SpoolWatcher, fut: impl Future<Output = T>) -> T {
+    let mut fut = std::pin::pin!(fut);
+    tokio::time::timeout(BOUND, async {
+        loop {
+            tokio::select! {
+                out = &mut fut => return out,
+                ev = w.next() => { ev.expect("watcher error"); }
+            }
+        }
+    })
+    .await
+    .expect("done within the bound")
+}
+
+#[tokio::test]
+async fn a_file_wait_in_the_spool_shares_its_descriptor_and_leaves_it_in_place() {
+    use crate::wait::{WaitOptions, WaitOutcome, WaitSpec};
+    let f = fixture();
+    let mut w = started(&f.spool, None).await;
+    let waits = w.waits();
+    let target = f.dir.join("result.txt");
+    let armed = waits
+        .arm(&WaitSpec::File {
+            path: target.clone(),
+            cursor: None,
+        })
+        .expect("arm");
+    assert_eq!(
+        waits.file_watches().descriptors(),
+        1,
+        "the spool's own descriptor"
+    );
+    let writer = async {
+        tokio::task::yield_now().await;
+        fs::write(&target, b"done").expect("write");
+    };
+    let (out, ()) = while_watching(
+        &mut w,
+        futures_util::future::join(armed.wait(&WaitOptions::new(BOUND)), writer),
+    )
+    .await;
+    assert!(matches!(out, WaitOutcome::Fired(_)), "{out:?}");
+    // The wait is gone; the spool's watch is not: a file dropped now is still seen.
+    assert_eq!(waits.file_watches().descriptors(), 0);
+    let name = seed_drop(&f.dir, "after");
+    loop {
+        match next(&mut w).await {
+            SpoolEvent::File(n) if n == name => break,
+            SpoolEvent::File(n) if n.starts_with("result") => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn re_watching_a_recreated_spool_keeps_a_waits_mask_on_the_shared_parent() {
+    use crate::wait::{WaitOptions, WaitOutcome, WaitSpec};
+    let f = fixture();
+    let mut w = started(&f.spool, None).await;
+    let waits = w.waits();
+    // A file beside the spool: its wait shares the spool's parent descriptor.
+    let parent = f.dir.parent().expect("parent").to_owned();
+    let target = parent.join("done.flag");
+    let armed = waits
+        .arm(&WaitSpec::File {
+            path: target.clone(),
+            cursor: None,
+        })
+        .expect("arm");
+    // The spool goes away and comes back: the watcher re-adds the parent's watch, which
+    // with a plain add would replace the wait's mask (no IN_CLOSE_WRITE any more).
+    fs::remove_dir_all(&f.dir).expect("rm -rf the spool");
+    loop {
+        if next(&mut w).await == SpoolEvent::Rescan(RescanReason::Recreated) {
+            break;
+        }
+    }
+    let writer = async {
+        tokio::task::yield_now().await;
+        fs::write(&target, b"1").expect("write");
+    };
+    let (out, ()) = while_watching(
+        &mut w,
+        futures_util::future::join(armed.wait(&WaitOptions::new(BOUND)), writer),
+    )
+    .await;
+    match out {
+        WaitOutcome::Fired(fire) => assert_eq!(fire.payload["event"], "close_write"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -24,11 +24,16 @@
 //! normal); the spool itself never is.
 //!
 //! Routing is by watch descriptor: events for the spool's descriptor are mapped here; an
-//! overflow (descriptor -1) concerns every watch. File waits (`cortex wait file`) are meant to
-//! add their own descriptors to the same instance through [`SpoolWatcher::watches`], counting
-//! waiters per descriptor (one file, one descriptor: inotify-rs issue 62), adding with
-//! `IN_MASK_ADD` (a second `inotify_add_watch` on one inode replaces its mask otherwise), and
-//! routing their events where this module now drops events of unknown descriptors.
+//! overflow (descriptor -1) concerns every watch. File and flock waits (the device agent's
+//! remote waits) share this instance through [`SpoolWatcher::waits`]: every event read here
+//! is handed to their registry ([`crate::wait::FileWatches::dispatch`]) before this module
+//! looks at it, the spool's own descriptors included (a wait on a file in the spool's parent
+//! shares the parent's descriptor: one inode, one descriptor). So that sharing never
+//! clobbers a waiter, this module adds its watches with `IN_MASK_ADD` (a plain second
+//! `inotify_add_watch` on one inode replaces its mask), pins them in the registry (the last
+//! waiter leaving keeps them), and lets go of them through it (removed only if no waiter
+//! uses them). The caller must then poll [`SpoolWatcher::next`] at all times, or the waits
+//! hear nothing.
 
 use std::collections::VecDeque;
 use std::ffi::OsStr;
@@ -43,11 +48,13 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tokio_stream::StreamExt;
 
 use super::{Spool, SpoolError, is_candidate};
+use crate::wait::{FileWatches, Waits};
 
 /// What the spool's watch asks of the kernel. `IN_IGNORED`, `IN_UNMOUNT` and `IN_Q_OVERFLOW`
 /// are always reported. `ONLYDIR | DONT_FOLLOW`: never watch a file, or a directory a link
 /// points to, in the spool's place. `EXCL_UNLINK`: no events for files already unlinked.
 const SPOOL_MASK: WatchMask = WatchMask::ONLYDIR
+    .union(WatchMask::MASK_ADD)
     .union(WatchMask::DONT_FOLLOW)
     .union(WatchMask::MOVED_TO)
     .union(WatchMask::CLOSE_WRITE)
@@ -58,6 +65,7 @@ const SPOOL_MASK: WatchMask = WatchMask::ONLYDIR
 /// What the parent's watch asks: the spool's name leaving or being replaced, and the parent
 /// itself going away. No `DONT_FOLLOW`: a parent reached through a link is legitimate.
 const PARENT_MASK: WatchMask = WatchMask::ONLYDIR
+    .union(WatchMask::MASK_ADD)
     .union(WatchMask::DELETE)
     .union(WatchMask::MOVED_FROM)
     .union(WatchMask::MOVED_TO)
@@ -188,6 +196,8 @@ pub struct SpoolWatcher {
     needs_attach: bool,
     retry_at: Option<Instant>,
     retry_delay: Duration,
+    /// The waits sharing this instance, once [`SpoolWatcher::waits`] was called.
+    files: Option<FileWatches>,
 }
 
 impl fmt::Debug for SpoolWatcher {
@@ -236,6 +246,7 @@ impl SpoolWatcher {
             needs_attach: false,
             retry_at: None,
             retry_delay: RETRY_MIN,
+            files: None,
         };
         watcher.attach(false)?;
         watcher
@@ -250,9 +261,24 @@ impl SpoolWatcher {
     }
 
     /// The inotify instance's watch list, for adding other watches to the same instance.
-    /// Events of descriptors other than the spool's are currently dropped by `next`.
+    /// Events of descriptors other than the spool's are dropped by `next` unless they belong
+    /// to [`SpoolWatcher::waits`].
     pub fn watches(&self) -> Watches {
         self.watches.clone()
+    }
+
+    /// File and flock waits on this instance: one inotify instance for the spool and every
+    /// wait (watches and instances are limited per user). Their events are routed by `next`,
+    /// which must therefore be polled at all times. Every call returns the same registry.
+    pub fn waits(&mut self) -> Waits {
+        let files = self
+            .files
+            .get_or_insert_with(|| FileWatches::sharing(self.watches.clone()))
+            .clone();
+        for wd in [&self.spool_wd, &self.parent_wd].into_iter().flatten() {
+            files.pin(wd);
+        }
+        Waits::from_watches(files)
     }
 
     /// The next thing to do. The first call always returns `Rescan(Start)`.
@@ -306,6 +332,11 @@ impl SpoolWatcher {
     }
 
     fn handle(&mut self, ev: EventOwned) {
+        if let Some(files) = &self.files {
+            // Waits first: a descriptor may be the spool's and a wait's at once.
+            files.dispatch(&ev);
+            files.forget_pinned(&ev);
+        }
         let action = classify(ev.mask, ev.name.as_deref());
         if action == Action::Overflow {
             tracing::warn!(spool = %self.spool.path().display(), "inotify queue overflowed; rescanning");
@@ -367,7 +398,13 @@ impl SpoolWatcher {
             .into_iter()
             .flatten()
         {
-            let _ = self.watches.remove(wd);
+            match &self.files {
+                // A wait may use the same descriptor: removed only if none does.
+                Some(files) => files.release_pinned(wd),
+                None => {
+                    let _ = self.watches.remove(wd);
+                }
+            }
         }
         self.needs_attach = true;
     }
@@ -386,12 +423,18 @@ impl SpoolWatcher {
                     .watches
                     .add(parent, PARENT_MASK)
                     .map_err(|e| watch_error(parent, e))?;
+                if let Some(files) = &self.files {
+                    files.pin(&wd);
+                }
                 self.parent_wd = Some(wd);
             }
             let wd = self
                 .watches
                 .add(&path, SPOOL_MASK)
                 .map_err(|e| watch_error(&path, e))?;
+            if let Some(files) = &self.files {
+                files.pin(&wd);
+            }
             self.spool_wd = Some(wd);
             if self.spool.path_matches()? {
                 self.needs_attach = false;

@@ -227,6 +227,15 @@ impl Waits {
         }
     }
 
+    /// Waits on a registry someone already made (the spool watcher's, which pins its own
+    /// descriptors in it: [`crate::spool::SpoolWatcher::waits`]).
+    pub fn from_watches(watches: FileWatches) -> Self {
+        Waits {
+            watches,
+            force_pid_poll: false,
+        }
+    }
+
     /// Routes an event of the shared instance (see [`Waits::sharing`]); `false` if no wait
     /// here watches its descriptor.
     pub fn dispatch(&self, event: &inotify::EventOwned) -> bool {

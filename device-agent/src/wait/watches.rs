@@ -20,11 +20,14 @@
 //! [`FileWatches::sharing`] takes the `Watches` of an instance someone else reads (the
 //! device agent's `SpoolWatcher`); that reader must hand every event to
 //! [`FileWatches::dispatch`], the spool's own descriptors included, since a wait may watch
-//! the very directory the spool watcher watches and then shares its descriptor.
+//! the very directory the spool watcher watches and then shares its descriptor. That
+//! reader's own watches are *pinned* ([`FileWatches::pin`]): the last waiter leaving a
+//! pinned descriptor leaves the kernel's watch in place, and the reader lets go of it with
+//! [`FileWatches::release_pinned`], which removes it only if no waiter uses it either.
 //!
 //! It never interprets an event: what a close or a create means belongs to the waits.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::io;
 use std::os::raw::c_int;
@@ -74,6 +77,8 @@ struct Registry {
     /// `None` until an own instance is first needed.
     watches: Option<Watches>,
     by_wd: HashMap<c_int, WdEntry>,
+    /// Descriptors the instance's reader added for itself (see the module docs).
+    pinned: HashSet<c_int>,
     next_id: u64,
     /// Set once the instance can no longer be read; every subscriber then breaks.
     failed: Option<String>,
@@ -128,6 +133,7 @@ impl FileWatches {
                 reg: Mutex::new(Registry {
                     watches,
                     by_wd: HashMap::new(),
+                    pinned: HashSet::new(),
                     next_id: 1,
                     failed: None,
                     pump: None,
@@ -148,6 +154,29 @@ impl FileWatches {
     /// How many descriptors have subscribers now (for tests and the agent's status).
     pub fn descriptors(&self) -> usize {
         self.shared.lock().by_wd.len()
+    }
+
+    /// The shared instance's reader added `wd` for itself (adding with `IN_MASK_ADD`, so a
+    /// waiter's mask on the same inode is widened, not replaced): waiters leaving it never
+    /// remove the kernel's watch.
+    pub fn pin(&self, wd: &WatchDescriptor) {
+        self.shared
+            .lock()
+            .pinned
+            .insert(wd.get_watch_descriptor_id());
+    }
+
+    /// The reader no longer needs `wd`: the kernel's watch is removed unless a waiter still
+    /// uses it. Errors of the removal (the kernel dropped it already) are ignored.
+    pub fn release_pinned(&self, wd: WatchDescriptor) {
+        let mut reg = self.shared.lock();
+        let id = wd.get_watch_descriptor_id();
+        reg.pinned.remove(&id);
+        if !reg.by_wd.contains_key(&id)
+            && let Some(watches) = reg.watches.as_mut()
+        {
+            let _ = watches.remove(wd);
+        }
     }
 
     /// Routes one event of the shared instance to its subscribers. Returns whether anyone
@@ -179,6 +208,17 @@ impl FileWatches {
             reg.by_wd.remove(&id);
         }
         true
+    }
+
+    /// Forgets a pinned descriptor the kernel dropped (its `IN_IGNORED`), so a later
+    /// waiter's removal of a reused number is not held back. Called by the reader.
+    pub fn forget_pinned(&self, ev: &EventOwned) {
+        if ev.mask.contains(EventMask::IGNORED) {
+            self.shared
+                .lock()
+                .pinned
+                .remove(&ev.wd.get_watch_descriptor_id());
+        }
     }
 
     /// Marks the instance as unreadable: every subscriber, now and later, breaks.
@@ -240,6 +280,7 @@ impl FileWatches {
         entry.subs.retain(|s| s.id != sub_id);
         if entry.subs.is_empty()
             && let Some(entry) = reg.by_wd.remove(&wd_id)
+            && !reg.pinned.contains(&wd_id)
             && let Some(watches) = reg.watches.as_mut()
         {
             // EINVAL here means the kernel already dropped it; its IN_IGNORED is on its way.

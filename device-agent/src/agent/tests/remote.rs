@@ -377,3 +377,69 @@ fn the_waits_file_round_trips_and_a_bad_one_is_moved_aside() {
     );
     assert!(!store.path().exists(), "moved aside, not deleted");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_and_flock_waits_run_on_the_spools_inotify_instance() {
+    let home = tempfile::tempdir().expect("tmp");
+    let hub = FakeHub::bind().await;
+    let agent = Agent::start(config(home.path(), &hub.url()));
+    let mut conn = hub.accept().await;
+    conn.welcome_default().await;
+
+    // Beside the spool (`home/tmp/signals`), so its directory's descriptor is shared.
+    let target = home.path().join("tmp").join("result.json");
+    conn.send(&arm(
+        "wp_f",
+        WaitSpec::File {
+            path: target.to_string_lossy().into_owned(),
+            cursor: None,
+        },
+        LIMIT * 6,
+    ))
+    .await;
+    assert!(matches!(
+        conn.wait_frame().await,
+        AgentFrame::WaitArmed { .. }
+    ));
+    std::fs::write(&target, b"{}").expect("write");
+    match conn.wait_frame().await {
+        AgentFrame::WaitDone {
+            outcome, message, ..
+        } => {
+            assert_eq!(outcome, WaitEnd::Fired);
+            assert!(message.ends_with("was written (close_write)"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // A flock held here (another open file description than the wait's), released by
+    // closing it.
+    let lock = home.path().join("train.lock");
+    let held = std::fs::File::create(&lock).expect("lock file");
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).expect("flock");
+    conn.send(&arm(
+        "wp_l",
+        WaitSpec::Flock {
+            path: lock.to_string_lossy().into_owned(),
+        },
+        LIMIT * 6,
+    ))
+    .await;
+    match conn.wait_frame().await {
+        AgentFrame::WaitArmed { captured, .. } => {
+            assert!(captured.contains("\"free\":false"), "{captured}")
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(held);
+    match conn.wait_frame().await {
+        AgentFrame::WaitDone {
+            outcome, message, ..
+        } => {
+            assert_eq!(outcome, WaitEnd::Fired);
+            assert!(message.contains("is free"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    agent.stop().await;
+}
