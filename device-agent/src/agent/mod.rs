@@ -25,8 +25,8 @@
 //!
 //! Remote waits ([`waits`]): the hub's `WaitArm`, `WaitCancel` and `WaitAck` arms in
 //! [`Daemon::on_hub`], one more source (each armed wait's task reports its outcome as
-//! [`Event::WaitDone`]), and the held ids in every hello. Their state is saved when the
-//! loop is idle, and restored (every wait armed again) before the first dial.
+//! [`Event::WaitDone`]), and the held ids in every hello. Their state is saved on the
+//! tick when it changed, and restored (every wait armed again) before the first dial.
 
 pub mod backoff;
 pub mod config;
@@ -250,11 +250,6 @@ impl Daemon {
             if self.handle(ev) == Flow::Stop {
                 break;
             }
-            // Saved once a burst (a thousand arms) has been handled, not per frame: the
-            // hub's reconciliation covers a crash in between.
-            if self.remote.dirty() && self.link_rx.is_empty() && self.wait_rx.is_empty() {
-                self.remote.persist();
-            }
         }
         self.remote.persist();
         self.stop().await;
@@ -396,7 +391,10 @@ impl Daemon {
 
     fn on_tick(&mut self, now: Instant) {
         self.forward.tick(now);
-        // A save that failed is tried again here.
+        // Remote waits are saved here, at most once a tick, not on each change: a burst of
+        // a thousand arms is one write, and no fsync sits between a process's exit and its
+        // report. A crash in between loses nothing the hub wants (it re-sends what this
+        // agent lacks, and an outcome lost is found again by re-arming).
         self.remote.persist();
         if let LinkState::Up { since, stable, .. } = &mut self.link
             && !*stable

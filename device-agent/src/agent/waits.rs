@@ -13,7 +13,8 @@
 //! answered again, so two waits on one condition for one waitpoint never exist.
 //!
 //! Persistence: `$CORTEX_HOME/agent/waits.json`, replaced atomically (temp file, fsync,
-//! rename, fsync of the directory) whenever the state changed and the loop is idle. It
+//! rename, fsync of the directory) on the loop's tick (each second) when the state
+//! changed, and at a clean stop. It
 //! holds each armed wait's *resume* spec (a pid pinned to the start time read at arm time,
 //! so a pid reused while the agent was down is never followed; a file with its arm-time
 //! cursor, so a write made meanwhile fires) and its deadline, and each unacknowledged

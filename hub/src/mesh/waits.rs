@@ -239,6 +239,8 @@ impl LinkWaits {
         payload: String,
         message: String,
     ) -> Result<(), End> {
+        // The bench (cargo xtask bench waits) times the hub's share from this line.
+        tracing::debug!(device = %self.device, wait = %id, "remote wait outcome received");
         self.held.remove(&id);
         let (st, device) = (state.clone(), self.device.clone());
         self.spawn_write(async move {
