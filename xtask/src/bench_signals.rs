@@ -5,18 +5,19 @@
 //! It checks that the hub recorded every signal it acknowledged, prints one report, and
 //! leaves nothing running. Method and figures: docs/benchmarks.md.
 
-mod cpu;
-mod http;
 mod servers;
 mod tools;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 
-use servers::{Hub, Procs, ScratchDir, Webhook};
+use crate::bench_kit::hub::{Hub, signal_body};
+use crate::bench_kit::procs::{Procs, ScratchDir};
+use crate::bench_kit::report::{ms, thousands, us, utc_now};
+use crate::bench_kit::{cargo_build, cpu, target_dir, workspace_root};
+use servers::Webhook;
 use tools::{Load, Timing, WrkRun};
 
 /// The issue's targets for this 2-core machine.
@@ -124,7 +125,7 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
     let root = workspace_root();
     let release = target_dir(&root).join("release");
     if opts.build {
-        cargo_build(&root, "cortex-hub").context("building cortex-hub")?;
+        cargo_build(&root, &["cortex-hub"]).context("building cortex-hub")?;
     }
     let hub_bin = release.join("cortex-hub");
     ensure!(
@@ -134,13 +135,13 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
     );
     // cortex-signal may be mid-change; its row says so instead of failing the bench.
     let cli_bin = release.join("cortex-signal");
-    let cli = match opts.build.then(|| cargo_build(&root, "cortex-cli")) {
+    let cli = match opts.build.then(|| cargo_build(&root, &["cortex-cli"])) {
         Some(Err(e)) => Err(format!("not measured: building cortex-cli failed ({e:#})")),
         _ if !cli_bin.is_file() => Err(format!("not measured: {} is missing", cli_bin.display())),
         _ => Ok(cli_bin),
     };
 
-    let scratch = ScratchDir::new()?;
+    let scratch = ScratchDir::new("signals")?;
     let mut procs = Procs::default();
     let facts = machine_facts(scratch.path());
     eprintln!("bench: fdatasync loop ({} s)", FDATASYNC_FOR.as_secs());
@@ -155,14 +156,14 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
     let hub_script = scratch.path().join("hub.lua");
     let bodies: Vec<String> = monitors
         .iter()
-        .map(|m| servers::signal_body(&m.id, &m.secret))
+        .map(|m| signal_body(&m.id, &m.secret))
         .collect();
     write(&hub_script, &tools::wrk_script("/webhook/signal", &bodies)?)?;
 
     let wh = Webhook::start(scratch.path(), &mut procs)?;
     let wh_bodies: Vec<String> = monitors
         .iter()
-        .map(|m| servers::signal_body(&m.id, &wh.secret))
+        .map(|m| signal_body(&m.id, &wh.secret))
         .collect();
     let mut wh_scripts = Vec::new();
     for hook in ["check", "true"] {
@@ -330,23 +331,7 @@ fn measured_wrk(
 
 /// Waits, at most --quiet-wait seconds, until nothing else uses the CPUs.
 fn wait_quiet(opts: &Options) -> anyhow::Result<()> {
-    if opts.quiet_wait == 0 {
-        return Ok(());
-    }
-    match cpu::wait_quiet(Duration::from_secs(opts.quiet_wait))? {
-        Some(w) if w >= Duration::from_secs(1) => {
-            eprintln!(
-                "bench:   waited {:.0} s for a quiet machine",
-                w.as_secs_f64()
-            );
-        }
-        Some(_) => {}
-        None => eprintln!(
-            "bench:   the machine stayed busy for {} s; measuring anyway",
-            opts.quiet_wait
-        ),
-    }
-    Ok(())
+    cpu::quiet(opts.quiet_wait)
 }
 
 /// Runs `f` and measures what processes other than `server_pid`, the bench and its
@@ -355,14 +340,7 @@ fn watched<T>(
     server_pid: Option<u32>,
     f: impl FnOnce() -> anyhow::Result<T>,
 ) -> anyhow::Result<(T, cpu::Noise)> {
-    let start = Instant::now();
-    let before = cpu::snap(server_pid)?;
-    let out = f()?;
-    let after = cpu::snap(server_pid)?;
-    Ok((
-        out,
-        cpu::between(before, after, start.elapsed().as_secs_f64()),
-    ))
+    cpu::watched(server_pid.as_slice(), f)
 }
 
 /// Compares what wrk saw acknowledged with what the hub recorded.
@@ -436,7 +414,7 @@ fn one_post(
         .pop()
         .context("no monitor for hyperfine")?;
     let url = hub.signal_url();
-    let body = servers::signal_body(&m.id, &m.secret);
+    let body = signal_body(&m.id, &m.secret);
     let mut commands = Vec::new();
     if let Ok(bin) = cli {
         commands.push((
@@ -683,26 +661,10 @@ struct Facts {
 }
 
 fn machine_facts(scratch: &Path) -> Facts {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let cpuinfo = read("/proc/cpuinfo");
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map_or("unknown CPU", |(_, m)| m.trim())
-        .to_string();
-    let mem_gib = read("/proc/meminfo")
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or("?".to_string(), |kb| format!("{:.1}", kb / 1024.0 / 1024.0));
-    let kernel = read("/proc/sys/kernel/osrelease").trim().to_string();
-    let (fs, dev) = mount_of(scratch, &read("/proc/self/mountinfo"));
     Facts {
         date: utc_now(),
-        machine: format!("nproc {cpus} ({model}), {mem_gib} GiB, Linux {kernel}"),
-        disk: format!("{} on {fs} ({dev})", scratch.display()),
+        machine: crate::bench_kit::report::machine(),
+        disk: crate::bench_kit::report::disk(scratch),
         tools: [
             tools::version("wrk", "-v")
                 .split_whitespace()
@@ -721,55 +683,6 @@ fn machine_facts(scratch: &Path) -> Facts {
     }
 }
 
-/// The filesystem type and source of the mount holding `path` (longest mount point
-/// that prefixes it).
-fn mount_of(path: &Path, mountinfo: &str) -> (String, String) {
-    let mut best: Option<(usize, String, String)> = None;
-    for line in mountinfo.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let Some(sep) = fields.iter().position(|f| *f == "-") else {
-            continue;
-        };
-        let (Some(mnt), Some(fs), Some(src)) =
-            (fields.get(4), fields.get(sep + 1), fields.get(sep + 2))
-        else {
-            continue;
-        };
-        if path.starts_with(mnt) && best.as_ref().is_none_or(|b| mnt.len() >= b.0) {
-            best = Some((mnt.len(), fs.to_string(), src.to_string()));
-        }
-    }
-    best.map_or(("?".into(), "?".into()), |(_, fs, src)| (fs, src))
-}
-
-fn workspace_root() -> PathBuf {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .parent()
-        .map_or(manifest.clone(), Path::to_path_buf)
-}
-
-fn target_dir(root: &Path) -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| root.join("target"), PathBuf::from)
-}
-
-fn cargo_build(root: &Path, package: &str) -> anyhow::Result<()> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    eprintln!("bench: cargo build --release -p {package}");
-    let status = Command::new(cargo)
-        .current_dir(root)
-        .args(["build", "--release", "--quiet", "-p", package])
-        .status()
-        .context("running cargo")?;
-    ensure!(
-        status.success(),
-        "cargo build --release -p {package}: {status}"
-    );
-    Ok(())
-}
-
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
@@ -783,88 +696,9 @@ fn conn_s(n: u32) -> String {
     }
 }
 
-/// `1234567.8` → `1,234,568`.
-fn thousands(v: f64) -> String {
-    let digits = format!("{:.0}", v.max(0.0));
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// Microseconds, shown as us below 1 ms and as ms above.
-fn us(v: f64) -> String {
-    if v < 1_000.0 {
-        format!("{v:.0} us")
-    } else {
-        format!("{:.2} ms", v / 1_000.0)
-    }
-}
-
-/// Seconds, shown as ms.
-fn ms(s: f64) -> String {
-    format!("{:.2} ms", s * 1e3)
-}
-
-/// Now as `YYYY-MM-DD HH:MM UTC`.
-fn utc_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    let rem = secs % 86_400;
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        rem / 3600,
-        rem / 60 % 60
-    )
-}
-
-/// Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn formats() {
-        assert_eq!(thousands(1_234_567.6), "1,234,568");
-        assert_eq!(thousands(999.0), "999");
-        assert_eq!(us(140.4), "140 us");
-        assert_eq!(us(1_270.0), "1.27 ms");
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(20_513), (2026, 3, 1));
-    }
-
-    #[test]
-    fn mount_lookup_takes_the_longest_prefix() {
-        let info = "22 1 254:0 / / rw - ext4 /dev/vda rw\n\
-                    30 22 0:25 / /tmp rw - tmpfs tmpfs rw\n";
-        assert_eq!(
-            mount_of(Path::new("/tmp/x"), info),
-            ("tmpfs".into(), "tmpfs".into())
-        );
-        assert_eq!(
-            mount_of(Path::new("/work/x"), info),
-            ("ext4".into(), "/dev/vda".into())
-        );
-    }
 
     #[test]
     fn options() -> anyhow::Result<()> {

@@ -1,6 +1,8 @@
 //! `cargo xtask`: developer tasks as code (matklad/cargo-xtask), so nobody keeps a private
 //! shell script. This file only dispatches; each task lives in its own module beside it.
 
+mod bench_kit;
+mod bench_mesh;
 mod bench_signals;
 mod test;
 
@@ -19,7 +21,12 @@ tasks:
                 [--threads N] [--quiet-wait SECS] [--no-build]
       the durable signal route against adnanh/webhook 2.8 (wrk), the disk's raw
       fdatasync rate, and one cortex-signal against one curl (hyperfine);
-      see docs/benchmarks.md";
+      see docs/benchmarks.md
+  bench mesh [--idle SECS] [--drops N] [--burst N] [--devices N] [--hold SECS]
+             [--quiet-wait SECS] [--no-build]
+      the device mesh: spool drop to hub-accepted latency (~100 B to ~64 KB), a burst's
+      files/s, the idle agent's CPU, wakeups and RSS beside inotifywait -m, and the hub's
+      RSS with thousands of simulated devices; see docs/benchmarks.md";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -28,6 +35,7 @@ fn main() -> ExitCode {
         ["test", rest @ ..] => test::run(rest),
         ["torture", rest @ ..] => test::torture(rest),
         ["bench", "signals", rest @ ..] => bench_signals::run(rest),
+        ["bench", "mesh", rest @ ..] => bench_mesh::run(rest),
         [] | ["help" | "-h" | "--help", ..] => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

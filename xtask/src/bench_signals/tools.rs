@@ -14,33 +14,7 @@ use anyhow::{Context, bail, ensure};
 pub const TOOLS: [&str; 4] = ["wrk", "webhook", "hyperfine", "curl"];
 pub const INSTALL: &str = "apt-get update && apt-get install -y webhook wrk hyperfine";
 
-/// Whether `name` is an executable file in one of PATH's directories.
-pub fn on_path(name: &str) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::env::var_os("PATH").is_some_and(|p| {
-        std::env::split_paths(&p).any(|d| {
-            std::fs::metadata(d.join(name))
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-    })
-}
-
-/// The first line a `--version`-like flag prints (stdout or stderr), for the report.
-pub fn version(cmd: &str, flag: &str) -> String {
-    let out = Command::new(cmd).arg(flag).stdin(Stdio::null()).output();
-    match out {
-        Ok(o) => {
-            let text = [o.stdout, o.stderr].concat();
-            String::from_utf8_lossy(&text)
-                .lines()
-                .next()
-                .unwrap_or("?")
-                .trim()
-                .to_string()
-        }
-        Err(_) => "?".to_string(),
-    }
-}
+pub use crate::bench_kit::{on_path, version};
 
 /// One wrk run's figures.
 #[derive(Debug, Clone)]

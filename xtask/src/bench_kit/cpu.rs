@@ -1,13 +1,14 @@
 //! Who else used the CPUs during a run: the machine's busy time (/proc/stat) minus what the
-//! server, the bench and its reaped children (wrk) used (/proc/PID/stat). On a 2-core box
-//! shared with builds this tells a quiet run from a disturbed one. Clock ticks throughout
-//! (USER_HZ, 100 a second on Linux).
+//! processes under test, the bench and its reaped children (wrk) used (/proc/PID/stat). On
+//! a 2-core box shared with builds this tells a quiet run from a disturbed one; waiting for
+//! a quiet machine before measuring. Clock ticks throughout (USER_HZ, 100 a second on
+//! Linux).
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-const TICKS_PER_S: f64 = 100.0;
+pub const TICKS_PER_S: f64 = 100.0;
 /// Below this many CPUs busy, the machine counts as quiet (a desktop's idle hum fits).
 pub const QUIET_CPUS: f64 = 0.2;
 
@@ -18,7 +19,7 @@ pub struct Snap {
     busy: u64,
     /// Ticks the hypervisor gave to other guests.
     steal: u64,
-    /// The server's ticks, its reaped children included.
+    /// The processes under test's ticks, their reaped children included.
     server: u64,
     /// This process's ticks and its reaped children's (wrk once it has been waited for).
     ours: u64,
@@ -31,15 +32,17 @@ pub struct Noise {
     pub steal_cpus: f64,
 }
 
-pub fn snap(server_pid: Option<u32>) -> anyhow::Result<Snap> {
+/// Reads the machine's counters and those of `pids` (the processes under test).
+pub fn snap(pids: &[u32]) -> anyhow::Result<Snap> {
     let (busy, steal) = machine_ticks()?;
+    let mut server = 0;
+    for pid in pids {
+        server += proc_ticks(&pid.to_string())?;
+    }
     Ok(Snap {
         busy,
         steal,
-        server: match server_pid {
-            Some(pid) => proc_ticks(&pid.to_string())?,
-            None => 0,
-        },
+        server,
         ours: proc_ticks("self")?,
     })
 }
@@ -111,6 +114,13 @@ pub fn wait_idle(pid: u32, bound: Duration) -> anyhow::Result<Duration> {
     Ok(start.elapsed().saturating_sub(Duration::from_millis(300)))
 }
 
+/// The CPU time `pid` itself used (utime + stime over all its threads, dead ones included;
+/// not its children), in ticks.
+pub fn own_ticks(pid: u32) -> anyhow::Result<u64> {
+    let [utime, stime, _, _] = proc_fields(&pid.to_string())?;
+    Ok(utime + stime)
+}
+
 /// utime + stime + cutime + cstime of /proc/`pid`/stat.
 fn proc_ticks(pid: &str) -> anyhow::Result<u64> {
     Ok(proc_fields(pid)?.iter().sum())
@@ -134,4 +144,36 @@ fn proc_fields(pid: &str) -> anyhow::Result<[u64; 4]> {
             .with_context(|| format!("{path}: field {n}"))
     };
     Ok([get(14)?, get(15)?, get(16)?, get(17)?])
+}
+
+/// Waits, at most `seconds` (0: don't), until nothing else uses the CPUs, saying on stderr
+/// how long it waited or that it gave up.
+pub fn quiet(seconds: u64) -> anyhow::Result<()> {
+    if seconds == 0 {
+        return Ok(());
+    }
+    match wait_quiet(Duration::from_secs(seconds))? {
+        Some(w) if w >= Duration::from_secs(1) => {
+            eprintln!(
+                "bench:   waited {:.0} s for a quiet machine",
+                w.as_secs_f64()
+            );
+        }
+        Some(_) => {}
+        None => eprintln!("bench:   the machine stayed busy for {seconds} s; measuring anyway"),
+    }
+    Ok(())
+}
+
+/// Runs `f` and measures what processes other than `pids`, the bench and its children used
+/// meanwhile.
+pub fn watched<T>(
+    pids: &[u32],
+    f: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<(T, Noise)> {
+    let start = Instant::now();
+    let before = snap(pids)?;
+    let out = f()?;
+    let after = snap(pids)?;
+    Ok((out, between(before, after, start.elapsed().as_secs_f64())))
 }

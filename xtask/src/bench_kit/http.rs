@@ -1,6 +1,6 @@
 //! A tiny blocking HTTP/1.1 client over `TcpStream`, one connection per request, for the
-//! bench's setup and checks (creating waitpoints, reading counts, probing webhook). Not on
-//! the measured path: wrk, curl and cortex-signal carry the load.
+//! benches' setup and checks (creating waitpoints, enrolling devices, reading counts,
+//! probing webhook). Never on a measured path.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
