@@ -4,6 +4,7 @@
 mod bench_kit;
 mod bench_mesh;
 mod bench_signals;
+mod bench_waits;
 mod test;
 
 use std::process::ExitCode;
@@ -26,7 +27,12 @@ tasks:
              [--quiet-wait SECS] [--no-build]
       the device mesh: spool drop to hub-accepted latency (~100 B to ~64 KB), a burst's
       files/s, the idle agent's CPU, wakeups and RSS beside inotifywait -m, and the hub's
-      RSS with thousands of simulated devices; see docs/benchmarks.md";
+      RSS with thousands of simulated devices; see docs/benchmarks.md
+  bench waits [--runs N] [--tail-runs N] [--poll-runs N] [--loop-runs N] [--waits N]
+              [--idle SECS] [--quiet-wait SECS] [--no-build]
+      remote waits: process exit to the agent, the hub's durable record and a client's
+      wake, beside tail --pid, a kill -0/sleep 5 loop and a 500 ms poll (ratios); the
+      agent idle with no waits and with 1,000 armed pid waits; see docs/benchmarks.md";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -36,6 +42,7 @@ fn main() -> ExitCode {
         ["torture", rest @ ..] => test::torture(rest),
         ["bench", "signals", rest @ ..] => bench_signals::run(rest),
         ["bench", "mesh", rest @ ..] => bench_mesh::run(rest),
+        ["bench", "waits", rest @ ..] => bench_waits::run(rest),
         [] | ["help" | "-h" | "--help", ..] => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -1,0 +1,468 @@
+//! `cargo xtask bench waits`: remote waits as a job's owner sees them. A release hub and a
+//! release `cortex-device-agent` on loopback; a process exits and the bench measures how
+//! long until the agent knew, the hub had it on disk, and a client's long poll had the
+//! wake; beside it, in the same run, the polling ways people wait for a process today
+//! (`tail --pid`, a `kill -0` loop with `sleep 5`, a 500 ms poll), as ratios. Then the
+//! agent idle for a window with no waits and again with 1,000 armed pid waits: CPU time,
+//! wakeups, memory and descriptors. It checks every wait fired once, prints one report,
+//! and leaves nothing running. Method and figures: docs/benchmarks.md, "Remote waits".
+
+mod daemons;
+mod idle;
+mod latency;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use serde_json::json;
+
+use crate::bench_kit::procs::{Procs, ScratchDir, poll_every};
+use crate::bench_kit::report;
+use crate::bench_kit::{cargo_build, cpu, target_dir, workspace_root};
+use daemons::{Agent, Hub};
+use latency::{Poller, Rng, Sample};
+
+/// The targets, exit to the hub's record.
+const TARGET_P50_US: f64 = 1_000.0;
+const TARGET_P99_US: f64 = 5_000.0;
+/// Unmeasured remote waits before the measured ones.
+const WARMUP: usize = 10;
+/// The device's name on the bench hub.
+const DEVICE: &str = "bench";
+/// The hub's defaults this bench runs with: the keepalive ping each way, and the sweep's
+/// `rescan` to every agent; the agent's own loop tick.
+const PING: Duration = Duration::from_secs(20);
+const SWEEP: Duration = Duration::from_secs(30);
+const AGENT_TICK: Duration = Duration::from_secs(1);
+
+struct Options {
+    runs: usize,
+    tail_runs: usize,
+    poll_runs: usize,
+    loop_runs: usize,
+    waits: usize,
+    idle: u64,
+    quiet_wait: u64,
+    build: bool,
+}
+
+fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
+    let mut o = Options {
+        runs: 200,
+        tail_runs: 30,
+        poll_runs: 30,
+        loop_runs: 10,
+        waits: 1_000,
+        idle: 60,
+        quiet_wait: 60,
+        build: true,
+    };
+    let mut it = args.iter();
+    while let Some(&flag) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .copied()
+                .with_context(|| format!("{name} needs a value"))
+        };
+        match flag {
+            "--runs" => o.runs = number(flag, value(flag)?)?,
+            "--tail-runs" => o.tail_runs = number(flag, value(flag)?)?,
+            "--poll-runs" => o.poll_runs = number(flag, value(flag)?)?,
+            "--loop-runs" => o.loop_runs = number(flag, value(flag)?)?,
+            "--waits" => o.waits = number(flag, value(flag)?)?,
+            "--idle" => o.idle = number(flag, value(flag)?)?,
+            "--quiet-wait" => o.quiet_wait = number(flag, value(flag)?)?,
+            "--no-build" => o.build = false,
+            _ => bail!(
+                "unknown flag {flag:?}; flags: --runs N (200) --tail-runs N (30) --poll-runs N (30) --loop-runs N (10) --waits N (1000) --idle SECS (60) --quiet-wait SECS (60) --no-build"
+            ),
+        }
+    }
+    ensure!(o.runs >= 10, "--runs must be at least 10");
+    ensure!(
+        o.tail_runs >= 1 && o.poll_runs >= 1 && o.loop_runs >= 1,
+        "each baseline needs at least one run"
+    );
+    ensure!(
+        (1..=4_000).contains(&o.waits),
+        "--waits must be between 1 and 4000 (a device holds at most 4,096)"
+    );
+    ensure!(o.idle >= 1, "--idle must be at least 1 second");
+    Ok(o)
+}
+
+fn number<T: std::str::FromStr>(flag: &str, v: &str) -> anyhow::Result<T> {
+    v.parse()
+        .ok()
+        .with_context(|| format!("{flag} {v:?}: expected a whole number"))
+}
+
+/// p50, p99 and max of a sample (nearest rank), in its unit.
+#[derive(Debug, Clone, Copy)]
+struct Dist {
+    n: usize,
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+impl Dist {
+    fn of(v: &mut [f64]) -> Dist {
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+            v[rank - 1]
+        };
+        Dist {
+            n: v.len(),
+            p50: at(0.50),
+            p99: at(0.99),
+            max: v.last().copied().unwrap_or(0.0),
+        }
+    }
+}
+
+pub fn run(args: &[&str]) -> anyhow::Result<()> {
+    if args == ["--exit-child"] {
+        return latency::exit_child();
+    }
+    let opts = parse_options(args)?;
+    for tool in ["tail", "sh", "sleep"] {
+        ensure!(
+            crate::bench_kit::on_path(tool),
+            "missing on PATH: {tool} (coreutils)"
+        );
+    }
+    let root = workspace_root();
+    let release = target_dir(&root).join("release");
+    if opts.build {
+        cargo_build(&root, &["cortex-hub", "cortex-device-agent"])
+            .context("building the hub and the agent")?;
+    }
+    let hub_bin = release.join("cortex-hub");
+    let agent_bin = release.join("cortex-device-agent");
+    for b in [&hub_bin, &agent_bin] {
+        ensure!(
+            b.is_file(),
+            "{} is missing; run without --no-build",
+            b.display()
+        );
+    }
+    let scratch = ScratchDir::new("waits")?;
+    latency::prepare(scratch.path())?;
+    let mut procs = Procs::default();
+    let date = report::utc_now();
+
+    let hub = Hub::start(&hub_bin, &scratch.path().join("hub-home"), &mut procs)?;
+    let agent = Agent::start(&agent_bin, &hub, DEVICE, scratch.path(), &mut procs)
+        .with_context(|| format!("hub log tail:\n{}", hub.log_tail()))?;
+    let with_logs = |e: anyhow::Error| {
+        e.context(format!(
+            "agent log tail:\n{}\nhub log tail:\n{}",
+            agent.log_tail(),
+            hub.log_tail()
+        ))
+    };
+
+    // Exit to record: warm-up, then the measured runs.
+    eprintln!(
+        "bench: remote pid wait, exit → agent → hub record → client, {WARMUP} warm-up + {} runs",
+        opts.runs
+    );
+    cpu::quiet(opts.quiet_wait)?;
+    for _ in 0..WARMUP {
+        latency::cortex_once(&hub, &agent, DEVICE).map_err(with_logs)?;
+    }
+    let (samples, cortex_noise) = cpu::watched(&[hub.pid, agent.pid], || {
+        (0..opts.runs)
+            .map(|_| latency::cortex_once(&hub, &agent, DEVICE))
+            .collect::<anyhow::Result<Vec<Sample>>>()
+    })
+    .map_err(with_logs)?;
+    let dist = |f: fn(&Sample) -> f64| Dist::of(&mut samples.iter().map(f).collect::<Vec<_>>());
+    let (agent_d, received_d, record_d, seen_d) = (
+        dist(|s| s.agent_us),
+        dist(|s| s.received_us),
+        dist(|s| s.record_us),
+        dist(|s| s.seen_us),
+    );
+    eprintln!(
+        "bench: the floor, exit → pidfd readable in the bench, {} runs",
+        opts.runs
+    );
+    let mut floor = (0..opts.runs)
+        .map(|_| latency::pidfd_once())
+        .collect::<anyhow::Result<Vec<f64>>>()?;
+    let floor_d = Dist::of(&mut floor);
+
+    // The polling ways, same process, same machine, same run.
+    let mut rng = Rng::seeded();
+    let mut baselines = Vec::new();
+    for (p, n) in [
+        (Poller::TailPid, opts.tail_runs),
+        (Poller::Poll500ms, opts.poll_runs),
+        (Poller::KillLoop5s, opts.loop_runs),
+    ] {
+        eprintln!("bench: {}, {n} runs", p.label());
+        let mut v = (0..n)
+            .map(|_| latency::poller_once(p, &mut rng))
+            .collect::<anyhow::Result<Vec<f64>>>()?;
+        baselines.push((p, Dist::of(&mut v)));
+    }
+
+    // Idle: nothing armed, then the waits armed.
+    eprintln!("bench: idle agent, no waits, {} s", opts.idle);
+    std::thread::sleep(Duration::from_secs(2));
+    cpu::quiet(opts.quiet_wait)?;
+    let (idle0, idle0_noise) = cpu::watched(&[hub.pid, agent.pid], || {
+        idle::observe(agent.pid, Duration::from_secs(opts.idle))
+    })?;
+
+    eprintln!(
+        "bench: arming {} pid waits on {} sleeps",
+        opts.waits, opts.waits
+    );
+    let mut sleeps = Vec::with_capacity(opts.waits);
+    for _ in 0..opts.waits {
+        let child = Command::new("sleep")
+            .arg("3600")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting sleep")?;
+        sleeps.push(procs.add("sleep", child));
+    }
+    let arm_start = Instant::now();
+    for &i in &sleeps {
+        let pid = procs.pid(i).context("a sleep's pid")?;
+        hub.api(
+            "POST",
+            &format!("/api/devices/{DEVICE}/waits"),
+            Some(json!({"kind": "pid", "pid": pid, "timeout_s": 7200})),
+            201,
+        )
+        .map_err(with_logs)?;
+    }
+    let armed_in = poll_every(
+        Duration::from_millis(50),
+        Duration::from_secs(120),
+        "every wait armed on the device",
+        || {
+            let d = hub.api("GET", &format!("/api/devices/{DEVICE}"), None, 200)?;
+            let list = d["wait_list"].as_array().context("no wait_list")?;
+            let armed = list.iter().filter(|w| w["state"] == "armed").count();
+            Ok((armed == opts.waits).then(|| arm_start.elapsed()))
+        },
+    )
+    .map_err(with_logs)?;
+    eprintln!(
+        "bench: idle agent, {} waits armed, {} s",
+        opts.waits, opts.idle
+    );
+    // Its waits file written, the arms' burst over.
+    std::thread::sleep(Duration::from_secs(2));
+    cpu::quiet(opts.quiet_wait)?;
+    let (idle1, idle1_noise) = cpu::watched(&[hub.pid, agent.pid], || {
+        idle::observe(agent.pid, Duration::from_secs(opts.idle))
+    })?;
+
+    // All of them exit at once: each fires once.
+    let fire_start = Instant::now();
+    for &i in &sleeps {
+        procs.kill(i);
+    }
+    let fired_in = poll_every(
+        Duration::from_millis(20),
+        Duration::from_secs(120),
+        "every wait ended",
+        || {
+            let d = hub.api("GET", &format!("/api/devices/{DEVICE}"), None, 200)?;
+            Ok((d["waits"] == 0).then(|| fire_start.elapsed()))
+        },
+    )
+    .map_err(with_logs)?;
+    procs.check_alive(hub.index)?;
+    procs.check_alive(agent.index)?;
+
+    let report = Report {
+        date,
+        machine: report::machine(),
+        runs: opts.runs,
+        floor: floor_d,
+        agent: agent_d,
+        received: received_d,
+        record: record_d,
+        seen: seen_d,
+        cortex_noise_cpus: cortex_noise.others_cpus,
+        baselines,
+        waits: opts.waits,
+        idle0,
+        idle0_noise_cpus: idle0_noise.others_cpus,
+        idle1,
+        idle1_noise_cpus: idle1_noise.others_cpus,
+        armed_in,
+        fired_in,
+    };
+    print!("{}", report.render());
+    drop(procs);
+    Ok(())
+}
+
+struct Report {
+    date: String,
+    machine: String,
+    runs: usize,
+    floor: Dist,
+    agent: Dist,
+    received: Dist,
+    record: Dist,
+    seen: Dist,
+    cortex_noise_cpus: f64,
+    baselines: Vec<(Poller, Dist)>,
+    waits: usize,
+    idle0: idle::Figures,
+    idle0_noise_cpus: f64,
+    idle1: idle::Figures,
+    idle1_noise_cpus: f64,
+    armed_in: Duration,
+    fired_in: Duration,
+}
+
+impl Report {
+    fn render(&self) -> String {
+        let mut s = String::new();
+        let mut line = |l: String| {
+            s.push_str(&l);
+            s.push('\n');
+        };
+        line(format!(
+            "cortex bench waits, {} — {} (shared machine: other work may run beside it)",
+            self.date, self.machine
+        ));
+        line(String::new());
+        line(format!(
+            "process exit → …, remote pid wait through the agent and the hub ({} runs; others used {:.2} CPUs meanwhile)",
+            self.runs, self.cortex_noise_cpus
+        ));
+        line(format!(
+            "  {:<44} {:>10} {:>10} {:>10}",
+            "", "p50", "p99", "max"
+        ));
+        for (what, d) in [
+            ("floor: a pidfd in the bench turns readable", self.floor),
+            ("the agent has the outcome (pidfd woke)", self.agent),
+            ("the hub has the agent's frame", self.received),
+            ("the hub's record is durable (signal + wake)", self.record),
+            ("a client's long poll has the wake", self.seen),
+        ] {
+            line(format!(
+                "  {what:<44} {:>10} {:>10} {:>10}",
+                us(d.p50),
+                us(d.p99),
+                us(d.max)
+            ));
+        }
+        let met = self.record.p50 <= TARGET_P50_US && self.record.p99 <= TARGET_P99_US;
+        line(format!(
+            "  target exit → hub record: p50 <= {}, p99 <= {}: {}",
+            us(TARGET_P50_US),
+            us(TARGET_P99_US),
+            if met { "met" } else { "NOT met" }
+        ));
+        line(String::new());
+        line("process exit → the watcher knows, the ways people poll today (same run):".into());
+        line(format!(
+            "  {:<40} {:>5} {:>10} {:>10} {:>10} {:>12} {:>12}",
+            "", "runs", "p50", "p99", "max", "p50 ratio", "p99 ratio"
+        ));
+        line(format!(
+            "  {:<40} {:>5} {:>10} {:>10} {:>10} {:>12} {:>12}",
+            "cortex (client has the wake)",
+            self.seen.n,
+            us(self.seen.p50),
+            us(self.seen.p99),
+            us(self.seen.max),
+            "1x",
+            "1x"
+        ));
+        for (p, d) in &self.baselines {
+            line(format!(
+                "  {:<40} {:>5} {:>10} {:>10} {:>10} {:>12} {:>12}",
+                p.label(),
+                d.n,
+                us(d.p50),
+                us(d.p99),
+                us(d.max),
+                format!("{:.0}x", d.p50 / self.seen.p50.max(1.0)),
+                format!("{:.0}x", d.p99 / self.seen.p99.max(1.0)),
+            ));
+        }
+        line("  (with fewer than 100 runs, p99 is the largest sample)".into());
+        line(String::new());
+        let keepalive = keepalive_events(self.idle1.window);
+        line(format!(
+            "the agent idle for {} s (keepalive: ping both ways every {} s, a hub rescan every {} s, its own {} s tick = {} events):",
+            self.idle1.window.as_secs(),
+            PING.as_secs(),
+            SWEEP.as_secs(),
+            AGENT_TICK.as_secs(),
+            keepalive
+        ));
+        line(format!(
+            "  {:<24} {:>12} {:>8} {:>14} {:>10} {:>8} {:>8} {:>12}",
+            "", "CPU", "ticks", "wakeups/min", "RSS", "fds", "threads", "others CPUs"
+        ));
+        for (what, f, noise) in [
+            ("no waits".to_string(), &self.idle0, self.idle0_noise_cpus),
+            (
+                format!("{} pid waits armed", self.waits),
+                &self.idle1,
+                self.idle1_noise_cpus,
+            ),
+        ] {
+            line(format!(
+                "  {what:<24} {:>9.2} ms {:>8} {:>14.1} {:>6.1} MiB {:>8} {:>8} {:>12.2}",
+                f.cpu_ms(),
+                f.ticks,
+                f.wakeups_per_min(),
+                f.rss_kib as f64 / 1024.0,
+                f.fds,
+                f.threads,
+                noise
+            ));
+        }
+        line(format!(
+            "  difference: {:+.2} ms CPU, {:+.1} wakeups/min, {:+.1} MiB RSS, {:+} descriptors",
+            self.idle1.cpu_ms() - self.idle0.cpu_ms(),
+            self.idle1.wakeups_per_min() - self.idle0.wakeups_per_min(),
+            (self.idle1.rss_kib as f64 - self.idle0.rss_kib as f64) / 1024.0,
+            self.idle1.fds as i64 - self.idle0.fds as i64
+        ));
+        line(format!(
+            "  {} waits armed (POST and the agent's confirmation) in {:.2} s; all {} processes killed at once, every wait recorded once in {:.2} s",
+            self.waits,
+            self.armed_in.as_secs_f64(),
+            self.waits,
+            self.fired_in.as_secs_f64()
+        ));
+        s
+    }
+}
+
+/// Microseconds for people: us, ms, or s above a second.
+fn us(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.2} s", v / 1e6)
+    } else {
+        report::us(v)
+    }
+}
+
+/// What the link and the loop do by themselves in `window`: the agent's pings, the hub's
+/// pings (each answered), the sweep's rescans and the agent's tick.
+fn keepalive_events(window: Duration) -> u64 {
+    let per = |d: Duration| window.as_secs() / d.as_secs().max(1);
+    2 * per(PING) + per(SWEEP) + per(AGENT_TICK)
+}

@@ -1,0 +1,306 @@
+//! Process exit to "someone knows", for a remote pid wait and for the polling ways people
+//! use today, measured on the same kind of process in the same run.
+//!
+//! The process: this xtask binary started as `bench waits --exit-child`. It blocks on its
+//! stdin; given a byte, it reads the realtime clock, writes that time to its stdout and
+//! exits. So the exit's time is known from inside (the error is the kernel's teardown of
+//! the process after the clock read, tens of microseconds, which every watcher pays alike)
+//! rather than guessed from a `kill` outside.
+//!
+//! - cortex: a remote pid wait armed (and confirmed armed by the agent) on the process;
+//!   then the exit. Three points: the agent's log line when the wait's task reported (the
+//!   pidfd woke and the loop had the outcome), the hub's log line after the commit holding
+//!   the signal and the wake returned (the durable record), and the moment a long poll of
+//!   the session's events (started before the exit) answered with the wake (what a client
+//!   sees).
+//! - `tail --pid=PID -f /dev/null`, `while kill -0 PID; do sleep 5; done` and a 500 ms
+//!   poll loop (ntfy-style): the watcher started on the process, the exit triggered after a
+//!   random delay (so the exit falls anywhere in the watcher's period), and the time until
+//!   the watcher exited (reaped by the bench).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use serde_json::json;
+
+use super::daemons::{Agent, Hub, now_ns};
+use crate::bench_kit::http;
+use crate::bench_kit::procs::poll_every;
+
+/// The child's side: wait for a byte, then say the time and exit.
+pub fn exit_child() -> anyhow::Result<()> {
+    let mut b = [0u8; 1];
+    let _ = std::io::stdin().read(&mut b);
+    let t = now_ns();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{t}").context("writing the exit time")?;
+    out.flush().context("writing the exit time")?;
+    std::process::exit(0);
+}
+
+/// A started exit-child.
+pub struct ExitChild {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    pub pid: u32,
+}
+
+/// Where the exit child's binary is: a copy of this one made at the bench's start, since
+/// a `cargo xtask …` run meanwhile may replace (and so delete) the one running.
+static CHILD_BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Copies this binary into `dir` for the exit children.
+pub fn prepare(dir: &std::path::Path) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("this binary's path")?;
+    let copy = dir.join("exit-child");
+    std::fs::copy(&exe, &copy)
+        .with_context(|| format!("copying {} to {}", exe.display(), copy.display()))?;
+    let _ = CHILD_BIN.set(copy);
+    Ok(())
+}
+
+impl ExitChild {
+    pub fn start() -> anyhow::Result<ExitChild> {
+        let exe = CHILD_BIN
+            .get()
+            .context("the exit child's binary was not prepared")?;
+        let mut child = Command::new(exe)
+            .args(["bench", "waits", "--exit-child"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the exit child")?;
+        let stdin = child.stdin.take();
+        let pid = child.id();
+        Ok(ExitChild { child, stdin, pid })
+    }
+
+    /// Makes it exit; returns the time it read just before exiting (ns since the epoch).
+    pub fn exit_now(&mut self) -> anyhow::Result<i128> {
+        let mut stdin = self.stdin.take().context("the child's stdin")?;
+        stdin.write_all(b"x").context("triggering the child")?;
+        drop(stdin);
+        let out = self.child.stdout.take().context("the child's stdout")?;
+        let mut line = String::new();
+        BufReader::new(out)
+            .read_line(&mut line)
+            .context("reading the exit time")?;
+        let _ = self.child.wait();
+        line.trim()
+            .parse()
+            .with_context(|| format!("the child's exit time {line:?}"))
+    }
+}
+
+impl Drop for ExitChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One cortex sample, in µs after the exit.
+pub struct Sample {
+    pub agent_us: f64,
+    pub received_us: f64,
+    pub record_us: f64,
+    pub seen_us: f64,
+}
+
+/// One remote pid wait, armed, fired by the child's exit.
+pub fn cortex_once(hub: &Hub, agent: &Agent, device: &str) -> anyhow::Result<Sample> {
+    let mut child = ExitChild::start()?;
+    let created = hub.api(
+        "POST",
+        &format!("/api/devices/{device}/waits"),
+        Some(json!({"kind": "pid", "pid": child.pid, "timeout_s": 600})),
+        201,
+    )?;
+    let wp = created["id"]
+        .as_str()
+        .context("no waitpoint id")?
+        .to_string();
+    let sid = created["session"]
+        .as_str()
+        .context("no session")?
+        .to_string();
+    poll_every(
+        Duration::from_millis(2),
+        Duration::from_secs(10),
+        "the wait armed on the device",
+        || {
+            let d = hub.api("GET", &format!("/api/devices/{device}"), None, 200)?;
+            let armed = d["wait_list"].as_array().is_some_and(|l| {
+                l.iter()
+                    .any(|w| w["id"] == wp.as_str() && w["state"] == "armed")
+            });
+            Ok(armed.then_some(()))
+        },
+    )?;
+    let session = hub.api("GET", &format!("/api/sessions/{sid}"), None, 200)?;
+    let after = session["last_seq"].as_u64().unwrap_or(0);
+    // The long poll is in flight before the exit.
+    let (addr, path) = (
+        hub.addr,
+        format!("/api/sessions/{sid}/events?after={after}&wait=30"),
+    );
+    let token = hub.token().to_string();
+    let poller = std::thread::spawn(move || -> anyhow::Result<(i128, serde_json::Value)> {
+        let r = http::request(addr, "GET", &path, Some(&token), None)?;
+        let t = now_ns();
+        Ok((t, r.json("the long poll")?))
+    });
+    // Let the poll reach the hub and park.
+    std::thread::sleep(Duration::from_millis(20));
+    let t_exit = child.exit_now()?;
+    let (t_seen, page) = poller
+        .join()
+        .map_err(|_| anyhow::anyhow!("the long poll's thread panicked"))??;
+    let woke = page["events"].as_array().is_some_and(|e| {
+        e.iter()
+            .any(|e| e["kind"] == "wake" && e["reason"] == "fired")
+    });
+    ensure!(woke, "the long poll answered without a fired wake: {page}");
+    let logged = |ends: &super::daemons::Ends, what: &'static str, who: &str| {
+        poll_every(
+            Duration::from_millis(2),
+            Duration::from_secs(5),
+            &format!("the {who}'s \"{what}\" line for {wp}"),
+            || Ok(ends.take(what, &wp)),
+        )
+    };
+    let [ended, received] = super::daemons::MARKS;
+    let t_record = logged(&hub.ends, ended, "hub")?;
+    let t_received = logged(&hub.ends, received, "hub")?;
+    let t_agent = logged(&agent.ends, ended, "agent")?;
+    let us = |t: i128| (t - t_exit) as f64 / 1_000.0;
+    Ok(Sample {
+        agent_us: us(t_agent),
+        received_us: us(t_received),
+        record_us: us(t_record),
+        seen_us: us(t_seen),
+    })
+}
+
+/// The floor: µs from the exit to a pidfd on it turning readable, watched by the bench
+/// itself (a blocking poll(2), nothing else in between).
+pub fn pidfd_once() -> anyhow::Result<f64> {
+    use rustix::event::{PollFd, PollFlags, poll};
+    use rustix::process::{Pid, PidfdFlags, pidfd_open};
+    let mut child = ExitChild::start()?;
+    let pid = Pid::from_raw(child.pid as i32).context("the child's pid")?;
+    let fd = pidfd_open(pid, PidfdFlags::empty()).context("pidfd_open")?;
+    let trigger = std::thread::spawn(move || child.exit_now());
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    poll(&mut fds, None).context("poll on the pidfd")?;
+    let t = now_ns();
+    let t_exit = trigger
+        .join()
+        .map_err(|_| anyhow::anyhow!("the trigger thread panicked"))??;
+    Ok((t - t_exit) as f64 / 1_000.0)
+}
+
+/// A polling watcher people use today.
+#[derive(Clone, Copy)]
+pub enum Poller {
+    TailPid,
+    KillLoop5s,
+    Poll500ms,
+}
+
+impl Poller {
+    pub fn label(self) -> &'static str {
+        match self {
+            Poller::TailPid => "tail --pid=PID -f /dev/null",
+            Poller::KillLoop5s => "while kill -0 $pid; do sleep 5; done",
+            Poller::Poll500ms => "500 ms poll (ntfy-style)",
+        }
+    }
+
+    /// The watcher's polling period: the exit is triggered a random time into it.
+    pub fn period(self) -> Duration {
+        match self {
+            // coreutils tail checks the pid once per --sleep-interval, 1 s by default.
+            Poller::TailPid => Duration::from_secs(1),
+            Poller::KillLoop5s => Duration::from_secs(5),
+            Poller::Poll500ms => Duration::from_millis(500),
+        }
+    }
+
+    fn command(self, pid: u32) -> Command {
+        match self {
+            Poller::TailPid => {
+                let mut c = Command::new("tail");
+                c.arg(format!("--pid={pid}")).args(["-f", "/dev/null"]);
+                c
+            }
+            Poller::KillLoop5s => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(format!("while kill -0 {pid} 2>/dev/null; do sleep 5; done"));
+                c
+            }
+            Poller::Poll500ms => {
+                let mut c = Command::new("sh");
+                c.arg("-c").arg(format!(
+                    "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done"
+                ));
+                c
+            }
+        }
+    }
+}
+
+/// One sample of `p`: µs from the exit to the watcher's own exit. `rng` spreads the exit
+/// over the watcher's period.
+pub fn poller_once(p: Poller, rng: &mut Rng) -> anyhow::Result<f64> {
+    let mut child = ExitChild::start()?;
+    let mut watcher = p
+        .command(child.pid)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", p.label()))?;
+    // Started and polling; then an exit anywhere in its period.
+    let lead = Duration::from_millis(200);
+    let period = p.period();
+    let phase = Duration::from_secs_f64(period.as_secs_f64() * rng.unit());
+    std::thread::sleep(lead + phase);
+    if let Ok(Some(st)) = watcher.try_wait() {
+        bail!("{} ended before the exit ({st})", p.label());
+    }
+    let t_exit = child.exit_now()?;
+    let st = watcher
+        .wait()
+        .with_context(|| format!("waiting for {}", p.label()))?;
+    let t_done = now_ns();
+    ensure!(
+        st.success() || matches!(p, Poller::KillLoop5s | Poller::Poll500ms),
+        "{} failed: {st}",
+        p.label()
+    );
+    Ok((t_done - t_exit) as f64 / 1_000.0)
+}
+
+/// xorshift64*: a spread of phases, no crate needed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn seeded() -> Rng {
+        Rng((now_ns() as u64) | 1)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
