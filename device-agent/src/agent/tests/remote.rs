@@ -158,6 +158,8 @@ async fn cancel_drops_the_wait_and_the_bound_times_out() {
         conn.wait_frame().await,
         AgentFrame::WaitArmed { .. }
     ));
+    // Saved first, so "gone from disk" below means the cancel was handled.
+    eventually("the wait saved", || saved(home.path()).waits.len() == 1).await;
     conn.send(&HubFrame::WaitCancel {
         wait_id: "wp_c".into(),
     })
