@@ -132,6 +132,16 @@ impl Forwarder {
         self.queue.len() < QUEUE_CAP
     }
 
+    /// Whether a tick has work here: files in flight (the ack timeout), retries to
+    /// schedule, counts to report, or files to send over a live link. An idle forwarder
+    /// needs no timer at all.
+    pub fn busy(&self) -> bool {
+        !self.sent.is_empty()
+            || !self.retry.is_empty()
+            || self.dirty
+            || (self.window > 0 && (!self.queue.is_empty() || self.relist))
+    }
+
     /// Files sent and not yet acknowledged.
     pub fn unacked(&self) -> usize {
         self.sent.len()

@@ -11,7 +11,8 @@
 //!   instance is also the remote file and flock waits' (one instance per agent), whose
 //!   events it routes; a file it announces while the forwarding queue is full only makes
 //!   the forwarder list the spool again once there is room;
-//! - a tick for retries, the ack timeout, the debounced status and the systemd watchdog;
+//! - a tick for retries, the ack timeout, the debounced status and the systemd watchdog,
+//!   armed only while one of them has work (an idle agent has no timer but the keepalive);
 //! - shutdown (SIGTERM/SIGINT in `main`).
 //!
 //! The agent is useful offline: it reports READY to systemd once the spool is watched, not
@@ -169,6 +170,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         counts_sent: None,
         last_counts_at: None,
         last_watchdog: now,
+        last_tick: now,
         config,
     };
     daemon.run_loop(watcher, shutdown).await;
@@ -213,6 +215,7 @@ struct Daemon {
     counts_sent: Option<mesh::SpoolCounts>,
     last_counts_at: Option<Instant>,
     last_watchdog: Instant,
+    last_tick: Instant,
 }
 
 /// Whether the loop goes on.
@@ -225,9 +228,9 @@ enum Flow {
 impl Daemon {
     async fn run_loop(mut self, mut watcher: SpoolWatcher, shutdown: impl Future<Output = ()>) {
         let mut shutdown = std::pin::pin!(shutdown);
-        let mut tick = tokio::time::interval(self.tick_every());
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // No timer while idle: only the keepalive wakes an agent with nothing to do.
+            let next_tick = self.next_tick();
             // Unbiased: under a steady stream of acks the tick (which feeds the watchdog)
             // and the spool must still get their turns.
             let ev = tokio::select! {
@@ -245,7 +248,7 @@ impl Daemon {
                 // Always: remote file waits' events come through it too.
                 ev = watcher.next() => Event::Spool(ev),
                 Some(done) = self.wait_rx.recv() => Event::WaitDone(done),
-                _ = tick.tick() => Event::Tick,
+                () = sleep_until(next_tick) => Event::Tick,
             };
             if self.handle(ev) == Flow::Stop {
                 break;
@@ -390,6 +393,7 @@ impl Daemon {
     }
 
     fn on_tick(&mut self, now: Instant) {
+        self.last_tick = now;
         self.forward.tick(now);
         // Remote waits are saved here, at most once a tick, not on each change: a burst of
         // a thousand arms is one write, and no fsync sits between a process's exit and its
@@ -478,6 +482,28 @@ impl Daemon {
         matches!(&self.link, LinkState::Up { link, .. } if link.generation == generation)
     }
 
+    /// When the next tick is due, or `None` when nothing needs one. Anchored to the last
+    /// tick, not to now, so a steady stream of events cannot keep pushing it away.
+    fn next_tick(&self) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut at = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        if self.forward.busy() || self.remote.dirty() {
+            at(self.last_tick + self.tick_every());
+        }
+        if let LinkState::Up {
+            since,
+            stable: false,
+            ..
+        } = &self.link
+        {
+            at(*since + self.config.timing.stable_after);
+        }
+        if let Some(every) = self.notifier.watchdog_every() {
+            at(self.last_watchdog + every);
+        }
+        next
+    }
+
     /// Tick often enough for the status debounce and the watchdog, and at least each second
     /// for retries and the ack timeout.
     fn tick_every(&self) -> Duration {
@@ -508,6 +534,14 @@ impl Daemon {
 }
 
 /// The end of the dial in progress, or the reconnect time; never while a link is up.
+/// Sleeps until `at`, or forever when there is nothing to wake for.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn link_timer(link: &mut LinkState) -> Event {
     match link {
         LinkState::Dialing(f) => Event::Dialed(f.await.map(Box::new)),
