@@ -101,6 +101,33 @@ impl Agent {
         })
     }
 
+    /// Its spool directory.
+    pub fn spool(&self) -> PathBuf {
+        self.home.join("tmp/signals")
+    }
+
+    /// Signal files waiting in its spool.
+    pub fn pending(&self) -> usize {
+        std::fs::read_dir(self.spool())
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Peak resident memory in KiB (`VmHWM` in /proc).
+    pub fn peak_rss_kib(&self) -> u64 {
+        let pid = self.pid().expect("running");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM")
+    }
+
     /// `$HOME/agent/waits.json`: the remote waits it saved (`Null` when there is none).
     pub fn saved_waits(&self) -> Value {
         std::fs::read(self.home.join("agent/waits.json"))

@@ -10,134 +10,16 @@
 // Fields of JSON the hub just answered with; a panic is the test failing.
 #![allow(clippy::unwrap_used)]
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cortex_cli::http::Method;
-use cortex_tests::{Hub, bin, wait_until};
+use cortex_tests::agent::Agent;
+use cortex_tests::{Hub, wait_until};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(20);
-
-/// A running `cortex-device-agent` with its own home, logging to a file.
-struct Agent {
-    home: PathBuf,
-    _tmp: tempfile::TempDir,
-    child: Option<Child>,
-    name: String,
-    mesh_url: String,
-    token_file: PathBuf,
-    starts: usize,
-}
-
-impl Agent {
-    fn start(hub: &Hub, name: &str, token: &str) -> Agent {
-        let tmp = tempfile::tempdir().expect("tmp");
-        let home = tmp.path().join("home");
-        let token_file = tmp.path().join("device-token");
-        std::fs::write(&token_file, format!("{token}\n")).expect("token file");
-        let mut a = Agent {
-            home,
-            _tmp: tmp,
-            child: None,
-            name: name.to_string(),
-            mesh_url: hub.mesh_url.clone(),
-            token_file,
-            starts: 0,
-        };
-        a.spawn();
-        a
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.home.parent().expect("tmp").join("agent.log")
-    }
-
-    fn spawn(&mut self) {
-        assert!(self.child.is_none());
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("log");
-        let child = Command::new(bin("cortex-device-agent"))
-            .args(["--hub", &self.mesh_url, "--name", &self.name])
-            .arg("--token-file")
-            .arg(&self.token_file)
-            .arg("--home")
-            .arg(&self.home)
-            .env_remove("CORTEX_DEVICE_TOKEN")
-            .env_remove("CREDENTIALS_DIRECTORY")
-            .env_remove("NOTIFY_SOCKET")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn cortex-device-agent");
-        self.child = Some(child);
-        self.starts += 1;
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
-    }
-
-    fn spool(&self) -> PathBuf {
-        self.home.join("tmp/signals")
-    }
-
-    fn pending(&self) -> usize {
-        std::fs::read_dir(self.spool())
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
-                    .count()
-            })
-            .unwrap_or(0)
-    }
-
-    fn pid(&self) -> rustix::process::Pid {
-        let c = self.child.as_ref().expect("running");
-        rustix::process::Pid::from_raw(c.id() as i32).expect("pid")
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn stop(&mut self) -> ExitStatus {
-        let pid = self.pid();
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
-        let mut c = self.child.take().expect("running");
-        wait_until(T, "the agent to exit after SIGTERM", || {
-            c.try_wait().ok().flatten()
-        })
-    }
-
-    /// Peak resident memory in KiB, from /proc.
-    fn peak_rss_kib(&self) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid().as_raw_nonzero()))
-                .expect("status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmHWM")
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 fn add_device(hub: &Hub, name: &str) -> String {
     let (st, v) = hub.api(Method::Post, "/api/devices", Some(&json!({"name": name})));
