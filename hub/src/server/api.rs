@@ -184,8 +184,19 @@ pub async fn create_waitpoint(
             ));
         }
     };
-    let how = text::how_to_signal(&wp, &secret, &state.signal_url);
-    let reply = WaitpointCreated {
+    let reply = created(&state, &wp, secret);
+    Ok((StatusCode::CREATED, Json(reply)).into_response())
+}
+
+/// The answer to a waitpoint's creation (also a remote wait's): the only time its secret
+/// is shown, with the lines that signal it.
+pub fn created(
+    state: &AppState,
+    wp: &crate::engine::Waitpoint,
+    secret: String,
+) -> WaitpointCreated {
+    let how = text::how_to_signal(wp, &secret, &state.signal_url);
+    WaitpointCreated {
         id: wp.id.clone(),
         state: wp.state.as_str().to_string(),
         session: wp.session.clone(),
@@ -198,11 +209,10 @@ pub async fn create_waitpoint(
         fail_fast: wp.fail_fast,
         max_signals: wp.max_signals,
         device: wp.device.clone(),
-        member_note: text::member_note(&wp),
+        member_note: text::member_note(wp),
         how_to_signal: how,
         secret,
-    };
-    Ok((StatusCode::CREATED, Json(reply)).into_response())
+    }
 }
 
 pub async fn session_waitpoints(

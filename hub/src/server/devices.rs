@@ -9,19 +9,19 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use cortex_protocol::api::{
-    CreateDevice, CreateDeviceWait, DeviceCreated, DeviceView, DeviceWaitCreated, WaitpointCreated,
+    CreateDevice, CreateDeviceWait, DeviceCreated, DeviceView, DeviceWaitCreated,
 };
 use cortex_protocol::mesh::{MAX_WAITS_PER_DEVICE, WaitSpec};
 
 use super::AppState;
 use super::error::{ApiError, parse_json};
 use super::log::{self, LogQuery};
+use crate::secret;
 use crate::store::device_waits::{
     CreateDeviceWaitOutcome, EXPIRY_MARGIN_MS, NewDeviceWait, TIMEOUT_GRACE_MS,
 };
 use crate::store::devices::DeviceRecord;
 use crate::time::{human_duration, now_ms};
-use crate::{secret, text};
 
 /// Longest device name.
 pub const MAX_DEVICE_CHARS: usize = 64;
@@ -388,25 +388,8 @@ pub async fn create_wait(
         online = state.devices.link(&name).is_some(),
         "remote wait created"
     );
-    let how = text::how_to_signal(&wp, &secret, &state.signal_url);
     let reply = DeviceWaitCreated {
-        waitpoint: WaitpointCreated {
-            id: wp.id.clone(),
-            state: wp.state.as_str().to_string(),
-            session: wp.session.clone(),
-            label: wp.label.clone(),
-            intent: wp.intent.clone(),
-            created_at: wp.created_at,
-            expires_at: wp.expires_at,
-            members: wp.members.clone(),
-            quorum: wp.quorum,
-            fail_fast: wp.fail_fast,
-            max_signals: wp.max_signals,
-            device: wp.device.clone(),
-            member_note: text::member_note(&wp),
-            how_to_signal: how,
-            secret,
-        },
+        waitpoint: super::api::created(&state, &wp, secret),
         wait: wait.view(),
     };
     Ok((StatusCode::CREATED, Json(reply)).into_response())

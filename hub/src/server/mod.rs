@@ -217,43 +217,52 @@ fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", dir.display()))
 }
 
-async fn fire_due(state: &AppState) {
+/// Runs a store pass (due wakes, the sweep, overdue remote waits) again while it takes a
+/// full page, so a backlog is cleared in bounded transactions. A failing store is logged;
+/// the pass runs again at its next timer or tick.
+async fn drain<C>(state: &AppState, what: &str, mut pass: impl FnMut() -> C)
+where
+    C: for<'a> FnOnce(&mut crate::store::Tx<'a>) -> Result<usize, crate::store::StoreError>
+        + Send
+        + 'static,
+{
     loop {
-        match state.store.exec(|t| t.fire_timers(now_ms())).await {
+        match state.store.exec(pass()).await {
             Ok(n) if n >= PASS_LIMIT => continue,
             Ok(_) => return,
             Err(e) => {
-                tracing::error!(error = %e, "delivering due wakes failed; retrying in 1 s");
+                tracing::error!(error = %e, "{what} failed; it runs again shortly");
                 return;
             }
         }
     }
+}
+
+async fn fire_due(state: &AppState) {
+    drain(state, "delivering due wakes", || {
+        |t| t.fire_timers(now_ms())
+    })
+    .await;
 }
 
 async fn sweep_once(state: &AppState) {
-    loop {
-        match state.store.exec(|t| t.sweep(now_ms())).await {
-            Ok(n) if n >= PASS_LIMIT => continue,
-            Ok(_) => return,
-            Err(e) => {
-                tracing::error!(error = %e, "the sweep failed; it runs again at its next tick");
-                return;
-            }
-        }
-    }
+    drain(state, "the sweep", || |t| t.sweep(now_ms())).await;
 }
 
-/// Sleeps until the earliest decided wake is due (a barrier's 3 s, the hourly cap),
-/// delivers it, and sleeps again. No polling: it wakes on the store's timer watch.
-async fn timer_task(state: AppState) {
-    let mut next = state.store.next_timer.clone();
+/// Sleeps until the time `next` holds (the store updates it after each commit), runs
+/// `fire`, and sleeps again. No polling; a store that keeps failing is retried every
+/// 200 ms, not in a spin.
+async fn timer_loop(
+    state: &AppState,
+    mut next: watch::Receiver<Option<u64>>,
+    fire: impl AsyncFn(&AppState),
+) {
     loop {
         let due = *next.borrow_and_update();
         let now = now_ms();
         match due {
             Some(t) if t <= now => {
-                fire_due(&state).await;
-                // A failing store must not spin: wait a little before looking again.
+                fire(state).await;
                 if next.borrow().is_some_and(|t| t <= now_ms()) {
                     tokio::select! {
                         () = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -276,6 +285,12 @@ async fn timer_task(state: AppState) {
             }
         }
     }
+}
+
+/// Delivers decided wakes (a barrier's 3 s, the hourly cap) when they fall due.
+async fn timer_task(state: AppState) {
+    let next = state.store.next_timer.clone();
+    timer_loop(&state, next, async |s: &AppState| fire_due(s).await).await;
 }
 
 /// After a start, devices get this long to reconnect before the device-wait timer judges
@@ -284,33 +299,23 @@ async fn timer_task(state: AppState) {
 const DEVICE_WAIT_RESTART_GRACE: Duration = Duration::from_secs(60);
 
 async fn device_waits_due(state: &AppState) {
-    loop {
+    drain(state, "ending overdue remote waits", || {
         let online: std::collections::HashSet<String> = state
             .devices
             .links()
             .iter()
             .map(|l| l.device.clone())
             .collect();
-        match state
-            .store
-            .exec(move |t| t.device_waits_due(now_ms(), &online))
-            .await
-        {
-            Ok(n) if n >= PASS_LIMIT => continue,
-            Ok(_) => return,
-            Err(e) => {
-                tracing::error!(error = %e, "ending overdue remote waits failed; retrying shortly");
-                return;
-            }
-        }
-    }
+        move |t| t.device_waits_due(now_ms(), &online)
+    })
+    .await;
 }
 
 /// Sleeps until the earliest remote wait's hub deadline (its bound plus a grace for the
 /// agent's own report) and ends what is due: `timed_out` on an online device, `broke` on
 /// an offline one. Like the wake timer, it wakes on the store's watch, never polls.
 async fn device_wait_task(state: AppState) {
-    let mut next = state.store.next_device_wait.clone();
+    let next = state.store.next_device_wait.clone();
     // Waits that fell due while the hub was down are judged only once their devices had
     // the time to reconnect and report; waits created after the start are not held back.
     if next.borrow().is_some_and(|t| t <= now_ms()) {
@@ -319,34 +324,7 @@ async fn device_wait_task(state: AppState) {
             () = state.shutdown.cancelled() => return,
         }
     }
-    loop {
-        let due = *next.borrow_and_update();
-        let now = now_ms();
-        match due {
-            Some(t) if t <= now => {
-                device_waits_due(&state).await;
-                if next.borrow().is_some_and(|t| t <= now_ms()) {
-                    tokio::select! {
-                        () = tokio::time::sleep(Duration::from_millis(200)) => {}
-                        () = state.shutdown.cancelled() => return,
-                    }
-                }
-            }
-            Some(t) => {
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(t - now)) => {}
-                    r = next.changed() => if r.is_err() { return },
-                    () = state.shutdown.cancelled() => return,
-                }
-            }
-            None => {
-                tokio::select! {
-                    r = next.changed() => if r.is_err() { return },
-                    () = state.shutdown.cancelled() => return,
-                }
-            }
-        }
-    }
+    timer_loop(&state, next, async |s: &AppState| device_waits_due(s).await).await;
 }
 
 async fn sweep_task(state: AppState, every: Duration) {
