@@ -14,6 +14,13 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, ensure};
 
+/// A flag's whole-number value, or an error naming the flag.
+pub fn number<T: std::str::FromStr>(flag: &str, v: &str) -> anyhow::Result<T> {
+    v.parse()
+        .ok()
+        .with_context(|| format!("{flag} {v:?}: expected a whole number"))
+}
+
 pub fn workspace_root() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest

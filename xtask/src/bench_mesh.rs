@@ -80,12 +80,12 @@ fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
                 .with_context(|| format!("{name} needs a value"))
         };
         match flag {
-            "--idle" => o.idle = number(flag, value(flag)?)?,
-            "--drops" => o.drops = number(flag, value(flag)?)?,
-            "--burst" => o.burst = number(flag, value(flag)?)?,
-            "--devices" => o.devices = number(flag, value(flag)?)?,
-            "--hold" => o.hold = number(flag, value(flag)?)?,
-            "--quiet-wait" => o.quiet_wait = number(flag, value(flag)?)?,
+            "--idle" => o.idle = crate::bench_kit::number(flag, value(flag)?)?,
+            "--drops" => o.drops = crate::bench_kit::number(flag, value(flag)?)?,
+            "--burst" => o.burst = crate::bench_kit::number(flag, value(flag)?)?,
+            "--devices" => o.devices = crate::bench_kit::number(flag, value(flag)?)?,
+            "--hold" => o.hold = crate::bench_kit::number(flag, value(flag)?)?,
+            "--quiet-wait" => o.quiet_wait = crate::bench_kit::number(flag, value(flag)?)?,
             "--no-build" => o.build = false,
             _ => bail!(
                 "unknown flag {flag:?}; flags: --idle SECS (60) --drops N (1000) --burst N (20000) --devices N (5000) --hold SECS (45) --quiet-wait SECS (60) --no-build"
@@ -100,12 +100,6 @@ fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
         "--devices must be between 1 and 100000"
     );
     Ok(o)
-}
-
-fn number<T: std::str::FromStr>(flag: &str, v: &str) -> anyhow::Result<T> {
-    v.parse()
-        .ok()
-        .with_context(|| format!("{flag} {v:?}: expected a whole number"))
 }
 
 pub fn run(args: &[&str]) -> anyhow::Result<()> {

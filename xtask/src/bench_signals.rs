@@ -72,12 +72,12 @@ fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
                 .with_context(|| format!("{name} needs a value"))
         };
         match flag {
-            "--duration" => o.seconds = number(flag, value(flag)?)?,
-            "--warmup" => o.warmup_seconds = number(flag, value(flag)?)?,
-            "--runs" => o.runs = number(flag, value(flag)?)?,
-            "--monitors" => o.monitors = number(flag, value(flag)?)?,
-            "--threads" => o.threads = number(flag, value(flag)?)?,
-            "--quiet-wait" => o.quiet_wait = number(flag, value(flag)?)?,
+            "--duration" => o.seconds = crate::bench_kit::number(flag, value(flag)?)?,
+            "--warmup" => o.warmup_seconds = crate::bench_kit::number(flag, value(flag)?)?,
+            "--runs" => o.runs = crate::bench_kit::number(flag, value(flag)?)?,
+            "--monitors" => o.monitors = crate::bench_kit::number(flag, value(flag)?)?,
+            "--threads" => o.threads = crate::bench_kit::number(flag, value(flag)?)?,
+            "--quiet-wait" => o.quiet_wait = crate::bench_kit::number(flag, value(flag)?)?,
             "--no-build" => o.build = false,
             _ => bail!(
                 "unknown flag {flag:?}; flags: --duration SECS (10) --warmup SECS (1) --runs N (200) --monitors N (200) --threads N (1) --quiet-wait SECS (60) --no-build"
@@ -95,12 +95,6 @@ fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
         "--monitors must be between 1 and 100000"
     );
     Ok(o)
-}
-
-fn number<T: std::str::FromStr>(flag: &str, v: &str) -> anyhow::Result<T> {
-    v.parse()
-        .ok()
-        .with_context(|| format!("{flag} {v:?}: expected a whole number"))
 }
 
 pub fn run(args: &[&str]) -> anyhow::Result<()> {

@@ -67,13 +67,13 @@ fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
                 .with_context(|| format!("{name} needs a value"))
         };
         match flag {
-            "--runs" => o.runs = number(flag, value(flag)?)?,
-            "--tail-runs" => o.tail_runs = number(flag, value(flag)?)?,
-            "--poll-runs" => o.poll_runs = number(flag, value(flag)?)?,
-            "--loop-runs" => o.loop_runs = number(flag, value(flag)?)?,
-            "--waits" => o.waits = number(flag, value(flag)?)?,
-            "--idle" => o.idle = number(flag, value(flag)?)?,
-            "--quiet-wait" => o.quiet_wait = number(flag, value(flag)?)?,
+            "--runs" => o.runs = crate::bench_kit::number(flag, value(flag)?)?,
+            "--tail-runs" => o.tail_runs = crate::bench_kit::number(flag, value(flag)?)?,
+            "--poll-runs" => o.poll_runs = crate::bench_kit::number(flag, value(flag)?)?,
+            "--loop-runs" => o.loop_runs = crate::bench_kit::number(flag, value(flag)?)?,
+            "--waits" => o.waits = crate::bench_kit::number(flag, value(flag)?)?,
+            "--idle" => o.idle = crate::bench_kit::number(flag, value(flag)?)?,
+            "--quiet-wait" => o.quiet_wait = crate::bench_kit::number(flag, value(flag)?)?,
             "--no-build" => o.build = false,
             _ => bail!(
                 "unknown flag {flag:?}; flags: --runs N (200) --tail-runs N (30) --poll-runs N (30) --loop-runs N (10) --waits N (1000) --idle SECS (60) --quiet-wait SECS (60) --no-build"
@@ -91,12 +91,6 @@ fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
     );
     ensure!(o.idle >= 1, "--idle must be at least 1 second");
     Ok(o)
-}
-
-fn number<T: std::str::FromStr>(flag: &str, v: &str) -> anyhow::Result<T> {
-    v.parse()
-        .ok()
-        .with_context(|| format!("{flag} {v:?}: expected a whole number"))
 }
 
 /// p50, p99 and max of a sample (nearest rank), in its unit.
