@@ -30,10 +30,6 @@ use crate::spool::{InFlight, Refusal, Spool};
 /// Names queued in memory at most; beyond, the spool is listed again once the queue drains.
 pub const QUEUE_CAP: usize = 4096;
 
-/// A malformed file a listing found, written this recently, may still be being written in
-/// place (the hub's local spool uses the same rule).
-const SETTLE: Duration = Duration::from_secs(5);
-
 /// Where encoded frames go: the link's writer channel, or a test's vector.
 pub trait Outbox {
     /// Whether a frame can be queued now without waiting.
@@ -297,7 +293,7 @@ impl Forwarder {
             }
         };
         if let Err(e) = SignalRequest::parse(&bytes) {
-            if q.listed && self.recently_written(name) {
+            if q.listed && self.spool.recently_written(name) {
                 return Prepared::Nothing;
             }
             self.park(name, &e.to_string());
@@ -332,14 +328,6 @@ impl Forwarder {
                 Prepared::Nothing
             }
         }
-    }
-
-    fn recently_written(&self, name: &str) -> bool {
-        std::fs::symlink_metadata(self.spool.path().join(name))
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age < SETTLE)
     }
 
     fn park(&mut self, name: &str, reason: &str) {

@@ -336,6 +336,29 @@ impl Spool {
         Ok(Some(parked))
     }
 
+    /// How long after its last write a file found by a listing may still be being written in
+    /// place (not via `.tmp` and a rename).
+    pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+
+    /// Whether `name` was written less than [`Spool::SETTLE`] ago: a malformed file a listing
+    /// found this fresh may be half-written, and its close (`IN_CLOSE_WRITE`) or the next
+    /// rescan takes it instead of parking it. Looked at through the directory's handle.
+    pub fn recently_written(&self, name: &str) -> bool {
+        if check_name(name).is_err() {
+            return false;
+        }
+        let h = self.handles();
+        let Ok(st) = rustix::fs::statat(&h.dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            return false;
+        };
+        let written = std::time::UNIX_EPOCH
+            + std::time::Duration::new(
+                st.st_mtime.max(0) as u64,
+                st.st_mtime_nsec.clamp(0, 999_999_999) as u32,
+            );
+        written.elapsed().is_ok_and(|age| age < Self::SETTLE)
+    }
+
     /// Pending and parked counts, for status displays.
     pub fn counts(&self) -> Result<SpoolCounts, SpoolError> {
         let pending = self.list()?.len();

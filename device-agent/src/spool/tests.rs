@@ -900,3 +900,21 @@ async fn re_watching_a_recreated_spool_keeps_a_waits_mask_on_the_shared_parent()
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn recently_written_tells_a_fresh_file_from_a_settled_one() {
+    let f = fixture();
+    fs::write(f.dir.join("fresh.json"), b"{half").expect("write");
+    assert!(f.spool.recently_written("fresh.json"));
+    let old = f.dir.join("old.json");
+    fs::write(&old, b"{half").expect("write");
+    let file = fs::File::options().write(true).open(&old).expect("open");
+    file.set_modified(SystemTime::now() - Spool::SETTLE - Duration::from_secs(1))
+        .expect("set mtime");
+    assert!(!f.spool.recently_written("old.json"));
+    assert!(!f.spool.recently_written("missing.json"));
+    assert!(
+        !f.spool.recently_written("../escape.json"),
+        "names are checked"
+    );
+}

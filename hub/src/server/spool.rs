@@ -78,18 +78,6 @@ pub async fn intake(state: AppState, spool: Arc<Spool>, rescan: Option<std::time
     while tasks.join_next().await.is_some() {}
 }
 
-/// A malformed file found by a listing and written this recently may still be being
-/// written in place; its close (IN_CLOSE_WRITE) or the next rescan takes it instead.
-const SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
-
-fn recently_written(spool: &Spool, name: &str) -> bool {
-    std::fs::symlink_metadata(spool.path().join(name))
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.elapsed().ok())
-        .is_some_and(|age| age < SETTLE)
-}
-
 /// Handles one spool file. `listed`: found by a listing, not announced by inotify as
 /// complete (renamed in, or closed after writing).
 async fn take(state: &AppState, spool: &Spool, name: &str, listed: bool) {
@@ -104,7 +92,7 @@ async fn take(state: &AppState, spool: &Spool, name: &str, listed: bool) {
     };
     let req = match SignalRequest::parse(&bytes) {
         Ok(r) => r,
-        Err(_) if listed && recently_written(spool, name) => return,
+        Err(_) if listed && spool.recently_written(name) => return,
         Err(e) => return park(spool, name, &e.to_string()),
     };
     // The body's key (cortex-signal's, shared with its HTTP attempt) or the file's name.
