@@ -775,7 +775,7 @@ pub async fn take_file(state: &AppState, device: &str, name: &str, body: &str) -
         req: req.clone(),
         source: format!("device:{device}"),
     };
-    let outcome = match state.store.exec(move |t| t.signal(&input, now_ms())).await {
+    let outcome = match state.store.signal(input).await {
         Ok(o) => o,
         Err(e) => {
             tracing::error!(device, file = name, error = %e, "store failure; the device keeps the file and sends it again");

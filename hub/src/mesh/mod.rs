@@ -150,6 +150,7 @@ pub async fn start(state: &AppState) -> anyhow::Result<()> {
     let records = state
         .store
         .read(|r| r.devices())
+        .await
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("reading the devices")?;
     state

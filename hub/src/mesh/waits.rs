@@ -133,7 +133,7 @@ impl LinkWaits {
     ) -> Result<(), End> {
         self.changed.borrow_and_update();
         let device = self.device.clone();
-        let wanted = match state.store.read(|r| r.device_waits(&device)) {
+        let wanted = match state.store.read(|r| r.device_waits(&device)).await {
             Ok(w) => w,
             Err(e) => {
                 tracing::error!(device = %self.device, error = %e, "cannot read the device's remote waits");
@@ -248,7 +248,9 @@ impl LinkWaits {
             let d = device.clone();
             match st
                 .store
-                .exec(move |t| t.device_wait_done(&d, &i, end, &payload, &message, now_ms()))
+                .exec_logged(move |t| {
+                    t.device_wait_done_logged(&d, &i, end, &payload, &message, now_ms())
+                })
                 .await
             {
                 Ok(DoneOutcome::Recorded(o)) => {

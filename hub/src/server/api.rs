@@ -66,6 +66,7 @@ pub async fn list_sessions(State(state): State<AppState>) -> Result<Response, Ap
     let list = state
         .store
         .read(|r| r.sessions())
+        .await
         .map_err(ApiError::store)?;
     Ok(Json(list).into_response())
 }
@@ -77,6 +78,7 @@ pub async fn get_session(
     match state
         .store
         .read(|r| r.session(&sid))
+        .await
         .map_err(ApiError::store)?
     {
         Some(v) => Ok(Json(v).into_response()),
@@ -132,6 +134,7 @@ pub async fn events(
     let current = match state
         .store
         .read(|r| r.session(&sid))
+        .await
         .map_err(ApiError::store)?
     {
         Some(s) => s.last_seq,
@@ -141,7 +144,7 @@ pub async fn events(
     let rx = state.store.notifier.subscribe(&sid, current);
     let (read_sid, gone_sid) = (sid.clone(), sid);
     let read = move |store: &crate::store::Store, after: u64| {
-        store.read(|r| r.events_after(&read_sid, after, log::PAGE))
+        store.read_committed(|r| r.events_after(&read_sid, after, log::PAGE))
     };
     let gone = move || ApiError::not_found("session", &gone_sid);
     log::serve(state, q, log::wants_sse(&headers), rx, read, gone).await
@@ -223,6 +226,7 @@ pub async fn session_waitpoints(
     match state
         .store
         .read(|r| r.session_waitpoints(&sid, now_ms(), &cap))
+        .await
         .map_err(ApiError::store)?
     {
         Some(waitpoints) => Ok(Json(WaitpointList { waitpoints }).into_response()),
@@ -245,6 +249,7 @@ pub async fn get_waitpoint(
     match state
         .store
         .read(|r| r.waitpoint(&id, now_ms(), &cap))
+        .await
         .map_err(ApiError::store)?
     {
         Some(v) if scope.session.as_ref().is_none_or(|s| *s == v.session) => {

@@ -143,6 +143,7 @@ pub async fn list_devices(State(state): State<AppState>) -> Result<Response, Api
             }
             Ok(out)
         })
+        .await
         .map_err(ApiError::store)?;
     let views: Vec<DeviceView> = records
         .into_iter()
@@ -162,6 +163,7 @@ pub async fn get_device(
             Some(d) => Ok(Some((d, r.device_waits(&name)?))),
             None => Ok(None),
         })
+        .await
         .map_err(ApiError::store)?;
     let Some((rec, waits)) = found else {
         return Err(no_device(&name));
@@ -427,7 +429,7 @@ pub async fn hub_events(
     let rx = state.store.notifier.subscribe_hub();
     let read = |store: &crate::store::Store, after: u64| {
         store
-            .read(|r| r.hub_events_after(after, log::PAGE))
+            .read_committed(|r| r.hub_events_after(after, log::PAGE))
             .map(Some)
     };
     let gone = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no hub event log");

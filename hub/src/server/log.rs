@@ -29,7 +29,8 @@ pub struct LogQuery {
     pub wait: Option<u64>,
 }
 
-/// Reads up to [`PAGE`] entries after a seq; `None` when the log is gone.
+/// Reads up to [`PAGE`] entries after a seq from the last commit ([`Store::read_committed`];
+/// the caller makes it fresh first); `None` when the log is gone.
 pub trait ReadLog:
     Fn(&Store, u64) -> Result<Option<Vec<Vec<u8>>>, StoreError> + Send + Sync + 'static
 {
@@ -77,6 +78,7 @@ pub async fn serve(
         .map(|w| tokio::time::Instant::now() + Duration::from_secs(w.min(MAX_WAIT_S)));
     loop {
         rx.borrow_and_update();
+        state.store.fresh().await.map_err(ApiError::store)?;
         let raw = read(&state.store, q.after)
             .map_err(ApiError::store)?
             .ok_or_else(&gone)?;
@@ -105,6 +107,9 @@ fn stream(
         let mut cursor = after;
         loop {
             rx.borrow_and_update();
+            if state.store.fresh().await.is_err() {
+                return;
+            }
             let raw = match read(&state.store, cursor) {
                 Ok(Some(raw)) => raw,
                 Ok(None) | Err(_) => return,

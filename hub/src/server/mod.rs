@@ -227,7 +227,13 @@ where
         + 'static,
 {
     loop {
-        match state.store.exec(pass()).await {
+        let pass = pass();
+        // A pass that found nothing due changed nothing, and waits for no commit.
+        match state
+            .store
+            .exec_if(move |t| pass(t).map(|n| (n, n > 0)))
+            .await
+        {
             Ok(n) if n >= PASS_LIMIT => continue,
             Ok(_) => return,
             Err(e) => {

@@ -17,7 +17,6 @@ use super::AppState;
 use super::error::ApiError;
 use crate::engine::Refusal;
 use crate::store::{SignalIn, SignalOutcome};
-use crate::time::now_ms;
 
 /// Unknown ids and wrong secrets share this many misses a minute; then 429.
 pub const MISS_BUDGET: usize = 60;
@@ -160,7 +159,7 @@ pub async fn route(State(state): State<AppState>, headers: HeaderMap, body: Body
         req: req.clone(),
         source: "http".into(),
     };
-    let outcome = match state.store.exec(move |t| t.signal(&input, now_ms())).await {
+    let outcome = match state.store.signal(input).await {
         Ok(o) => o,
         Err(e) => return ApiError::store(e).into_response(),
     };

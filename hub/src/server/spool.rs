@@ -14,7 +14,6 @@ use tokio::sync::Semaphore;
 use super::AppState;
 use crate::engine::Refusal;
 use crate::store::{SignalIn, SignalOutcome};
-use crate::time::now_ms;
 
 /// Files handled at once: enough to fill a group commit.
 const IN_FLIGHT: usize = 256;
@@ -105,7 +104,7 @@ async fn take(state: &AppState, spool: &Spool, name: &str, listed: bool) {
         source: "spool".into(),
         dedupe: Some(dedupe),
     };
-    let outcome = match state.store.exec(move |t| t.signal(&input, now_ms())).await {
+    let outcome = match state.store.signal(input).await {
         Ok(o) => o,
         Err(e) => {
             tracing::error!(file = name, error = %e, "store failure; the spool file stays for the next rescan");

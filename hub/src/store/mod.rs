@@ -1,27 +1,40 @@
-//! The durable state of the hub, in one redb file under `$CORTEX_HOME/hub/`.
+//! The durable state of the hub: one redb file under `$CORTEX_HOME/hub/`, and beside it
+//! the acknowledgement journal (`journal.rs`).
 //!
-//! Only this module knows redb. Every mutation is a closure sent to one writer thread,
-//! which gathers whatever is pending into one write transaction and commits it once
-//! (group commit): redb fsyncs each commit and serialises commits (~5k/s here), so
-//! concurrent callers share a commit instead of queueing for one each. A caller's answer
-//! is sent only after the commit that holds its change returned: a 202 means on disk.
+//! Only this module knows redb. Every mutation is a closure sent to one writer thread
+//! (`writer.rs`), which runs whatever is pending in its open write transaction (group
+//! commit). A caller's answer is sent only once its change is on disk, in one of two ways:
+//! - the hot operations (signals, remote wait outcomes; [`Logged`]) are appended to the
+//!   journal and `fdatasync`ed; redb commits them later, many at once;
+//! - every other mutation is answered after a redb commit (which also holds everything
+//!   journaled before it, so the journal starts over).
 //!
-//! Reads use redb read transactions directly and run beside the writer.
+//! After a crash, the store opens at its last commit and replays the journal's newer
+//! records in order. Reads use redb read transactions beside the writer; [`Store::read`]
+//! first makes sure that every acknowledged change is committed, so a 202 is visible to
+//! any read that follows it.
 
 pub mod device_waits;
 pub mod devices;
+pub mod journal;
+pub mod logged;
 pub mod ops;
 pub mod tables;
+mod writer;
 
+pub use logged::Logged;
 pub use ops::{SignalIn, SignalOutcome};
 pub use tables::Tx;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use redb::{Database, ReadableDatabase};
 use tokio::sync::{mpsc, oneshot, watch};
+
+use writer::{Job, Kind};
 
 use crate::engine::Settings;
 
@@ -34,6 +47,15 @@ pub enum StoreError {
     Decode(String),
     #[error("the store is shutting down")]
     Closed,
+    #[error("the acknowledgement journal {path}: {source}")]
+    Journal {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "the store stopped taking writes after a failure it could not recover from ({0}); restart the hub, which replays its journal"
+    )]
+    Broken(String),
     #[error("opening {path}: {source}")]
     Open {
         path: String,
@@ -55,22 +77,6 @@ from_redb!(
     redb::CommitError,
     redb::DatabaseError
 );
-
-/// How many jobs one transaction takes at most.
-const MAX_BATCH: usize = 1024;
-
-type Completion = Box<dyn FnOnce(Result<(), Arc<StoreError>>) + Send>;
-type Job = Box<dyn for<'a> FnOnce(&mut Tx<'a>) -> Completion + Send>;
-/// What a commit publishes: sessions whose log grew, the new first timer if it moved,
-/// the newest hub event if one was appended, devices whose remote waits changed, and the
-/// new first device-wait deadline if it moved.
-struct Published {
-    touched: HashMap<String, u64>,
-    timers: Option<Option<u64>>,
-    hub_seq: Option<u64>,
-    devices: HashSet<String>,
-    device_wait_due: Option<Option<u64>>,
-}
 
 /// Per-session "newest event seq" channels, and one for the hub's own events, for long
 /// polls and SSE; per-device "remote waits changed" counters for the devices' links.
@@ -143,11 +149,15 @@ pub struct Store {
     db: Arc<Database>,
     jobs: mpsc::Sender<Job>,
     pub notifier: Arc<Notifier>,
-    /// The earliest precise timer (a decided wake), updated after each commit.
+    /// The earliest precise timer (a decided wake), updated after each batch.
     pub next_timer: watch::Receiver<Option<u64>>,
-    /// The earliest hub deadline of an active remote wait, updated after each commit.
+    /// The earliest hub deadline of an active remote wait, updated after each batch.
     pub next_device_wait: watch::Receiver<Option<u64>>,
     pub settings: Arc<Settings>,
+    /// The newest journal record acknowledged to a caller.
+    acked: Arc<AtomicU64>,
+    /// The newest journal record redb has committed.
+    committed: watch::Receiver<u64>,
 }
 
 /// Joins the writer thread on drop of the last handle's owner.
@@ -165,8 +175,14 @@ impl WriterGuard {
     }
 }
 
+/// The journal beside a database file: `hub.redb` → `hub.journal`.
+pub fn journal_path(db: &Path) -> std::path::PathBuf {
+    db.with_extension("journal")
+}
+
 impl Store {
-    /// Opens (or creates) the database at `path` and starts the writer thread.
+    /// Opens (or creates) the database at `path` and its journal beside it, replays the
+    /// journal's records newer than the last commit, and starts the writer thread.
     pub fn open(path: &Path, settings: Settings) -> Result<(Store, WriterGuard), StoreError> {
         let db = Database::create(path).map_err(|source| StoreError::Open {
             path: path.display().to_string(),
@@ -178,6 +194,22 @@ impl Store {
             tables::create_all(&wtx)?;
             wtx.commit()?;
         }
+        let settings = Arc::new(settings);
+        let jpath = journal_path(path);
+        let (mut journal, records) =
+            journal::Journal::open(&jpath, writer::JOURNAL_CAP).map_err(|source| {
+                StoreError::Journal {
+                    path: jpath.display().to_string(),
+                    source,
+                }
+            })?;
+        let replayed = writer::recover(&db, &settings, &mut journal, records)?;
+        if replayed > 0 {
+            tracing::info!(
+                records = replayed,
+                "replayed acknowledged changes from the journal"
+            );
+        }
         let (first, first_dw, hub_seq) = {
             let rtx = db.begin_read()?;
             let first = tables::first_timer(&rtx)?;
@@ -188,16 +220,25 @@ impl Store {
         let (dw_tx, next_device_wait) = watch::channel(first_dw);
         let (jobs, rx) = mpsc::channel::<Job>(16 * 1024);
         let notifier = Arc::new(Notifier::new(hub_seq));
-        let settings = Arc::new(settings);
-        let thread = {
-            let db = db.clone();
-            let notifier = notifier.clone();
-            let settings = settings.clone();
-            std::thread::Builder::new()
-                .name("store-writer".into())
-                .spawn(move || writer(db, rx, notifier, (timer_tx, dw_tx), settings))
-                .map_err(|e| StoreError::Decode(format!("cannot start the writer thread: {e}")))?
+        let acked = Arc::new(AtomicU64::new(journal.last_seq()));
+        let (committed_tx, committed) = watch::channel(journal.last_seq());
+        let w = writer::Writer {
+            db: db.clone(),
+            rx,
+            notifier: notifier.clone(),
+            timer_tx,
+            dw_tx,
+            settings: settings.clone(),
+            journal,
+            jpath,
+            acked: acked.clone(),
+            committed: committed_tx,
+            broken: None,
         };
+        let thread = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || w.run())
+            .map_err(|e| StoreError::Decode(format!("cannot start the writer thread: {e}")))?;
         Ok((
             Store {
                 db,
@@ -206,6 +247,8 @@ impl Store {
                 next_timer,
                 next_device_wait,
                 settings,
+                acked,
+                committed,
             },
             WriterGuard {
                 thread: Some(thread),
@@ -213,27 +256,89 @@ impl Store {
         ))
     }
 
-    /// Runs `f` inside the next group commit and returns its result once it is durable.
+    /// Runs `f` in the writer's transaction and returns its result once a redb commit
+    /// holds it.
     pub async fn exec<R, F>(&self, f: F) -> Result<R, Arc<StoreError>>
     where
         R: Send + 'static,
         F: for<'a> FnOnce(&mut Tx<'a>) -> Result<R, StoreError> + Send + 'static,
     {
+        self.submit(move |t| f(t).map(|r| (r, Kind::Durable))).await
+    }
+
+    /// As [`Store::exec`] for a pass that says whether it changed anything (`true`): one
+    /// that did not is answered without waiting for a commit.
+    pub async fn exec_if<R, F>(&self, f: F) -> Result<R, Arc<StoreError>>
+    where
+        R: Send + 'static,
+        F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, bool), StoreError> + Send + 'static,
+    {
+        self.submit(move |t| {
+            f(t).map(|(r, changed)| {
+                (
+                    r,
+                    if changed {
+                        Kind::Durable
+                    } else {
+                        Kind::Unchanged
+                    },
+                )
+            })
+        })
+        .await
+    }
+
+    /// Runs a journaled operation: answered once its record is in the journal (or once
+    /// a commit holds it), without waiting for redb.
+    pub async fn exec_logged<R, F>(&self, f: F) -> Result<R, Arc<StoreError>>
+    where
+        R: Send + 'static,
+        F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Option<Logged>), StoreError> + Send + 'static,
+    {
+        self.submit(move |t| {
+            let (r, logged) = f(t)?;
+            let kind = match logged {
+                Some(l) => Kind::Journal(l.encode()?),
+                None => Kind::Unchanged,
+            };
+            Ok((r, kind))
+        })
+        .await
+    }
+
+    /// A signal from any route (journaled).
+    pub async fn signal(&self, s: SignalIn) -> Result<SignalOutcome, Arc<StoreError>> {
+        self.exec_logged(move |t| t.signal_logged(&s, time::now_ms()))
+            .await
+    }
+
+    async fn submit<R, F>(&self, f: F) -> Result<R, Arc<StoreError>>
+    where
+        R: Send + 'static,
+        F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Kind), StoreError> + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel::<Result<R, Arc<StoreError>>>();
-        let job: Job = Box::new(move |t: &mut Tx<'_>| {
-            let r = f(t);
-            if let Err(e) = &r {
-                t.poison(e);
-            }
-            Box::new(move |committed: Result<(), Arc<StoreError>>| {
+        let job: Job = Job::Run(Box::new(move |t: Option<&mut Tx<'_>>| {
+            let (r, kind) = match t {
+                None => (Err(StoreError::Closed), Kind::Unchanged),
+                Some(t) => match f(t) {
+                    Ok((r, kind)) => (Ok(r), kind),
+                    Err(e) => {
+                        t.poison(&e);
+                        (Err(e), Kind::Unchanged)
+                    }
+                },
+            };
+            let done: writer::Completion = Box::new(move |committed| {
                 let out = match (committed, r) {
                     (Ok(()), Ok(v)) => Ok(v),
                     (Err(e), _) => Err(e),
                     (Ok(()), Err(e)) => Err(Arc::new(e)),
                 };
                 let _ = tx.send(out);
-            })
-        });
+            });
+            (done, kind)
+        }));
         self.jobs
             .send(job)
             .await
@@ -241,8 +346,31 @@ impl Store {
         rx.await.map_err(|_| Arc::new(StoreError::Closed))?
     }
 
-    /// A consistent read of the current state.
-    pub fn read<R>(
+    /// A consistent read of the current state, holding every change acknowledged before
+    /// the call.
+    pub async fn read<R>(
+        &self,
+        f: impl FnOnce(&tables::ReadTx) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        self.fresh().await?;
+        self.read_committed(f)
+    }
+
+    /// Waits until redb holds every change acknowledged before the call (journaled ones
+    /// are committed on demand). Usually it already does, and this returns at once.
+    pub async fn fresh(&self) -> Result<(), StoreError> {
+        let want = self.acked.load(Ordering::Acquire);
+        if *self.committed.borrow() >= want {
+            return Ok(());
+        }
+        self.submit(|_| Ok(((), Kind::Barrier)))
+            .await
+            .map_err(|e| StoreError::Decode(e.to_string()))
+    }
+
+    /// A read of redb's last commit, without waiting: call [`Store::fresh`] first when it
+    /// must hold what was just acknowledged.
+    pub fn read_committed<R>(
         &self,
         f: impl FnOnce(&tables::ReadTx) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
@@ -250,91 +378,16 @@ impl Store {
         let r = tables::ReadTx::new(rtx);
         f(&r)
     }
-}
 
-type TimerWatches = (watch::Sender<Option<u64>>, watch::Sender<Option<u64>>);
-
-fn writer(
-    db: Arc<Database>,
-    mut rx: mpsc::Receiver<Job>,
-    notifier: Arc<Notifier>,
-    (timer_tx, dw_tx): TimerWatches,
-    settings: Arc<Settings>,
-) {
-    let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
-    while let Some(first) = rx.blocking_recv() {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(j) => batch.push(j),
-                Err(_) => break,
-            }
-        }
-        let mut completions: Vec<Completion> = Vec::with_capacity(batch.len());
-        let result = (|| -> Result<Published, StoreError> {
-            let wtx = db.begin_write()?;
-            let (published, poisoned) = {
-                let mut tx = Tx::open(&wtx, settings.clone())?;
-                for job in batch.drain(..) {
-                    completions.push(job(&mut tx));
-                }
-                let timers = if tx.timers_changed {
-                    Some(tx.first_timer()?)
-                } else {
-                    None
-                };
-                let device_wait_due = if tx.device_wait_due_changed {
-                    Some(tx.first_device_wait_due()?)
-                } else {
-                    None
-                };
-                (
-                    Published {
-                        touched: std::mem::take(&mut tx.touched),
-                        timers,
-                        hub_seq: tx.hub_seq,
-                        devices: std::mem::take(&mut tx.devices_touched),
-                        device_wait_due,
-                    },
-                    tx.poisoned.take(),
-                )
-            };
-            if let Some(e) = poisoned {
-                wtx.abort()?;
-                return Err(StoreError::Decode(e));
-            }
-            wtx.commit()?;
-            Ok(published)
-        })();
-        batch.clear();
-        match result {
-            Ok(p) => {
-                // Publish before answering, so a caller sees its own change everywhere.
-                notifier.publish(&p.touched);
-                if let Some(seq) = p.hub_seq {
-                    notifier.hub.send_replace(seq);
-                }
-                if let Some(t) = p.timers {
-                    timer_tx.send_replace(t);
-                }
-                if let Some(t) = p.device_wait_due {
-                    dw_tx.send_replace(t);
-                }
-                notifier.publish_devices(&p.devices);
-                for c in completions {
-                    c(Ok(()));
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "a store commit failed; its callers get an error and nothing of it is kept");
-                let e = Arc::new(e);
-                for c in completions {
-                    c(Err(e.clone()));
-                }
-            }
-        }
+    /// Test only: the writer stops at once, as if the process died: nothing after its last
+    /// commit is in redb, only in the journal.
+    #[cfg(test)]
+    pub(crate) async fn crash(&self) {
+        let _ = self.jobs.send(Job::Crash).await;
     }
 }
+
+use crate::time;
 
 #[cfg(test)]
 mod tests;

@@ -15,6 +15,7 @@
 //! - `device_waits`: (device, waitpoint) → an active remote wait (`device_waits.rs`)
 //! - `device_wait_due`: (time, waitpoint) → device, when the hub ends an active remote
 //!   wait nobody reported on
+//! - `meta`: name → number; `journal_seq` is the newest journal record a commit holds
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -47,6 +48,9 @@ pub(crate) const DEVICE_WAITS: TableDefinition<(&str, &str), &[u8]> =
     TableDefinition::new("device_waits");
 pub(crate) const DEVICE_WAIT_DUE: TableDefinition<(u64, &str), &str> =
     TableDefinition::new("device_wait_due");
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The key in [`META`] of the newest journal record that redb holds.
+pub(crate) const JOURNAL_SEQ: &str = "journal_seq";
 
 /// A stored session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -78,6 +82,7 @@ pub(crate) fn create_all(wtx: &WriteTransaction) -> Result<(), StoreError> {
     wtx.open_table(HUB_EVENTS)?;
     wtx.open_table(DEVICE_WAITS)?;
     wtx.open_table(DEVICE_WAIT_DUE)?;
+    wtx.open_table(META)?;
     Ok(())
 }
 
@@ -106,6 +111,7 @@ pub struct Tx<'a> {
     pub(crate) hub_events: Table<'a, u64, &'static [u8]>,
     pub(crate) device_waits: Table<'a, (&'static str, &'static str), &'static [u8]>,
     pub(crate) device_wait_due: Table<'a, (u64, &'static str), &'static str>,
+    pub(crate) meta: Table<'a, &'static str, u64>,
     pub settings: Arc<Settings>,
     /// Sessions whose log grew, with their newest seq.
     pub(crate) touched: HashMap<String, u64>,
@@ -136,6 +142,7 @@ impl<'a> Tx<'a> {
             hub_events: wtx.open_table(HUB_EVENTS)?,
             device_waits: wtx.open_table(DEVICE_WAITS)?,
             device_wait_due: wtx.open_table(DEVICE_WAIT_DUE)?,
+            meta: wtx.open_table(META)?,
             settings,
             touched: HashMap::new(),
             hub_seq: None,
@@ -151,6 +158,16 @@ impl<'a> Tx<'a> {
         if self.poisoned.is_none() {
             self.poisoned = Some(e.to_string());
         }
+    }
+
+    /// The newest journal record this transaction's state holds.
+    pub(crate) fn journal_seq(&self) -> Result<u64, StoreError> {
+        Ok(self.meta.get(JOURNAL_SEQ)?.map_or(0, |v| v.value()))
+    }
+
+    pub(crate) fn set_journal_seq(&mut self, seq: u64) -> Result<(), StoreError> {
+        self.meta.insert(JOURNAL_SEQ, seq)?;
+        Ok(())
     }
 
     pub(crate) fn first_timer(&self) -> Result<Option<u64>, StoreError> {

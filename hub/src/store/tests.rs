@@ -58,14 +58,15 @@ fn sig(id: &str, secret: &str, key: Option<&str>) -> SignalIn {
 
 async fn send(store: &Store, s: SignalIn, now: u64) -> SignalOutcome {
     store
-        .exec(move |t| t.signal(&s, now))
+        .exec_logged(move |t| t.signal_logged(&s, now))
         .await
         .expect("signal")
 }
 
-fn events(store: &Store, sid: &str) -> Vec<Event> {
+async fn events(store: &Store, sid: &str) -> Vec<Event> {
     store
         .read(|r| r.events_after(sid, 0, 1000))
+        .await
         .expect("read")
         .expect("session")
         .iter()
@@ -73,8 +74,9 @@ fn events(store: &Store, sid: &str) -> Vec<Event> {
         .collect()
 }
 
-fn wakes(store: &Store, sid: &str) -> Vec<WakeReason> {
+async fn wakes(store: &Store, sid: &str) -> Vec<WakeReason> {
     events(store, sid)
+        .await
         .into_iter()
         .filter_map(|e| match e.body {
             EventBody::Wake(w) => Some(w.reason),
@@ -115,14 +117,15 @@ async fn a_signal_wakes_the_session_once_and_survives_reopen() {
         send(&store, sig(&id, &secret, Some("k2")), T0 + 3).await,
         SignalOutcome::Refused(crate::engine::Refusal::Gone { .. })
     ));
-    assert_eq!(wakes(&store, &sid), vec![WakeReason::Fired]);
+    assert_eq!(wakes(&store, &sid).await, vec![WakeReason::Fired]);
 
     drop(store);
     guard.join();
     let (store, _guard) = open(dir.path());
-    assert_eq!(wakes(&store, &sid), vec![WakeReason::Fired]);
+    assert_eq!(wakes(&store, &sid).await, vec![WakeReason::Fired]);
     let view = store
         .read(|r| r.waitpoint(&id, T0, &Settings::default()))
+        .await
         .expect("read")
         .expect("wp");
     assert_eq!(view.state, "resolved");
@@ -143,7 +146,7 @@ async fn a_barrier_wake_is_a_timer_that_survives_a_restart() {
     send(&store, sig(&id, &secret, Some("a")), T0 + 10).await;
     send(&store, sig(&id, &secret, Some("b")), T0 + 20).await;
     assert_eq!(*store.next_timer.borrow(), Some(T0 + 20 + 3_000));
-    assert!(wakes(&store, &sid).is_empty());
+    assert!(wakes(&store, &sid).await.is_empty());
     drop(store);
     guard.join();
 
@@ -175,7 +178,7 @@ async fn a_barrier_wake_is_a_timer_that_survives_a_restart() {
         0,
         "once"
     );
-    assert_eq!(wakes(&store, &sid), vec![WakeReason::Fired]);
+    assert_eq!(wakes(&store, &sid).await, vec![WakeReason::Fired]);
     assert_eq!(*store.next_timer.borrow(), None);
 }
 
@@ -204,7 +207,7 @@ async fn the_sweep_expires_then_purges_reading_only_what_is_due() {
         store.exec(move |t| t.sweep(T0 + h)).await.expect("sweep"),
         1
     );
-    assert_eq!(wakes(&store, &sid), vec![WakeReason::Expired]);
+    assert_eq!(wakes(&store, &sid).await, vec![WakeReason::Expired]);
     assert!(matches!(
         send(&store, sig(&id, &secret, None), T0 + h + 1).await,
         SignalOutcome::Refused(crate::engine::Refusal::Gone {
@@ -224,7 +227,7 @@ async fn the_sweep_expires_then_purges_reading_only_what_is_due() {
         send(&store, sig(&id, &secret, None), T0 + h + 3 * d).await,
         SignalOutcome::Unknown
     );
-    assert_eq!(store.read(|r| r.deadline_count()).expect("count"), 20);
+    assert_eq!(store.read(|r| r.deadline_count()).await.expect("count"), 20);
 }
 
 #[tokio::test]
@@ -240,7 +243,13 @@ async fn deleting_a_session_cancels_its_waitpoints() {
             .await
             .expect("delete")
     );
-    assert!(store.read(|r| r.session(&sid)).expect("read").is_none());
+    assert!(
+        store
+            .read(|r| r.session(&sid))
+            .await
+            .expect("read")
+            .is_none()
+    );
     assert!(matches!(
         send(&store, sig(&id, &secret, None), T0 + 6).await,
         SignalOutcome::Refused(crate::engine::Refusal::Gone {
@@ -326,6 +335,7 @@ async fn concurrent_signals_share_commits_and_each_counts_once() {
     for (id, _) in &ids {
         let v = store
             .read(|r| r.waitpoint(id, T0, &Settings::default()))
+            .await
             .expect("read")
             .expect("wp");
         assert_eq!(v.signal_count, 20);
@@ -362,9 +372,10 @@ async fn message_dedupe_keys() {
 
 // ---------------------------------------------------------------- devices and hub events
 
-fn hub_kinds(store: &Store) -> Vec<String> {
+async fn hub_kinds(store: &Store) -> Vec<String> {
     store
         .read(|r| r.hub_events_after(0, 1000))
+        .await
         .expect("read")
         .iter()
         .map(|b| {
@@ -412,6 +423,7 @@ async fn devices_are_added_once_and_revoked_with_their_events() {
     assert_eq!(*hub_rx.borrow_and_update(), 1);
     let rec = store
         .read(|r| r.device("gpu1"))
+        .await
         .expect("read")
         .expect("stored");
     assert_eq!(rec.token_hash, h, "only the hash is stored");
@@ -428,8 +440,8 @@ async fn devices_are_added_once_and_revoked_with_their_events() {
             .await
             .expect("revoke")
     );
-    assert!(store.read(|r| r.devices()).expect("read").is_empty());
-    assert_eq!(hub_kinds(&store), ["device-added", "device-revoked"]);
+    assert!(store.read(|r| r.devices()).await.expect("read").is_empty());
+    assert_eq!(hub_kinds(&store).await, ["device-added", "device-revoked"]);
     // A revoked device cannot be recorded online.
     let up = online(1);
     assert!(
@@ -456,7 +468,11 @@ async fn an_old_link_never_overwrites_a_newer_one() {
             .await
             .expect("on")
     );
-    let rec = store.read(|r| r.device("d")).expect("read").expect("rec");
+    let rec = store
+        .read(|r| r.device("d"))
+        .await
+        .expect("read")
+        .expect("rec");
     assert_eq!(
         (rec.link, rec.online_since, rec.spool.pending),
         (Some(1), Some(T0 + 1), 2)
@@ -473,7 +489,11 @@ async fn an_old_link_never_overwrites_a_newer_one() {
         .exec(move |t| t.device_offline("d", 1, "closed by the agent", T0 + 3, spool, T0 + 3))
         .await
         .expect("off");
-    let rec = store.read(|r| r.device("d")).expect("read").expect("rec");
+    let rec = store
+        .read(|r| r.device("d"))
+        .await
+        .expect("read")
+        .expect("rec");
     assert_eq!(rec.link, Some(2));
     assert_eq!(rec.offline_reason, None);
     store
@@ -484,13 +504,17 @@ async fn an_old_link_never_overwrites_a_newer_one() {
         .exec(move |t| t.device_offline("d", 2, "ping timed out", T0 + 10, spool, T0 + 11))
         .await
         .expect("off");
-    let rec = store.read(|r| r.device("d")).expect("read").expect("rec");
+    let rec = store
+        .read(|r| r.device("d"))
+        .await
+        .expect("read")
+        .expect("rec");
     assert_eq!(rec.link, None);
     assert_eq!(rec.last_seen, Some(T0 + 10));
     assert_eq!(rec.offline_since, Some(T0 + 11));
     assert_eq!(rec.offline_reason.as_deref(), Some("ping timed out"));
     assert_eq!(
-        hub_kinds(&store),
+        hub_kinds(&store).await,
         [
             "device-added",
             "device-online",
@@ -508,10 +532,10 @@ async fn an_old_link_never_overwrites_a_newer_one() {
         .await
         .expect("on");
     assert_eq!(
-        hub_kinds(&store).last().map(String::as_str),
+        hub_kinds(&store).await.last().map(String::as_str),
         Some("device-online")
     );
-    assert_eq!(hub_kinds(&store).len(), 6);
+    assert_eq!(hub_kinds(&store).await.len(), 6);
 }
 
 #[tokio::test]
@@ -560,14 +584,21 @@ async fn a_restart_records_links_of_the_last_run_offline() {
             .expect("again"),
         0
     );
-    let rec = store.read(|r| r.device("d")).expect("read").expect("rec");
+    let rec = store
+        .read(|r| r.device("d"))
+        .await
+        .expect("read")
+        .expect("rec");
     assert_eq!(
         rec.offline_since,
         Some(T0 + 8),
         "offline since it was last seen"
     );
     assert_eq!(rec.offline_reason.as_deref(), Some("the hub restarted"));
-    let events = store.read(|r| r.hub_events_after(3, 10)).expect("read");
+    let events = store
+        .read(|r| r.hub_events_after(3, 10))
+        .await
+        .expect("read");
     assert_eq!(events.len(), 1);
 }
 
@@ -589,11 +620,190 @@ async fn the_hub_log_keeps_a_bounded_tail() {
         })
         .await
         .expect("append");
-    let first = store.read(|r| r.hub_events_after(0, 1)).expect("read");
+    let first = store
+        .read(|r| r.hub_events_after(0, 1))
+        .await
+        .expect("read");
     let e: cortex_protocol::api::HubEvent = serde_json::from_slice(&first[0]).expect("json");
     assert_eq!(e.seq, 6, "the oldest five were dropped");
     assert_eq!(
-        store.read(|r| r.last_hub_seq()).expect("read"),
+        store.read(|r| r.last_hub_seq()).await.expect("read"),
         devices::HUB_EVENTS_KEPT + 5
     );
+}
+
+// ------------------------------------------------------------------ the journal
+
+fn progress(id: &str, secret: &str, key: &str) -> SignalIn {
+    let mut s = sig(id, secret, Some(key));
+    s.req.status = Some(cortex_protocol::SignalStatus::Progress);
+    s
+}
+
+async fn signal_count(store: &Store, id: &str) -> usize {
+    let id = id.to_string();
+    store
+        .read(move |r| r.waitpoint(&id, T0, &Settings::default()))
+        .await
+        .expect("read")
+        .expect("wp")
+        .signals
+        .len()
+}
+
+fn journal_seq(dir: &std::path::Path) -> u64 {
+    let db = redb::Database::open(dir.join("hub.redb")).expect("reopen db");
+    let rtx = db.begin_read().expect("read");
+    let t = rtx.open_table(tables::META).expect("meta");
+    t.get(tables::JOURNAL_SEQ)
+        .expect("get")
+        .map_or(0, |v| v.value())
+}
+
+#[tokio::test]
+async fn a_read_after_an_ack_sees_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    let sid = session(&store).await;
+    let p = CreateParams {
+        max_signals: Some(100),
+        ..params()
+    };
+    let (id, secret) = waitpoint(&store, &sid, p).await;
+    for i in 0..3 {
+        let key = format!("k{i}");
+        assert!(matches!(
+            send(&store, progress(&id, &secret, &key), T0 + 1).await,
+            SignalOutcome::Accepted { .. }
+        ));
+        // Journaled, not committed (redb commits it up to a second later): the read
+        // asks for the commit first.
+        assert_eq!(signal_count(&store, &id).await, i + 1);
+    }
+}
+
+#[tokio::test]
+async fn journaled_signals_survive_a_crash_once_each() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, guard) = open(dir.path());
+    let sid = session(&store).await;
+    let (barrier, bsecret) = waitpoint(
+        &store,
+        &sid,
+        CreateParams {
+            members: Some(vec!["a".into(), "b".into()]),
+            ..params()
+        },
+    )
+    .await;
+    let (mon, msecret) = waitpoint(
+        &store,
+        &sid,
+        CreateParams {
+            max_signals: Some(100),
+            ..params()
+        },
+    )
+    .await;
+    // Two progress signals, then something committed (they go with it), then three more
+    // and the barrier's first member, journaled only.
+    for k in ["p1", "p2"] {
+        send(&store, progress(&mon, &msecret, k), T0 + 1).await;
+    }
+    session(&store).await;
+    let committed = store
+        .read_committed(|r| {
+            let t = r.table(tables::META)?;
+            Ok(t.get(tables::JOURNAL_SEQ)?.map_or(0, |v| v.value()))
+        })
+        .expect("meta");
+    assert!(committed >= 2, "the commit holds the first two records");
+    for k in ["p3", "p4", "p5"] {
+        send(&store, progress(&mon, &msecret, k), T0 + 2).await;
+    }
+    let mut a = sig(&barrier, &bsecret, Some("a1"));
+    a.req.member = Some("a".into());
+    assert!(matches!(
+        send(&store, a, T0 + 3).await,
+        SignalOutcome::Accepted { .. }
+    ));
+    store.crash().await;
+    drop(store);
+    guard.join();
+    assert_eq!(
+        journal_seq(dir.path()),
+        committed,
+        "nothing after the commit reached redb"
+    );
+
+    let (store, guard) = open(dir.path());
+    assert_eq!(signal_count(&store, &mon).await, 5, "each signal once");
+    assert_eq!(signal_count(&store, &barrier).await, 1);
+    // The replayed keys de-duplicate, and the secret was checked, not stored.
+    assert!(matches!(
+        send(&store, progress(&mon, &msecret, "p4"), T0 + 4).await,
+        SignalOutcome::Duplicate { .. }
+    ));
+    let journal = std::fs::read(dir.path().join("hub.journal")).expect("journal");
+    assert!(
+        !journal
+            .windows(msecret.len())
+            .any(|w| w == msecret.as_bytes()),
+        "a secret reached the journal"
+    );
+    // The second member completes the barrier after the restart, as if nothing happened.
+    let mut b = sig(&barrier, &bsecret, Some("b1"));
+    b.req.member = Some("b".into());
+    assert!(store.next_timer.borrow().is_none());
+    assert!(matches!(
+        send(&store, b, T0 + 5).await,
+        SignalOutcome::Accepted { .. }
+    ));
+    assert_eq!(
+        *store.next_timer.borrow(),
+        Some(T0 + 5 + 3_000),
+        "both members reported: the barrier's wake is due 3 s later"
+    );
+    // A clean stop after a replay, then a start: no record is applied twice.
+    drop(store);
+    guard.join();
+    let (store, _guard) = open(dir.path());
+    assert_eq!(signal_count(&store, &mon).await, 5);
+    assert_eq!(signal_count(&store, &barrier).await, 2);
+}
+
+#[tokio::test]
+async fn a_failed_job_rolls_back_only_itself() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    let sid = session(&store).await;
+    let p = CreateParams {
+        max_signals: Some(100),
+        ..params()
+    };
+    let (id, secret) = waitpoint(&store, &sid, p).await;
+    for k in ["a", "b"] {
+        send(&store, progress(&id, &secret, k), T0 + 1).await;
+    }
+    // A job that writes and then fails: its transaction is aborted, which also drops the
+    // journaled signals from it; they are applied again from the journal.
+    let failed = store
+        .exec(|t| {
+            t.create_session(Some("doomed".into()), T0 + 2)?;
+            Err::<(), _>(StoreError::Decode("boom".into()))
+        })
+        .await;
+    assert!(failed.is_err());
+    assert_eq!(signal_count(&store, &id).await, 2);
+    let titles: Vec<Option<String>> = store
+        .read(|r| r.sessions())
+        .await
+        .expect("sessions")
+        .into_iter()
+        .map(|s| s.title)
+        .collect();
+    assert_eq!(titles, vec![Some("t".to_string())]);
+    // And the store goes on.
+    send(&store, progress(&id, &secret, "c"), T0 + 3).await;
+    assert_eq!(signal_count(&store, &id).await, 3);
 }

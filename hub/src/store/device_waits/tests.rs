@@ -60,9 +60,10 @@ async fn created(store: &Store, w: NewDeviceWait, now: u64) -> (Waitpoint, Devic
     }
 }
 
-fn events(store: &Store, sid: &str) -> Vec<Event> {
+async fn events(store: &Store, sid: &str) -> Vec<Event> {
     store
         .read(|r| r.events_after(sid, 0, 1000))
+        .await
         .expect("read")
         .expect("session")
         .iter()
@@ -70,8 +71,9 @@ fn events(store: &Store, sid: &str) -> Vec<Event> {
         .collect()
 }
 
-fn wakes(store: &Store, sid: &str) -> Vec<cortex_protocol::api::Wake> {
+async fn wakes(store: &Store, sid: &str) -> Vec<cortex_protocol::api::Wake> {
     events(store, sid)
+        .await
         .into_iter()
         .filter_map(|e| match e.body {
             EventBody::Wake(w) => Some(*w),
@@ -80,8 +82,8 @@ fn wakes(store: &Store, sid: &str) -> Vec<cortex_protocol::api::Wake> {
         .collect()
 }
 
-fn active(store: &Store, device: &str) -> Vec<DeviceWaitRecord> {
-    store.read(|r| r.device_waits(device)).expect("read")
+async fn active(store: &Store, device: &str) -> Vec<DeviceWaitRecord> {
+    store.read(|r| r.device_waits(device)).await.expect("read")
 }
 
 #[tokio::test]
@@ -130,12 +132,25 @@ async fn a_wait_is_created_with_its_waitpoint_and_a_session_of_its_own() {
     );
     let session = store
         .read(|r| r.session(&wp.session))
+        .await
         .expect("read")
         .expect("session");
     assert_eq!(session.title.as_deref(), Some("wait pid 42 on gpu1"));
-    assert_eq!(active(&store, "gpu1"), vec![rec.clone()]);
-    assert_eq!(store.read(|r| r.device_wait_count("gpu1")).expect("n"), 1);
-    assert_eq!(store.read(|r| r.device_wait_count("gpu2")).expect("n"), 0);
+    assert_eq!(active(&store, "gpu1").await, vec![rec.clone()]);
+    assert_eq!(
+        store
+            .read(|r| r.device_wait_count("gpu1"))
+            .await
+            .expect("n"),
+        1
+    );
+    assert_eq!(
+        store
+            .read(|r| r.device_wait_count("gpu2"))
+            .await
+            .expect("n"),
+        0
+    );
 
     // In a named session: no new session.
     let sid = wp.session.clone();
@@ -150,7 +165,13 @@ async fn a_wait_is_created_with_its_waitpoint_and_a_session_of_its_own() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(store.read(|r| r.device_wait_count("gpu1")).expect("n"), 2);
+    assert_eq!(
+        store
+            .read(|r| r.device_wait_count("gpu1"))
+            .await
+            .expect("n"),
+        2
+    );
 }
 
 #[tokio::test]
@@ -178,7 +199,7 @@ async fn an_outcome_is_recorded_once_as_a_device_wait_signal() {
             .await
             .expect("armed")
     );
-    let rec = &active(&store, "gpu1")[0];
+    let rec = &active(&store, "gpu1").await[0];
     assert_eq!(rec.phase, Phase::Armed);
     assert_eq!(
         rec.arm_spec(),
@@ -223,8 +244,8 @@ async fn an_outcome_is_recorded_once_as_a_device_wait_signal() {
         }
     }
     assert!(changed.has_changed().expect("open"));
-    assert!(active(&store, "gpu1").is_empty());
-    let w = wakes(&store, &wp.session);
+    assert!(active(&store, "gpu1").await.is_empty());
+    let w = wakes(&store, &wp.session).await;
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].reason, WakeReason::Fired);
     let s = &w[0].signals[0];
@@ -263,7 +284,7 @@ async fn a_waitpoint_ending_otherwise_ends_its_wait() {
         CancelOutcome::Cancelled
     );
     assert!(changed.has_changed().expect("open"));
-    assert_eq!(active(&store, "gpu1").len(), 1);
+    assert_eq!(active(&store, "gpu1").await.len(), 1);
     let sid = b.session.clone();
     assert!(
         store
@@ -271,7 +292,7 @@ async fn a_waitpoint_ending_otherwise_ends_its_wait() {
             .await
             .expect("delete")
     );
-    assert!(active(&store, "gpu1").is_empty());
+    assert!(active(&store, "gpu1").await.is_empty());
     assert_eq!(
         *store.next_device_wait.borrow(),
         None,
@@ -305,8 +326,8 @@ async fn the_hubs_deadline_times_out_online_and_breaks_offline() {
             .expect("due"),
         2
     );
-    let outcome = |wp: &Waitpoint| {
-        let w = wakes(&store, &wp.session);
+    let outcome = async |wp: &Waitpoint| {
+        let w = wakes(&store, &wp.session).await;
         assert_eq!(w.len(), 1, "one wake");
         assert_eq!(w[0].reason, WakeReason::Failed);
         let s = &w[0].signals[0];
@@ -317,13 +338,13 @@ async fn the_hubs_deadline_times_out_online_and_breaks_offline() {
             s.message.clone().unwrap_or_default(),
         )
     };
-    let (o, m) = outcome(&a);
+    let (o, m) = outcome(&a).await;
     assert_eq!(o, "timed_out");
     assert!(m.contains("timed out after 10s"), "{m}");
-    let (o, m) = outcome(&b);
+    let (o, m) = outcome(&b).await;
     assert_eq!(o, "broke");
     assert!(m.contains("offline"), "{m}");
-    assert!(wakes(&store, &c.session).is_empty());
+    assert!(wakes(&store, &c.session).await.is_empty());
     assert_eq!(
         *store.next_device_wait.borrow(),
         Some(T0 + 50_000 + TIMEOUT_GRACE_MS)
@@ -350,11 +371,11 @@ async fn waits_an_agent_cannot_run_and_waits_of_a_revoked_device_break() {
             .expect("unsupported"),
         1
     );
-    let w = wakes(&store, &b.session);
+    let w = wakes(&store, &b.session).await;
     assert_eq!(w.len(), 1);
     let m = w[0].signals[0].message.clone().unwrap_or_default();
     assert!(m.contains("does not announce wait-file"), "{m}");
-    assert!(wakes(&store, &a.session).is_empty());
+    assert!(wakes(&store, &a.session).await.is_empty());
 
     assert!(
         store
@@ -362,7 +383,7 @@ async fn waits_an_agent_cannot_run_and_waits_of_a_revoked_device_break() {
             .await
             .expect("revoke")
     );
-    let w = wakes(&store, &a.session);
+    let w = wakes(&store, &a.session).await;
     assert_eq!(w.len(), 1);
     assert!(
         w[0].signals[0]
@@ -370,7 +391,7 @@ async fn waits_an_agent_cannot_run_and_waits_of_a_revoked_device_break() {
             .as_deref()
             .is_some_and(|m| m.contains("revoked"))
     );
-    assert!(active(&store, "old").is_empty());
+    assert!(active(&store, "old").await.is_empty());
 }
 
 #[test]

@@ -1,0 +1,310 @@
+//! The acknowledgement journal: an append-only file of the hot operations (signals, remote
+//! wait outcomes) that were acknowledged but are not yet in a redb commit.
+//!
+//! A redb commit rewrites a handful of scattered pages and fsyncs them; appending one
+//! record to a file whose blocks are already allocated, then `fdatasync`, is one small
+//! sequential write. The writer applies an operation to its open redb transaction, appends
+//! the operation's record here, syncs, and only then answers. redb commits later, in bulk
+//! (see `mod.rs`), and each commit stores the sequence number of the newest record it
+//! holds; the file is then reused from its start.
+//!
+//! Record: `len u32 LE | crc32c u32 LE | seq u64 LE | payload (len bytes)`, the CRC over
+//! `seq | payload`. Sequence numbers never repeat and grow by one. A scan reads from the
+//! start and stops at the first record that is torn, zero, or not the next number, so a
+//! record left over from before a rewind (its number is lower) ends the scan.
+//!
+//! The file grows in zero-filled steps and never shrinks: once written, rewriting a block
+//! changes no file metadata, so `fdatasync` flushes data only.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+/// The file grows by this much at a time, with zeros.
+const GROW: u64 = 1 << 20;
+/// No record is larger (a signal body is capped at 64 KB).
+pub const MAX_RECORD: usize = 4 << 20;
+const HEADER: usize = 16;
+
+/// The journal file, positioned after its newest record.
+pub struct Journal {
+    file: File,
+    /// Where the next record goes.
+    end: u64,
+    /// The file's length: every byte below it was written, so overwriting needs no
+    /// metadata change.
+    len: u64,
+    /// The newest record's number, or the number a rewind was given.
+    last_seq: u64,
+    /// Past this size the caller commits to redb and rewinds instead of appending.
+    cap: u64,
+    buf: Vec<u8>,
+}
+
+/// A record read back by a scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub seq: u64,
+    pub payload: Vec<u8>,
+}
+
+impl Journal {
+    /// Opens (or creates, mode 0600) the journal at `path` and reads its records. The
+    /// journal is positioned after them; the caller replays what its store lacks, commits,
+    /// and calls [`Journal::rewind`].
+    pub fn open(path: &Path, cap: u64) -> io::Result<(Journal, Vec<Record>)> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)?;
+        let len = file.metadata()?.len();
+        let mut j = Journal {
+            file,
+            end: 0,
+            len,
+            last_seq: 0,
+            cap: cap.max(GROW),
+            buf: Vec::new(),
+        };
+        let (records, end) = j.scan()?;
+        j.end = end;
+        j.last_seq = records.last().map_or(0, |r| r.seq);
+        Ok((j, records))
+    }
+
+    /// Reads the records from the start of the file. Returns them and where they end.
+    pub fn scan(&self) -> io::Result<(Vec<Record>, u64)> {
+        let len = usize::try_from(self.len)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "journal too large"))?;
+        let mut bytes = vec![0u8; len];
+        self.file.read_exact_at(&mut bytes, 0)?;
+        let mut records = Vec::new();
+        let mut at = 0usize;
+        let mut expected: Option<u64> = None;
+        while let Some((rec, size)) = parse(&bytes[at..]) {
+            if expected.is_some_and(|e| e != rec.seq) {
+                break;
+            }
+            expected = rec.seq.checked_add(1);
+            records.push(rec);
+            at += size;
+        }
+        Ok((records, at as u64))
+    }
+
+    /// The newest record's number (or the rewind's).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Starts over at the beginning of the file: everything written so far is in a redb
+    /// commit that stored `last_seq`, and the next record is `last_seq + 1`.
+    pub fn rewind(&mut self, last_seq: u64) {
+        self.end = 0;
+        self.last_seq = last_seq;
+    }
+
+    /// Bytes written since the last rewind.
+    pub fn used(&self) -> u64 {
+        self.end
+    }
+
+    /// Whether records of these payload sizes fit before the cap.
+    pub fn fits(&self, payload_bytes: usize, records: usize) -> bool {
+        self.end + (payload_bytes + records * HEADER) as u64 <= self.cap
+    }
+
+    /// Appends one record per payload, numbered on from [`Journal::last_seq`], and syncs
+    /// the data. Returns the newest number. On error nothing written counts: the caller
+    /// must not acknowledge, and the journal stays where it was.
+    pub fn append<'a>(&mut self, payloads: impl IntoIterator<Item = &'a [u8]>) -> io::Result<u64> {
+        self.buf.clear();
+        let mut seq = self.last_seq;
+        for p in payloads {
+            if p.is_empty() || p.len() > MAX_RECORD {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("a journal record of {} bytes", p.len()),
+                ));
+            }
+            seq += 1;
+            encode(&mut self.buf, seq, p);
+        }
+        if self.buf.is_empty() {
+            return Ok(self.last_seq);
+        }
+        let new_end = self.end + self.buf.len() as u64;
+        if new_end > self.len {
+            // Zero-fill the next step, so the step after this write is already allocated
+            // and an overwrite on a later pass changes no metadata.
+            let target = new_end.div_ceil(GROW) * GROW;
+            let zeros = vec![0u8; (target - self.len) as usize];
+            self.file.write_all_at(&zeros, self.len)?;
+            self.len = target;
+        }
+        self.file.write_all_at(&self.buf, self.end)?;
+        self.file.sync_data()?;
+        self.end = new_end;
+        self.last_seq = seq;
+        Ok(seq)
+    }
+}
+
+fn encode(buf: &mut Vec<u8>, seq: u64, payload: &[u8]) {
+    let seq_bytes = seq.to_le_bytes();
+    let crc = crc32c_update(crc32c_update(!0, &seq_bytes), payload) ^ !0;
+    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&crc.to_le_bytes());
+    buf.extend_from_slice(&seq_bytes);
+    buf.extend_from_slice(payload);
+}
+
+/// One record at the start of `b`, with its size; `None` if there is none (zeros, torn,
+/// or damaged).
+fn parse(b: &[u8]) -> Option<(Record, usize)> {
+    let len = u32::from_le_bytes(b.get(0..4)?.try_into().ok()?) as usize;
+    if len == 0 || len > MAX_RECORD {
+        return None;
+    }
+    let crc = u32::from_le_bytes(b.get(4..8)?.try_into().ok()?);
+    let seq_bytes: [u8; 8] = b.get(8..16)?.try_into().ok()?;
+    let payload = b.get(HEADER..HEADER + len)?;
+    if crc32c_update(crc32c_update(!0, &seq_bytes), payload) ^ !0 != crc {
+        return None;
+    }
+    Some((
+        Record {
+            seq: u64::from_le_bytes(seq_bytes),
+            payload: payload.to_vec(),
+        },
+        HEADER + len,
+    ))
+}
+
+/// CRC-32C (Castagnoli), reflected, table-driven. Records are a few hundred bytes; this
+/// costs well under a microsecond each.
+fn crc32c_update(mut crc: u32, bytes: &[u8]) -> u32 {
+    for &b in bytes {
+        crc = CRC_TABLE[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8);
+    }
+    crc
+}
+
+const CRC_TABLE: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 {
+                (c >> 1) ^ 0x82F6_3B78
+            } else {
+                c >> 1
+            };
+            k += 1;
+        }
+        t[i] = c;
+        i += 1;
+    }
+    t
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payloads(n: usize, tag: &str) -> Vec<Vec<u8>> {
+        (0..n).map(|i| format!("{tag}-{i}").into_bytes()).collect()
+    }
+
+    #[test]
+    fn crc32c_check_value() {
+        // The standard check value of CRC-32C over "123456789".
+        assert_eq!(crc32c_update(!0, b"123456789") ^ !0, 0xE306_9283);
+    }
+
+    #[test]
+    fn records_come_back_in_order_after_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("j");
+        let (mut j, found) = Journal::open(&path, 1 << 20).expect("open");
+        assert!(found.is_empty());
+        let p = payloads(3, "a");
+        assert_eq!(j.append(p.iter().map(Vec::as_slice)).expect("append"), 3);
+        assert_eq!(j.append([b"one more".as_slice()]).expect("append"), 4);
+        drop(j);
+        let (j, found) = Journal::open(&path, 1 << 20).expect("reopen");
+        let seqs: Vec<u64> = found.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [1, 2, 3, 4]);
+        assert_eq!(found[3].payload, b"one more");
+        assert_eq!(j.last_seq(), 4);
+        // The file grew in a zero-filled step, not record by record.
+        assert_eq!(std::fs::metadata(&path).expect("stat").len(), GROW);
+    }
+
+    #[test]
+    fn a_rewind_hides_the_older_pass() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("j");
+        let (mut j, _) = Journal::open(&path, 1 << 20).expect("open");
+        let p = payloads(10, "old");
+        j.append(p.iter().map(Vec::as_slice)).expect("append");
+        j.rewind(10);
+        // Nothing written after the rewind: the old records are numbered 1..=10, all at or
+        // below the mark the caller keeps, so a scan returns them and the caller skips them.
+        let (records, _) = j.scan().expect("scan");
+        assert_eq!(records.len(), 10);
+        // Two new records overwrite the first two; the scan stops where the old pass
+        // continues, since its next number (3) is not 13.
+        let q = payloads(2, "new");
+        assert_eq!(j.append(q.iter().map(Vec::as_slice)).expect("append"), 12);
+        drop(j);
+        let (j, found) = Journal::open(&path, 1 << 20).expect("reopen");
+        assert_eq!(found.iter().map(|r| r.seq).collect::<Vec<_>>(), [11, 12]);
+        assert_eq!(found[0].payload, b"new-0");
+        assert_eq!(j.last_seq(), 12);
+    }
+
+    #[test]
+    fn a_torn_or_damaged_record_ends_the_scan() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("j");
+        let (mut j, _) = Journal::open(&path, 1 << 20).expect("open");
+        let p = payloads(3, "x");
+        j.append(p.iter().map(Vec::as_slice)).expect("append");
+        let second_at = (HEADER + p[0].len()) as u64;
+        let third_at = second_at + (HEADER + p[1].len()) as u64;
+        drop(j);
+        // Damage one byte of the third record's payload: the first two survive.
+        let f = OpenOptions::new().write(true).open(&path).expect("open rw");
+        f.write_all_at(b"?", third_at + HEADER as u64)
+            .expect("damage");
+        let (_, found) = Journal::open(&path, 1 << 20).expect("reopen");
+        assert_eq!(found.len(), 2);
+        // A torn header (half a length) on the second: only the first survives.
+        f.write_all_at(&[0xff, 0xff], second_at).expect("tear");
+        let (j, found) = Journal::open(&path, 1 << 20).expect("reopen");
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            j.used(),
+            second_at,
+            "the next record overwrites the torn one"
+        );
+    }
+
+    #[test]
+    fn fits_and_bad_payloads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut j, _) = Journal::open(&dir.path().join("j"), GROW).expect("open");
+        assert!(j.fits(GROW as usize - HEADER, 1));
+        assert!(!j.fits(GROW as usize, 1));
+        assert!(j.append([b"".as_slice()]).is_err());
+        assert_eq!(j.last_seq(), 0, "a refused append numbers nothing");
+        assert_eq!(j.append(std::iter::empty()).expect("nothing"), 0);
+    }
+}

@@ -1,0 +1,413 @@
+//! The writer thread: the only code that writes redb or the journal.
+//!
+//! It keeps one redb write transaction open and runs batches of jobs in it (group commit:
+//! everything pending at once, up to [`MAX_BATCH`]). After a batch:
+//! - if a job needs a commit ([`Kind::Durable`], or a [`Kind::Barrier`] with anything
+//!   uncommitted), or the journal is full, the transaction commits, storing the newest
+//!   journal number it holds, and the journal starts over; then the batch is answered;
+//! - otherwise the batch's journal records ([`Kind::Journal`]) are appended and synced,
+//!   and the batch is answered. The transaction stays open for the next batch; it
+//!   commits after [`COMMIT_AFTER`], when a reader needs it, or at once when the batch
+//!   added events someone may be waiting for (a wake, a hub event, a device's waits).
+//!
+//! A failed job, commit or journal write aborts the transaction; the journal's records
+//! since the last commit (all of them acknowledged) are replayed into a new one, exactly
+//! as after a crash. If even that fails, the writer answers every later job with an error
+//! until the hub restarts.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redb::{Database, ReadableDatabase};
+use tokio::sync::{mpsc, watch};
+
+use super::journal::{Journal, Record};
+use super::{Logged, Notifier, StoreError, Tx};
+use crate::engine::Settings;
+
+/// How many jobs one batch takes at most.
+const MAX_BATCH: usize = 1024;
+/// Journaled changes are committed to redb at most this long after the first of them.
+pub(super) const COMMIT_AFTER: Duration = Duration::from_millis(1000);
+/// The journal's size limit; a commit is made at half of it.
+pub(super) const JOURNAL_CAP: u64 = 64 << 20;
+
+pub(super) type Completion = Box<dyn FnOnce(Result<(), Arc<StoreError>>) + Send>;
+/// A job: run on the writer's transaction, or, given `None`, not run at all (the writer
+/// is broken) and only its answer taken.
+type RunFn = Box<dyn for<'a, 'b> FnOnce(Option<&'b mut Tx<'a>>) -> (Completion, Kind) + Send>;
+
+/// What a job needs before its caller may be answered.
+pub(super) enum Kind {
+    /// A redb commit.
+    Durable,
+    /// This record in the journal.
+    Journal(Vec<u8>),
+    /// Nothing: it changed nothing (it still waits for the batch's journal write, since it
+    /// may have read what the batch wrote).
+    Unchanged,
+    /// A commit if anything is journaled but not committed (a read that must see it).
+    Barrier,
+}
+
+pub(super) enum Job {
+    Run(RunFn),
+    /// Test only: end the thread at once, committing nothing.
+    #[cfg(test)]
+    Crash,
+}
+
+/// What a batch publishes: sessions whose log grew, the new first timer if it moved, the
+/// newest hub event if one was appended, devices whose remote waits changed, and the new
+/// first device-wait deadline if it moved.
+struct Published {
+    touched: HashMap<String, u64>,
+    timers: Option<Option<u64>>,
+    hub_seq: Option<u64>,
+    devices: HashSet<String>,
+    device_wait_due: Option<Option<u64>>,
+}
+
+impl Published {
+    /// Whether readers (long polls, device links) are waiting for this: it must be
+    /// committed before it is announced.
+    fn wants_readers(&self) -> bool {
+        !self.touched.is_empty() || self.hub_seq.is_some() || !self.devices.is_empty()
+    }
+}
+
+pub(super) struct Writer {
+    pub(super) db: Arc<Database>,
+    pub(super) rx: mpsc::Receiver<Job>,
+    pub(super) notifier: Arc<Notifier>,
+    pub(super) timer_tx: watch::Sender<Option<u64>>,
+    pub(super) dw_tx: watch::Sender<Option<u64>>,
+    pub(super) settings: Arc<Settings>,
+    pub(super) journal: Journal,
+    pub(super) jpath: PathBuf,
+    pub(super) acked: Arc<AtomicU64>,
+    pub(super) committed: watch::Sender<u64>,
+    pub(super) broken: Option<String>,
+}
+
+/// How one transaction ended.
+enum End {
+    /// Committed (or aborted and recovered); go on with a new one.
+    Next,
+    /// Every sender is gone: the last transaction is committed.
+    Closed,
+    /// A test's crash.
+    #[cfg(test)]
+    Crashed,
+}
+
+impl Writer {
+    pub(super) fn run(mut self) {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::error!(error = %e, "the store writer cannot start its timer; every write fails");
+                self.broken = Some(format!("no timer runtime: {e}"));
+                return self.refuse_all();
+            }
+        };
+        loop {
+            if self.broken.is_some() {
+                return self.refuse_all();
+            }
+            match self.transaction(&rt) {
+                Ok(End::Next) => {}
+                Ok(End::Closed) => return,
+                #[cfg(test)]
+                Ok(End::Crashed) => return,
+                Err(e) => {
+                    tracing::error!(error = %e, "the store cannot open a write transaction");
+                    self.broken = Some(e.to_string());
+                }
+            }
+        }
+    }
+
+    /// Answers every job with the error that broke the writer.
+    fn refuse_all(mut self) {
+        let why = self.broken.clone().unwrap_or_default();
+        while let Some(job) = self.rx.blocking_recv() {
+            #[allow(irrefutable_let_patterns)] // `Job` has a second variant in tests
+            if let Job::Run(f) = job {
+                let (done, _) = f(None);
+                done(Err(Arc::new(StoreError::Broken(why.clone()))));
+            }
+        }
+    }
+
+    /// One redb write transaction, over as many batches as it takes until a commit.
+    fn transaction(&mut self, rt: &tokio::runtime::Runtime) -> Result<End, StoreError> {
+        let wtx = self.db.begin_write()?;
+        let mut tx = Tx::open(&wtx, self.settings.clone())?;
+        // When the oldest journaled change not yet committed was acknowledged.
+        let mut dirty_since: Option<Instant> = None;
+        let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+        loop {
+            let first = match dirty_since {
+                None => self.rx.blocking_recv(),
+                Some(t) => {
+                    let left = COMMIT_AFTER.saturating_sub(t.elapsed());
+                    let rx = &mut self.rx;
+                    match rt.block_on(async { tokio::time::timeout(left, rx.recv()).await }) {
+                        Ok(j) => j,
+                        Err(_) => {
+                            // Time to commit what the journal holds.
+                            let published = take_published(&mut tx)?;
+                            drop(tx);
+                            return self.commit(wtx, Vec::new(), published).map(|()| End::Next);
+                        }
+                    }
+                }
+            };
+            let Some(first) = first else {
+                let published = take_published(&mut tx)?;
+                drop(tx);
+                self.commit(wtx, Vec::new(), published)?;
+                return Ok(End::Closed);
+            };
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match self.rx.try_recv() {
+                    Ok(j) => batch.push(j),
+                    Err(_) => break,
+                }
+            }
+
+            let mut completions: Vec<Completion> = Vec::with_capacity(batch.len());
+            let mut records: Vec<Vec<u8>> = Vec::new();
+            let mut must_commit = false;
+            for job in batch.drain(..) {
+                match job {
+                    Job::Run(f) => {
+                        let (done, kind) = f(Some(&mut tx));
+                        completions.push(done);
+                        match kind {
+                            Kind::Durable => must_commit = true,
+                            Kind::Journal(r) => records.push(r),
+                            Kind::Unchanged => {}
+                            Kind::Barrier => must_commit |= dirty_since.is_some(),
+                        }
+                    }
+                    #[cfg(test)]
+                    Job::Crash => {
+                        drop(completions);
+                        return Ok(End::Crashed);
+                    }
+                }
+            }
+
+            if let Some(e) = tx.poisoned.take() {
+                drop(tx);
+                wtx.abort()?;
+                answer(completions, Err(Arc::new(StoreError::Decode(e))));
+                self.recover_tail();
+                return Ok(End::Next);
+            }
+            let published = take_published(&mut tx)?;
+            let bytes: usize = records.iter().map(Vec::len).sum();
+            if !records.is_empty() && !self.journal.fits(bytes, records.len()) {
+                must_commit = true;
+            }
+            if must_commit {
+                drop(tx);
+                self.commit(wtx, completions, published)?;
+                return Ok(End::Next);
+            }
+            if !records.is_empty() {
+                match self.journal.append(records.iter().map(Vec::as_slice)) {
+                    Ok(seq) => {
+                        self.acked.store(seq, Ordering::Release);
+                        dirty_since.get_or_insert_with(Instant::now);
+                    }
+                    Err(source) => {
+                        // Nothing of this batch is acknowledged, and the transaction holds
+                        // it: start over from the last commit and the journal.
+                        tracing::error!(error = %source, "cannot write the store's journal; this batch's callers get an error");
+                        drop(tx);
+                        wtx.abort()?;
+                        let e = StoreError::Journal {
+                            path: self.jpath.display().to_string(),
+                            source,
+                        };
+                        answer(completions, Err(Arc::new(e)));
+                        self.recover_tail();
+                        return Ok(End::Next);
+                    }
+                }
+            }
+            answer(completions, Ok(()));
+            let due = dirty_since.is_some_and(|t| t.elapsed() >= COMMIT_AFTER)
+                || self.journal.used() >= JOURNAL_CAP / 2;
+            if published.wants_readers() || due {
+                drop(tx);
+                self.commit(wtx, Vec::new(), published)?;
+                return Ok(End::Next);
+            }
+            self.publish(published);
+        }
+    }
+
+    /// Commits `wtx` (storing the journal's newest number), then publishes and answers.
+    /// A failed commit loses nothing acknowledged: the journal is replayed.
+    fn commit(
+        &mut self,
+        wtx: redb::WriteTransaction,
+        completions: Vec<Completion>,
+        published: Published,
+    ) -> Result<(), StoreError> {
+        let seq = self.journal.last_seq();
+        let result = (|| -> Result<(), StoreError> {
+            {
+                let mut meta = wtx.open_table(super::tables::META)?;
+                meta.insert(super::tables::JOURNAL_SEQ, seq)?;
+            }
+            wtx.commit()?;
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                self.journal.rewind(seq);
+                self.committed.send_replace(seq);
+                // Publish before answering, so a caller sees its own change everywhere.
+                self.publish(published);
+                answer(completions, Ok(()));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "a store commit failed; its callers get an error, and the journal is replayed");
+                answer(completions, Err(Arc::new(e)));
+                self.recover_tail();
+            }
+        }
+        Ok(())
+    }
+
+    /// After an abort: replays the journal's records since the last commit.
+    fn recover_tail(&mut self) {
+        let records = match self.journal.scan() {
+            Ok((r, _)) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the store's journal back");
+                self.broken = Some(format!("reading the journal back: {e}"));
+                return;
+            }
+        };
+        match recover(&self.db, &self.settings, &mut self.journal, records) {
+            Ok(n) => {
+                tracing::warn!(
+                    records = n,
+                    "the journal's acknowledged changes were applied again"
+                );
+                self.committed.send_replace(self.journal.last_seq());
+                // Timers may have moved with what was replayed.
+                if let Ok(rtx) = self.db.begin_read() {
+                    if let Ok(t) = super::tables::first_timer(&rtx) {
+                        self.timer_tx.send_replace(t);
+                    }
+                    if let Ok(t) = super::tables::first_device_wait_due(&rtx) {
+                        self.dw_tx.send_replace(t);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot apply the journal again; the store takes no more writes until the hub restarts");
+                self.broken = Some(e.to_string());
+            }
+        }
+    }
+
+    fn publish(&self, p: Published) {
+        self.notifier.publish(&p.touched);
+        if let Some(seq) = p.hub_seq {
+            self.notifier.hub.send_replace(seq);
+        }
+        if let Some(t) = p.timers {
+            self.timer_tx.send_replace(t);
+        }
+        if let Some(t) = p.device_wait_due {
+            self.dw_tx.send_replace(t);
+        }
+        self.notifier.publish_devices(&p.devices);
+    }
+}
+
+fn answer(completions: Vec<Completion>, r: Result<(), Arc<StoreError>>) {
+    for c in completions {
+        c(r.clone());
+    }
+}
+
+fn take_published(tx: &mut Tx<'_>) -> Result<Published, StoreError> {
+    let timers = if std::mem::take(&mut tx.timers_changed) {
+        Some(tx.first_timer()?)
+    } else {
+        None
+    };
+    let device_wait_due = if std::mem::take(&mut tx.device_wait_due_changed) {
+        Some(tx.first_device_wait_due()?)
+    } else {
+        None
+    };
+    Ok(Published {
+        touched: std::mem::take(&mut tx.touched),
+        timers,
+        hub_seq: tx.hub_seq.take(),
+        devices: std::mem::take(&mut tx.devices_touched),
+        device_wait_due,
+    })
+}
+
+/// Applies the journal's records newer than redb's last commit, in order, commits, and
+/// rewinds the journal. Returns how many were applied. Used at start and after an abort.
+pub(super) fn recover(
+    db: &Database,
+    settings: &Arc<Settings>,
+    journal: &mut Journal,
+    records: Vec<Record>,
+) -> Result<usize, StoreError> {
+    let wtx = db.begin_write()?;
+    let (applied, last) = {
+        let mut tx = Tx::open(&wtx, settings.clone())?;
+        let mark = tx.journal_seq()?;
+        let mut last = mark;
+        let mut applied = 0;
+        for rec in records.into_iter().filter(|r| r.seq > mark) {
+            if rec.seq != last + 1 {
+                // A gap means records were lost from the journal; say so loudly and go on
+                // with what is there.
+                tracing::error!(
+                    expected = last + 1,
+                    found = rec.seq,
+                    "the store's journal has a gap; acknowledged changes may be missing"
+                );
+            }
+            let op = Logged::decode(&rec.payload).map_err(|e| {
+                StoreError::Decode(format!(
+                    "journal record {} cannot be read ({e}); this hub cannot replay it. Keep the journal file for a hub version that can, or move it away to start without it",
+                    rec.seq
+                ))
+            })?;
+            op.replay(&mut tx)?;
+            last = rec.seq;
+            applied += 1;
+        }
+        if let Some(e) = tx.poisoned.take() {
+            return Err(StoreError::Decode(e));
+        }
+        tx.set_journal_seq(last)?;
+        (applied, last)
+    };
+    wtx.commit()?;
+    journal.rewind(last);
+    Ok(applied)
+}
