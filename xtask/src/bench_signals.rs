@@ -501,7 +501,7 @@ fn print_report(r: &Report<'_>) {
         r.opts.c50().1
     );
     println!(
-        "cortex:  {} monitors, status progress, each a new signal; 202 only after its redb commit (fsync, group commit)",
+        "cortex:  {} monitors, status progress, each a new signal; 202 only after its journal record is synced (group commit: one fdatasync a batch; redb commits behind)",
         r.opts.monitors
     );
     println!();
