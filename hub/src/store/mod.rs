@@ -234,6 +234,8 @@ impl Store {
             acked: acked.clone(),
             committed: committed_tx,
             broken: None,
+            ticker: writer::Ticker::start(jobs.downgrade())
+                .map_err(|e| StoreError::Decode(format!("cannot start the commit ticker: {e}")))?,
         };
         let thread = std::thread::Builder::new()
             .name("store-writer".into())

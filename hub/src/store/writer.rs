@@ -7,7 +7,7 @@
 //!   journal number it holds, and the journal starts over; then the batch is answered;
 //! - otherwise the batch's journal records ([`Kind::Journal`]) are appended and synced,
 //!   and the batch is answered. The transaction stays open for the next batch; it
-//!   commits after [`COMMIT_AFTER`], when a reader needs it, or at once when the batch
+//!   commits about [`COMMIT_AFTER`] later (the [`Ticker`] nudges it; at most twice that), when a reader needs it, or at once when the batch
 //!   added events someone may be waiting for (a wake, a hub event, a device's waits).
 //!
 //! A failed job, commit or journal write aborts the transaction; the journal's records
@@ -55,6 +55,8 @@ pub(super) enum Kind {
 
 pub(super) enum Job {
     Run(RunFn),
+    /// From the [`Ticker`]: a commit may be due.
+    Tick,
     /// Test only: end the thread at once, committing nothing.
     #[cfg(test)]
     Crash,
@@ -91,6 +93,57 @@ pub(super) struct Writer {
     pub(super) acked: Arc<AtomicU64>,
     pub(super) committed: watch::Sender<u64>,
     pub(super) broken: Option<String>,
+    pub(super) ticker: Ticker,
+}
+
+/// Nudges the writer [`COMMIT_AFTER`] after it is armed, so journaled changes reach redb
+/// without the writer waiting on a timer itself: it blocks on its queue alone, the
+/// cheapest wake-up for the next job. Parked (no wake-ups at all) while nothing waits.
+pub(super) struct Ticker {
+    thread: std::thread::Thread,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Ticker {
+    /// Starts the ticker thread; it holds only a weak handle on the queue, so it never
+    /// keeps the writer alive.
+    pub(super) fn start(jobs: mpsc::WeakSender<Job>) -> std::io::Result<Ticker> {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("store-ticker".into())
+            .spawn(move || {
+                loop {
+                    std::thread::park();
+                    if s.load(Ordering::Acquire) {
+                        return;
+                    }
+                    std::thread::sleep(COMMIT_AFTER);
+                    let Some(tx) = jobs.upgrade() else { return };
+                    // A full queue means the writer is busy and commits on its own when due.
+                    let _ = tx.try_send(Job::Tick);
+                }
+            })?;
+        Ok(Ticker {
+            thread: handle.thread().clone(),
+            stop,
+        })
+    }
+
+    fn arm(&self) {
+        self.thread.unpark();
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.thread.unpark();
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.ticker.stop();
+    }
 }
 
 /// How one transaction ended.
@@ -106,22 +159,11 @@ enum End {
 
 impl Writer {
     pub(super) fn run(mut self) {
-        let rt = match tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-        {
-            Ok(rt) => rt,
-            Err(e) => {
-                tracing::error!(error = %e, "the store writer cannot start its timer; every write fails");
-                self.broken = Some(format!("no timer runtime: {e}"));
-                return self.refuse_all();
-            }
-        };
         loop {
             if self.broken.is_some() {
                 return self.refuse_all();
             }
-            match self.transaction(&rt) {
+            match self.transaction() {
                 Ok(End::Next) => {}
                 Ok(End::Closed) => return,
                 #[cfg(test)]
@@ -138,7 +180,6 @@ impl Writer {
     fn refuse_all(mut self) {
         let why = self.broken.clone().unwrap_or_default();
         while let Some(job) = self.rx.blocking_recv() {
-            #[allow(irrefutable_let_patterns)] // `Job` has a second variant in tests
             if let Job::Run(f) = job {
                 let (done, _) = f(None);
                 done(Err(Arc::new(StoreError::Broken(why.clone()))));
@@ -147,29 +188,14 @@ impl Writer {
     }
 
     /// One redb write transaction, over as many batches as it takes until a commit.
-    fn transaction(&mut self, rt: &tokio::runtime::Runtime) -> Result<End, StoreError> {
+    fn transaction(&mut self) -> Result<End, StoreError> {
         let wtx = self.db.begin_write()?;
         let mut tx = Tx::open(&wtx, self.settings.clone())?;
         // When the oldest journaled change not yet committed was acknowledged.
         let mut dirty_since: Option<Instant> = None;
         let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
         loop {
-            let first = match dirty_since {
-                None => self.rx.blocking_recv(),
-                Some(t) => {
-                    let left = COMMIT_AFTER.saturating_sub(t.elapsed());
-                    let rx = &mut self.rx;
-                    match rt.block_on(async { tokio::time::timeout(left, rx.recv()).await }) {
-                        Ok(j) => j,
-                        Err(_) => {
-                            // Time to commit what the journal holds.
-                            let published = take_published(&mut tx)?;
-                            drop(tx);
-                            return self.commit(wtx, Vec::new(), published).map(|()| End::Next);
-                        }
-                    }
-                }
-            };
+            let first = self.rx.blocking_recv();
             let Some(first) = first else {
                 let published = take_published(&mut tx)?;
                 drop(tx);
@@ -197,6 +223,14 @@ impl Writer {
                             Kind::Journal(r) => records.push(r),
                             Kind::Unchanged => {}
                             Kind::Barrier => must_commit |= dirty_since.is_some(),
+                        }
+                    }
+                    Job::Tick => {
+                        // The ticker's nudge: commit what the journal holds once it is due.
+                        match dirty_since {
+                            Some(t) if t.elapsed() >= COMMIT_AFTER => must_commit = true,
+                            Some(_) => self.ticker.arm(),
+                            None => {}
                         }
                     }
                     #[cfg(test)]
@@ -228,7 +262,10 @@ impl Writer {
                 match self.journal.append(records.iter().map(Vec::as_slice)) {
                     Ok(seq) => {
                         self.acked.store(seq, Ordering::Release);
-                        dirty_since.get_or_insert_with(Instant::now);
+                        if dirty_since.is_none() {
+                            dirty_since = Some(Instant::now());
+                            self.ticker.arm();
+                        }
                     }
                     Err(source) => {
                         // Nothing of this batch is acknowledged, and the transaction holds
@@ -246,6 +283,16 @@ impl Writer {
                     }
                 }
             }
+            // Timers are read through the writer's own transaction: announce them before
+            // answering, so a caller sees its own change there; the rest follows a commit.
+            let mut published = published;
+            self.publish(Published {
+                timers: published.timers.take(),
+                device_wait_due: published.device_wait_due.take(),
+                touched: HashMap::new(),
+                hub_seq: None,
+                devices: HashSet::new(),
+            });
             answer(completions, Ok(()));
             let due = dirty_since.is_some_and(|t| t.elapsed() >= COMMIT_AFTER)
                 || self.journal.used() >= JOURNAL_CAP / 2;
