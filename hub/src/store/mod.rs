@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use writer::{Job, Kind};
 
 use crate::engine::Settings;
+use crate::time;
 
 /// Errors of the storage layer. A caller sees them as 503/500.
 #[derive(Debug, thiserror::Error)]
@@ -388,8 +389,6 @@ impl Store {
         let _ = self.jobs.send(Job::Crash).await;
     }
 }
-
-use crate::time;
 
 #[cfg(test)]
 mod tests;

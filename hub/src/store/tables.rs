@@ -165,11 +165,6 @@ impl<'a> Tx<'a> {
         Ok(self.meta.get(JOURNAL_SEQ)?.map_or(0, |v| v.value()))
     }
 
-    pub(crate) fn set_journal_seq(&mut self, seq: u64) -> Result<(), StoreError> {
-        self.meta.insert(JOURNAL_SEQ, seq)?;
-        Ok(())
-    }
-
     pub(crate) fn first_timer(&self) -> Result<Option<u64>, StoreError> {
         Ok(self.timers.first()?.map(|(k, _)| k.value().0))
     }
@@ -236,6 +231,14 @@ pub struct ReadTx {
 impl ReadTx {
     pub(crate) fn new(rtx: ReadTransaction) -> Self {
         ReadTx { rtx }
+    }
+
+    /// The newest journal record redb's last commit holds (the writer reads it through
+    /// its own transaction; tests through this).
+    #[cfg(test)]
+    pub(crate) fn journal_seq(&self) -> Result<u64, StoreError> {
+        let t = self.table(META)?;
+        Ok(t.get(JOURNAL_SEQ)?.map_or(0, |v| v.value()))
     }
 
     pub(crate) fn table<K: redb::Key + 'static, V: redb::Value + 'static>(

@@ -651,13 +651,11 @@ async fn signal_count(store: &Store, id: &str) -> usize {
         .len()
 }
 
+/// The journal number of the last commit in the closed store at `dir`.
 fn journal_seq(dir: &std::path::Path) -> u64 {
     let db = redb::Database::open(dir.join("hub.redb")).expect("reopen db");
     let rtx = db.begin_read().expect("read");
-    let t = rtx.open_table(tables::META).expect("meta");
-    t.get(tables::JOURNAL_SEQ)
-        .expect("get")
-        .map_or(0, |v| v.value())
+    tables::ReadTx::new(rtx).journal_seq().expect("meta")
 }
 
 #[tokio::test]
@@ -711,12 +709,7 @@ async fn journaled_signals_survive_a_crash_once_each() {
         send(&store, progress(&mon, &msecret, k), T0 + 1).await;
     }
     session(&store).await;
-    let committed = store
-        .read_committed(|r| {
-            let t = r.table(tables::META)?;
-            Ok(t.get(tables::JOURNAL_SEQ)?.map_or(0, |v| v.value()))
-        })
-        .expect("meta");
+    let committed = store.read_committed(|r| r.journal_seq()).expect("meta");
     assert!(committed >= 2, "the commit holds the first two records");
     for k in ["p3", "p4", "p5"] {
         send(&store, progress(&mon, &msecret, k), T0 + 2).await;

@@ -243,9 +243,7 @@ impl Writer {
 
             if let Some(e) = tx.poisoned.take() {
                 drop(tx);
-                wtx.abort()?;
-                answer(completions, Err(Arc::new(StoreError::Decode(e))));
-                self.recover_tail();
+                self.abandon(wtx, completions, StoreError::Decode(e))?;
                 return Ok(End::Next);
             }
             let published = take_published(&mut tx)?;
@@ -272,13 +270,11 @@ impl Writer {
                         // it: start over from the last commit and the journal.
                         tracing::error!(error = %source, "cannot write the store's journal; this batch's callers get an error");
                         drop(tx);
-                        wtx.abort()?;
                         let e = StoreError::Journal {
                             path: self.jpath.display().to_string(),
                             source,
                         };
-                        answer(completions, Err(Arc::new(e)));
-                        self.recover_tail();
+                        self.abandon(wtx, completions, e)?;
                         return Ok(End::Next);
                     }
                 }
@@ -286,13 +282,7 @@ impl Writer {
             // Timers are read through the writer's own transaction: announce them before
             // answering, so a caller sees its own change there; the rest follows a commit.
             let mut published = published;
-            self.publish(Published {
-                timers: published.timers.take(),
-                device_wait_due: published.device_wait_due.take(),
-                touched: HashMap::new(),
-                hub_seq: None,
-                devices: HashSet::new(),
-            });
+            self.publish_timers(&mut published);
             answer(completions, Ok(()));
             let due = dirty_since.is_some_and(|t| t.elapsed() >= COMMIT_AFTER)
                 || self.journal.used() >= JOURNAL_CAP / 2;
@@ -314,15 +304,7 @@ impl Writer {
         published: Published,
     ) -> Result<(), StoreError> {
         let seq = self.journal.last_seq();
-        let result = (|| -> Result<(), StoreError> {
-            {
-                let mut meta = wtx.open_table(super::tables::META)?;
-                meta.insert(super::tables::JOURNAL_SEQ, seq)?;
-            }
-            wtx.commit()?;
-            Ok(())
-        })();
-        match result {
+        match commit_at(wtx, seq) {
             Ok(()) => {
                 self.journal.rewind(seq);
                 self.committed.send_replace(seq);
@@ -336,6 +318,20 @@ impl Writer {
                 self.recover_tail();
             }
         }
+        Ok(())
+    }
+
+    /// Aborts the transaction (everything since the last commit), answers `completions`
+    /// with `e`, and replays the journal's acknowledged records into a new one.
+    fn abandon(
+        &mut self,
+        wtx: redb::WriteTransaction,
+        completions: Vec<Completion>,
+        e: StoreError,
+    ) -> Result<(), StoreError> {
+        wtx.abort()?;
+        answer(completions, Err(Arc::new(e)));
+        self.recover_tail();
         Ok(())
     }
 
@@ -373,18 +369,23 @@ impl Writer {
         }
     }
 
-    fn publish(&self, p: Published) {
+    fn publish(&self, mut p: Published) {
+        self.publish_timers(&mut p);
         self.notifier.publish(&p.touched);
         if let Some(seq) = p.hub_seq {
             self.notifier.hub.send_replace(seq);
         }
-        if let Some(t) = p.timers {
+        self.notifier.publish_devices(&p.devices);
+    }
+
+    /// Announces the timers that moved (and takes them out of `p`).
+    fn publish_timers(&self, p: &mut Published) {
+        if let Some(t) = p.timers.take() {
             self.timer_tx.send_replace(t);
         }
-        if let Some(t) = p.device_wait_due {
+        if let Some(t) = p.device_wait_due.take() {
             self.dw_tx.send_replace(t);
         }
-        self.notifier.publish_devices(&p.devices);
     }
 }
 
@@ -412,6 +413,16 @@ fn take_published(tx: &mut Tx<'_>) -> Result<Published, StoreError> {
         devices: std::mem::take(&mut tx.devices_touched),
         device_wait_due,
     })
+}
+
+/// Commits `wtx`, storing in it `seq`, the newest journal record it holds.
+fn commit_at(wtx: redb::WriteTransaction, seq: u64) -> Result<(), StoreError> {
+    {
+        let mut meta = wtx.open_table(super::tables::META)?;
+        meta.insert(super::tables::JOURNAL_SEQ, seq)?;
+    }
+    wtx.commit()?;
+    Ok(())
 }
 
 /// Applies the journal's records newer than redb's last commit, in order, commits, and
@@ -451,10 +462,9 @@ pub(super) fn recover(
         if let Some(e) = tx.poisoned.take() {
             return Err(StoreError::Decode(e));
         }
-        tx.set_journal_seq(last)?;
         (applied, last)
     };
-    wtx.commit()?;
+    commit_at(wtx, last)?;
     journal.rewind(last);
     Ok(applied)
 }
