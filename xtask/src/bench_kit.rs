@@ -14,11 +14,13 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, ensure};
 
-/// A flag's whole-number value, or an error naming the flag.
-pub fn number<T: std::str::FromStr>(flag: &str, v: &str) -> anyhow::Result<T> {
-    v.parse()
-        .ok()
-        .with_context(|| format!("{flag} {v:?}: expected a whole number"))
+/// A bench's flags (everything after `cargo xtask bench NAME`), parsed by clap: an
+/// unknown flag, a missing value or one out of range is an error that names it and lists
+/// the flags.
+pub fn parse_flags<T: clap::Parser>(args: &[&str]) -> anyhow::Result<T> {
+    let name = T::command().get_name().to_string();
+    let argv = std::iter::once(name.as_str()).chain(args.iter().copied());
+    T::try_parse_from(argv).map_err(|e| anyhow::anyhow!("{}", e.render()))
 }
 
 pub fn workspace_root() -> PathBuf {

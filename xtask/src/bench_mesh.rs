@@ -52,54 +52,35 @@ const BURST_BOUND: Duration = Duration::from_secs(300);
 /// Above this many CPUs used by others during a part, the report warns.
 const NOISY_CPUS: f64 = cpu::QUIET_CPUS;
 
+/// `cargo xtask bench mesh` flags.
+#[derive(clap::Parser)]
+#[command(name = "cargo xtask bench mesh", disable_help_flag = true)]
 struct Options {
+    /// Seconds the agent is watched idle.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     idle: u64,
+    /// Measured drops of each size.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(10..))]
     drops: usize,
+    /// Files in the burst.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     burst: usize,
+    /// Simulated devices held by the hub.
+    #[arg(long, default_value_t = 5_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     devices: usize,
+    /// Seconds the simulated devices are held.
+    #[arg(long, default_value_t = 45)]
     hold: u64,
+    /// How long to wait for an idle machine before each part (0: don't).
+    #[arg(long, default_value_t = 60)]
     quiet_wait: u64,
+    /// Build the binaries first (`--no-build`: use those in target/release).
+    #[arg(long = "no-build", action = clap::ArgAction::SetFalse)]
     build: bool,
 }
 
 fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
-    let mut o = Options {
-        idle: 60,
-        drops: 1_000,
-        burst: 20_000,
-        devices: 5_000,
-        hold: 45,
-        quiet_wait: 60,
-        build: true,
-    };
-    let mut it = args.iter();
-    while let Some(&flag) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .copied()
-                .with_context(|| format!("{name} needs a value"))
-        };
-        match flag {
-            "--idle" => o.idle = crate::bench_kit::number(flag, value(flag)?)?,
-            "--drops" => o.drops = crate::bench_kit::number(flag, value(flag)?)?,
-            "--burst" => o.burst = crate::bench_kit::number(flag, value(flag)?)?,
-            "--devices" => o.devices = crate::bench_kit::number(flag, value(flag)?)?,
-            "--hold" => o.hold = crate::bench_kit::number(flag, value(flag)?)?,
-            "--quiet-wait" => o.quiet_wait = crate::bench_kit::number(flag, value(flag)?)?,
-            "--no-build" => o.build = false,
-            _ => bail!(
-                "unknown flag {flag:?}; flags: --idle SECS (60) --drops N (1000) --burst N (20000) --devices N (5000) --hold SECS (45) --quiet-wait SECS (60) --no-build"
-            ),
-        }
-    }
-    ensure!(o.idle >= 1, "--idle must be at least 1 second");
-    ensure!(o.drops >= 10, "--drops must be at least 10");
-    ensure!(o.burst >= 1, "--burst must be at least 1");
-    ensure!(
-        (1..=100_000).contains(&o.devices),
-        "--devices must be between 1 and 100000"
-    );
-    Ok(o)
+    crate::bench_kit::parse_flags(args)
 }
 
 pub fn run(args: &[&str]) -> anyhow::Result<()> {

@@ -36,15 +36,30 @@ const IDLE_BOUND: Duration = Duration::from_secs(60);
 /// Above this many CPUs used by others during a run, the report warns.
 const NOISY_CPUS: f64 = cpu::QUIET_CPUS;
 
+/// `cargo xtask bench signals` flags.
+#[derive(clap::Parser)]
+#[command(name = "cargo xtask bench signals", disable_help_flag = true)]
 struct Options {
+    /// Seconds per measured run.
+    #[arg(long = "duration", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     seconds: u64,
+    /// Seconds of warm-up before each run.
+    #[arg(long = "warmup", default_value_t = 1)]
     warmup_seconds: u64,
+    /// hyperfine runs of one `cortex-signal` and one `curl`.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(2..))]
     runs: u32,
+    /// Monitors the load is spread over.
+    #[arg(long, default_value_t = 200, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     monitors: usize,
     /// wrk threads for the 50-connection runs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(C50_CONNS)))]
     threads: u32,
     /// How long to wait for an idle machine before each measured run (0: don't).
+    #[arg(long, default_value_t = 60)]
     quiet_wait: u64,
+    /// Build the binaries first (`--no-build`: use those in target/release).
+    #[arg(long = "no-build", action = clap::ArgAction::SetFalse)]
     build: bool,
 }
 
@@ -55,46 +70,7 @@ impl Options {
 }
 
 fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
-    let mut o = Options {
-        seconds: 10,
-        warmup_seconds: 1,
-        runs: 200,
-        monitors: 200,
-        threads: 1,
-        quiet_wait: 60,
-        build: true,
-    };
-    let mut it = args.iter();
-    while let Some(&flag) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .copied()
-                .with_context(|| format!("{name} needs a value"))
-        };
-        match flag {
-            "--duration" => o.seconds = crate::bench_kit::number(flag, value(flag)?)?,
-            "--warmup" => o.warmup_seconds = crate::bench_kit::number(flag, value(flag)?)?,
-            "--runs" => o.runs = crate::bench_kit::number(flag, value(flag)?)?,
-            "--monitors" => o.monitors = crate::bench_kit::number(flag, value(flag)?)?,
-            "--threads" => o.threads = crate::bench_kit::number(flag, value(flag)?)?,
-            "--quiet-wait" => o.quiet_wait = crate::bench_kit::number(flag, value(flag)?)?,
-            "--no-build" => o.build = false,
-            _ => bail!(
-                "unknown flag {flag:?}; flags: --duration SECS (10) --warmup SECS (1) --runs N (200) --monitors N (200) --threads N (1) --quiet-wait SECS (60) --no-build"
-            ),
-        }
-    }
-    ensure!(o.seconds >= 1, "--duration must be at least 1 second");
-    ensure!(o.runs >= 2, "--runs must be at least 2");
-    ensure!(
-        (1..=C50_CONNS).contains(&o.threads),
-        "--threads must be between 1 and {C50_CONNS}"
-    );
-    ensure!(
-        (1..=100_000).contains(&o.monitors),
-        "--monitors must be between 1 and 100000"
-    );
-    Ok(o)
+    crate::bench_kit::parse_flags(args)
 }
 
 pub fn run(args: &[&str]) -> anyhow::Result<()> {

@@ -14,7 +14,7 @@ mod latency;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use serde_json::json;
 
 use crate::bench_kit::procs::{Procs, ScratchDir, poll_every};
@@ -37,60 +37,38 @@ const SWEEP: Duration = Duration::from_secs(30);
 /// Context switches one keepalive event may cost the agent (as the mesh bench allows).
 const SWITCHES_PER_EVENT: u64 = 3;
 
+/// `cargo xtask bench waits` flags.
+#[derive(clap::Parser)]
+#[command(name = "cargo xtask bench waits", disable_help_flag = true)]
 struct Options {
+    /// Measured remote waits (after the warm-up), and as many floor samples.
+    #[arg(long, default_value_t = 200, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(10..))]
     runs: usize,
+    /// `tail --pid` samples.
+    #[arg(long, default_value_t = 30, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     tail_runs: usize,
+    /// 500 ms poll samples.
+    #[arg(long, default_value_t = 30, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     poll_runs: usize,
+    /// `kill -0` loop samples.
+    #[arg(long, default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     loop_runs: usize,
+    /// Pid waits armed for the idle part (a device holds at most 4,096).
+    #[arg(long, default_value_t = 1_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4_000))]
     waits: usize,
+    /// Seconds of each idle window.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     idle: u64,
+    /// How long to wait for an idle machine before each part (0: don't).
+    #[arg(long, default_value_t = 60)]
     quiet_wait: u64,
+    /// Build the binaries first (`--no-build`: use those in target/release).
+    #[arg(long = "no-build", action = clap::ArgAction::SetFalse)]
     build: bool,
 }
 
 fn parse_options(args: &[&str]) -> anyhow::Result<Options> {
-    let mut o = Options {
-        runs: 200,
-        tail_runs: 30,
-        poll_runs: 30,
-        loop_runs: 10,
-        waits: 1_000,
-        idle: 60,
-        quiet_wait: 60,
-        build: true,
-    };
-    let mut it = args.iter();
-    while let Some(&flag) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .copied()
-                .with_context(|| format!("{name} needs a value"))
-        };
-        match flag {
-            "--runs" => o.runs = crate::bench_kit::number(flag, value(flag)?)?,
-            "--tail-runs" => o.tail_runs = crate::bench_kit::number(flag, value(flag)?)?,
-            "--poll-runs" => o.poll_runs = crate::bench_kit::number(flag, value(flag)?)?,
-            "--loop-runs" => o.loop_runs = crate::bench_kit::number(flag, value(flag)?)?,
-            "--waits" => o.waits = crate::bench_kit::number(flag, value(flag)?)?,
-            "--idle" => o.idle = crate::bench_kit::number(flag, value(flag)?)?,
-            "--quiet-wait" => o.quiet_wait = crate::bench_kit::number(flag, value(flag)?)?,
-            "--no-build" => o.build = false,
-            _ => bail!(
-                "unknown flag {flag:?}; flags: --runs N (200) --tail-runs N (30) --poll-runs N (30) --loop-runs N (10) --waits N (1000) --idle SECS (60) --quiet-wait SECS (60) --no-build"
-            ),
-        }
-    }
-    ensure!(o.runs >= 10, "--runs must be at least 10");
-    ensure!(
-        o.tail_runs >= 1 && o.poll_runs >= 1 && o.loop_runs >= 1,
-        "each baseline needs at least one run"
-    );
-    ensure!(
-        (1..=4_000).contains(&o.waits),
-        "--waits must be between 1 and 4000 (a device holds at most 4,096)"
-    );
-    ensure!(o.idle >= 1, "--idle must be at least 1 second");
-    Ok(o)
+    crate::bench_kit::parse_flags(args)
 }
 
 /// p50, p99 and max of a sample (nearest rank), in its unit.
