@@ -9,10 +9,12 @@
 //!   waits run it.
 //! - [`agent`]: the `cortex-device-agent` daemon: its link to the hub (WebSocket, backoff,
 //!   keepalive, a window of unacknowledged files) and the forwarding of spool files over it.
+//! - [`daemon`]: the logging and error exit both daemons' `main` share.
 //!
 //! The spool module touches only the filesystem and inotify: forwarding a file and deciding
 //! when it was acknowledged belong to the caller.
 
 pub mod agent;
+pub mod daemon;
 pub mod spool;
 pub mod wait;

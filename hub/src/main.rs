@@ -37,22 +37,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    let args = Args::parse();
-    match real_main(args) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("cortex-hub: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    cortex_device_agent::daemon::main("cortex-hub", || real_main(Args::parse()))
 }
 
 fn real_main(args: Args) -> anyhow::Result<()> {
