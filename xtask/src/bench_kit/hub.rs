@@ -13,6 +13,25 @@ use serde_json::json;
 use super::http::{self, Reply};
 use super::procs::{LogTail, Procs, poll};
 
+/// The HTTP address and, when the mesh is on, its URL from the hub's start line
+/// (`listening on http://ADDR (…), mesh ws://127.0.0.1:PORT/mesh/v1, home DIR`, or
+/// `mesh off`).
+pub fn start_line(line: &str) -> anyhow::Result<(SocketAddr, Option<String>)> {
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split([' ', '/']).next())
+        .and_then(|s| s.parse::<SocketAddr>().ok())
+        .with_context(|| format!("no address in the hub's start line {line:?}"))?;
+    let mesh_url = line
+        .split(", mesh ")
+        .nth(1)
+        .and_then(|m| m.split(',').next())
+        .filter(|m| *m != "off")
+        .map(str::to_string);
+    Ok((addr, mesh_url))
+}
+
 /// One monitor on the hub: a waitpoint that takes up to 10,000 wakes, fed progress signals.
 pub struct Monitor {
     pub id: String,
@@ -94,19 +113,7 @@ impl Hub {
                 );
             }
         };
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|s| s.split([' ', '/']).next())
-            .and_then(|s| s.parse::<SocketAddr>().ok())
-            .with_context(|| format!("no address in the hub's start line {line:?}"))?;
-        // `…, mesh ws://127.0.0.1:PORT/mesh/v1, home DIR` (or `mesh off`).
-        let mesh_url = line
-            .split(", mesh ")
-            .nth(1)
-            .and_then(|m| m.split(',').next())
-            .filter(|m| *m != "off")
-            .map(str::to_string);
+        let (addr, mesh_url) = start_line(&line)?;
         let hub = Hub {
             addr,
             mesh_url,

@@ -161,19 +161,8 @@ impl Hub {
                 tail_text(&tail)
             );
         };
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|s| s.split([' ', '/']).next())
-            .and_then(|s| s.parse::<SocketAddr>().ok())
-            .with_context(|| format!("no address in the hub's start line {line:?}"))?;
-        let mesh_url = line
-            .split(", mesh ")
-            .nth(1)
-            .and_then(|m| m.split(',').next())
-            .filter(|m| *m != "off")
-            .context("the hub's start line names no mesh URL")?
-            .to_string();
+        let (addr, mesh_url) = crate::bench_kit::hub::start_line(&line)?;
+        let mesh_url = mesh_url.context("the hub's start line names no mesh URL")?;
         let hub = Hub {
             addr,
             mesh_url,
