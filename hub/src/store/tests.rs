@@ -800,3 +800,31 @@ async fn a_failed_job_rolls_back_only_itself() {
     send(&store, progress(&id, &secret, "c"), T0 + 3).await;
     assert_eq!(signal_count(&store, &id).await, 3);
 }
+
+#[tokio::test]
+async fn a_full_journal_step_is_committed_without_a_reader_asking() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    let sid = session(&store).await;
+    let p = CreateParams {
+        max_signals: Some(1_000),
+        ..params()
+    };
+    let (id, secret) = waitpoint(&store, &sid, p).await;
+    // 80 signals of 15,000 characters of data: more than the 1 MiB a commit waits for.
+    for i in 0..80 {
+        let mut s = progress(&id, &secret, &format!("k{i}"));
+        s.req.data = Some("x".repeat(15_000));
+        send(&store, s, T0 + 1).await;
+    }
+    let committed = store
+        .read_committed(|r| r.waitpoint(&id, T0, &Settings::default()))
+        .expect("read")
+        .expect("wp")
+        .signals
+        .len();
+    assert!(
+        (69..=80).contains(&committed),
+        "redb holds the first megabyte's signals without a read asking ({committed})"
+    );
+}
