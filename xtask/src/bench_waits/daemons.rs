@@ -3,74 +3,118 @@
 //! after the commit holding the outcome returned, the agent logs it when the wait's task
 //! reported. Their timestamps (RFC 3339, microseconds, the machine's realtime clock) are
 //! two of the bench's measuring points.
+//!
+//! Each daemon's stderr goes to a file in the scratch directory, read only when the bench
+//! asks (after a run): a thread reading a pipe line by line would wake at every log line,
+//! on these two cores, in the middle of the very path being timed.
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::SocketAddr;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use serde_json::Value;
 
 use crate::bench_kit::http;
 use crate::bench_kit::procs::{Procs, poll};
 
-/// What the log lines say happened to a remote wait, and when: (what, waitpoint id) →
-/// ns since the epoch, for `what` in [`MARKS`].
-#[derive(Clone, Default)]
-pub struct Ends(Arc<Mutex<HashMap<(&'static str, String), i128>>>);
-
 /// The log lines timed: the agent's and the hub's end of a wait, the hub's receipt.
 pub const MARKS: [&str; 2] = ["remote wait ended", "remote wait outcome received"];
 
-impl Ends {
-    pub fn take(&self, what: &'static str, wp: &str) -> Option<i128> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(what, wp.to_string()))
-    }
+/// A daemon's log file, read as far as it was written each time the bench asks.
+pub struct Log {
+    path: PathBuf,
+    state: Mutex<LogState>,
 }
 
-/// Reads `pipe` to its end on a thread: the first line holding `marker` goes to the
-/// returned channel, every "remote wait ended" line into `ends`, the last 20 lines into
-/// the tail.
-fn drain(
-    pipe: impl std::io::Read + Send + 'static,
-    marker: &'static str,
-) -> (Ends, Arc<Mutex<Vec<String>>>, mpsc::Receiver<String>) {
-    let ends = Ends::default();
-    let tail = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = mpsc::channel();
-    let (e, t) = (ends.clone(), tail.clone());
-    std::thread::spawn(move || {
-        let mut first = Some(tx);
-        for line in BufReader::new(pipe).lines() {
-            let Ok(line) = line else { break };
-            if line.contains(marker)
-                && let Some(tx) = first.take()
-            {
-                let _ = tx.send(line.clone());
+#[derive(Default)]
+struct LogState {
+    /// Bytes read so far.
+    offset: u64,
+    /// A line not yet ended by a newline.
+    partial: String,
+    /// (what, waitpoint id) → ns since the epoch, for `what` in [`MARKS`].
+    ends: HashMap<(&'static str, String), i128>,
+    /// The first line holding the start marker.
+    start_line: Option<String>,
+    /// The last 20 lines.
+    tail: VecDeque<String>,
+}
+
+impl Log {
+    /// A new, empty file at `path`; the file handle is the daemon's stderr.
+    fn create(path: PathBuf) -> anyhow::Result<(Log, File)> {
+        let f = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok((
+            Log {
+                path,
+                state: Mutex::new(LogState::default()),
+            },
+            f,
+        ))
+    }
+
+    /// Reads what was appended since the last call, line by line.
+    fn refresh(&self, start_marker: &str) -> anyhow::Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f =
+            File::open(&self.path).with_context(|| format!("opening {}", self.path.display()))?;
+        f.seek(SeekFrom::Start(st.offset))
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes)
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        st.offset += bytes.len() as u64;
+        let text = String::from_utf8_lossy(&bytes);
+        let mut pending = std::mem::take(&mut st.partial);
+        pending.push_str(&text);
+        let (whole, rest) = match pending.rfind('\n') {
+            Some(i) => (&pending[..i], &pending[i + 1..]),
+            None => ("", pending.as_str()),
+        };
+        st.partial = rest.to_string();
+        for line in whole.lines() {
+            if st.start_line.is_none() && line.contains(start_marker) {
+                st.start_line = Some(line.to_string());
             }
             if let Some(mark) = MARKS.iter().find(|m| line.contains(*m))
-                && let (Some(ts), Some(wp)) = (line_time(&line), field(&line, "wait="))
+                && let (Some(ts), Some(wp)) = (line_time(line), field(line, "wait="))
             {
-                e.0.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert((mark, wp.to_string()), ts);
+                st.ends.insert((mark, wp.to_string()), ts);
             }
-            let mut tail = t.lock().unwrap_or_else(|e| e.into_inner());
-            if tail.len() >= 20 {
-                tail.remove(0);
+            if st.tail.len() >= 20 {
+                st.tail.pop_front();
             }
-            tail.push(line);
+            st.tail.push_back(line.to_string());
         }
-    });
-    (ends, tail, rx)
+        Ok(())
+    }
+
+    /// When the log said `what` for `wp` (once: the entry is removed).
+    pub fn take(&self, what: &'static str, wp: &str) -> anyhow::Result<Option<i128>> {
+        self.refresh("\u{0}")?;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(st.ends.remove(&(what, wp.to_string())))
+    }
+
+    fn start_line(&self, marker: &str) -> anyhow::Result<Option<String>> {
+        self.refresh(marker)?;
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(st.start_line.clone())
+    }
+
+    /// The last lines read (after reading what is new).
+    pub fn tail(&self) -> String {
+        let _ = self.refresh("\u{0}");
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.tail.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
 }
 
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
@@ -129,38 +173,37 @@ pub struct Hub {
     pub mesh_url: String,
     pub index: usize,
     pub pid: u32,
-    pub ends: Ends,
+    pub log: Log,
     token: String,
-    tail: Arc<Mutex<Vec<String>>>,
 }
 
 impl Hub {
+    /// Starts the hub with its home at `home` and its log in `home`'s parent.
     pub fn start(bin: &Path, home: &Path, procs: &mut Procs) -> anyhow::Result<Hub> {
         let token = format!("bench-{:x}", now_ns());
+        let (log, stderr) = Log::create(home.with_extension("log"))?;
         let mut cmd = Command::new(bin);
         cmd.arg("--home")
             .arg(home)
             .args(["--listen", "127.0.0.1:0", "--mesh-listen", "127.0.0.1:0"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .stderr(stderr);
         clean_env(&mut cmd);
         cmd.env("CORTEX_WEBHOOK_TOKEN", &token)
             .env("RUST_LOG", "warn,cortex_hub::mesh::waits=debug");
-        let mut child = cmd
+        let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let pid = child.id();
-        let stderr = child.stderr.take().context("the hub's stderr")?;
         let index = procs.add("cortex-hub", child);
-        let (ends, tail, rx) = drain(stderr, "listening on http://");
-        let Ok(line) = rx.recv_timeout(Duration::from_secs(20)) else {
-            std::thread::sleep(Duration::from_millis(100));
-            bail!(
-                "cortex-hub printed no start line within 20 s; it said:\n{}",
-                tail_text(&tail)
-            );
-        };
+        let line = poll(Duration::from_secs(20), "the hub's start line", || {
+            procs
+                .check_alive(index)
+                .with_context(|| format!("cortex-hub said:\n{}", log.tail()))?;
+            log.start_line("listening on http://")
+        })
+        .with_context(|| format!("cortex-hub said:\n{}", log.tail()))?;
         let (addr, mesh_url) = crate::bench_kit::hub::start_line(&line)?;
         let mesh_url = mesh_url.context("the hub's start line names no mesh URL")?;
         let hub = Hub {
@@ -168,9 +211,8 @@ impl Hub {
             mesh_url,
             index,
             pid,
-            ends,
+            log,
             token,
-            tail,
         };
         poll(Duration::from_secs(10), "the hub's /healthz", || {
             procs.check_alive(index)?;
@@ -182,7 +224,7 @@ impl Hub {
     }
 
     pub fn log_tail(&self) -> String {
-        tail_text(&self.tail)
+        self.log.tail()
     }
 
     /// The operator token (the bench's own, made up at start).
@@ -222,16 +264,11 @@ impl Hub {
     }
 }
 
-fn tail_text(t: &Arc<Mutex<Vec<String>>>) -> String {
-    t.lock().unwrap_or_else(|e| e.into_inner()).join("\n")
-}
-
 /// A running agent.
 pub struct Agent {
     pub index: usize,
     pub pid: u32,
-    pub ends: Ends,
-    tail: Arc<Mutex<Vec<String>>>,
+    pub log: Log,
 }
 
 impl Agent {
@@ -252,6 +289,7 @@ impl Agent {
             .open(&token_file)
             .with_context(|| format!("creating {}", token_file.display()))?;
         writeln!(f, "{token}").with_context(|| format!("writing {}", token_file.display()))?;
+        let (log, stderr) = Log::create(dir.join("agent.log"))?;
         let mut cmd = Command::new(bin);
         cmd.args(["--hub", &hub.mesh_url, "--name", name])
             .arg("--token-file")
@@ -260,22 +298,15 @@ impl Agent {
             .arg(dir.join("agent-home"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .stderr(stderr);
         clean_env(&mut cmd);
         cmd.env("RUST_LOG", "warn,cortex_device_agent::agent::waits=info");
-        let mut child = cmd
+        let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let pid = child.id();
-        let stderr = child.stderr.take().context("the agent's stderr")?;
         let index = procs.add("cortex-device-agent", child);
-        let (ends, tail, _) = drain(stderr, "\u{0}");
-        let agent = Agent {
-            index,
-            pid,
-            ends,
-            tail,
-        };
+        let agent = Agent { index, pid, log };
         poll(Duration::from_secs(20), "the device online", || {
             procs
                 .check_alive(index)
@@ -287,7 +318,7 @@ impl Agent {
     }
 
     pub fn log_tail(&self) -> String {
-        tail_text(&self.tail)
+        self.log.tail()
     }
 }
 

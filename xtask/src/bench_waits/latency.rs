@@ -164,18 +164,18 @@ pub fn cortex_once(hub: &Hub, agent: &Agent, device: &str) -> anyhow::Result<Sam
             .any(|e| e["kind"] == "wake" && e["reason"] == "fired")
     });
     ensure!(woke, "the long poll answered without a fired wake: {page}");
-    let logged = |ends: &super::daemons::Ends, what: &'static str, who: &str| {
+    let logged = |log: &super::daemons::Log, what: &'static str, who: &str| {
         poll_every(
             Duration::from_millis(2),
             Duration::from_secs(5),
             &format!("the {who}'s \"{what}\" line for {wp}"),
-            || Ok(ends.take(what, &wp)),
+            || log.take(what, &wp),
         )
     };
     let [ended, received] = super::daemons::MARKS;
-    let t_record = logged(&hub.ends, ended, "hub")?;
-    let t_received = logged(&hub.ends, received, "hub")?;
-    let t_agent = logged(&agent.ends, ended, "agent")?;
+    let t_record = logged(&hub.log, ended, "hub")?;
+    let t_received = logged(&hub.log, received, "hub")?;
+    let t_agent = logged(&agent.log, ended, "agent")?;
     let us = |t: i128| (t - t_exit) as f64 / 1_000.0;
     Ok(Sample {
         agent_us: us(t_agent),
