@@ -11,10 +11,11 @@
 //!   `broke` one the agent cannot run (it does not announce the kind's capability).
 //!
 //! So a wait asked for while the device was offline goes out with the next hello, and a
-//! cancel that could not be sent is sent on the next link. The agent's `WaitArmed` and
-//! `WaitDone` are written to the store by tasks (so a burst shares group commits), whose
-//! results come back to the link's loop, the one owner of `held`; `WaitDone` is answered
-//! `WaitAck` only after the commit holding its signal returned.
+//! cancel that could not be sent is sent on the next link. The agent's `WaitArmed` is
+//! written to the store by a task, its `WaitDone` handed to the store's writer with a
+//! callback (either way a burst shares group commits); their results come back to the
+//! link's loop, the one owner of `held`. `WaitDone` is answered `WaitAck` only once the
+//! store's journal (or a commit) holds its signal.
 
 use std::collections::HashSet;
 
@@ -187,10 +188,8 @@ impl LinkWaits {
         Ok(())
     }
 
-    fn spawn_write<F>(&mut self, f: F) -> Result<(), End>
-    where
-        F: Future<Output = Written> + Send + 'static,
-    {
+    /// One more store write whose answer the link waits for; too many is a protocol error.
+    fn count_in_flight(&mut self) -> Result<(), End> {
         if self.in_flight >= 2 * MAX_WAITS_PER_DEVICE {
             return Err(End::Protocol(format!(
                 "more than {} remote-wait frames unanswered",
@@ -198,6 +197,14 @@ impl LinkWaits {
             )));
         }
         self.in_flight += 1;
+        Ok(())
+    }
+
+    fn spawn_write<F>(&mut self, f: F) -> Result<(), End>
+    where
+        F: Future<Output = Written> + Send + 'static,
+    {
+        self.count_in_flight()?;
         let tx = self.written_tx.clone();
         tokio::spawn(async move {
             let _ = tx.send(f.await);
@@ -231,6 +238,9 @@ impl LinkWaits {
     }
 
     /// The agent's `WaitDone`: the agent no longer holds it armed, whatever the store says.
+    /// The outcome goes straight to the store's writer; its answer comes back to the
+    /// link's loop from the writer thread, the moment the record is durable (no task per
+    /// outcome, no wake-up of one before the record is announced).
     pub fn done(
         &mut self,
         state: &AppState,
@@ -242,28 +252,28 @@ impl LinkWaits {
         // The bench (cargo xtask bench waits) times the hub's share from this line.
         tracing::debug!(device = %self.device, wait = %id, "remote wait outcome received");
         self.held.remove(&id);
-        let (st, device) = (state.clone(), self.device.clone());
-        self.spawn_write(async move {
-            let i = id.clone();
-            let d = device.clone();
-            match st
-                .store
-                .exec_logged(move |t| {
-                    t.device_wait_done_logged(&d, &i, end, &payload, &message, now_ms())
-                })
-                .await
-            {
-                Ok(DoneOutcome::Recorded(o)) => {
-                    tracing::info!(device, wait = %id, outcome = end.as_str(), result = ?o, "remote wait ended");
-                    Written::Done { id }
-                }
-                Ok(DoneOutcome::NotActive) => Written::Done { id },
-                Err(e) => {
-                    tracing::error!(device, error = %e, "cannot record a remote wait's outcome; the link ends so the agent sends it again");
-                    Written::Failed
-                }
-            }
-        })
+        self.count_in_flight()?;
+        let (device, tx) = (self.device.clone(), self.written_tx.clone());
+        let (d, i) = (device.clone(), id.clone());
+        state.store.exec_logged_then(
+            move |t| t.device_wait_done_logged(&d, &i, end, &payload, &message, now_ms()),
+            move |r| {
+                let w = match r {
+                    Ok(DoneOutcome::Recorded(o)) => {
+                        // The bench times "exit to the hub's record" to this line.
+                        tracing::info!(device, wait = %id, outcome = end.as_str(), result = ?o, "remote wait ended");
+                        Written::Done { id }
+                    }
+                    Ok(DoneOutcome::NotActive) => Written::Done { id },
+                    Err(e) => {
+                        tracing::error!(device, error = %e, "cannot record a remote wait's outcome; the link ends so the agent sends it again");
+                        Written::Failed
+                    }
+                };
+                let _ = tx.send(w);
+            },
+        );
+        Ok(())
     }
 
     /// A store write came back.

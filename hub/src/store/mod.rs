@@ -298,15 +298,35 @@ impl Store {
         R: Send + 'static,
         F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Option<Logged>), StoreError> + Send + 'static,
     {
-        self.submit(move |t| {
-            let (r, logged) = f(t)?;
-            let kind = match logged {
-                Some(l) => Kind::Journal(l.encode()?),
-                None => Kind::Unchanged,
-            };
-            Ok((r, kind))
-        })
-        .await
+        self.submit(logged_job(f)).await
+    }
+
+    /// [`Store::exec_logged`] without a task waiting for it: `then` runs on the writer
+    /// thread with the answer, the moment the change is durable (so it must be quick: a
+    /// log line, a channel send). For a caller that has a loop of its own to hear from,
+    /// such as a device's link: no task is spawned and woken per operation. Jobs keep
+    /// their order while the writer's queue has room; one that finds it full waits on a
+    /// task of its own, so order is not kept among those.
+    pub fn exec_logged_then<R, F, C>(&self, f: F, then: C)
+    where
+        R: Send + 'static,
+        F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Option<Logged>), StoreError> + Send + 'static,
+        C: FnOnce(Result<R, Arc<StoreError>>) + Send + 'static,
+    {
+        let job = job(logged_job(f), then);
+        match self.jobs.try_send(job) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(job)) => {
+                // The writer is behind: wait for room without holding up the caller.
+                let jobs = self.jobs.clone();
+                tokio::spawn(async move {
+                    if let Err(mpsc::error::SendError(job)) = jobs.send(job).await {
+                        refuse(job);
+                    }
+                });
+            }
+            Err(mpsc::error::TrySendError::Closed(job)) => refuse(job),
+        }
     }
 
     /// A signal from any route (journaled).
@@ -321,27 +341,9 @@ impl Store {
         F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Kind), StoreError> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel::<Result<R, Arc<StoreError>>>();
-        let job: Job = Job::Run(Box::new(move |t: Option<&mut Tx<'_>>| {
-            let (r, kind) = match t {
-                None => (Err(StoreError::Closed), Kind::Unchanged),
-                Some(t) => match f(t) {
-                    Ok((r, kind)) => (Ok(r), kind),
-                    Err(e) => {
-                        t.poison(&e);
-                        (Err(e), Kind::Unchanged)
-                    }
-                },
-            };
-            let done: writer::Completion = Box::new(move |committed| {
-                let out = match (committed, r) {
-                    (Ok(()), Ok(v)) => Ok(v),
-                    (Err(e), _) => Err(e),
-                    (Ok(()), Err(e)) => Err(Arc::new(e)),
-                };
-                let _ = tx.send(out);
-            });
-            (done, kind)
-        }));
+        let job = job(f, move |out| {
+            let _ = tx.send(out);
+        });
         self.jobs
             .send(job)
             .await
@@ -387,6 +389,63 @@ impl Store {
     #[cfg(test)]
     pub(crate) async fn crash(&self) {
         let _ = self.jobs.send(Job::Crash).await;
+    }
+}
+
+/// A journaled operation as a writer operation: its record, if it changed anything, is
+/// what the batch journals.
+fn logged_job<R, F>(
+    f: F,
+) -> impl for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Kind), StoreError> + Send + 'static
+where
+    R: Send + 'static,
+    F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Option<Logged>), StoreError> + Send + 'static,
+{
+    move |t| {
+        let (r, logged) = f(t)?;
+        let kind = match logged {
+            Some(l) => Kind::Journal(l.encode()?),
+            None => Kind::Unchanged,
+        };
+        Ok((r, kind))
+    }
+}
+
+/// The writer's job for `f`, whose answer goes to `then` once the batch is durable (or
+/// failed). A failing `f` poisons the transaction: the batch is rolled back.
+fn job<R, F, C>(f: F, then: C) -> Job
+where
+    R: Send + 'static,
+    F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Kind), StoreError> + Send + 'static,
+    C: FnOnce(Result<R, Arc<StoreError>>) + Send + 'static,
+{
+    Job::Run(Box::new(move |t: Option<&mut Tx<'_>>| {
+        let (r, kind) = match t {
+            None => (Err(StoreError::Closed), Kind::Unchanged),
+            Some(t) => match f(t) {
+                Ok((r, kind)) => (Ok(r), kind),
+                Err(e) => {
+                    t.poison(&e);
+                    (Err(e), Kind::Unchanged)
+                }
+            },
+        };
+        let done: writer::Completion = Box::new(move |committed| {
+            then(match (committed, r) {
+                (Ok(()), Ok(v)) => Ok(v),
+                (Err(e), _) => Err(e),
+                (Ok(()), Err(e)) => Err(Arc::new(e)),
+            });
+        });
+        (done, kind)
+    }))
+}
+
+/// Answers a job the writer will never see (it has stopped).
+fn refuse(job: Job) {
+    if let Job::Run(f) = job {
+        let (done, _) = f(None);
+        done(Err(Arc::new(StoreError::Closed)));
     }
 }
 

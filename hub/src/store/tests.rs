@@ -828,3 +828,71 @@ async fn a_full_journal_step_is_committed_without_a_reader_asking() {
         "redb holds the first megabyte's signals without a read asking ({committed})"
     );
 }
+
+#[tokio::test]
+async fn a_callback_job_is_answered_on_the_writer_even_when_the_queue_is_full() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    let sid = session(&store).await;
+    let p = CreateParams {
+        max_signals: Some(1_000),
+        ..params()
+    };
+    let (id, secret) = waitpoint(&store, &sid, p).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    // The writer is held up, and more than its queue holds (16 Ki jobs) is sent without
+    // waiting: the ones that find it full wait for room on a task of their own.
+    store.exec_logged_then(
+        |_| {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            Ok(((), None))
+        },
+        |_| {},
+    );
+    let n = 20_000;
+    for i in 0..n {
+        let s = if i % 100 == 0 {
+            progress(&id, &secret, &format!("k{i}"))
+        } else {
+            sig("wp_unknown", "x", None)
+        };
+        let tx = tx.clone();
+        store.exec_logged_then(
+            move |t| t.signal_logged(&s, T0 + 1),
+            move |r| {
+                let _ = tx.send(r.map(|o| matches!(o, SignalOutcome::Accepted { .. })));
+            },
+        );
+    }
+    let mut accepted = 0;
+    for _ in 0..n {
+        let r = tokio::time::timeout(std::time::Duration::from_secs(30), rx.recv())
+            .await
+            .expect("every callback within 30 s")
+            .expect("a callback");
+        accepted += usize::from(r.expect("no store error"));
+    }
+    assert_eq!(accepted, 200);
+    // Answered means durable: a read sees them all.
+    assert_eq!(signal_count(&store, &id).await, 200);
+}
+
+#[tokio::test]
+async fn a_callback_job_after_the_writer_stopped_gets_an_error() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, guard) = open(dir.path());
+    store.crash().await;
+    guard.join();
+    let (tx, rx) = std::sync::mpsc::channel();
+    store.exec_logged_then(
+        |t| t.signal_logged(&sig("wp_unknown", "x", None), T0),
+        move |r| {
+            let _ = tx.send(r.is_err());
+        },
+    );
+    assert_eq!(
+        rx.recv_timeout(std::time::Duration::from_secs(5)),
+        Ok(true),
+        "the callback runs at once with the store's error"
+    );
+}
