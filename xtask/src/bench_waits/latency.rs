@@ -45,7 +45,14 @@ pub struct ExitChild {
     child: Child,
     stdin: Option<ChildStdin>,
     pub pid: u32,
+    started: std::time::Instant,
 }
+
+/// How long every exit child lives before it is made to exit, in the cortex runs and the
+/// floor's alike. A process that sat idle exits more slowly than one just started (its
+/// teardown runs cold: 197 us p50 at once, 236 us after 5 ms, 360 us after 50 ms here), so
+/// the floor is only the floor of the cortex runs if their children are as old.
+pub const CHILD_AGE: Duration = Duration::from_millis(30);
 
 /// Where the exit child's binary is: a copy of this one made at the bench's start, since
 /// a `cargo xtask …` run meanwhile may replace (and so delete) the one running.
@@ -75,7 +82,19 @@ impl ExitChild {
             .context("starting the exit child")?;
         let stdin = child.stdin.take();
         let pid = child.id();
-        Ok(ExitChild { child, stdin, pid })
+        Ok(ExitChild {
+            child,
+            stdin,
+            pid,
+            started: std::time::Instant::now(),
+        })
+    }
+
+    /// Waits until the child is [`CHILD_AGE`] old (at once if it is older).
+    pub fn wait_for_age(&self) {
+        if let Some(left) = CHILD_AGE.checked_sub(self.started.elapsed()) {
+            std::thread::sleep(left);
+        }
     }
 
     /// Makes it exit; returns the time it read just before exiting (ns since the epoch).
@@ -154,7 +173,8 @@ pub fn cortex_once(hub: &Hub, agent: &Agent, device: &str) -> anyhow::Result<Sam
         Ok((t, r.json("the long poll")?))
     });
     // Let the poll reach the hub and park.
-    std::thread::sleep(Duration::from_millis(20));
+    std::thread::sleep(Duration::from_millis(10));
+    child.wait_for_age();
     let t_exit = child.exit_now()?;
     let (t_seen, page) = poller
         .join()
@@ -186,13 +206,15 @@ pub fn cortex_once(hub: &Hub, agent: &Agent, device: &str) -> anyhow::Result<Sam
 }
 
 /// The floor: µs from the exit to a pidfd on it turning readable, watched by the bench
-/// itself (a blocking poll(2), nothing else in between).
+/// itself (a blocking poll(2), nothing else in between), for a child as old as the cortex
+/// runs' ones.
 pub fn pidfd_once() -> anyhow::Result<f64> {
     use rustix::event::{PollFd, PollFlags, poll};
     use rustix::process::{Pid, PidfdFlags, pidfd_open};
     let mut child = ExitChild::start()?;
     let pid = Pid::from_raw(child.pid as i32).context("the child's pid")?;
     let fd = pidfd_open(pid, PidfdFlags::empty()).context("pidfd_open")?;
+    child.wait_for_age();
     let trigger = std::thread::spawn(move || child.exit_now());
     let mut fds = [PollFd::new(&fd, PollFlags::IN)];
     poll(&mut fds, None).context("poll on the pidfd")?;
