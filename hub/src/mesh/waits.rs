@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::registry::End;
 use crate::server::AppState;
+use crate::store::Logged;
 use crate::store::device_waits::{DeviceWaitRecord, DoneOutcome, Phase};
 use crate::time::now_ms;
 
@@ -254,9 +255,21 @@ impl LinkWaits {
         self.held.remove(&id);
         self.count_in_flight()?;
         let (device, tx) = (self.device.clone(), self.written_tx.clone());
+        // Its record is its input: journaled and flushed while the store applies it (the
+        // operation's own record is the same one).
+        let now = now_ms();
+        let record = Logged::DeviceWaitDone {
+            device: device.clone(),
+            id: id.clone(),
+            end,
+            payload: payload.clone(),
+            message: message.clone(),
+            now,
+        };
         let (d, i) = (device.clone(), id.clone());
         state.store.exec_logged_then(
-            move |t| t.device_wait_done_logged(&d, &i, end, &payload, &message, now_ms()),
+            Some(&record),
+            move |t| t.device_wait_done_logged(&d, &i, end, &payload, &message, now),
             move |r| {
                 let w = match r {
                     Ok(DoneOutcome::Recorded(o)) => {

@@ -15,11 +15,19 @@
 //!
 //! The file grows in zero-filled steps and never shrinks: once written, rewriting a block
 //! changes no file metadata, so `fdatasync` flushes data only.
+//!
+//! Records that were written but must not count (their sync failed, or the batch they
+//! belong to failed) are erased: overwritten with zeros and synced, so no scan finds them.
+//! If even that fails, the caller must stop taking writes: a restart could replay them.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+#[cfg(test)]
+use std::sync::Arc;
+#[cfg(test)]
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The file grows by this much at a time, with zeros.
 const GROW: u64 = 1 << 20;
@@ -40,6 +48,57 @@ pub struct Journal {
     /// Past this size the caller commits to redb and rewinds instead of appending.
     cap: u64,
     buf: Vec<u8>,
+    syncer: Syncer,
+}
+
+/// Where the journal stood before a write: what [`Journal::erase`] goes back to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    end: u64,
+    last_seq: u64,
+}
+
+/// Why records could not be journaled.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// Nothing of the failed write can be found by a scan.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// The write failed and its records could not be erased: a scan (a restart) may find
+    /// them although nobody was told they counted.
+    #[error("{source}; its records could not be erased either ({erase})")]
+    Unerased { source: io::Error, erase: io::Error },
+}
+
+/// Flushes the journal's data; a second handle on the file, so a flush can run on another
+/// thread while the writer goes on.
+pub struct Syncer {
+    file: File,
+    /// Test only: this many next flushes fail.
+    #[cfg(test)]
+    fail: Arc<AtomicU32>,
+}
+
+impl Syncer {
+    pub fn sync(&self) -> io::Result<()> {
+        #[cfg(test)]
+        if self
+            .fail
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(io::Error::other("injected flush failure"));
+        }
+        self.file.sync_data()
+    }
+
+    pub fn try_clone(&self) -> io::Result<Syncer> {
+        Ok(Syncer {
+            file: self.file.try_clone()?,
+            #[cfg(test)]
+            fail: self.fail.clone(),
+        })
+    }
 }
 
 /// A record read back by a scan.
@@ -62,7 +121,13 @@ impl Journal {
             .mode(0o600)
             .open(path)?;
         let len = file.metadata()?.len();
+        let syncer = Syncer {
+            file: file.try_clone()?,
+            #[cfg(test)]
+            fail: Arc::new(AtomicU32::new(0)),
+        };
         let mut j = Journal {
+            syncer,
             file,
             end: 0,
             len,
@@ -119,17 +184,46 @@ impl Journal {
     }
 
     /// Appends one record per payload, numbered on from [`Journal::last_seq`], and syncs
-    /// the data. Returns the newest number. On error nothing written counts: the caller
-    /// must not acknowledge, and the journal stays where it was.
-    pub fn append<'a>(&mut self, payloads: impl IntoIterator<Item = &'a [u8]>) -> io::Result<u64> {
+    /// the data. Returns the newest number. On error nothing written counts: the records
+    /// are erased (see [`JournalError`]) and the journal stays where it was.
+    pub fn append<'a>(
+        &mut self,
+        payloads: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Result<u64, JournalError> {
+        let mark = self.mark();
+        let seq = self.write(payloads)?;
+        if let Err(source) = self.syncer.sync() {
+            return Err(match self.erase(mark) {
+                Ok(()) => JournalError::Io(source),
+                Err(erase) => JournalError::Unerased { source, erase },
+            });
+        }
+        Ok(seq)
+    }
+
+    /// Where the journal stands now.
+    pub fn mark(&self) -> Mark {
+        Mark {
+            end: self.end,
+            last_seq: self.last_seq,
+        }
+    }
+
+    /// Writes one record per payload, numbered on from [`Journal::last_seq`], without
+    /// syncing: they count only once a [`Syncer::sync`] that started after this returned
+    /// succeeds. Returns the newest number. A failed write is erased before it returns.
+    pub fn write<'a>(
+        &mut self,
+        payloads: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Result<u64, JournalError> {
         self.buf.clear();
         let mut seq = self.last_seq;
         for p in payloads {
             if p.is_empty() || p.len() > MAX_RECORD {
-                return Err(io::Error::new(
+                return Err(JournalError::Io(io::Error::new(
                     io::ErrorKind::InvalidInput,
                     format!("a journal record of {} bytes", p.len()),
-                ));
+                )));
             }
             seq += 1;
             encode(&mut self.buf, seq, p);
@@ -140,17 +234,59 @@ impl Journal {
         let new_end = self.end + self.buf.len() as u64;
         if new_end > self.len {
             // Zero-fill the next step, so the step after this write is already allocated
-            // and an overwrite on a later pass changes no metadata.
+            // and an overwrite on a later pass changes no metadata. (A failure here wrote
+            // zeros at most: nothing to erase.)
             let target = new_end.div_ceil(GROW) * GROW;
             let zeros = vec![0u8; (target - self.len) as usize];
             self.file.write_all_at(&zeros, self.len)?;
             self.len = target;
         }
-        self.file.write_all_at(&self.buf, self.end)?;
-        self.file.sync_data()?;
+        if let Err(source) = self.file.write_all_at(&self.buf, self.end) {
+            // Part of it may be there.
+            let zeros = vec![0u8; self.buf.len()];
+            return Err(match self.file.write_all_at(&zeros, self.end) {
+                Ok(()) => JournalError::Io(source),
+                Err(erase) => JournalError::Unerased { source, erase },
+            });
+        }
         self.end = new_end;
         self.last_seq = seq;
         Ok(seq)
+    }
+
+    /// Flushes what was written.
+    pub fn sync(&self) -> io::Result<()> {
+        self.syncer.sync()
+    }
+
+    /// A handle that flushes this journal from another thread.
+    pub fn syncer(&self) -> io::Result<Syncer> {
+        self.syncer.try_clone()
+    }
+
+    /// Forgets every record written after `mark`: overwritten with zeros and synced, so no
+    /// scan finds them; the next write goes there again.
+    pub fn erase(&mut self, mark: Mark) -> io::Result<()> {
+        if self.end > mark.end {
+            let zeros = vec![0u8; (self.end - mark.end) as usize];
+            self.file.write_all_at(&zeros, mark.end)?;
+            self.syncer.sync()?;
+        }
+        self.end = mark.end;
+        self.last_seq = mark.last_seq;
+        Ok(())
+    }
+
+    /// Test only: the next `n` flushes (of this journal and its syncers) fail.
+    #[cfg(test)]
+    pub fn fail_next_syncs(&self, n: u32) {
+        self.syncer.fail.store(n, Ordering::Release);
+    }
+
+    /// Test only: the counter behind [`Journal::fail_next_syncs`].
+    #[cfg(test)]
+    pub fn fail_handle(&self) -> Arc<AtomicU32> {
+        self.syncer.fail.clone()
     }
 }
 
@@ -295,6 +431,57 @@ mod tests {
             second_at,
             "the next record overwrites the torn one"
         );
+    }
+
+    #[test]
+    fn erased_records_are_never_found() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("j");
+        let (mut j, _) = Journal::open(&path, 1 << 20).expect("open");
+        let p = payloads(2, "kept");
+        j.append(p.iter().map(Vec::as_slice)).expect("append");
+        let mark = j.mark();
+        let q = payloads(3, "gone");
+        assert_eq!(j.write(q.iter().map(Vec::as_slice)).expect("write"), 5);
+        j.sync().expect("sync");
+        j.erase(mark).expect("erase");
+        assert_eq!((j.last_seq(), j.mark()), (2, mark));
+        let (found, _) = j.scan().expect("scan");
+        assert_eq!(found.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2]);
+        // The next write takes the erased numbers and place again.
+        assert_eq!(j.append([b"next".as_slice()]).expect("append"), 3);
+        drop(j);
+        let (_, found) = Journal::open(&path, 1 << 20).expect("reopen");
+        assert_eq!(found.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(found[2].payload, b"next");
+    }
+
+    #[test]
+    fn a_failed_flush_leaves_nothing_a_scan_would_count() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("j");
+        let (mut j, _) = Journal::open(&path, 1 << 20).expect("open");
+        j.append([b"acked".as_slice()]).expect("append");
+        j.fail_next_syncs(1);
+        let e = j
+            .append([b"not acked".as_slice()])
+            .expect_err("the flush fails");
+        assert!(matches!(e, JournalError::Io(_)), "{e}");
+        assert_eq!(j.last_seq(), 1);
+        drop(j);
+        let (mut j, found) = Journal::open(&path, 1 << 20).expect("reopen");
+        assert_eq!(found.len(), 1, "the unacknowledged record was erased");
+        // When erasing cannot be made durable either, the caller is told so.
+        j.fail_next_syncs(2);
+        let e = j
+            .append([b"stuck".as_slice()])
+            .expect_err("both flushes fail");
+        assert!(matches!(e, JournalError::Unerased { .. }), "{e}");
+        // A flusher on another handle shares the injected failures and the file.
+        let s = j.syncer().expect("syncer");
+        j.fail_next_syncs(1);
+        assert!(s.sync().is_err());
+        assert!(s.sync().is_ok());
     }
 
     #[test]

@@ -159,6 +159,9 @@ pub struct Store {
     acked: Arc<AtomicU64>,
     /// The newest journal record redb has committed.
     committed: watch::Receiver<u64>,
+    /// Test only: how many next journal flushes fail.
+    #[cfg(test)]
+    journal_fail: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// Joins the writer thread on drop of the last handle's owner.
@@ -223,6 +226,12 @@ impl Store {
         let notifier = Arc::new(Notifier::new(hub_seq));
         let acked = Arc::new(AtomicU64::new(journal.last_seq()));
         let (committed_tx, committed) = watch::channel(journal.last_seq());
+        #[cfg(test)]
+        let journal_fail = journal.fail_handle();
+        let flusher = journal
+            .syncer()
+            .and_then(writer::Flusher::start)
+            .map_err(|e| StoreError::Decode(format!("cannot start the journal's flusher: {e}")))?;
         let w = writer::Writer {
             db: db.clone(),
             rx,
@@ -237,6 +246,7 @@ impl Store {
             broken: None,
             ticker: writer::Ticker::start(jobs.downgrade())
                 .map_err(|e| StoreError::Decode(format!("cannot start the commit ticker: {e}")))?,
+            flusher,
         };
         let thread = std::thread::Builder::new()
             .name("store-writer".into())
@@ -252,6 +262,8 @@ impl Store {
                 settings,
                 acked,
                 committed,
+                #[cfg(test)]
+                journal_fail,
             },
             WriterGuard {
                 thread: Some(thread),
@@ -307,13 +319,22 @@ impl Store {
     /// such as a device's link: no task is spawned and woken per operation. Jobs keep
     /// their order while the writer's queue has room; one that finds it full waits on a
     /// task of its own, so order is not kept among those.
-    pub fn exec_logged_then<R, F, C>(&self, f: F, then: C)
+    ///
+    /// `early`: the operation's record when it is known before it runs (its input, as for
+    /// a remote wait's outcome): the writer may journal and flush it while `f` runs. Then
+    /// `f`'s own record, if any, must be that one, and replaying it where `f` changed
+    /// nothing must change nothing either.
+    pub fn exec_logged_then<R, F, C>(&self, early: Option<&Logged>, f: F, then: C)
     where
         R: Send + 'static,
         F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Option<Logged>), StoreError> + Send + 'static,
         C: FnOnce(Result<R, Arc<StoreError>>) + Send + 'static,
     {
-        let job = job(logged_job(f), then);
+        let early = match early.map(Logged::encode).transpose() {
+            Ok(e) => e,
+            Err(e) => return then(Err(Arc::new(e))),
+        };
+        let job = job(early, logged_job(f), then);
         match self.jobs.try_send(job) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(job)) => {
@@ -341,7 +362,7 @@ impl Store {
         F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Kind), StoreError> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel::<Result<R, Arc<StoreError>>>();
-        let job = job(f, move |out| {
+        let job = job(None, f, move |out| {
             let _ = tx.send(out);
         });
         self.jobs
@@ -384,6 +405,12 @@ impl Store {
         f(&r)
     }
 
+    /// Test only: the next `n` flushes of the journal fail (as a failing disk would).
+    #[cfg(test)]
+    pub(crate) fn fail_next_journal_syncs(&self, n: u32) {
+        self.journal_fail.store(n, Ordering::Release);
+    }
+
     /// Test only: the writer stops at once, as if the process died: nothing after its last
     /// commit is in redb, only in the journal.
     #[cfg(test)]
@@ -413,13 +440,13 @@ where
 
 /// The writer's job for `f`, whose answer goes to `then` once the batch is durable (or
 /// failed). A failing `f` poisons the transaction: the batch is rolled back.
-fn job<R, F, C>(f: F, then: C) -> Job
+fn job<R, F, C>(early: Option<Vec<u8>>, f: F, then: C) -> Job
 where
     R: Send + 'static,
     F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Kind), StoreError> + Send + 'static,
     C: FnOnce(Result<R, Arc<StoreError>>) + Send + 'static,
 {
-    Job::Run(Box::new(move |t: Option<&mut Tx<'_>>| {
+    let f: writer::RunFn = Box::new(move |t: Option<&mut Tx<'_>>| {
         let (r, kind) = match t {
             None => (Err(StoreError::Closed), Kind::Unchanged),
             Some(t) => match f(t) {
@@ -438,13 +465,14 @@ where
             });
         });
         (done, kind)
-    }))
+    });
+    Job::Run(writer::RunJob { early, f })
 }
 
 /// Answers a job the writer will never see (it has stopped).
 fn refuse(job: Job) {
-    if let Job::Run(f) = job {
-        let (done, _) = f(None);
+    if let Job::Run(j) = job {
+        let (done, _) = (j.f)(None);
         done(Err(Arc::new(StoreError::Closed)));
     }
 }

@@ -843,6 +843,7 @@ async fn a_callback_job_is_answered_on_the_writer_even_when_the_queue_is_full() 
     // The writer is held up, and more than its queue holds (16 Ki jobs) is sent without
     // waiting: the ones that find it full wait for room on a task of their own.
     store.exec_logged_then(
+        None,
         |_| {
             std::thread::sleep(std::time::Duration::from_millis(300));
             Ok(((), None))
@@ -858,6 +859,7 @@ async fn a_callback_job_is_answered_on_the_writer_even_when_the_queue_is_full() 
         };
         let tx = tx.clone();
         store.exec_logged_then(
+            None,
             move |t| t.signal_logged(&s, T0 + 1),
             move |r| {
                 let _ = tx.send(r.map(|o| matches!(o, SignalOutcome::Accepted { .. })));
@@ -885,6 +887,7 @@ async fn a_callback_job_after_the_writer_stopped_gets_an_error() {
     guard.join();
     let (tx, rx) = std::sync::mpsc::channel();
     store.exec_logged_then(
+        None,
         |t| t.signal_logged(&sig("wp_unknown", "x", None), T0),
         move |r| {
             let _ = tx.send(r.is_err());
@@ -895,4 +898,37 @@ async fn a_callback_job_after_the_writer_stopped_gets_an_error() {
         Ok(true),
         "the callback runs at once with the store's error"
     );
+}
+
+#[tokio::test]
+async fn a_failed_journal_flush_counts_nothing_and_the_store_goes_on() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, guard) = open(dir.path());
+    let sid = session(&store).await;
+    let p = CreateParams {
+        max_signals: Some(100),
+        ..params()
+    };
+    let (id, secret) = waitpoint(&store, &sid, p).await;
+    send(&store, progress(&id, &secret, "before"), T0 + 1).await;
+    // The disk fails the flush: the caller gets an error, and nothing of it counts, now
+    // or after a restart; what was acknowledged before stays.
+    store.fail_next_journal_syncs(1);
+    let s = progress(&id, &secret, "k");
+    let failed = store
+        .exec_logged(move |t| t.signal_logged(&s, T0 + 2))
+        .await;
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(signal_count(&store, &id).await, 1);
+    // Sent again (same key): counted once.
+    assert!(matches!(
+        send(&store, progress(&id, &secret, "k"), T0 + 3).await,
+        SignalOutcome::Accepted { .. }
+    ));
+    assert_eq!(signal_count(&store, &id).await, 2);
+    store.crash().await;
+    drop(store);
+    guard.join();
+    let (store, _guard) = open(dir.path());
+    assert_eq!(signal_count(&store, &id).await, 2);
 }

@@ -11,10 +11,18 @@
 //!   once [`COMMIT_BYTES`] of records wait, when a reader needs it, or at once when the
 //!   batch added events someone may be waiting for (a wake, a hub event, a device's waits).
 //!
-//! A failed job, commit or journal write aborts the transaction; the journal's records
+//! A job may carry its journal record before it runs ([`RunJob::early`]: a remote wait's
+//! outcome, whose record is its input). When a batch starts with such jobs, their records
+//! are written first and flushed by the [`Flusher`] thread *while* their operations run,
+//! so the operation's cost hides behind the flush; the batch is answered once both are
+//! done. A record whose operation then changes nothing replays as nothing. Only a prefix
+//! of the batch goes early, so the journal's order is still the order operations ran in.
+//!
+//! A failed job, commit or journal write aborts the transaction; the batch's own records
+//! are erased from the journal (none of them was acknowledged), and the journal's records
 //! since the last commit (all of them acknowledged) are replayed into a new one, exactly
-//! as after a crash. If even that fails, the writer answers every later job with an error
-//! until the hub restarts.
+//! as after a crash. If erasing or replaying fails, the writer answers every later job
+//! with an error until the hub restarts.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -25,7 +33,7 @@ use std::time::{Duration, Instant};
 use redb::{Database, ReadableDatabase};
 use tokio::sync::{mpsc, watch};
 
-use super::journal::{Journal, Record};
+use super::journal::{Journal, JournalError, Mark, Record, Syncer};
 use super::{Logged, Notifier, StoreError, Tx};
 use crate::engine::Settings;
 
@@ -44,7 +52,8 @@ const COMMIT_BYTES: u64 = 1 << 20;
 pub(super) type Completion = Box<dyn FnOnce(Result<(), Arc<StoreError>>) + Send>;
 /// A job: run on the writer's transaction, or, given `None`, not run at all (the writer
 /// is broken) and only its answer taken.
-type RunFn = Box<dyn for<'a, 'b> FnOnce(Option<&'b mut Tx<'a>>) -> (Completion, Kind) + Send>;
+pub(super) type RunFn =
+    Box<dyn for<'a, 'b> FnOnce(Option<&'b mut Tx<'a>>) -> (Completion, Kind) + Send>;
 
 /// What a job needs before its caller may be answered.
 pub(super) enum Kind {
@@ -59,8 +68,15 @@ pub(super) enum Kind {
     Barrier,
 }
 
+/// A job to run on the writer's transaction.
+pub(super) struct RunJob {
+    /// Its journal record, known before it runs (see the module docs).
+    pub(super) early: Option<Vec<u8>>,
+    pub(super) f: RunFn,
+}
+
 pub(super) enum Job {
-    Run(RunFn),
+    Run(RunJob),
     /// From the [`Ticker`]: a commit may be due.
     Tick,
     /// Test only: end the thread at once, committing nothing.
@@ -100,6 +116,51 @@ pub(super) struct Writer {
     pub(super) committed: watch::Sender<u64>,
     pub(super) broken: Option<String>,
     pub(super) ticker: Ticker,
+    pub(super) flusher: Flusher,
+}
+
+/// Flushes the journal on its own thread, so a batch's operations run while its early
+/// records reach the disk. Parked while there is nothing to flush.
+pub(super) struct Flusher {
+    tx: std::sync::mpsc::Sender<std::sync::mpsc::Sender<std::io::Result<()>>>,
+}
+
+/// A flush in flight.
+struct Flushing {
+    /// Where the journal stood before the records being flushed.
+    mark: Mark,
+    done: std::sync::mpsc::Receiver<std::io::Result<()>>,
+}
+
+impl Flushing {
+    fn wait(self) -> std::io::Result<()> {
+        self.done
+            .recv()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the journal's flusher stopped")))
+    }
+}
+
+impl Flusher {
+    /// Starts the thread; it ends when the writer drops its end.
+    pub(super) fn start(syncer: Syncer) -> std::io::Result<Flusher> {
+        let (tx, rx) = std::sync::mpsc::channel::<std::sync::mpsc::Sender<std::io::Result<()>>>();
+        std::thread::Builder::new()
+            .name("store-flusher".into())
+            .spawn(move || {
+                while let Ok(reply) = rx.recv() {
+                    let _ = reply.send(syncer.sync());
+                }
+            })?;
+        Ok(Flusher { tx })
+    }
+
+    fn start_flush(&self, mark: Mark) -> Flushing {
+        let (reply, done) = std::sync::mpsc::channel();
+        if let Err(std::sync::mpsc::SendError(reply)) = self.tx.send(reply) {
+            let _ = reply.send(Err(std::io::Error::other("the journal's flusher stopped")));
+        }
+        Flushing { mark, done }
+    }
 }
 
 /// Nudges the writer [`COMMIT_AFTER`] after it is armed, so journaled changes reach redb
@@ -186,8 +247,8 @@ impl Writer {
     fn refuse_all(mut self) {
         let why = self.broken.clone().unwrap_or_default();
         while let Some(job) = self.rx.blocking_recv() {
-            if let Job::Run(f) = job {
-                let (done, _) = f(None);
+            if let Job::Run(j) = job {
+                let (done, _) = (j.f)(None);
                 done(Err(Arc::new(StoreError::Broken(why.clone()))));
             }
         }
@@ -205,7 +266,7 @@ impl Writer {
             let Some(first) = first else {
                 let published = take_published(&mut tx)?;
                 drop(tx);
-                self.commit(wtx, Vec::new(), published)?;
+                self.commit(wtx, Vec::new(), published, None)?;
                 return Ok(End::Closed);
             };
             batch.push(first);
@@ -216,16 +277,49 @@ impl Writer {
                 }
             }
 
+            // The batch's leading jobs whose records are known: written now, flushed
+            // while they run.
+            let early_n = batch
+                .iter()
+                .take_while(|j| matches!(j, Job::Run(RunJob { early: Some(_), .. })))
+                .count();
+            let mut flushing = None;
+            if early_n > 0 {
+                let early: Vec<&[u8]> = batch[..early_n]
+                    .iter()
+                    .filter_map(|j| match j {
+                        Job::Run(RunJob { early: Some(r), .. }) => Some(r.as_slice()),
+                        _ => None,
+                    })
+                    .collect();
+                let bytes = early.iter().map(|r| r.len()).sum();
+                if self.journal.fits(bytes, early.len()) {
+                    let mark = self.journal.mark();
+                    match self.journal.write(early) {
+                        Ok(_) => flushing = Some(self.flusher.start_flush(mark)),
+                        Err(e) => {
+                            let completions = refuse_batch(&mut batch);
+                            drop(tx);
+                            self.journal_failed(wtx, completions, e, None)?;
+                            return Ok(End::Next);
+                        }
+                    }
+                }
+            }
+            let early_written = if flushing.is_some() { early_n } else { 0 };
+
             let mut completions: Vec<Completion> = Vec::with_capacity(batch.len());
             let mut records: Vec<Vec<u8>> = Vec::new();
             let mut must_commit = false;
-            for job in batch.drain(..) {
+            for (i, job) in batch.drain(..).enumerate() {
                 match job {
-                    Job::Run(f) => {
-                        let (done, kind) = f(Some(&mut tx));
+                    Job::Run(j) => {
+                        let (done, kind) = (j.f)(Some(&mut tx));
                         completions.push(done);
                         match kind {
                             Kind::Durable => must_commit = true,
+                            // Written before it ran.
+                            Kind::Journal(_) if i < early_written => {}
                             Kind::Journal(r) => records.push(r),
                             Kind::Unchanged => {}
                             Kind::Barrier => must_commit |= dirty_since.is_some(),
@@ -242,14 +336,27 @@ impl Writer {
                     #[cfg(test)]
                     Job::Crash => {
                         drop(completions);
+                        if let Some(f) = flushing {
+                            let _ = f.wait();
+                        }
                         return Ok(End::Crashed);
                     }
                 }
             }
 
+            // The early records' flush: whatever comes next (a commit, more records, the
+            // answers) comes after it.
+            let early_mark = flushing.as_ref().map(|f| f.mark);
+            if let Some(f) = flushing
+                && let Err(source) = f.wait()
+            {
+                drop(tx);
+                self.journal_failed(wtx, completions, JournalError::Io(source), early_mark)?;
+                return Ok(End::Next);
+            }
             if let Some(e) = tx.poisoned.take() {
                 drop(tx);
-                self.abandon(wtx, completions, StoreError::Decode(e))?;
+                self.abandon(wtx, completions, StoreError::Decode(e), early_mark)?;
                 return Ok(End::Next);
             }
             let published = take_published(&mut tx)?;
@@ -259,30 +366,27 @@ impl Writer {
             }
             if must_commit {
                 drop(tx);
-                self.commit(wtx, completions, published)?;
+                self.commit(wtx, completions, published, early_mark)?;
                 return Ok(End::Next);
             }
+            let mut journaled = early_written > 0;
             if !records.is_empty() {
                 match self.journal.append(records.iter().map(Vec::as_slice)) {
-                    Ok(seq) => {
-                        self.acked.store(seq, Ordering::Release);
-                        if dirty_since.is_none() {
-                            dirty_since = Some(Instant::now());
-                            self.ticker.arm();
-                        }
-                    }
-                    Err(source) => {
+                    Ok(_) => journaled = true,
+                    Err(e) => {
                         // Nothing of this batch is acknowledged, and the transaction holds
                         // it: start over from the last commit and the journal.
-                        tracing::error!(error = %source, "cannot write the store's journal; this batch's callers get an error");
                         drop(tx);
-                        let e = StoreError::Journal {
-                            path: self.jpath.display().to_string(),
-                            source,
-                        };
-                        self.abandon(wtx, completions, e)?;
+                        self.journal_failed(wtx, completions, e, early_mark)?;
                         return Ok(End::Next);
                     }
+                }
+            }
+            if journaled {
+                self.acked.store(self.journal.last_seq(), Ordering::Release);
+                if dirty_since.is_none() {
+                    dirty_since = Some(Instant::now());
+                    self.ticker.arm();
                 }
             }
             // Timers are read through the writer's own transaction: announce them before
@@ -294,7 +398,7 @@ impl Writer {
                 || self.journal.used() >= COMMIT_BYTES;
             if published.wants_readers() || due {
                 drop(tx);
-                self.commit(wtx, Vec::new(), published)?;
+                self.commit(wtx, Vec::new(), published, None)?;
                 return Ok(End::Next);
             }
             self.publish(published);
@@ -302,12 +406,14 @@ impl Writer {
     }
 
     /// Commits `wtx` (storing the journal's newest number), then publishes and answers.
-    /// A failed commit loses nothing acknowledged: the journal is replayed.
+    /// A failed commit loses nothing acknowledged: the journal is replayed, without the
+    /// records written since `unacked` (this batch's, which its callers are told failed).
     fn commit(
         &mut self,
         wtx: redb::WriteTransaction,
         completions: Vec<Completion>,
         published: Published,
+        unacked: Option<Mark>,
     ) -> Result<(), StoreError> {
         let seq = self.journal.last_seq();
         match commit_at(wtx, seq) {
@@ -320,6 +426,11 @@ impl Writer {
             }
             Err(e) => {
                 tracing::error!(error = %e, "a store commit failed; its callers get an error, and the journal is replayed");
+                if let Some(m) = unacked
+                    && let Err(erase) = self.journal.erase(m)
+                {
+                    return self.unerased(completions, e, &erase);
+                }
                 answer(completions, Err(Arc::new(e)));
                 self.recover_tail();
             }
@@ -327,17 +438,64 @@ impl Writer {
         Ok(())
     }
 
-    /// Aborts the transaction (everything since the last commit), answers `completions`
-    /// with `e`, and replays the journal's acknowledged records into a new one.
+    /// Aborts the transaction (everything since the last commit), erases the batch's
+    /// records written since `mark` (none acknowledged), answers `completions` with `e`,
+    /// and replays the journal's acknowledged records into a new transaction.
     fn abandon(
         &mut self,
         wtx: redb::WriteTransaction,
         completions: Vec<Completion>,
         e: StoreError,
+        mark: Option<Mark>,
     ) -> Result<(), StoreError> {
         wtx.abort()?;
+        if let Some(m) = mark
+            && let Err(erase) = self.journal.erase(m)
+        {
+            return self.unerased(completions, e, &erase);
+        }
         answer(completions, Err(Arc::new(e)));
         self.recover_tail();
+        Ok(())
+    }
+
+    /// The journal could not take the batch: its callers get an error (see
+    /// [`Writer::abandon`]).
+    fn journal_failed(
+        &mut self,
+        wtx: redb::WriteTransaction,
+        completions: Vec<Completion>,
+        e: JournalError,
+        mark: Option<Mark>,
+    ) -> Result<(), StoreError> {
+        let path = self.jpath.display().to_string();
+        match e {
+            JournalError::Io(source) => {
+                tracing::error!(error = %source, "cannot write the store's journal; this batch's callers get an error");
+                self.abandon(wtx, completions, StoreError::Journal { path, source }, mark)
+            }
+            JournalError::Unerased { source, erase } => {
+                wtx.abort()?;
+                self.unerased(completions, StoreError::Journal { path, source }, &erase)
+            }
+        }
+    }
+
+    /// Records nobody was told about are in the journal and cannot be erased: a replay
+    /// would count them. Refuse everything until the hub restarts (and say what a restart
+    /// may replay).
+    fn unerased(
+        &mut self,
+        completions: Vec<Completion>,
+        e: StoreError,
+        erase: &std::io::Error,
+    ) -> Result<(), StoreError> {
+        tracing::error!(error = %e, erase_error = %erase, journal = %self.jpath.display(), "the store's journal holds records of a failed batch that cannot be erased; the store takes no more writes until the hub restarts, and a restart may count that batch although its callers got an error");
+        answer(completions, Err(Arc::new(e)));
+        self.broken = Some(format!(
+            "the journal {} could not be written or repaired: {erase}",
+            self.jpath.display()
+        ));
         Ok(())
     }
 
@@ -393,6 +551,17 @@ impl Writer {
             self.dw_tx.send_replace(t);
         }
     }
+}
+
+/// Runs nothing of `batch` and takes its answers (for a batch refused before it ran).
+fn refuse_batch(batch: &mut Vec<Job>) -> Vec<Completion> {
+    batch
+        .drain(..)
+        .filter_map(|j| match j {
+            Job::Run(j) => Some((j.f)(None).0),
+            _ => None,
+        })
+        .collect()
 }
 
 fn answer(completions: Vec<Completion>, r: Result<(), Arc<StoreError>>) {

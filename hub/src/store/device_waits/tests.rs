@@ -11,7 +11,7 @@ use cortex_protocol::mesh::{WaitEnd, WaitSpec};
 use super::*;
 use crate::engine::Settings;
 use crate::store::ops::CancelOutcome;
-use crate::store::{Store, WriterGuard};
+use crate::store::{Logged, Store, StoreError, WriterGuard};
 
 const T0: u64 = 1_796_000_000_000;
 
@@ -408,4 +408,126 @@ fn an_outcome_too_big_for_data_leaves_its_payload_out() {
     );
     assert_eq!(s.req.status, Some(cortex_protocol::SignalStatus::Ok));
     assert!(s.req.check_caps().is_ok());
+}
+
+/// A remote wait's outcome as the mesh link sends it: its record written (and flushed)
+/// before the operation runs. The callback's answer comes back on `rx`.
+fn done_early(
+    store: &Store,
+    device: &str,
+    id: &str,
+    now: u64,
+) -> std::sync::mpsc::Receiver<Result<DoneOutcome, String>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let record = Logged::DeviceWaitDone {
+        device: device.into(),
+        id: id.into(),
+        end: WaitEnd::Fired,
+        payload: "{}".into(),
+        message: "exited".into(),
+        now,
+    };
+    let (d, i) = (device.to_string(), id.to_string());
+    store.exec_logged_then(
+        Some(&record),
+        move |t| t.device_wait_done_logged(&d, &i, WaitEnd::Fired, "{}", "exited", now),
+        move |r| {
+            let _ = tx.send(r.map_err(|e| e.to_string()));
+        },
+    );
+    rx
+}
+
+fn answer(
+    rx: &std::sync::mpsc::Receiver<Result<DoneOutcome, String>>,
+) -> Result<DoneOutcome, String> {
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("answered within 10 s")
+}
+
+async fn signals_of(store: &Store, wp: &str) -> usize {
+    let id = wp.to_string();
+    store
+        .read(move |r| r.waitpoint(&id, T0, &Settings::default()))
+        .await
+        .expect("read")
+        .expect("wp")
+        .signals
+        .len()
+}
+
+#[tokio::test]
+async fn an_outcome_journaled_before_it_runs_counts_once_across_a_crash() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, guard) = open(dir.path());
+    add_device(&store, "gpu1").await;
+    let (wp, _) = created(&store, new_wait("gpu1", 42, 60_000, None), T0).await;
+    let out = answer(&done_early(&store, "gpu1", &wp.id, T0 + 5));
+    assert!(matches!(out, Ok(DoneOutcome::Recorded(_))), "{out:?}");
+    // Reported again before any commit: nothing more (the record replays as nothing).
+    let again = answer(&done_early(&store, "gpu1", &wp.id, T0 + 6));
+    assert_eq!(again, Ok(DoneOutcome::NotActive));
+    store.crash().await;
+    drop(store);
+    guard.join();
+    let (store, _guard) = open(dir.path());
+    assert_eq!(signals_of(&store, &wp.id).await, 1);
+    assert!(
+        store
+            .read(|r| r.device_waits("gpu1"))
+            .await
+            .expect("read")
+            .is_empty()
+    );
+    let wakes = events(&store, &wp.session)
+        .await
+        .into_iter()
+        .filter(|e| matches!(e.body, EventBody::Wake { .. }))
+        .count();
+    assert_eq!(wakes, 1);
+}
+
+#[tokio::test]
+async fn an_outcome_whose_flush_or_batch_fails_is_not_recorded() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, guard) = open(dir.path());
+    add_device(&store, "gpu1").await;
+    let (wp, _) = created(&store, new_wait("gpu1", 42, 60_000, None), T0).await;
+    // The flush of its early record fails.
+    store.fail_next_journal_syncs(1);
+    assert!(answer(&done_early(&store, "gpu1", &wp.id, T0 + 5)).is_err());
+    // In the same batch as a job that fails: the whole batch is refused, and its early
+    // record erased. The writer is held up so that both are taken in one batch.
+    let (hold, held) = std::sync::mpsc::channel::<()>();
+    store.exec_logged_then(
+        None,
+        move |_| {
+            let _ = held.recv_timeout(std::time::Duration::from_secs(5));
+            Ok(((), None))
+        },
+        |_| {},
+    );
+    let rx = done_early(&store, "gpu1", &wp.id, T0 + 6);
+    let s2 = store.clone();
+    let failing = tokio::spawn(async move {
+        s2.exec(|t| {
+            t.create_session(Some("doomed".into()), T0 + 6)?;
+            Err::<(), _>(StoreError::Decode("boom".into()))
+        })
+        .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let _ = hold.send(());
+    assert!(answer(&rx).is_err());
+    assert!(failing.await.expect("task").is_err());
+    assert_eq!(signals_of(&store, &wp.id).await, 0);
+    store.crash().await;
+    drop(store);
+    guard.join();
+    // Nothing of either came back with a restart, and the wait is still there to report.
+    let (store, _guard) = open(dir.path());
+    assert_eq!(signals_of(&store, &wp.id).await, 0);
+    let out = answer(&done_early(&store, "gpu1", &wp.id, T0 + 7));
+    assert!(matches!(out, Ok(DoneOutcome::Recorded(_))), "{out:?}");
+    assert_eq!(signals_of(&store, &wp.id).await, 1);
 }
