@@ -258,6 +258,7 @@ impl LinkWaits {
         // Its record is its input: journaled and flushed while the store applies it (the
         // operation's own record is the same one).
         let now = now_ms();
+        let record_device = device.clone();
         let record = Logged::DeviceWaitDone {
             device: device.clone(),
             id: id.clone(),
@@ -266,11 +267,9 @@ impl LinkWaits {
             message: message.clone(),
             now,
         };
-        let (d, i) = (device.clone(), id.clone());
-        state.store.exec_logged_then(
-            Some(&record),
-            move |t| t.device_wait_done_logged(&d, &i, end, &payload, &message, now),
-            move |r| {
+        let then = {
+            let id = id.clone();
+            move |r: Result<DoneOutcome, _>| {
                 let w = match r {
                     Ok(DoneOutcome::Recorded(o)) => {
                         // The bench times "exit to the hub's record" to this line.
@@ -284,7 +283,13 @@ impl LinkWaits {
                     }
                 };
                 let _ = tx.send(w);
-            },
+            }
+        };
+        let (d, i) = (record_device, id.clone());
+        state.store.exec_logged_then(
+            Some(&record),
+            move |t| t.device_wait_done_logged(&d, &i, end, &payload, &message, now),
+            then,
         );
         Ok(())
     }
