@@ -40,6 +40,15 @@ fn params() -> CreateParams {
     }
 }
 
+/// A monitor taking up to `max` signals: its id and secret.
+async fn monitor(store: &Store, sid: &str, max: u32) -> (String, String) {
+    let p = CreateParams {
+        max_signals: Some(max),
+        ..params()
+    };
+    waitpoint(store, sid, p).await
+}
+
 fn sig(id: &str, secret: &str, key: Option<&str>) -> SignalIn {
     SignalIn {
         req: SignalRequest {
@@ -640,7 +649,7 @@ fn progress(id: &str, secret: &str, key: &str) -> SignalIn {
     s
 }
 
-async fn signal_count(store: &Store, id: &str) -> usize {
+pub(super) async fn signal_count(store: &Store, id: &str) -> usize {
     let id = id.to_string();
     store
         .read(move |r| r.waitpoint(&id, T0, &Settings::default()))
@@ -663,11 +672,7 @@ async fn a_read_after_an_ack_sees_it() {
     let dir = tempfile::tempdir().expect("tmp");
     let (store, _guard) = open(dir.path());
     let sid = session(&store).await;
-    let p = CreateParams {
-        max_signals: Some(100),
-        ..params()
-    };
-    let (id, secret) = waitpoint(&store, &sid, p).await;
+    let (id, secret) = monitor(&store, &sid, 100).await;
     for i in 0..3 {
         let key = format!("k{i}");
         assert!(matches!(
@@ -770,11 +775,7 @@ async fn a_failed_job_rolls_back_only_itself() {
     let dir = tempfile::tempdir().expect("tmp");
     let (store, _guard) = open(dir.path());
     let sid = session(&store).await;
-    let p = CreateParams {
-        max_signals: Some(100),
-        ..params()
-    };
-    let (id, secret) = waitpoint(&store, &sid, p).await;
+    let (id, secret) = monitor(&store, &sid, 100).await;
     for k in ["a", "b"] {
         send(&store, progress(&id, &secret, k), T0 + 1).await;
     }
@@ -806,11 +807,7 @@ async fn a_full_journal_step_is_committed_without_a_reader_asking() {
     let dir = tempfile::tempdir().expect("tmp");
     let (store, _guard) = open(dir.path());
     let sid = session(&store).await;
-    let p = CreateParams {
-        max_signals: Some(1_000),
-        ..params()
-    };
-    let (id, secret) = waitpoint(&store, &sid, p).await;
+    let (id, secret) = monitor(&store, &sid, 1_000).await;
     // 80 signals of 15,000 characters of data: more than the 1 MiB a commit waits for.
     for i in 0..80 {
         let mut s = progress(&id, &secret, &format!("k{i}"));
@@ -834,11 +831,7 @@ async fn a_callback_job_is_answered_on_the_writer_even_when_the_queue_is_full() 
     let dir = tempfile::tempdir().expect("tmp");
     let (store, _guard) = open(dir.path());
     let sid = session(&store).await;
-    let p = CreateParams {
-        max_signals: Some(1_000),
-        ..params()
-    };
-    let (id, secret) = waitpoint(&store, &sid, p).await;
+    let (id, secret) = monitor(&store, &sid, 1_000).await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     // The writer is held up, and more than its queue holds (16 Ki jobs) is sent without
     // waiting: the ones that find it full wait for room on a task of their own.
@@ -905,11 +898,7 @@ async fn a_failed_journal_flush_counts_nothing_and_the_store_goes_on() {
     let dir = tempfile::tempdir().expect("tmp");
     let (store, guard) = open(dir.path());
     let sid = session(&store).await;
-    let p = CreateParams {
-        max_signals: Some(100),
-        ..params()
-    };
-    let (id, secret) = waitpoint(&store, &sid, p).await;
+    let (id, secret) = monitor(&store, &sid, 100).await;
     send(&store, progress(&id, &secret, "before"), T0 + 1).await;
     // The disk fails the flush: the caller gets an error, and nothing of it counts, now
     // or after a restart; what was acknowledged before stays.

@@ -11,6 +11,7 @@ use cortex_protocol::mesh::{WaitEnd, WaitSpec};
 use super::*;
 use crate::engine::Settings;
 use crate::store::ops::CancelOutcome;
+use crate::store::tests::signal_count;
 use crate::store::{Logged, Store, StoreError, WriterGuard};
 
 const T0: u64 = 1_796_000_000_000;
@@ -445,17 +446,6 @@ fn answer(
         .expect("answered within 10 s")
 }
 
-async fn signals_of(store: &Store, wp: &str) -> usize {
-    let id = wp.to_string();
-    store
-        .read(move |r| r.waitpoint(&id, T0, &Settings::default()))
-        .await
-        .expect("read")
-        .expect("wp")
-        .signals
-        .len()
-}
-
 #[tokio::test]
 async fn an_outcome_journaled_before_it_runs_counts_once_across_a_crash() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -471,7 +461,7 @@ async fn an_outcome_journaled_before_it_runs_counts_once_across_a_crash() {
     drop(store);
     guard.join();
     let (store, _guard) = open(dir.path());
-    assert_eq!(signals_of(&store, &wp.id).await, 1);
+    assert_eq!(signal_count(&store, &wp.id).await, 1);
     assert!(
         store
             .read(|r| r.device_waits("gpu1"))
@@ -520,14 +510,14 @@ async fn an_outcome_whose_flush_or_batch_fails_is_not_recorded() {
     let _ = hold.send(());
     assert!(answer(&rx).is_err());
     assert!(failing.await.expect("task").is_err());
-    assert_eq!(signals_of(&store, &wp.id).await, 0);
+    assert_eq!(signal_count(&store, &wp.id).await, 0);
     store.crash().await;
     drop(store);
     guard.join();
     // Nothing of either came back with a restart, and the wait is still there to report.
     let (store, _guard) = open(dir.path());
-    assert_eq!(signals_of(&store, &wp.id).await, 0);
+    assert_eq!(signal_count(&store, &wp.id).await, 0);
     let out = answer(&done_early(&store, "gpu1", &wp.id, T0 + 7));
     assert!(matches!(out, Ok(DoneOutcome::Recorded(_))), "{out:?}");
-    assert_eq!(signals_of(&store, &wp.id).await, 1);
+    assert_eq!(signal_count(&store, &wp.id).await, 1);
 }
