@@ -3,7 +3,8 @@
 //! `device-wait`); `cortex wait pid --device` exits 0 on the exit, 1 on its timeout, 2 when
 //! the device stays offline past the bound; the agent SIGKILLed mid-wait re-arms and
 //! fires once (also when the pid exits while it is down); a wait asked of an offline
-//! device fires once it connects; `cortex devices` counts the active waits; cancelling the
+//! device fires once it connects; the hub SIGKILLed while outcomes arrive records each
+//! once after it returns; `cortex devices` counts the active waits; cancelling the
 //! waitpoint cancels the agent's wait; refusals say why.
 
 // Fields of JSON the hub just answered with; a panic is the test failing.
@@ -343,6 +344,53 @@ fn the_agent_killed_mid_wait_re_arms_and_the_wait_fires_once() {
     });
     assert_eq!(device_wait_signals(&hub, &b_id).len(), 1, "once");
     assert_eq!(hub.wakes(sid).len(), 1, "one wake");
+    assert_eq!(listed_waits(&hub, "gpu1"), 0);
+}
+
+#[test]
+fn the_hub_killed_while_outcomes_arrive_records_each_once_after_it_returns() {
+    // The hub comes back on the same mesh address, chosen at run time.
+    let mesh = format!("127.0.0.1:{}", cortex_tests::dead_port());
+    let mut hub = Hub::start_with_args(&[], &["--mesh-listen", &mesh]);
+    let token = add_device(&hub, "gpu1");
+    let agent = Agent::start(&hub, "gpu1", &token);
+    wait_online(&hub, "gpu1");
+    let mut sleeps: Vec<Sleep> = (0..40).map(|_| Sleep::start()).collect();
+    let waits: Vec<(String, String)> = sleeps
+        .iter()
+        .map(|s| {
+            let c = remote_pid_wait(&hub, "gpu1", s.pid(), 600.0);
+            let field = |k: &str| c[k].as_str().unwrap().to_string();
+            (field("id"), field("session"))
+        })
+        .collect();
+    for (id, _) in &waits {
+        wait_armed(&hub, "gpu1", id);
+    }
+    // Every process ends, and the hub is SIGKILLed while their outcomes arrive: some
+    // acknowledged from the journal, some written early and not yet answered, some not
+    // yet read. The agent sends again what was not acknowledged.
+    for s in &mut sleeps {
+        s.kill();
+    }
+    std::thread::sleep(Duration::from_millis(2));
+    hub.kill();
+    hub.spawn();
+    wait_online(&hub, "gpu1");
+    for (id, sid) in &waits {
+        let wake = hub.wait_wake(sid, id, 1, T);
+        assert_eq!(wake["reason"], "fired", "{wake}");
+    }
+    wait_until(T, "every outcome acknowledged", || {
+        waits
+            .iter()
+            .all(|(id, _)| agent_forgot(&agent, id))
+            .then_some(())
+    });
+    for (id, sid) in &waits {
+        assert_eq!(device_wait_signals(&hub, id).len(), 1, "once: {id}");
+        assert_eq!(hub.wakes(sid).len(), 1, "one wake: {id}");
+    }
     assert_eq!(listed_waits(&hub, "gpu1"), 0);
 }
 
