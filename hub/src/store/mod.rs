@@ -318,7 +318,8 @@ impl Store {
     /// log line, a channel send). For a caller that has a loop of its own to hear from,
     /// such as a device's link: no task is spawned and woken per operation. Jobs keep
     /// their order while the writer's queue has room; one that finds it full waits on a
-    /// task of its own, so order is not kept among those.
+    /// task of its own (so this is called from within the runtime), and order is not kept
+    /// among those.
     ///
     /// `early`: the operation's record when it is known before it runs (its input, as for
     /// a remote wait's outcome): the writer may journal and flush it while `f` runs. Then
