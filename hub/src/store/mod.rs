@@ -228,10 +228,6 @@ impl Store {
         let (committed_tx, committed) = watch::channel(journal.last_seq());
         #[cfg(test)]
         let journal_fail = journal.fail_handle();
-        let flusher = journal
-            .syncer()
-            .and_then(writer::Flusher::start)
-            .map_err(|e| StoreError::Decode(format!("cannot start the journal's flusher: {e}")))?;
         let w = writer::Writer {
             db: db.clone(),
             rx,
@@ -246,7 +242,6 @@ impl Store {
             broken: None,
             ticker: writer::Ticker::start(jobs.downgrade())
                 .map_err(|e| StoreError::Decode(format!("cannot start the commit ticker: {e}")))?,
-            flusher,
         };
         let thread = std::thread::Builder::new()
             .name("store-writer".into())

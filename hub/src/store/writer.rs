@@ -13,10 +13,11 @@
 //!
 //! A job may carry its journal record before it runs ([`RunJob::early`]: a remote wait's
 //! outcome, whose record is its input). When a batch starts with such jobs, their records
-//! are written first and flushed by the [`Flusher`] thread *while* their operations run,
-//! so the operation's cost hides behind the flush; the batch is answered once both are
-//! done. A record whose operation then changes nothing replays as nothing. Only a prefix
-//! of the batch goes early, so the journal's order is still the order operations ran in.
+//! are written first and their writeback started ([`Journal::start_writeback`]), so the
+//! data travels to the disk *while* their operations run; the `fdatasync` after them then
+//! mostly waits for the disk's flush. A record whose operation then changes nothing
+//! replays as nothing. Only a prefix of the batch goes early, so the journal's order is
+//! still the order operations ran in.
 //!
 //! A failed job, commit or journal write aborts the transaction; the batch's own records
 //! are erased from the journal (none of them was acknowledged), and the journal's records
@@ -33,7 +34,7 @@ use std::time::{Duration, Instant};
 use redb::{Database, ReadableDatabase};
 use tokio::sync::{mpsc, watch};
 
-use super::journal::{Journal, JournalError, Mark, Record, Syncer};
+use super::journal::{Journal, JournalError, Mark, Record};
 use super::{Logged, Notifier, StoreError, Tx};
 use crate::engine::Settings;
 
@@ -116,51 +117,6 @@ pub(super) struct Writer {
     pub(super) committed: watch::Sender<u64>,
     pub(super) broken: Option<String>,
     pub(super) ticker: Ticker,
-    pub(super) flusher: Flusher,
-}
-
-/// Flushes the journal on its own thread, so a batch's operations run while its early
-/// records reach the disk. Parked while there is nothing to flush.
-pub(super) struct Flusher {
-    tx: std::sync::mpsc::Sender<std::sync::mpsc::Sender<std::io::Result<()>>>,
-}
-
-/// A flush in flight.
-struct Flushing {
-    /// Where the journal stood before the records being flushed.
-    mark: Mark,
-    done: std::sync::mpsc::Receiver<std::io::Result<()>>,
-}
-
-impl Flushing {
-    fn wait(self) -> std::io::Result<()> {
-        self.done
-            .recv()
-            .unwrap_or_else(|_| Err(std::io::Error::other("the journal's flusher stopped")))
-    }
-}
-
-impl Flusher {
-    /// Starts the thread; it ends when the writer drops its end.
-    pub(super) fn start(syncer: Syncer) -> std::io::Result<Flusher> {
-        let (tx, rx) = std::sync::mpsc::channel::<std::sync::mpsc::Sender<std::io::Result<()>>>();
-        std::thread::Builder::new()
-            .name("store-flusher".into())
-            .spawn(move || {
-                while let Ok(reply) = rx.recv() {
-                    let _ = reply.send(syncer.sync());
-                }
-            })?;
-        Ok(Flusher { tx })
-    }
-
-    fn start_flush(&self, mark: Mark) -> Flushing {
-        let (reply, done) = std::sync::mpsc::channel();
-        if let Err(std::sync::mpsc::SendError(reply)) = self.tx.send(reply) {
-            let _ = reply.send(Err(std::io::Error::other("the journal's flusher stopped")));
-        }
-        Flushing { mark, done }
-    }
 }
 
 /// Nudges the writer [`COMMIT_AFTER`] after it is armed, so journaled changes reach redb
@@ -277,13 +233,13 @@ impl Writer {
                 }
             }
 
-            // The batch's leading jobs whose records are known: written now, flushed
-            // while they run.
+            // The batch's leading jobs whose records are known: written now, on their way
+            // to the disk while they run.
             let early_n = batch
                 .iter()
                 .take_while(|j| matches!(j, Job::Run(RunJob { early: Some(_), .. })))
                 .count();
-            let mut flushing = None;
+            let mut early_mark: Option<Mark> = None;
             if early_n > 0 {
                 let early: Vec<&[u8]> = batch[..early_n]
                     .iter()
@@ -296,7 +252,10 @@ impl Writer {
                 if self.journal.fits(bytes, early.len()) {
                     let mark = self.journal.mark();
                     match self.journal.write(early) {
-                        Ok(_) => flushing = Some(self.flusher.start_flush(mark)),
+                        Ok(_) => {
+                            self.journal.start_writeback(mark);
+                            early_mark = Some(mark);
+                        }
                         Err(e) => {
                             let completions = refuse_batch(&mut batch);
                             drop(tx);
@@ -306,7 +265,7 @@ impl Writer {
                     }
                 }
             }
-            let early_written = if flushing.is_some() { early_n } else { 0 };
+            let early_written = if early_mark.is_some() { early_n } else { 0 };
 
             let mut completions: Vec<Completion> = Vec::with_capacity(batch.len());
             let mut records: Vec<Vec<u8>> = Vec::new();
@@ -336,9 +295,6 @@ impl Writer {
                     #[cfg(test)]
                     Job::Crash => {
                         drop(completions);
-                        if let Some(f) = flushing {
-                            let _ = f.wait();
-                        }
                         return Ok(End::Crashed);
                     }
                 }
@@ -346,9 +302,8 @@ impl Writer {
 
             // The early records' flush: whatever comes next (a commit, more records, the
             // answers) comes after it.
-            let early_mark = flushing.as_ref().map(|f| f.mark);
-            if let Some(f) = flushing
-                && let Err(source) = f.wait()
+            if early_mark.is_some()
+                && let Err(source) = self.journal.sync()
             {
                 drop(tx);
                 self.journal_failed(wtx, completions, JournalError::Io(source), early_mark)?;
