@@ -45,8 +45,9 @@ pub fn run(
     run_with(hub, wp, timeout, true, out, err)
 }
 
-/// [`run`]; `announce: false` leaves out the "waiting for" line, for a caller that has
-/// printed its own armed line.
+/// [`run`]; `announce: false` is for a caller that has just armed the waitpoint and
+/// printed its own armed line: it leaves out the "waiting for" line, and the "already
+/// resolved" one when the wake came before the first look (the outcome, however fast).
 pub fn run_with(
     hub: &Hub,
     wp: &str,
@@ -109,9 +110,13 @@ impl Waiter<'_> {
             "armed" => {}
             "cancelled" => return Err(cancelled(wp, None)),
             state => {
-                // Resolved or expired: its wake is in the log, or still on its way.
+                // Resolved or expired: its wake is in the log, or still on its way. Said
+                // only to someone who named an existing waitpoint: for a caller that just
+                // armed it (and said so), this wake is simply the outcome, however fast.
                 if let Some(wake) = self.last_wake(&sid)? {
-                    let _ = writeln!(err, "cortex: {wp} is {state}; its last wake:");
+                    if self.announce {
+                        let _ = writeln!(err, "cortex: {wp} is {state}; its last wake:");
+                    }
                     return Ok(fire(&wake, out, err));
                 }
                 if !view.wakes.is_empty() && view.wakes.iter().all(|w| w.delivered) {

@@ -224,11 +224,37 @@ fn already_resolved_prints_its_last_wake_without_polling() {
     let server = fake.serve();
     let (code, out, err) = wait(&server, None);
     assert_eq!(code, FIRED, "{err}");
+    assert!(err.contains("wp_1 is resolved; its last wake"), "{err}");
     assert_eq!(
         serde_json::from_str::<Value>(out.trim()).expect("json"),
         wake(4, "wp_1", "fired")
     );
     assert!(!paths(&server).iter().any(|p| p.contains("wait=")));
+}
+
+#[test]
+fn a_caller_that_just_armed_it_gets_its_wake_without_the_already_line() {
+    // `cortex wait pid --device` arms the waitpoint, says so, and then waits: a process
+    // that ended before the first look is simply the outcome, not news from the past.
+    let mut fake = Fake::armed(vec![]);
+    fake.states = vec!["resolved"];
+    fake.wakes = vec![WakeView {
+        reason: WakeReason::Fired,
+        at: 3,
+        delivered: true,
+    }];
+    fake.log = vec![wake(4, "wp_1", "fired")];
+    let server = fake.serve();
+    let hub = Hub::new(&server.url(""), "tok").expect("hub");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run_with(&hub, "wp_1", None, false, &mut out, &mut err);
+    assert_eq!(code, FIRED);
+    assert_eq!(String::from_utf8(err).expect("utf8"), "");
+    let out = String::from_utf8(out).expect("utf8");
+    assert_eq!(
+        serde_json::from_str::<Value>(out.trim()).expect("json"),
+        wake(4, "wp_1", "fired")
+    );
 }
 
 #[test]
