@@ -209,9 +209,13 @@ impl Journal {
             self.len = target;
         }
         if let Err(source) = self.file.write_all_at(&self.buf, self.end) {
-            // Part of it may be there.
+            // Part of it may be there, and may even reach the disk on its own.
             let zeros = vec![0u8; self.buf.len()];
-            return Err(match self.file.write_all_at(&zeros, self.end) {
+            let erased = self
+                .file
+                .write_all_at(&zeros, self.end)
+                .and_then(|()| self.sync());
+            return Err(match erased {
                 Ok(()) => JournalError::Io(source),
                 Err(erase) => JournalError::Unerased { source, erase },
             });
