@@ -253,7 +253,14 @@ impl Daemon {
             if self.handle(ev) == Flow::Stop {
                 break;
             }
+            if self.remote.has_unlogged() {
+                // The link's writer runs first and sends the outcomes' frames; then the
+                // log lines, off the path of the hub's record.
+                tokio::task::yield_now().await;
+                self.remote.log_ended();
+            }
         }
+        self.remote.log_ended();
         self.remote.persist();
         self.stop().await;
     }

@@ -223,6 +223,8 @@ pub struct RemoteWaits {
     dirty: bool,
     /// The last save failed (logged once per streak).
     save_failing: bool,
+    /// Ended waits not yet logged: (id, outcome, message).
+    ended_unlogged: Vec<(String, &'static str, String)>,
 }
 
 impl std::fmt::Debug for RemoteWaits {
@@ -253,6 +255,7 @@ impl RemoteWaits {
             finished,
             dirty: false,
             save_failing: false,
+            ended_unlogged: Vec::new(),
         }
     }
 
@@ -400,8 +403,24 @@ impl RemoteWaits {
         };
         let h = &live.held;
         let (end, payload, message) = describe(h, f.outcome);
-        tracing::info!(wait = %f.id, outcome = end.as_str(), message = %message, "remote wait ended");
+        // Logged once the frame is on its way (see `log_ended`).
+        self.ended_unlogged
+            .push((f.id.clone(), end.as_str(), message.clone()));
         self.end(f.id, end, payload, message);
+    }
+
+    /// Whether outcomes wait to be logged.
+    pub fn has_unlogged(&self) -> bool {
+        !self.ended_unlogged.is_empty()
+    }
+
+    /// Logs the outcomes ended since the last call. The loop calls it after letting the
+    /// link's writer send their frames: a log line costs tens of microseconds, which the
+    /// hub would otherwise wait for.
+    pub fn log_ended(&mut self) {
+        for (id, end, message) in self.ended_unlogged.drain(..) {
+            tracing::info!(wait = %id, outcome = end, message = %message, "remote wait ended");
+        }
     }
 
     fn end(&mut self, id: String, outcome: WaitEnd, payload: Value, message: String) {
