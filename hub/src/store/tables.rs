@@ -51,6 +51,17 @@ pub(crate) const DEVICE_WAIT_DUE: TableDefinition<(u64, &str), &str> =
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// The key in [`META`] of the newest journal record that redb holds.
 pub(crate) const JOURNAL_SEQ: &str = "journal_seq";
+/// The keys in [`META`] of the settings the running hub applies, stored at each start: the
+/// journal's records newer than the last commit were applied with them, so a replay after
+/// a crash uses them, not the settings of the hub that restarts.
+const SETTING_KEYS: [&str; 6] = [
+    "settings.default_ttl_ms",
+    "settings.max_ttl_ms",
+    "settings.max_wakes_per_hour",
+    "settings.wake_window_ms",
+    "settings.barrier_delay_ms",
+    "settings.retention_ms",
+];
 
 /// A stored session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -163,6 +174,42 @@ impl<'a> Tx<'a> {
     /// The newest journal record this transaction's state holds.
     pub(crate) fn journal_seq(&self) -> Result<u64, StoreError> {
         Ok(self.meta.get(JOURNAL_SEQ)?.map_or(0, |v| v.value()))
+    }
+
+    /// The settings the hub that wrote the journal applied (see [`SETTING_KEYS`]); `None`
+    /// for a store from before they were kept.
+    pub(crate) fn stored_settings(&self) -> Result<Option<Settings>, StoreError> {
+        let mut v = [0u64; SETTING_KEYS.len()];
+        for (slot, key) in v.iter_mut().zip(SETTING_KEYS) {
+            match self.meta.get(key)? {
+                Some(x) => *slot = x.value(),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(Settings {
+            default_ttl_ms: v[0],
+            max_ttl_ms: v[1],
+            max_wakes_per_hour: u32::try_from(v[2]).unwrap_or(u32::MAX),
+            wake_window_ms: v[3],
+            barrier_delay_ms: v[4],
+            retention_ms: v[5],
+        }))
+    }
+
+    /// Keeps `s` as the settings the journal's next records are applied with.
+    pub(crate) fn store_settings(&mut self, s: &Settings) -> Result<(), StoreError> {
+        let v = [
+            s.default_ttl_ms,
+            s.max_ttl_ms,
+            u64::from(s.max_wakes_per_hour),
+            s.wake_window_ms,
+            s.barrier_delay_ms,
+            s.retention_ms,
+        ];
+        for (key, x) in SETTING_KEYS.into_iter().zip(v) {
+            self.meta.insert(key, x)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn first_timer(&self) -> Result<Option<u64>, StoreError> {

@@ -921,3 +921,30 @@ async fn a_failed_journal_flush_counts_nothing_and_the_store_goes_on() {
     let (store, _guard) = open(dir.path());
     assert_eq!(signal_count(&store, &id).await, 2);
 }
+
+#[tokio::test]
+async fn a_replay_decides_wakes_with_the_settings_the_journal_was_written_under() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let capped = Settings {
+        max_wakes_per_hour: 1,
+        ..Settings::default()
+    };
+    let (store, guard) = Store::open(&dir.path().join("hub.redb"), capped).expect("open");
+    let sid = session(&store).await;
+    let (id, secret) = monitor(&store, &sid, 10).await;
+    // One wake an hour: the first signal wakes, the second is held back.
+    for k in ["a", "b"] {
+        assert!(matches!(
+            send(&store, sig(&id, &secret, Some(k)), T0 + 1).await,
+            SignalOutcome::Accepted { .. }
+        ));
+    }
+    store.crash().await;
+    drop(store);
+    guard.join();
+    // Restarted with the default cap (12): the replay still holds the second wake back,
+    // as the hub that acknowledged it had decided.
+    let (store, _guard) = open(dir.path());
+    assert_eq!(signal_count(&store, &id).await, 2);
+    assert_eq!(wakes(&store, &sid).await.len(), 1);
+}

@@ -566,6 +566,15 @@ pub(super) fn recover(
     let wtx = db.begin_write()?;
     let (applied, last) = {
         let mut tx = Tx::open(&wtx, settings.clone())?;
+        // The records were applied with the settings of the hub that wrote them.
+        if let Some(then) = tx.stored_settings()?
+            && then != **settings
+        {
+            tracing::info!(
+                "replaying the journal with the settings it was written under; the new ones apply from now on"
+            );
+            tx.settings = Arc::new(then);
+        }
         let mark = tx.journal_seq()?;
         let mut last = mark;
         let mut applied = 0;
@@ -592,6 +601,8 @@ pub(super) fn recover(
         if let Some(e) = tx.poisoned.take() {
             return Err(StoreError::Decode(e));
         }
+        // What the journal's next records will be applied with.
+        tx.store_settings(settings)?;
         (applied, last)
     };
     commit_at(wtx, last)?;
