@@ -255,8 +255,8 @@ impl LinkWaits {
         self.held.remove(&id);
         self.count_in_flight()?;
         let (device, tx) = (self.device.clone(), self.written_tx.clone());
-        // Its record is its input: journaled and flushed while the store applies it (the
-        // operation's own record is the same one).
+        // Its record is its input: written to the journal, and on its way to the disk,
+        // while the store applies it (the operation's own record is the same one).
         let now = now_ms();
         let record_device = device.clone();
         let record = Logged::DeviceWaitDone {
