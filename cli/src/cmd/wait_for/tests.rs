@@ -206,8 +206,8 @@ fn cancelled_while_waiting_breaks() {
     assert!(err.contains("wp_1 was cancelled by operator"), "{err}");
 }
 
-#[test]
-fn already_resolved_prints_its_last_wake_without_polling() {
+/// A hub whose waitpoint is already resolved, its fired wake delivered into `log`.
+fn resolved(log: Vec<Value>) -> Fake {
     let mut fake = Fake::armed(vec![]);
     fake.states = vec!["resolved"];
     fake.wakes = vec![WakeView {
@@ -215,12 +215,18 @@ fn already_resolved_prints_its_last_wake_without_polling() {
         at: 3,
         delivered: true,
     }];
-    fake.log = vec![
+    fake.log = log;
+    fake
+}
+
+#[test]
+fn already_resolved_prints_its_last_wake_without_polling() {
+    let fake = resolved(vec![
         wake(2, "wp_1", "report"),
         json!({"seq": 3, "ts": 1, "kind": "message", "text": "x", "when": "now"}),
         wake(4, "wp_1", "fired"),
         wake(5, "wp_9", "fired"),
-    ];
+    ]);
     let server = fake.serve();
     let (code, out, err) = wait(&server, None);
     assert_eq!(code, FIRED, "{err}");
@@ -236,15 +242,7 @@ fn already_resolved_prints_its_last_wake_without_polling() {
 fn a_caller_that_just_armed_it_gets_its_wake_without_the_already_line() {
     // `cortex wait pid --device` arms the waitpoint, says so, and then waits: a process
     // that ended before the first look is simply the outcome, not news from the past.
-    let mut fake = Fake::armed(vec![]);
-    fake.states = vec!["resolved"];
-    fake.wakes = vec![WakeView {
-        reason: WakeReason::Fired,
-        at: 3,
-        delivered: true,
-    }];
-    fake.log = vec![wake(4, "wp_1", "fired")];
-    let server = fake.serve();
+    let server = resolved(vec![wake(4, "wp_1", "fired")]).serve();
     let hub = Hub::new(&server.url(""), "tok").expect("hub");
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let code = run_with(&hub, "wp_1", None, false, &mut out, &mut err);
