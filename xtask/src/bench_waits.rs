@@ -325,7 +325,7 @@ impl Report {
         ));
         for (what, d) in [
             ("floor: a pidfd in the bench turns readable", self.floor),
-            ("the agent has the outcome (pidfd woke)", self.agent),
+            ("the agent logged the outcome (frame sent)", self.agent),
             ("the hub has the agent's frame", self.received),
             ("the hub's record is durable (signal + wake)", self.record),
             ("a client's long poll has the wake", self.seen),
