@@ -24,8 +24,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::registry::End;
 use crate::server::AppState;
-use crate::store::Logged;
-use crate::store::device_waits::{DeviceWaitRecord, DoneOutcome, Phase};
+use crate::store::device_waits::{DeviceWaitDone, DeviceWaitRecord, DoneOutcome, Phase};
 use crate::time::now_ms;
 
 /// What one reconciliation decided.
@@ -239,9 +238,10 @@ impl LinkWaits {
     }
 
     /// The agent's `WaitDone`: the agent no longer holds it armed, whatever the store says.
-    /// The outcome goes straight to the store's writer; its answer comes back to the
-    /// link's loop from the writer thread, the moment the record is durable (no task per
-    /// outcome, no wake-up of one before the record is announced).
+    /// The outcome goes straight to the store's writer, which may journal it before it
+    /// runs; its answer comes back to the link's loop from the writer thread, the moment
+    /// the record is durable (no task per outcome, no wake-up of one before the record
+    /// is announced).
     pub fn done(
         &mut self,
         state: &AppState,
@@ -255,42 +255,29 @@ impl LinkWaits {
         self.held.remove(&id);
         self.count_in_flight()?;
         let (device, tx) = (self.device.clone(), self.written_tx.clone());
-        // Its record is its input: written to the journal, and on its way to the disk,
-        // while the store applies it (the operation's own record is the same one).
-        let now = now_ms();
-        let record_device = device.clone();
-        let record = Logged::DeviceWaitDone {
+        let done = DeviceWaitDone {
             device: device.clone(),
             id: id.clone(),
             end,
-            payload: payload.clone(),
-            message: message.clone(),
-            now,
+            payload,
+            message,
+            now: now_ms(),
         };
-        let then = {
-            let id = id.clone();
-            move |r: Result<DoneOutcome, _>| {
-                let w = match r {
-                    Ok(DoneOutcome::Recorded(o)) => {
-                        // The bench times "exit to the hub's record" to this line.
-                        tracing::info!(device, wait = %id, outcome = end.as_str(), result = ?o, "remote wait ended");
-                        Written::Done { id }
-                    }
-                    Ok(DoneOutcome::NotActive) => Written::Done { id },
-                    Err(e) => {
-                        tracing::error!(device, error = %e, "cannot record a remote wait's outcome; the link ends so the agent sends it again");
-                        Written::Failed
-                    }
-                };
-                let _ = tx.send(w);
-            }
-        };
-        let (d, i) = (record_device, id.clone());
-        state.store.exec_logged_then(
-            Some(&record),
-            move |t| t.device_wait_done_logged(&d, &i, end, &payload, &message, now),
-            then,
-        );
+        state.store.device_wait_done_then(done, move |r| {
+            let w = match r {
+                Ok(DoneOutcome::Recorded(o)) => {
+                    // The bench times "exit to the hub's record" to this line.
+                    tracing::info!(device, wait = %id, outcome = end.as_str(), result = ?o, "remote wait ended");
+                    Written::Done { id }
+                }
+                Ok(DoneOutcome::NotActive) => Written::Done { id },
+                Err(e) => {
+                    tracing::error!(device, error = %e, "cannot record a remote wait's outcome; the link ends so the agent sends it again");
+                    Written::Failed
+                }
+            };
+            let _ = tx.send(w);
+        });
         Ok(())
     }
 

@@ -140,6 +140,19 @@ pub enum CreateDeviceWaitOutcome {
     Invalid(crate::engine::CreateError),
 }
 
+/// A remote wait's outcome as its agent reported it, with the hub's time of receipt: the
+/// input of [`Tx::device_wait_done`], and as such its journal record
+/// ([`super::Logged::DeviceWaitDone`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceWaitDone {
+    pub device: String,
+    pub id: String,
+    pub end: WaitEnd,
+    pub payload: String,
+    pub message: String,
+    pub now: u64,
+}
+
 /// What recording an outcome did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DoneOutcome {
@@ -332,19 +345,11 @@ impl Tx<'_> {
 
     /// A device wait's outcome, from its agent: recorded once, as a signal under
     /// `device-wait:{id}`, and the wait ends.
-    pub fn device_wait_done(
-        &mut self,
-        device: &str,
-        id: &str,
-        end: WaitEnd,
-        payload: &str,
-        message: &str,
-        now: u64,
-    ) -> Result<DoneOutcome, StoreError> {
-        let Some(rec) = self.get_device_wait(device, id)? else {
+    pub fn device_wait_done(&mut self, d: &DeviceWaitDone) -> Result<DoneOutcome, StoreError> {
+        let Some(rec) = self.get_device_wait(&d.device, &d.id)? else {
             return Ok(DoneOutcome::NotActive);
         };
-        self.end_device_wait(&rec, end, payload, message, now)
+        self.end_device_wait(&rec, d.end, &d.payload, &d.message, d.now)
             .map(DoneOutcome::Recorded)
     }
 

@@ -6,11 +6,10 @@
 //! is logged and never written; its replay takes the trusted path.
 
 use cortex_protocol::SignalRequest;
-use cortex_protocol::mesh::WaitEnd;
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use super::device_waits::DoneOutcome;
+use super::device_waits::DeviceWaitDone;
 use super::ops::{SignalIn, SignalOutcome};
 use super::tables::{Tx, decode, encode};
 
@@ -24,15 +23,9 @@ pub enum Logged {
         dedupe: Option<String>,
         now: u64,
     },
-    /// A remote wait's outcome from the link of its device.
-    DeviceWaitDone {
-        device: String,
-        id: String,
-        end: WaitEnd,
-        payload: String,
-        message: String,
-        now: u64,
-    },
+    /// A remote wait's outcome from the link of its device: its input is its record, so
+    /// it may be journaled before it runs (the store's early records).
+    DeviceWaitDone(DeviceWaitDone),
 }
 
 impl Logged {
@@ -60,16 +53,7 @@ impl Logged {
                 };
                 t.signal_trusted(&s, *now).map(drop)
             }
-            Logged::DeviceWaitDone {
-                device,
-                id,
-                end,
-                payload,
-                message,
-                now,
-            } => t
-                .device_wait_done(device, id, *end, payload, message, *now)
-                .map(drop),
+            Logged::DeviceWaitDone(d) => t.device_wait_done(d).map(drop),
         }
     }
 }
@@ -97,26 +81,31 @@ impl Tx<'_> {
         });
         Ok((outcome, logged))
     }
+}
 
-    /// [`Tx::device_wait_done`], with the record to journal when it changed anything.
-    pub fn device_wait_done_logged(
-        &mut self,
-        device: &str,
-        id: &str,
-        end: WaitEnd,
-        payload: &str,
-        message: &str,
-        now: u64,
-    ) -> Result<(DoneOutcome, Option<Logged>), StoreError> {
-        let outcome = self.device_wait_done(device, id, end, payload, message, now)?;
-        let logged = matches!(outcome, DoneOutcome::Recorded(_)).then(|| Logged::DeviceWaitDone {
-            device: device.to_string(),
-            id: id.to_string(),
-            end,
-            payload: payload.to_string(),
-            message: message.to_string(),
-            now,
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cortex_protocol::mesh::WaitEnd;
+
+    #[test]
+    fn a_remote_wait_record_is_read_as_before() {
+        // Written by the hub before `DeviceWaitDone` became a struct of its own (a record
+        // in a journal left by a crash is replayed by the next version).
+        let hex = "81ae44657669636557616974446f6e6586a6646576696365a467707531a26964a477705f31a3656e64a56669726564a77061796c6f6164a27b7da76d657373616765a16da36e6f7707";
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+            .collect();
+        let want = Logged::DeviceWaitDone(DeviceWaitDone {
+            device: "gpu1".into(),
+            id: "wp_1".into(),
+            end: WaitEnd::Fired,
+            payload: "{}".into(),
+            message: "m".into(),
+            now: 7,
         });
-        Ok((outcome, logged))
+        assert_eq!(Logged::decode(&bytes).expect("decode"), want);
+        assert_eq!(want.encode().expect("encode"), bytes);
     }
 }

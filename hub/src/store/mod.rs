@@ -22,6 +22,7 @@ pub mod ops;
 pub mod tables;
 mod writer;
 
+pub use device_waits::{DeviceWaitDone, DoneOutcome};
 pub use logged::Logged;
 pub use ops::{SignalIn, SignalOutcome};
 pub use tables::Tx;
@@ -308,29 +309,51 @@ impl Store {
         self.submit(logged_job(f)).await
     }
 
-    /// [`Store::exec_logged`] without a task waiting for it: `then` runs on the writer
-    /// thread with the answer, the moment the change is durable (so it must be quick: a
-    /// log line, a channel send). For a caller that has a loop of its own to hear from,
-    /// such as a device's link: no task is spawned and woken per operation. Jobs keep
-    /// their order while the writer's queue has room; one that finds it full waits on a
-    /// task of its own (so this is called from within the runtime), and order is not kept
-    /// among those.
+    /// A remote wait's outcome, journaled, without a task waiting for it: `then` runs on
+    /// the writer thread with the answer, the moment the change is durable (so it must be
+    /// quick: a log line, a channel send). For a device's link, which has a loop of its
+    /// own to hear from: no task is spawned and woken per outcome. Jobs keep their order
+    /// while the writer's queue has room; one that finds it full waits on a task of its
+    /// own (so this is called from within the runtime), and order is not kept among
+    /// those.
     ///
-    /// `early`: the operation's record when it is known before it runs (its input, as for
-    /// a remote wait's outcome): the writer may journal and flush it while `f` runs. Then
-    /// `f`'s own record, if any, must be that one, and replaying it where `f` changed
-    /// nothing must change nothing either.
-    pub fn exec_logged_then<R, F, C>(&self, early: Option<&Logged>, f: F, then: C)
+    /// Its input is its journal record, so the writer may journal it before it runs and
+    /// have it on its way to the disk while it does (see `writer.rs`); replayed where the
+    /// wait already ended, it changes nothing.
+    pub fn device_wait_done_then<C>(&self, done: DeviceWaitDone, then: C)
+    where
+        C: FnOnce(Result<DoneOutcome, Arc<StoreError>>) + Send + 'static,
+    {
+        let record = match Logged::DeviceWaitDone(done.clone()).encode() {
+            Ok(r) => r,
+            Err(e) => return then(Err(Arc::new(e))),
+        };
+        let early = record.clone();
+        let f = move |t: &mut Tx<'_>| {
+            let outcome = t.device_wait_done(&done)?;
+            let kind = match outcome {
+                DoneOutcome::Recorded(_) => Kind::Journal(record),
+                DoneOutcome::NotActive => Kind::Unchanged,
+            };
+            Ok((outcome, kind))
+        };
+        self.send_now(job(Some(early), f, then));
+    }
+
+    /// Test only: any journaled operation the way [`Store::device_wait_done_then`] sends
+    /// one, without an early record.
+    #[cfg(test)]
+    pub(crate) fn exec_logged_then<R, F, C>(&self, f: F, then: C)
     where
         R: Send + 'static,
         F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Option<Logged>), StoreError> + Send + 'static,
         C: FnOnce(Result<R, Arc<StoreError>>) + Send + 'static,
     {
-        let early = match early.map(Logged::encode).transpose() {
-            Ok(e) => e,
-            Err(e) => return then(Err(Arc::new(e))),
-        };
-        let job = job(early, logged_job(f), then);
+        self.send_now(job(None, logged_job(f), then));
+    }
+
+    /// Queues `job` without waiting (see [`Store::device_wait_done_then`]).
+    fn send_now(&self, job: Job) {
         match self.jobs.try_send(job) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(job)) => {

@@ -836,7 +836,6 @@ async fn a_callback_job_is_answered_on_the_writer_even_when_the_queue_is_full() 
     // The writer is held up, and more than its queue holds (16 Ki jobs) is sent without
     // waiting: the ones that find it full wait for room on a task of their own.
     store.exec_logged_then(
-        None,
         |_| {
             std::thread::sleep(std::time::Duration::from_millis(300));
             Ok(((), None))
@@ -852,7 +851,6 @@ async fn a_callback_job_is_answered_on_the_writer_even_when_the_queue_is_full() 
         };
         let tx = tx.clone();
         store.exec_logged_then(
-            None,
             move |t| t.signal_logged(&s, T0 + 1),
             move |r| {
                 let _ = tx.send(r.map(|o| matches!(o, SignalOutcome::Accepted { .. })));
@@ -880,7 +878,6 @@ async fn a_callback_job_after_the_writer_stopped_gets_an_error() {
     guard.join();
     let (tx, rx) = std::sync::mpsc::channel();
     store.exec_logged_then(
-        None,
         |t| t.signal_logged(&sig("wp_unknown", "x", None), T0),
         move |r| {
             let _ = tx.send(r.is_err());

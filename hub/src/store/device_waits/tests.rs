@@ -12,7 +12,7 @@ use super::*;
 use crate::engine::Settings;
 use crate::store::ops::CancelOutcome;
 use crate::store::tests::signal_count;
-use crate::store::{Logged, Store, StoreError, WriterGuard};
+use crate::store::{Store, StoreError, WriterGuard};
 
 const T0: u64 = 1_796_000_000_000;
 
@@ -211,28 +211,25 @@ async fn an_outcome_is_recorded_once_as_a_device_wait_signal() {
         "later arms send the pinned spec"
     );
     // Another device cannot report this one.
-    let i = id.clone();
+    let other = fired("gpu2", &id, "{}", "x", T0 + 2);
     assert_eq!(
         store
-            .exec(move |t| t.device_wait_done("gpu2", &i, WaitEnd::Fired, "{}", "x", T0 + 2))
+            .exec(move |t| t.device_wait_done(&other))
             .await
             .expect("done"),
         DoneOutcome::NotActive
     );
     let changed = store.notifier.subscribe_device("gpu1");
     for n in 0..2 {
-        let i = id.clone();
+        let done = fired(
+            "gpu1",
+            &id,
+            r#"{"pid":42,"exited":true}"#,
+            "pid 42 (sleep) exited",
+            T0 + 5,
+        );
         let out = store
-            .exec(move |t| {
-                t.device_wait_done(
-                    "gpu1",
-                    &i,
-                    WaitEnd::Fired,
-                    r#"{"pid":42,"exited":true}"#,
-                    "pid 42 (sleep) exited",
-                    T0 + 5,
-                )
-            })
+            .exec(move |t| t.device_wait_done(&done))
             .await
             .expect("done");
         if n == 0 {
@@ -411,8 +408,20 @@ fn an_outcome_too_big_for_data_leaves_its_payload_out() {
     assert!(s.req.check_caps().is_ok());
 }
 
-/// A remote wait's outcome as the mesh link sends it: its record written (and flushed)
-/// before the operation runs. The callback's answer comes back on `rx`.
+/// `device` reporting that wait `id` fired, `message` saying how.
+fn fired(device: &str, id: &str, payload: &str, message: &str, now: u64) -> DeviceWaitDone {
+    DeviceWaitDone {
+        device: device.into(),
+        id: id.into(),
+        end: WaitEnd::Fired,
+        payload: payload.into(),
+        message: message.into(),
+        now,
+    }
+}
+
+/// A remote wait's outcome as the mesh link sends it: its record written (and on its way
+/// to the disk) before the operation runs. The callback's answer comes back on `rx`.
 fn done_early(
     store: &Store,
     device: &str,
@@ -420,22 +429,9 @@ fn done_early(
     now: u64,
 ) -> std::sync::mpsc::Receiver<Result<DoneOutcome, String>> {
     let (tx, rx) = std::sync::mpsc::channel();
-    let record = Logged::DeviceWaitDone {
-        device: device.into(),
-        id: id.into(),
-        end: WaitEnd::Fired,
-        payload: "{}".into(),
-        message: "exited".into(),
-        now,
-    };
-    let (d, i) = (device.to_string(), id.to_string());
-    store.exec_logged_then(
-        Some(&record),
-        move |t| t.device_wait_done_logged(&d, &i, WaitEnd::Fired, "{}", "exited", now),
-        move |r| {
-            let _ = tx.send(r.map_err(|e| e.to_string()));
-        },
-    );
+    store.device_wait_done_then(fired(device, id, "{}", "exited", now), move |r| {
+        let _ = tx.send(r.map_err(|e| e.to_string()));
+    });
     rx
 }
 
@@ -490,7 +486,6 @@ async fn an_outcome_whose_flush_or_batch_fails_is_not_recorded() {
     // record erased. The writer is held up so that both are taken in one batch.
     let (hold, held) = std::sync::mpsc::channel::<()>();
     store.exec_logged_then(
-        None,
         move |_| {
             let _ = held.recv_timeout(std::time::Duration::from_secs(5));
             Ok(((), None))
