@@ -381,21 +381,14 @@ impl Writer {
             }
             Err(e) => {
                 tracing::error!(error = %e, "a store commit failed; its callers get an error, and the journal is replayed");
-                if let Some(m) = unacked
-                    && let Err(erase) = self.journal.erase(m)
-                {
-                    return self.unerased(completions, e, &erase);
-                }
-                answer(completions, Err(Arc::new(e)));
-                self.recover_tail();
+                self.fail_batch(completions, e, unacked);
             }
         }
         Ok(())
     }
 
-    /// Aborts the transaction (everything since the last commit), erases the batch's
-    /// records written since `mark` (none acknowledged), answers `completions` with `e`,
-    /// and replays the journal's acknowledged records into a new transaction.
+    /// Aborts the transaction (everything since the last commit), then fails the batch
+    /// ([`Writer::fail_batch`]).
     fn abandon(
         &mut self,
         wtx: redb::WriteTransaction,
@@ -404,6 +397,14 @@ impl Writer {
         mark: Option<Mark>,
     ) -> Result<(), StoreError> {
         wtx.abort()?;
+        self.fail_batch(completions, e, mark);
+        Ok(())
+    }
+
+    /// After the batch's transaction is gone: erases its records written since `mark`
+    /// (none acknowledged), answers `completions` with `e`, and replays the journal's
+    /// acknowledged records into a new transaction.
+    fn fail_batch(&mut self, completions: Vec<Completion>, e: StoreError, mark: Option<Mark>) {
         if let Some(m) = mark
             && let Err(erase) = self.journal.erase(m)
         {
@@ -411,7 +412,6 @@ impl Writer {
         }
         answer(completions, Err(Arc::new(e)));
         self.recover_tail();
-        Ok(())
     }
 
     /// The journal could not take the batch: its callers get an error (see
@@ -431,7 +431,8 @@ impl Writer {
             }
             JournalError::Unerased { source, erase } => {
                 wtx.abort()?;
-                self.unerased(completions, StoreError::Journal { path, source }, &erase)
+                self.unerased(completions, StoreError::Journal { path, source }, &erase);
+                Ok(())
             }
         }
     }
@@ -439,19 +440,13 @@ impl Writer {
     /// Records nobody was told about are in the journal and cannot be erased: a replay
     /// would count them. Refuse everything until the hub restarts (and say what a restart
     /// may replay).
-    fn unerased(
-        &mut self,
-        completions: Vec<Completion>,
-        e: StoreError,
-        erase: &std::io::Error,
-    ) -> Result<(), StoreError> {
+    fn unerased(&mut self, completions: Vec<Completion>, e: StoreError, erase: &std::io::Error) {
         tracing::error!(error = %e, erase_error = %erase, journal = %self.jpath.display(), "the store's journal holds records of a failed batch that cannot be erased; the store takes no more writes until the hub restarts, and a restart may count that batch although its callers got an error");
         answer(completions, Err(Arc::new(e)));
         self.broken = Some(format!(
             "the journal {} could not be written or repaired: {erase}",
             self.jpath.display()
         ));
-        Ok(())
     }
 
     /// After an abort: replays the journal's records since the last commit.
