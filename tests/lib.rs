@@ -372,3 +372,21 @@ pub fn dead_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
 }
+
+/// Waits (up to `limit`) until `bad/` holds `n` parked files, each with its `.reason`
+/// beside it (`park` moves the file first and writes the reason after).
+pub fn wait_parked(bad: &std::path::Path, n: usize, limit: Duration) {
+    wait_until(
+        limit,
+        &format!("{n} parked files with their reasons"),
+        || {
+            let names: Vec<String> = std::fs::read_dir(bad)
+                .ok()?
+                .flatten()
+                .map(|f| f.file_name().to_string_lossy().into_owned())
+                .collect();
+            let reasons = names.iter().filter(|n| n.ends_with(".reason")).count();
+            (names.len() - reasons == n && reasons == n).then_some(())
+        },
+    );
+}

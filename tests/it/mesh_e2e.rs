@@ -330,15 +330,7 @@ fn bad_files_on_a_device_are_parked_with_reasons_and_links_are_never_followed() 
         eprintln!("not root: the foreign-owner case is left to the spool's unit tests");
     }
     let bad = spool.join("bad");
-    wait_until(T, "every bad entry parked with its reason", || {
-        let names: Vec<String> = std::fs::read_dir(&bad)
-            .ok()?
-            .flatten()
-            .map(|f| f.file_name().to_string_lossy().into_owned())
-            .collect();
-        let reasons = names.iter().filter(|n| n.ends_with(".reason")).count();
-        (names.len() - reasons == expected && reasons == expected).then_some(())
-    });
+    cortex_tests::wait_parked(&bad, expected, T);
     let reason = |n: &str| {
         std::fs::read_to_string(bad.join(format!("{n}.json.reason")))
             .expect("reason")

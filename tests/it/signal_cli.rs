@@ -181,20 +181,7 @@ fn bad_spool_files_are_parked_with_a_reason() {
         std::fs::rename(&tmp, hub.spool().join(name)).expect("rename");
     }
     let bad = hub.spool().join("bad");
-    // `park` moves the file first and writes its reason beside it after: wait for both.
-    wait_until(
-        Duration::from_secs(20),
-        "five parked files with their reasons",
-        || {
-            let names: Vec<String> = std::fs::read_dir(&bad)
-                .ok()?
-                .flatten()
-                .map(|f| f.file_name().to_string_lossy().into_owned())
-                .collect();
-            let reasons = names.iter().filter(|n| n.ends_with(".reason")).count();
-            (names.len() - reasons == 5 && reasons == 5).then_some(())
-        },
-    );
+    cortex_tests::wait_parked(&bad, 5, Duration::from_secs(20));
     let reason =
         |n: &str| std::fs::read_to_string(bad.join(format!("{n}.reason"))).expect("reason");
     assert!(reason("1-malformed.json").contains("not a signal"));
