@@ -40,6 +40,14 @@ fn params() -> CreateParams {
     }
 }
 
+/// The writer stops as if the process died (nothing after its last commit is in redb),
+/// and every handle is gone: the store at its path can be opened again.
+pub(super) async fn crash(store: Store, guard: WriterGuard) {
+    store.crash().await;
+    drop(store);
+    guard.join();
+}
+
 /// A monitor taking up to `max` signals: its id and secret.
 async fn monitor(store: &Store, sid: &str, max: u32) -> (String, String) {
     let p = CreateParams {
@@ -725,9 +733,7 @@ async fn journaled_signals_survive_a_crash_once_each() {
         send(&store, a, T0 + 3).await,
         SignalOutcome::Accepted { .. }
     ));
-    store.crash().await;
-    drop(store);
-    guard.join();
+    crash(store, guard).await;
     assert_eq!(
         journal_seq(dir.path()),
         committed,
@@ -912,9 +918,7 @@ async fn a_failed_journal_flush_counts_nothing_and_the_store_goes_on() {
         SignalOutcome::Accepted { .. }
     ));
     assert_eq!(signal_count(&store, &id).await, 2);
-    store.crash().await;
-    drop(store);
-    guard.join();
+    crash(store, guard).await;
     let (store, _guard) = open(dir.path());
     assert_eq!(signal_count(&store, &id).await, 2);
 }
@@ -936,9 +940,7 @@ async fn a_replay_decides_wakes_with_the_settings_the_journal_was_written_under(
             SignalOutcome::Accepted { .. }
         ));
     }
-    store.crash().await;
-    drop(store);
-    guard.join();
+    crash(store, guard).await;
     // Restarted with the default cap (12): the replay still holds the second wake back,
     // as the hub that acknowledged it had decided.
     let (store, _guard) = open(dir.path());

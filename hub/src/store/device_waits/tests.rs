@@ -11,7 +11,7 @@ use cortex_protocol::mesh::{WaitEnd, WaitSpec};
 use super::*;
 use crate::engine::Settings;
 use crate::store::ops::CancelOutcome;
-use crate::store::tests::signal_count;
+use crate::store::tests::{crash, signal_count};
 use crate::store::{Store, StoreError, WriterGuard};
 
 const T0: u64 = 1_796_000_000_000;
@@ -453,9 +453,7 @@ async fn an_outcome_journaled_before_it_runs_counts_once_across_a_crash() {
     // Reported again before any commit: nothing more (the record replays as nothing).
     let again = answer(&done_early(&store, "gpu1", &wp.id, T0 + 6));
     assert_eq!(again, Ok(DoneOutcome::NotActive));
-    store.crash().await;
-    drop(store);
-    guard.join();
+    crash(store, guard).await;
     let (store, _guard) = open(dir.path());
     assert_eq!(signal_count(&store, &wp.id).await, 1);
     assert!(
@@ -506,9 +504,7 @@ async fn an_outcome_whose_flush_or_batch_fails_is_not_recorded() {
     assert!(answer(&rx).is_err());
     assert!(failing.await.expect("task").is_err());
     assert_eq!(signal_count(&store, &wp.id).await, 0);
-    store.crash().await;
-    drop(store);
-    guard.join();
+    crash(store, guard).await;
     // Nothing of either came back with a restart, and the wait is still there to report.
     let (store, _guard) = open(dir.path());
     assert_eq!(signal_count(&store, &wp.id).await, 0);
