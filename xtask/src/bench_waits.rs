@@ -97,9 +97,6 @@ impl Dist {
 }
 
 pub fn run(args: &[&str]) -> anyhow::Result<()> {
-    if args == ["--exit-child"] {
-        return latency::exit_child();
-    }
     let opts = parse_options(args)?;
     for tool in ["tail", "sh", "sleep"] {
         ensure!(
@@ -123,7 +120,7 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         );
     }
     let scratch = ScratchDir::new("waits")?;
-    latency::prepare(scratch.path())?;
+    let child_linked = latency::prepare(scratch.path())?;
     let mut procs = Procs::default();
     let date = report::utc_now();
 
@@ -263,6 +260,7 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         date,
         machine: report::machine(),
         runs: opts.runs,
+        child_linked,
         floor: floor_d,
         agent: agent_d,
         received: received_d,
@@ -287,6 +285,7 @@ struct Report {
     date: String,
     machine: String,
     runs: usize,
+    child_linked: &'static str,
     floor: Dist,
     agent: Dist,
     received: Dist,
@@ -337,6 +336,12 @@ impl Report {
                 us(d.max)
             ));
         }
+        line(format!(
+            "  (the process: a minimal {} binary, {} ms old; record p50 - floor p50 = {}, cortex's own share)",
+            self.child_linked,
+            latency::CHILD_AGE.as_millis(),
+            us(self.record.p50 - self.floor.p50)
+        ));
         let met = self.record.p50 <= TARGET_P50_US && self.record.p99 <= TARGET_P99_US;
         line(format!(
             "  target exit → hub record: p50 <= {}, p99 <= {}: {}",

@@ -1,11 +1,12 @@
 //! Process exit to "someone knows", for a remote pid wait and for the polling ways people
 //! use today, measured on the same kind of process in the same run.
 //!
-//! The process: this xtask binary started as `bench waits --exit-child`. It blocks on its
-//! stdin; given a byte, it reads the realtime clock, writes that time to its stdout and
-//! exits. So the exit's time is known from inside (the error is the kernel's teardown of
-//! the process after the clock read, tens of microseconds, which every watcher pays alike)
-//! rather than guessed from a `kill` outside.
+//! The process: a minimal program built at the bench's start (see [`EXIT_CHILD_SRC`]). It
+//! blocks on its stdin; given a byte, it reads the realtime clock, writes that time to its
+//! stdout and exits. So the exit's time is known from inside rather than guessed from a
+//! `kill` outside. What follows the clock read is the kernel's teardown of the process,
+//! which every watcher pays alike; the floor row shows it. The bench reads the time only
+//! after the sample, so no bench thread is woken during it.
 //!
 //! - cortex: a remote pid wait armed (and confirmed armed by the agent) on the process;
 //!   then the exit. Three points: the agent's log line when the wait's task reported (the
@@ -18,8 +19,8 @@
 //!   random delay (so the exit falls anywhere in the watcher's period), and the time until
 //!   the watcher exited (reaped by the bench).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
@@ -29,43 +30,85 @@ use super::daemons::{Agent, Hub, now_ns};
 use crate::bench_kit::http;
 use crate::bench_kit::procs::poll_every;
 
-/// The child's side: wait for a byte, then say the time and exit.
-pub fn exit_child() -> anyhow::Result<()> {
+/// The exit child's source: wait for a byte on stdin, read the realtime clock, write it
+/// to stdout, exit. Nothing else, so its exit is as quick as a process's can be: the
+/// kernel's teardown of a process grows with what it mapped and touched (this xtask's own
+/// debug binary took 330-410 us here, a static binary like this one 140-150 us, the same
+/// program in C 138-144 us), and that time passes before any watcher can know.
+const EXIT_CHILD_SRC: &str = r#"
+use std::io::{Read, Write};
+fn main() {
     let mut b = [0u8; 1];
     let _ = std::io::stdin().read(&mut b);
-    let t = now_ns();
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{t}").context("writing the exit time")?;
-    out.flush().context("writing the exit time")?;
+    let _ = writeln!(out, "{t}");
+    let _ = out.flush();
     std::process::exit(0);
 }
+"#;
 
-/// A started exit-child.
+/// A started exit-child, with a thread of the bench blocked in `wait` on it from the
+/// start, as a job's shell waits on the job: it reaps the child the moment it exits, so
+/// watchers that look for the pid (`kill -0`, `tail --pid`) see it gone as they would in
+/// life, and every sample pays for that parent's wake-up alike.
 pub struct ExitChild {
-    child: Child,
     stdin: Option<ChildStdin>,
+    stdout: Option<ChildStdout>,
+    reaper: Option<std::thread::JoinHandle<std::io::Result<std::process::ExitStatus>>>,
     pub pid: u32,
     started: std::time::Instant,
 }
 
 /// How long every exit child lives before it is made to exit, in the cortex runs and the
 /// floor's alike. A process that sat idle exits more slowly than one just started (its
-/// teardown runs cold: 197 us p50 at once, 236 us after 5 ms, 360 us after 50 ms here), so
-/// the floor is only the floor of the cortex runs if their children are as old.
+/// teardown runs cold: 113 us p50 at once, 165 us after 5 ms, 256 us after 30 ms here for
+/// a small dynamic binary), so the floor is only the floor of the cortex runs if their
+/// children are as old.
 pub const CHILD_AGE: Duration = Duration::from_millis(30);
 
-/// Where the exit child's binary is: a copy of this one made at the bench's start, since
-/// a `cargo xtask …` run meanwhile may replace (and so delete) the one running.
+/// The exit child's binary, built by [`prepare`].
 static CHILD_BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 
-/// Copies this binary into `dir` for the exit children.
-pub fn prepare(dir: &std::path::Path) -> anyhow::Result<()> {
-    let exe = std::env::current_exe().context("this binary's path")?;
-    let copy = dir.join("exit-child");
-    std::fs::copy(&exe, &copy)
-        .with_context(|| format!("copying {} to {}", exe.display(), copy.display()))?;
-    let _ = CHILD_BIN.set(copy);
-    Ok(())
+/// Builds the exit child into `dir` with `rustc` (`$RUSTC` if set): static if this
+/// machine has a static libc, else dynamic (slower to exit). Returns how it was linked.
+pub fn prepare(dir: &std::path::Path) -> anyhow::Result<&'static str> {
+    let src = dir.join("exit_child.rs");
+    std::fs::write(&src, EXIT_CHILD_SRC).with_context(|| format!("writing {}", src.display()))?;
+    let bin = dir.join("exit-child");
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let build = |static_crt: bool| -> anyhow::Result<bool> {
+        let mut c = Command::new(&rustc);
+        c.args(["--edition", "2021", "-O", "-C", "panic=abort"]);
+        if static_crt {
+            c.args(["-C", "target-feature=+crt-static"]);
+        }
+        let out = c
+            .arg("-o")
+            .arg(&bin)
+            .arg(&src)
+            .stdin(Stdio::null())
+            .output()
+            .context("running rustc for the exit child")?;
+        if !out.status.success() && !static_crt {
+            bail!(
+                "rustc could not build the exit child: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(out.status.success())
+    };
+    let linked = if build(true)? {
+        "static"
+    } else {
+        build(false)?;
+        "dynamic (no static libc here)"
+    };
+    let _ = CHILD_BIN.set(bin);
+    Ok(linked)
 }
 
 impl ExitChild {
@@ -74,17 +117,20 @@ impl ExitChild {
             .get()
             .context("the exit child's binary was not prepared")?;
         let mut child = Command::new(exe)
-            .args(["bench", "waits", "--exit-child"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .context("starting the exit child")?;
-        let stdin = child.stdin.take();
-        let pid = child.id();
+        let (stdin, stdout, pid) = (child.stdin.take(), child.stdout.take(), child.id());
+        let reaper = std::thread::Builder::new()
+            .name("exit-child-reaper".into())
+            .spawn(move || child.wait())
+            .context("starting the exit child's reaper")?;
         Ok(ExitChild {
-            child,
             stdin,
+            stdout,
+            reaper: Some(reaper),
             pid,
             started: std::time::Instant::now(),
         })
@@ -97,17 +143,28 @@ impl ExitChild {
         }
     }
 
-    /// Makes it exit; returns the time it read just before exiting (ns since the epoch).
-    pub fn exit_now(&mut self) -> anyhow::Result<i128> {
+    /// Makes it exit. Nothing in the bench reads its stdout until [`ExitChild::exit_time`],
+    /// so only the reaper wakes while the exit is measured.
+    pub fn trigger(&mut self) -> anyhow::Result<()> {
         let mut stdin = self.stdin.take().context("the child's stdin")?;
         stdin.write_all(b"x").context("triggering the child")?;
-        drop(stdin);
-        let out = self.child.stdout.take().context("the child's stdout")?;
+        Ok(())
+    }
+
+    /// After [`ExitChild::trigger`]: the time it read just before exiting (ns since the
+    /// epoch), once it was reaped.
+    pub fn exit_time(&mut self) -> anyhow::Result<i128> {
+        let reaper = self.reaper.take().context("the exit child's reaper")?;
+        let status = reaper
+            .join()
+            .map_err(|_| anyhow::anyhow!("the exit child's reaper panicked"))?
+            .context("waiting for the exit child")?;
+        ensure!(status.success(), "the exit child failed: {status}");
+        let out = self.stdout.take().context("the child's stdout")?;
         let mut line = String::new();
         BufReader::new(out)
             .read_line(&mut line)
             .context("reading the exit time")?;
-        let _ = self.child.wait();
         line.trim()
             .parse()
             .with_context(|| format!("the child's exit time {line:?}"))
@@ -115,9 +172,12 @@ impl ExitChild {
 }
 
 impl Drop for ExitChild {
+    /// Not triggered (a sample failed): its stdin closes, so it exits; then it is reaped.
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        drop(self.stdin.take());
+        if let Some(r) = self.reaper.take() {
+            let _ = r.join();
+        }
     }
 }
 
@@ -175,10 +235,11 @@ pub fn cortex_once(hub: &Hub, agent: &Agent, device: &str) -> anyhow::Result<Sam
     // Let the poll reach the hub and park.
     std::thread::sleep(Duration::from_millis(10));
     child.wait_for_age();
-    let t_exit = child.exit_now()?;
+    child.trigger()?;
     let (t_seen, page) = poller
         .join()
         .map_err(|_| anyhow::anyhow!("the long poll's thread panicked"))??;
+    let t_exit = child.exit_time()?;
     let woke = page["events"].as_array().is_some_and(|e| {
         e.iter()
             .any(|e| e["kind"] == "wake" && e["reason"] == "fired")
@@ -215,13 +276,11 @@ pub fn pidfd_once() -> anyhow::Result<f64> {
     let pid = Pid::from_raw(child.pid as i32).context("the child's pid")?;
     let fd = pidfd_open(pid, PidfdFlags::empty()).context("pidfd_open")?;
     child.wait_for_age();
-    let trigger = std::thread::spawn(move || child.exit_now());
+    child.trigger()?;
     let mut fds = [PollFd::new(&fd, PollFlags::IN)];
     poll(&mut fds, None).context("poll on the pidfd")?;
     let t = now_ns();
-    let t_exit = trigger
-        .join()
-        .map_err(|_| anyhow::anyhow!("the trigger thread panicked"))??;
+    let t_exit = child.exit_time()?;
     Ok((t - t_exit) as f64 / 1_000.0)
 }
 
@@ -295,11 +354,12 @@ pub fn poller_once(p: Poller, rng: &mut Rng) -> anyhow::Result<f64> {
     if let Ok(Some(st)) = watcher.try_wait() {
         bail!("{} ended before the exit ({st})", p.label());
     }
-    let t_exit = child.exit_now()?;
+    child.trigger()?;
     let st = watcher
         .wait()
         .with_context(|| format!("waiting for {}", p.label()))?;
     let t_done = now_ns();
+    let t_exit = child.exit_time()?;
     ensure!(
         st.success() || matches!(p, Poller::KillLoop5s | Poller::Poll500ms),
         "{} failed: {st}",
