@@ -10,6 +10,14 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Microseconds since the epoch (for timing lines in the log).
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
 /// `2026-11-30T05:12:03Z` (UTC, seconds precision).
 pub fn rfc3339(ms: u64) -> String {
     let secs = ms / 1000;

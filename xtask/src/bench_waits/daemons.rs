@@ -84,7 +84,7 @@ impl Log {
                 st.start_line = Some(line.to_string());
             }
             if let Some(mark) = MARKS.iter().find(|m| line.contains(*m))
-                && let (Some(ts), Some(wp)) = (line_time(line), field(line, "wait="))
+                && let (Some(ts), Some(wp)) = (mark_time(line), field(line, "wait="))
             {
                 st.ends.insert((mark, wp.to_string()), ts);
             }
@@ -120,6 +120,16 @@ impl Log {
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let at = line.find(key)? + key.len();
     line[at..].split_whitespace().next()
+}
+
+/// When a marked line says its event happened, in ns since the epoch: its `received_us=`
+/// field if it has one (the hub writes its receipt line after handing the outcome on, with
+/// the moment it arrived), else the line's own time.
+fn mark_time(line: &str) -> Option<i128> {
+    match field(line, "received_us=") {
+        Some(us) => us.parse::<i128>().ok().map(|us| us * 1_000),
+        None => line_time(line),
+    }
 }
 
 /// The leading `2026-11-30T06:13:59.123456Z` of a log line, in ns since the epoch.
