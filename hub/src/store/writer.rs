@@ -337,18 +337,28 @@ impl Writer {
                     }
                 }
             }
+            let mut arm = false;
             if journaled {
                 self.acked.store(self.journal.last_seq(), Ordering::Release);
                 if dirty_since.is_none() {
                     dirty_since = Some(Instant::now());
-                    self.ticker.arm();
+                    arm = true;
                 }
             }
+            // The early jobs (remote wait outcomes) are answered first: their callers read
+            // no timers, and announcing timers wakes runtime threads that would run before
+            // the answer on these cores.
+            let rest = completions.split_off(early_written.min(completions.len()));
+            answer(completions, Ok(()));
             // Timers are read through the writer's own transaction: announce them before
             // answering, so a caller sees its own change there; the rest follows a commit.
             let mut published = published;
             self.publish_timers(&mut published);
-            answer(completions, Ok(()));
+            answer(rest, Ok(()));
+            // After the answers, for the same reason: it wakes the ticker's thread.
+            if arm {
+                self.ticker.arm();
+            }
             let due = dirty_since.is_some_and(|t| t.elapsed() >= COMMIT_AFTER)
                 || self.journal.used() >= COMMIT_BYTES;
             if published.wants_readers() || due {
