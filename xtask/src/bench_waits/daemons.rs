@@ -346,4 +346,17 @@ mod tests {
         assert_eq!(field("a wait=wp_1 outcome=x", "wait="), Some("wp_1"));
         assert_eq!(line_time("garbage"), None);
     }
+
+    #[test]
+    fn a_receipt_line_is_timed_by_its_received_field() {
+        let line = "2026-11-30T06:13:59.999999Z DEBUG x: remote wait outcome received device=d wait=wp_1 received_us=1764483239123456";
+        assert_eq!(mark_time(line), Some(1_764_483_239_123_456_000));
+        let plain = "2026-11-30T06:13:59.123456Z  INFO x: remote wait ended wait=wp_1";
+        assert_eq!(mark_time(plain), line_time(plain));
+        assert_eq!(
+            mark_time("2026-11-30T06:13:59.1Z x received_us=soon"),
+            None,
+            "a field that is not a number times nothing"
+        );
+    }
 }
