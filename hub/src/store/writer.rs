@@ -235,19 +235,16 @@ impl Writer {
 
             // The batch's leading jobs whose records are known: written now, on their way
             // to the disk while they run.
-            let early_n = batch
+            let early: Vec<&[u8]> = batch
                 .iter()
-                .take_while(|j| matches!(j, Job::Run(RunJob { early: Some(_), .. })))
-                .count();
+                .map_while(|j| match j {
+                    Job::Run(RunJob { early: Some(r), .. }) => Some(r.as_slice()),
+                    _ => None,
+                })
+                .collect();
+            let early_n = early.len();
             let mut early_mark: Option<Mark> = None;
             if early_n > 0 {
-                let early: Vec<&[u8]> = batch[..early_n]
-                    .iter()
-                    .filter_map(|j| match j {
-                        Job::Run(RunJob { early: Some(r), .. }) => Some(r.as_slice()),
-                        _ => None,
-                    })
-                    .collect();
                 let bytes = early.iter().map(|r| r.len()).sum();
                 if self.journal.fits(bytes, early.len()) {
                     let mark = self.journal.mark();
