@@ -490,8 +490,7 @@ where
 
 /// Answers a job the writer will never see (it has stopped).
 fn refuse(job: Job) {
-    if let Job::Run(j) = job {
-        let (done, _) = (j.f)(None);
+    if let Some(done) = job.unrun() {
         done(Err(Arc::new(StoreError::Closed)));
     }
 }

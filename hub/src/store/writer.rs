@@ -85,6 +85,17 @@ pub(super) enum Job {
     Crash,
 }
 
+impl Job {
+    /// Its answer, without running it (the writer stopped, or its batch was refused);
+    /// `None` for a job nobody waits on.
+    pub(super) fn unrun(self) -> Option<Completion> {
+        match self {
+            Job::Run(j) => Some((j.f)(None).0),
+            _ => None,
+        }
+    }
+}
+
 /// What a batch publishes: sessions whose log grew, the new first timer if it moved, the
 /// newest hub event if one was appended, devices whose remote waits changed, and the new
 /// first device-wait deadline if it moved.
@@ -203,8 +214,7 @@ impl Writer {
     fn refuse_all(mut self) {
         let why = self.broken.clone().unwrap_or_default();
         while let Some(job) = self.rx.blocking_recv() {
-            if let Job::Run(j) = job {
-                let (done, _) = (j.f)(None);
+            if let Some(done) = job.unrun() {
                 done(Err(Arc::new(StoreError::Broken(why.clone()))));
             }
         }
@@ -512,13 +522,7 @@ impl Writer {
 
 /// Runs nothing of `batch` and takes its answers (for a batch refused before it ran).
 fn refuse_batch(batch: &mut Vec<Job>) -> Vec<Completion> {
-    batch
-        .drain(..)
-        .filter_map(|j| match j {
-            Job::Run(j) => Some((j.f)(None).0),
-            _ => None,
-        })
-        .collect()
+    batch.drain(..).filter_map(Job::unrun).collect()
 }
 
 fn answer(completions: Vec<Completion>, r: Result<(), Arc<StoreError>>) {
