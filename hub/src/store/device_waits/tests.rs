@@ -481,15 +481,21 @@ async fn an_outcome_whose_flush_or_batch_fails_is_not_recorded() {
     store.fail_next_journal_syncs(1);
     assert!(answer(&done_early(&store, "gpu1", &wp.id, T0 + 5)).is_err());
     // In the same batch as a job that fails: the whole batch is refused, and its early
-    // record erased. The writer is held up so that both are taken in one batch.
+    // record erased. The writer is held up (in a batch of its own: the outcome is sent
+    // once it is running) so that both are taken in the next batch.
     let (hold, held) = std::sync::mpsc::channel::<()>();
+    let (running_tx, running) = std::sync::mpsc::channel::<()>();
     store.exec_logged_then(
         move |_| {
+            let _ = running_tx.send(());
             let _ = held.recv_timeout(std::time::Duration::from_secs(5));
             Ok(((), None))
         },
         |_| {},
     );
+    running
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the writer runs the holding job");
     let rx = done_early(&store, "gpu1", &wp.id, T0 + 6);
     let s2 = store.clone();
     let failing = tokio::spawn(async move {
