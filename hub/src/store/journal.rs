@@ -72,6 +72,16 @@ pub enum JournalError {
     Unerased { source: io::Error, erase: io::Error },
 }
 
+impl JournalError {
+    /// A write or flush failed with `source`; `erased` is how erasing what it wrote went.
+    fn after(source: io::Error, erased: io::Result<()>) -> JournalError {
+        match erased {
+            Ok(()) => JournalError::Io(source),
+            Err(erase) => JournalError::Unerased { source, erase },
+        }
+    }
+}
+
 /// A record read back by a scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -160,10 +170,7 @@ impl Journal {
         let mark = self.mark();
         let seq = self.write(payloads)?;
         if let Err(source) = self.sync() {
-            return Err(match self.erase(mark) {
-                Ok(()) => JournalError::Io(source),
-                Err(erase) => JournalError::Unerased { source, erase },
-            });
+            return Err(JournalError::after(source, self.erase(mark)));
         }
         Ok(seq)
     }
@@ -210,15 +217,8 @@ impl Journal {
         }
         if let Err(source) = self.file.write_all_at(&self.buf, self.end) {
             // Part of it may be there, and may even reach the disk on its own.
-            let zeros = vec![0u8; self.buf.len()];
-            let erased = self
-                .file
-                .write_all_at(&zeros, self.end)
-                .and_then(|()| self.sync());
-            return Err(match erased {
-                Ok(()) => JournalError::Io(source),
-                Err(erase) => JournalError::Unerased { source, erase },
-            });
+            let erased = self.zero(self.end, self.buf.len() as u64);
+            return Err(JournalError::after(source, erased));
         }
         self.end = new_end;
         self.last_seq = seq;
@@ -261,13 +261,17 @@ impl Journal {
     /// scan finds them; the next write goes there again.
     pub fn erase(&mut self, mark: Mark) -> io::Result<()> {
         if self.end > mark.end {
-            let zeros = vec![0u8; (self.end - mark.end) as usize];
-            self.file.write_all_at(&zeros, mark.end)?;
-            self.sync()?;
+            self.zero(mark.end, self.end - mark.end)?;
         }
         self.end = mark.end;
         self.last_seq = mark.last_seq;
         Ok(())
+    }
+
+    /// Overwrites `len` bytes at `at` with zeros and syncs them.
+    fn zero(&self, at: u64, len: u64) -> io::Result<()> {
+        self.file.write_all_at(&vec![0u8; len as usize], at)?;
+        self.sync()
     }
 
     /// Test only: the next `n` flushes fail.
