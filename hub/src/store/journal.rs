@@ -355,6 +355,20 @@ mod tests {
         (0..n).map(|i| format!("{tag}-{i}").into_bytes()).collect()
     }
 
+    /// A new journal (1 MiB cap) in a temp dir: the dir (kept alive), its path, the journal.
+    fn fresh() -> (tempfile::TempDir, std::path::PathBuf, Journal) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("j");
+        let (j, found) = Journal::open(&path, 1 << 20).expect("open");
+        assert!(found.is_empty());
+        (dir, path, j)
+    }
+
+    /// The journal at `path` opened again, with the records a scan finds.
+    fn reopen(path: &Path) -> (Journal, Vec<Record>) {
+        Journal::open(path, 1 << 20).expect("reopen")
+    }
+
     #[test]
     fn crc32c_check_value() {
         // The standard check value of CRC-32C over "123456789".
@@ -371,7 +385,7 @@ mod tests {
         assert_eq!(j.append(p.iter().map(Vec::as_slice)).expect("append"), 3);
         assert_eq!(j.append([b"one more".as_slice()]).expect("append"), 4);
         drop(j);
-        let (j, found) = Journal::open(&path, 1 << 20).expect("reopen");
+        let (j, found) = reopen(&path);
         let seqs: Vec<u64> = found.iter().map(|r| r.seq).collect();
         assert_eq!(seqs, [1, 2, 3, 4]);
         assert_eq!(found[3].payload, b"one more");
@@ -382,9 +396,7 @@ mod tests {
 
     #[test]
     fn a_rewind_hides_the_older_pass() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("j");
-        let (mut j, _) = Journal::open(&path, 1 << 20).expect("open");
+        let (_dir, path, mut j) = fresh();
         let p = payloads(10, "old");
         j.append(p.iter().map(Vec::as_slice)).expect("append");
         j.rewind(10);
@@ -397,7 +409,7 @@ mod tests {
         let q = payloads(2, "new");
         assert_eq!(j.append(q.iter().map(Vec::as_slice)).expect("append"), 12);
         drop(j);
-        let (j, found) = Journal::open(&path, 1 << 20).expect("reopen");
+        let (j, found) = reopen(&path);
         assert_eq!(found.iter().map(|r| r.seq).collect::<Vec<_>>(), [11, 12]);
         assert_eq!(found[0].payload, b"new-0");
         assert_eq!(j.last_seq(), 12);
@@ -405,9 +417,7 @@ mod tests {
 
     #[test]
     fn a_torn_or_damaged_record_ends_the_scan() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("j");
-        let (mut j, _) = Journal::open(&path, 1 << 20).expect("open");
+        let (_dir, path, mut j) = fresh();
         let p = payloads(3, "x");
         j.append(p.iter().map(Vec::as_slice)).expect("append");
         let second_at = (HEADER + p[0].len()) as u64;
@@ -417,11 +427,11 @@ mod tests {
         let f = OpenOptions::new().write(true).open(&path).expect("open rw");
         f.write_all_at(b"?", third_at + HEADER as u64)
             .expect("damage");
-        let (_, found) = Journal::open(&path, 1 << 20).expect("reopen");
+        let (_, found) = reopen(&path);
         assert_eq!(found.len(), 2);
         // A torn header (half a length) on the second: only the first survives.
         f.write_all_at(&[0xff, 0xff], second_at).expect("tear");
-        let (j, found) = Journal::open(&path, 1 << 20).expect("reopen");
+        let (j, found) = reopen(&path);
         assert_eq!(found.len(), 1);
         assert_eq!(
             j.used(),
@@ -432,9 +442,7 @@ mod tests {
 
     #[test]
     fn erased_records_are_never_found() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("j");
-        let (mut j, _) = Journal::open(&path, 1 << 20).expect("open");
+        let (_dir, path, mut j) = fresh();
         let p = payloads(2, "kept");
         j.append(p.iter().map(Vec::as_slice)).expect("append");
         let mark = j.mark();
@@ -448,16 +456,14 @@ mod tests {
         // The next write takes the erased numbers and place again.
         assert_eq!(j.append([b"next".as_slice()]).expect("append"), 3);
         drop(j);
-        let (_, found) = Journal::open(&path, 1 << 20).expect("reopen");
+        let (_, found) = reopen(&path);
         assert_eq!(found.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(found[2].payload, b"next");
     }
 
     #[test]
     fn a_failed_flush_leaves_nothing_a_scan_would_count() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("j");
-        let (mut j, _) = Journal::open(&path, 1 << 20).expect("open");
+        let (_dir, path, mut j) = fresh();
         j.append([b"acked".as_slice()]).expect("append");
         j.fail_next_syncs(1);
         let e = j
@@ -466,7 +472,7 @@ mod tests {
         assert!(matches!(e, JournalError::Io(_)), "{e}");
         assert_eq!(j.last_seq(), 1);
         drop(j);
-        let (mut j, found) = Journal::open(&path, 1 << 20).expect("reopen");
+        let (mut j, found) = reopen(&path);
         assert_eq!(found.len(), 1, "the unacknowledged record was erased");
         // When erasing cannot be made durable either, the caller is told so.
         j.fail_next_syncs(2);
@@ -478,9 +484,7 @@ mod tests {
 
     #[test]
     fn a_head_start_on_the_writeback_changes_nothing_but_time() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("j");
-        let (mut j, _) = Journal::open(&path, 1 << 20).expect("open");
+        let (_dir, path, mut j) = fresh();
         // Small records and a batch over a page: all read back, the partial page too.
         for round in 0..3 {
             let mark = j.mark();
@@ -490,7 +494,7 @@ mod tests {
             j.sync().expect("sync");
         }
         drop(j);
-        let (j, found) = Journal::open(&path, 1 << 20).expect("reopen");
+        let (j, found) = reopen(&path);
         assert_eq!(found.len(), 66);
         assert_eq!(j.last_seq(), 66);
         assert_eq!(found[65].payload, b"r2-2");
