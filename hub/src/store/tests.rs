@@ -6,7 +6,8 @@ use cortex_protocol::api::{Event, EventBody, WakeReason};
 
 const T0: u64 = 1_796_000_000_000;
 
-fn open(dir: &std::path::Path) -> (Store, WriterGuard) {
+/// A store in `dir`, with the default settings (the device-wait tests share it).
+pub(crate) fn open(dir: &std::path::Path) -> (Store, WriterGuard) {
     Store::open(&dir.join("hub.redb"), Settings::default()).expect("open")
 }
 

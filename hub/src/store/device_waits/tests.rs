@@ -9,16 +9,11 @@ use cortex_protocol::api::{Event, EventBody, WakeReason};
 use cortex_protocol::mesh::{WaitEnd, WaitSpec};
 
 use super::*;
-use crate::engine::Settings;
 use crate::store::ops::CancelOutcome;
-use crate::store::tests::{crash, signal_count};
-use crate::store::{Store, StoreError, WriterGuard};
+use crate::store::tests::{crash, open, signal_count};
+use crate::store::{Store, StoreError};
 
 const T0: u64 = 1_796_000_000_000;
-
-fn open(dir: &std::path::Path) -> (Store, WriterGuard) {
-    Store::open(&dir.join("hub.redb"), Settings::default()).expect("open")
-}
 
 async fn add_device(store: &Store, name: &str) {
     let n = name.to_string();
