@@ -134,7 +134,7 @@ impl LinkWaits {
     ) -> Result<(), End> {
         self.changed.borrow_and_update();
         let device = self.device.clone();
-        let wanted = match state.store.read(|r| r.device_waits(&device)).await {
+        let wanted = match state.store.read(move |r| r.device_waits(&device)).await {
             Ok(w) => w,
             Err(e) => {
                 tracing::error!(device = %self.device, error = %e, "cannot read the device's remote waits");

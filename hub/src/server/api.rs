@@ -77,7 +77,10 @@ pub async fn get_session(
 ) -> Result<Response, ApiError> {
     match state
         .store
-        .read(|r| r.session(&sid))
+        .read({
+            let sid = sid.clone();
+            move |r| r.session(&sid)
+        })
         .await
         .map_err(ApiError::store)?
     {
@@ -133,7 +136,10 @@ pub async fn events(
 ) -> Result<Response, ApiError> {
     let current = match state
         .store
-        .read(|r| r.session(&sid))
+        .read({
+            let sid = sid.clone();
+            move |r| r.session(&sid)
+        })
         .await
         .map_err(ApiError::store)?
     {
@@ -143,8 +149,9 @@ pub async fn events(
     // Subscribe before reading, so nothing committed in between is missed.
     let rx = state.store.notifier.subscribe(&sid, current);
     let (read_sid, gone_sid) = (sid.clone(), sid);
-    let read = move |store: &crate::store::Store, after: u64| {
-        store.read_committed(|r| r.events_after(&read_sid, after, log::PAGE))
+    let read = move |after: u64| -> log::LogReader {
+        let sid = read_sid.clone();
+        Box::new(move |r| r.events_after(&sid, after, log::PAGE))
     };
     let gone = move || ApiError::not_found("session", &gone_sid);
     log::serve(state, q, log::wants_sse(&headers), rx, read, gone).await
@@ -225,7 +232,10 @@ pub async fn session_waitpoints(
     let cap = state.store.settings.clone();
     match state
         .store
-        .read(|r| r.session_waitpoints(&sid, now_ms(), &cap))
+        .read({
+            let sid = sid.clone();
+            move |r| r.session_waitpoints(&sid, now_ms(), &cap)
+        })
         .await
         .map_err(ApiError::store)?
     {
@@ -248,7 +258,10 @@ pub async fn get_waitpoint(
     let cap = state.store.settings.clone();
     match state
         .store
-        .read(|r| r.waitpoint(&id, now_ms(), &cap))
+        .read({
+            let id = id.clone();
+            move |r| r.waitpoint(&id, now_ms(), &cap)
+        })
         .await
         .map_err(ApiError::store)?
     {

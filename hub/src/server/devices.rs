@@ -159,9 +159,12 @@ pub async fn get_device(
 ) -> Result<Response, ApiError> {
     let found = state
         .store
-        .read(|r| match r.device(&name)? {
-            Some(d) => Ok(Some((d, r.device_waits(&name)?))),
-            None => Ok(None),
+        .read({
+            let name = name.clone();
+            move |r| match r.device(&name)? {
+                Some(d) => Ok(Some((d, r.device_waits(&name)?))),
+                None => Ok(None),
+            }
         })
         .await
         .map_err(ApiError::store)?;
@@ -427,10 +430,8 @@ pub async fn hub_events(
 ) -> Result<Response, ApiError> {
     // Subscribe before reading, so nothing committed in between is missed.
     let rx = state.store.notifier.subscribe_hub();
-    let read = |store: &crate::store::Store, after: u64| {
-        store
-            .read_committed(|r| r.hub_events_after(after, log::PAGE))
-            .map(Some)
+    let read = |after: u64| -> log::LogReader {
+        Box::new(move |r| r.hub_events_after(after, log::PAGE).map(Some))
     };
     let gone = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no hub event log");
     log::serve(state, q, log::wants_sse(&headers), rx, read, gone).await

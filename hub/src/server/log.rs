@@ -14,7 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::store::{Store, StoreError};
+use crate::store::{ReadTx, StoreError};
 
 /// The longest long poll one request may ask for.
 pub const MAX_WAIT_S: u64 = 120;
@@ -29,16 +29,14 @@ pub struct LogQuery {
     pub wait: Option<u64>,
 }
 
-/// Reads up to [`PAGE`] entries after a seq from the last commit ([`Store::read_committed`];
-/// the caller makes it fresh first); `None` when the log is gone.
-pub trait ReadLog:
-    Fn(&Store, u64) -> Result<Option<Vec<Vec<u8>>>, StoreError> + Send + Sync + 'static
-{
-}
-impl<F> ReadLog for F where
-    F: Fn(&Store, u64) -> Result<Option<Vec<Vec<u8>>>, StoreError> + Send + Sync + 'static
-{
-}
+/// A read of up to [`PAGE`] entries of a log, for [`crate::store::Store::read`]; `None`
+/// when the log is gone.
+pub type LogReader =
+    Box<dyn for<'a> FnOnce(&ReadTx<'a>) -> Result<Option<Vec<Vec<u8>>>, StoreError> + Send>;
+
+/// Makes the read of the entries after a seq.
+pub trait ReadLog: Fn(u64) -> LogReader + Send + Sync + 'static {}
+impl<F> ReadLog for F where F: Fn(u64) -> LogReader + Send + Sync + 'static {}
 
 pub fn wants_sse(headers: &HeaderMap) -> bool {
     headers
@@ -78,8 +76,10 @@ pub async fn serve(
         .map(|w| tokio::time::Instant::now() + Duration::from_secs(w.min(MAX_WAIT_S)));
     loop {
         rx.borrow_and_update();
-        state.store.fresh().await.map_err(ApiError::store)?;
-        let raw = read(&state.store, q.after)
+        let raw = state
+            .store
+            .read(read(q.after))
+            .await
             .map_err(ApiError::store)?
             .ok_or_else(&gone)?;
         if !raw.is_empty() {
@@ -107,10 +107,7 @@ fn stream(
         let mut cursor = after;
         loop {
             rx.borrow_and_update();
-            if state.store.fresh().await.is_err() {
-                return;
-            }
-            let raw = match read(&state.store, cursor) {
+            let raw = match state.store.read(read(cursor)).await {
                 Ok(Some(raw)) => raw,
                 Ok(None) | Err(_) => return,
             };

@@ -229,11 +229,7 @@ where
     loop {
         let pass = pass();
         // A pass that found nothing due changed nothing, and waits for no commit.
-        match state
-            .store
-            .exec_if(move |t| pass(t).map(|n| (n, n > 0)))
-            .await
-        {
+        match state.store.exec(pass).await {
             Ok(n) if n >= PASS_LIMIT => continue,
             Ok(_) => return,
             Err(e) => {
@@ -260,16 +256,16 @@ async fn sweep_once(state: &AppState) {
 /// 200 ms, not in a spin.
 async fn timer_loop(
     state: &AppState,
-    mut next: watch::Receiver<Option<u64>>,
+    mut next: watch::Receiver<u64>,
     fire: impl AsyncFn(&AppState),
 ) {
     loop {
-        let due = *next.borrow_and_update();
+        let due = Some(*next.borrow_and_update()).filter(|t| *t != u64::MAX);
         let now = now_ms();
         match due {
             Some(t) if t <= now => {
                 fire(state).await;
-                if next.borrow().is_some_and(|t| t <= now_ms()) {
+                if *next.borrow() <= now_ms() {
                     tokio::select! {
                         () = tokio::time::sleep(Duration::from_millis(200)) => {}
                         () = state.shutdown.cancelled() => return,
@@ -324,7 +320,7 @@ async fn device_wait_task(state: AppState) {
     let next = state.store.next_device_wait.clone();
     // Waits that fell due while the hub was down are judged only once their devices had
     // the time to reconnect and report; waits created after the start are not held back.
-    if next.borrow().is_some_and(|t| t <= now_ms()) {
+    if *next.borrow() <= now_ms() {
         tokio::select! {
             () = tokio::time::sleep(DEVICE_WAIT_RESTART_GRACE) => {}
             () = state.shutdown.cancelled() => return,

@@ -22,12 +22,11 @@ use cortex_protocol::api::DeviceWaitView;
 use cortex_protocol::mesh::{MAX_WAITS_PER_DEVICE, WaitEnd, WaitSpec};
 use cortex_protocol::signal::{MAX_DATA_CHARS, MAX_MESSAGE_CHARS};
 use cortex_protocol::{SignalRequest, SignalStatus};
-use redb::ReadableTable;
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use super::ops::{CreateOutcome, SignalIn, SignalOutcome};
-use super::tables::{DEVICE_WAITS, ReadTx, Tx, decode, encode};
+use super::tables::{DEVICE_WAITS, Tx, decode, encode};
 use crate::engine::{CreateParams, HOUR_MS, State, Waitpoint};
 
 /// After a wait's bound, how long the hub leaves the agent to report `timed_out` itself
@@ -213,14 +212,14 @@ impl Tx<'_> {
         device: &str,
         id: &str,
     ) -> Result<Option<DeviceWaitRecord>, StoreError> {
-        match self.device_waits.get((device, id))? {
+        match self.table(&DEVICE_WAITS).get((device, id))? {
             Some(v) => Ok(Some(decode(v.value())?)),
             None => Ok(None),
         }
     }
 
     fn put_device_wait(&mut self, rec: &DeviceWaitRecord) -> Result<(), StoreError> {
-        self.device_waits.insert(
+        self.table_mut(&DEVICE_WAITS).insert(
             (rec.device.as_str(), rec.id.as_str()),
             encode(rec)?.as_slice(),
         )?;
@@ -229,17 +228,18 @@ impl Tx<'_> {
 
     /// Deletes an active wait and its deadline; the device is told to reconcile.
     fn drop_device_wait(&mut self, rec: &DeviceWaitRecord) -> Result<(), StoreError> {
-        self.device_waits
+        self.table_mut(&DEVICE_WAITS)
             .remove((rec.device.as_str(), rec.id.as_str()))?;
-        self.device_wait_due.remove((rec.due(), rec.id.as_str()))?;
-        self.device_wait_due_changed = true;
-        self.devices_touched.insert(rec.device.clone());
+        self.device_wait_due()
+            .remove((rec.due(), rec.id.as_str()))?;
+        self.device_wait_due_changed()?;
+        self.notify(super::tables::TOPIC_DEVICE, &rec.device, 0);
         Ok(())
     }
 
     fn count_device_waits(&self, device: &str) -> Result<usize, StoreError> {
         let mut n = 0;
-        for r in self.device_waits.range((device, "")..)? {
+        for r in self.table(&DEVICE_WAITS).range((device, "")..)? {
             if r?.0.value().0 != device {
                 break;
             }
@@ -305,10 +305,10 @@ impl Tx<'_> {
             captured: None,
         };
         self.put_device_wait(&rec)?;
-        self.device_wait_due
+        self.device_wait_due()
             .insert((rec.due(), rec.id.as_str()), rec.device.as_str())?;
-        self.device_wait_due_changed = true;
-        self.devices_touched.insert(rec.device.clone());
+        self.device_wait_due_changed()?;
+        self.notify(super::tables::TOPIC_DEVICE, &rec.device, 0);
         Ok(CreateDeviceWaitOutcome::Created {
             waitpoint: wp,
             wait: Box::new(rec),
@@ -378,7 +378,10 @@ impl Tx<'_> {
     ) -> Result<usize, StoreError> {
         let due: Vec<(u64, String, String)> = {
             let mut v = Vec::new();
-            for r in self.device_wait_due.range(..(now.saturating_add(1), ""))? {
+            for r in self
+                .device_wait_due()
+                .range(..(now.saturating_add(1), ""))?
+            {
                 let (k, d) = r?;
                 let (t, id) = k.value();
                 v.push((t, id.to_string(), d.value().to_string()));
@@ -391,8 +394,8 @@ impl Tx<'_> {
         for (t, id, device) in &due {
             let Some(rec) = self.get_device_wait(device, id)? else {
                 // An index entry without its record: drop it, so it cannot come back.
-                self.device_wait_due.remove((*t, id.as_str()))?;
-                self.device_wait_due_changed = true;
+                self.device_wait_due().remove((*t, id.as_str()))?;
+                self.device_wait_due_changed()?;
                 continue;
             };
             let bound = crate::time::human_duration(rec.deadline.saturating_sub(rec.created_at));
@@ -460,7 +463,7 @@ impl Tx<'_> {
 
     fn active_device_waits(&self, device: &str) -> Result<Vec<DeviceWaitRecord>, StoreError> {
         let mut out = Vec::new();
-        for r in self.device_waits.range((device, "")..)? {
+        for r in self.table(&DEVICE_WAITS).range((device, "")..)? {
             let (k, v) = r?;
             if k.value().0 != device {
                 break;
@@ -486,10 +489,10 @@ impl Tx<'_> {
     }
 }
 
-impl ReadTx {
+impl Tx<'_> {
     /// A device's active waits, by waitpoint id.
     pub fn device_waits(&self, device: &str) -> Result<Vec<DeviceWaitRecord>, StoreError> {
-        let t = self.table(DEVICE_WAITS)?;
+        let t = self.table(&DEVICE_WAITS);
         let mut out = Vec::new();
         for r in t.range((device, "")..)? {
             let (k, v) = r?;
@@ -503,7 +506,7 @@ impl ReadTx {
 
     /// How many active waits a device has.
     pub fn device_wait_count(&self, device: &str) -> Result<u32, StoreError> {
-        let t = self.table(DEVICE_WAITS)?;
+        let t = self.table(&DEVICE_WAITS);
         let mut n = 0u32;
         for r in t.range((device, "")..)? {
             if r?.0.value().0 != device {

@@ -9,11 +9,10 @@
 
 use cortex_protocol::api::{HubEvent, HubEventBody};
 use cortex_protocol::mesh::{HostFacts, SpoolCounts};
-use redb::ReadableTable;
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use super::tables::{DEVICES, HUB_EVENTS, ReadTx, Tx, decode, encode};
+use super::tables::{DEVICES, HUB_EVENTS, Tx, decode, encode};
 
 /// How many hub events are kept; older ones are dropped as new ones arrive.
 pub const HUB_EVENTS_KEPT: u64 = 100_000;
@@ -59,31 +58,31 @@ pub struct Online {
 
 impl Tx<'_> {
     pub(crate) fn get_device(&self, name: &str) -> Result<Option<DeviceRecord>, StoreError> {
-        match self.devices.get(name)? {
+        match self.table(&DEVICES).get(name)? {
             Some(v) => Ok(Some(decode(v.value())?)),
             None => Ok(None),
         }
     }
 
     fn put_device(&mut self, rec: &DeviceRecord) -> Result<(), StoreError> {
-        self.devices
+        self.table_mut(&DEVICES)
             .insert(rec.name.as_str(), encode(rec)?.as_slice())?;
         Ok(())
     }
 
     /// Appends a hub event; returns its seq. Keeps at most [`HUB_EVENTS_KEPT`].
     pub fn append_hub_event(&mut self, body: HubEventBody, now: u64) -> Result<u64, StoreError> {
-        let seq = match self.hub_events.last()? {
+        let seq = match self.hub_events().last()? {
             Some((k, _)) => k.value() + 1,
             None => 1,
         };
         let ev = HubEvent { seq, ts: now, body };
         let json = serde_json::to_vec(&ev).map_err(|e| StoreError::Decode(e.to_string()))?;
-        self.hub_events.insert(seq, json.as_slice())?;
+        self.hub_events().insert(seq, json.as_slice())?;
         if seq > HUB_EVENTS_KEPT {
-            self.hub_events.remove(seq - HUB_EVENTS_KEPT)?;
+            self.hub_events().remove(seq - HUB_EVENTS_KEPT)?;
         }
-        self.hub_seq = Some(seq);
+        self.notify(super::tables::TOPIC_HUB, "", seq);
         Ok(seq)
     }
 
@@ -123,7 +122,7 @@ impl Tx<'_> {
     /// `cortex device revoke`: forgets the device and its token hash; false if unknown.
     /// Its remote waits end as broke: nothing will report them any more.
     pub fn revoke_device(&mut self, name: &str, now: u64) -> Result<bool, StoreError> {
-        if self.devices.remove(name)?.is_none() {
+        if self.table_mut(&DEVICES).remove(name)?.is_none() {
             return Ok(false);
         }
         self.device_waits_revoked(name, now)?;
@@ -239,7 +238,7 @@ impl Tx<'_> {
     pub fn devices_restarted(&mut self, now: u64) -> Result<usize, StoreError> {
         let stale: Vec<DeviceRecord> = {
             let mut v = Vec::new();
-            for r in self.devices.iter()? {
+            for r in self.table(&DEVICES).iter()? {
                 let rec: DeviceRecord = decode(r?.1.value())?;
                 if rec.link.is_some() {
                     v.push(rec);
@@ -267,10 +266,10 @@ impl Tx<'_> {
     }
 }
 
-impl ReadTx {
+impl Tx<'_> {
     /// Every device, by name.
     pub fn devices(&self) -> Result<Vec<DeviceRecord>, StoreError> {
-        let t = self.table(DEVICES)?;
+        let t = self.table(&DEVICES);
         let mut out = Vec::new();
         for r in t.iter()? {
             out.push(decode(r?.1.value())?);
@@ -279,7 +278,7 @@ impl ReadTx {
     }
 
     pub fn device(&self, name: &str) -> Result<Option<DeviceRecord>, StoreError> {
-        let t = self.table(DEVICES)?;
+        let t = self.table(&DEVICES);
         match t.get(name)? {
             Some(v) => Ok(Some(decode(v.value())?)),
             None => Ok(None),
@@ -288,7 +287,7 @@ impl ReadTx {
 
     /// Raw JSON of the hub events after `after`, at most `limit`.
     pub fn hub_events_after(&self, after: u64, limit: usize) -> Result<Vec<Vec<u8>>, StoreError> {
-        let t = self.table(HUB_EVENTS)?;
+        let t = self.table(&HUB_EVENTS);
         let mut out = Vec::new();
         for r in t.range(after.saturating_add(1)..)? {
             out.push(r?.1.value().to_vec());
@@ -301,7 +300,7 @@ impl ReadTx {
 
     /// The newest hub event's seq (0 when there is none).
     pub fn last_hub_seq(&self) -> Result<u64, StoreError> {
-        let t = self.table(HUB_EVENTS)?;
+        let t = self.table(&HUB_EVENTS);
         Ok(t.last()?.map_or(0, |(k, _)| k.value()))
     }
 }

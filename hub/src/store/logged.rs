@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use super::device_waits::DeviceWaitDone;
-use super::ops::{SignalIn, SignalOutcome};
-use super::tables::{Tx, decode, encode};
+use super::ops::SignalIn;
+use super::tables::{Tx, decode};
 
 /// One journaled operation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,8 +29,9 @@ pub enum Logged {
 }
 
 impl Logged {
+    #[cfg(test)]
     pub(crate) fn encode(&self) -> Result<Vec<u8>, StoreError> {
-        encode(self)
+        super::tables::encode(self)
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Logged, StoreError> {
@@ -55,31 +56,6 @@ impl Logged {
             }
             Logged::DeviceWaitDone(d) => t.device_wait_done(d).map(drop),
         }
-    }
-}
-
-impl Tx<'_> {
-    /// [`Tx::signal`], with the record to journal when it changed anything.
-    pub fn signal_logged(
-        &mut self,
-        s: &SignalIn,
-        now: u64,
-    ) -> Result<(SignalOutcome, Option<Logged>), StoreError> {
-        let outcome = self.signal(s, now)?;
-        let changed = matches!(
-            outcome,
-            SignalOutcome::Accepted { .. } | SignalOutcome::Refused(_)
-        );
-        let logged = changed.then(|| Logged::Signal {
-            req: SignalRequest {
-                secret: String::new(),
-                ..s.req.clone()
-            },
-            source: s.source.clone(),
-            dedupe: s.dedupe.clone(),
-            now,
-        });
-        Ok((outcome, logged))
     }
 }
 

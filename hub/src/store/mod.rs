@@ -1,41 +1,43 @@
-//! The durable state of the hub: one redb file under `$CORTEX_HOME/hub/`, and beside it
-//! the acknowledgement journal (`journal.rs`).
+//! The durable state of the hub: one redb file under `$CORTEX_HOME/hub/` (`hub.redb`),
+//! and beside it the journal (`hub.journal`, `hub.journal2`).
 //!
-//! Only this module knows redb. Every mutation is a closure sent to one writer thread
-//! (`writer.rs`), which runs whatever is pending in its open write transaction (group
-//! commit). A caller's answer is sent only once its change is on disk, in one of two ways:
-//! - the hot operations (signals, remote wait outcomes; [`Logged`]) are appended to the
-//!   journal and `fdatasync`ed; redb commits them later, many at once;
-//! - every other mutation is answered after a redb commit (which also holds everything
-//!   journaled before it, so the journal starts over).
+//! The persistence machinery is the kernel (`kernel/`, domain-free): every operation is a
+//! closure run on one writer thread against the tables' layers, a batch of them is one
+//! journal record of the changes, and a caller is answered once that record is
+//! `fdatasync`ed. redb is a checkpoint written by another thread a moment later, so no
+//! answer waits for a redb commit. This module is the domain's side: the handle
+//! ([`Store`]: `exec`, `read`, `device_wait_done_then`), the tables it registers
+//! (`tables.rs`), and the operations (`ops.rs`, `devices.rs`, `device_waits.rs`).
 //!
-//! After a crash, the store opens at its last commit and replays the journal's newer
-//! records in order. Reads use redb read transactions beside the writer; [`Store::read`]
-//! first makes sure that every acknowledged change is committed, so a 202 is visible to
-//! any read that follows it.
+//! After a crash, the store opens at its last checkpoint and applies the journal's newer
+//! records in order. [`Store::read`] holds every change acknowledged before it: it reads
+//! redb directly when the last checkpoint holds them all, and through the writer's layers
+//! otherwise.
 
 pub mod device_waits;
 pub mod devices;
-pub mod journal;
+pub mod kernel;
 pub mod logged;
 pub mod ops;
 pub mod tables;
-mod writer;
 
 pub use device_waits::{DeviceWaitDone, DoneOutcome};
+pub use kernel::Notifier;
 pub use logged::Logged;
 pub use ops::{SignalIn, SignalOutcome};
-pub use tables::Tx;
+pub use tables::{ReadTx, Tx};
 
-use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use redb::{Database, ReadableDatabase};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use writer::{Job, Kind};
+use kernel::journal::Journal;
+use kernel::table::{Overlay, Snapshot};
+use kernel::{Completion, Job, Notices, Writer, WriterParts};
+use tables::{Ctx, REGISTRY, TIMER_DEVICE_WAIT, TIMER_WAKE, TOPIC_HUB, TOPIC_TIMERS};
 
 use crate::engine::Settings;
 use crate::time;
@@ -54,6 +56,10 @@ pub enum StoreError {
         path: String,
         source: std::io::Error,
     },
+    #[error("{0}; writes resume once a checkpoint succeeds")]
+    Full(String),
+    #[error("the store's files are damaged: {0}")]
+    Damaged(String),
     #[error(
         "the store stopped taking writes after a failure it could not recover from ({0}); restart the hub, which replays its journal"
     )]
@@ -80,89 +86,24 @@ from_redb!(
     redb::DatabaseError
 );
 
-/// Per-session "newest event seq" channels, and one for the hub's own events, for long
-/// polls and SSE; per-device "remote waits changed" counters for the devices' links.
-pub struct Notifier {
-    sessions: Mutex<HashMap<String, watch::Sender<u64>>>,
-    hub: watch::Sender<u64>,
-    devices: Mutex<HashMap<String, watch::Sender<u64>>>,
-}
-
-impl Notifier {
-    fn new(hub_seq: u64) -> Self {
-        Notifier {
-            sessions: Mutex::default(),
-            hub: watch::channel(hub_seq).0,
-            devices: Mutex::default(),
-        }
-    }
-
-    /// Changes whenever a commit added or ended remote waits of `device`.
-    pub fn subscribe_device(&self, device: &str) -> watch::Receiver<u64> {
-        let mut map = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-        map.entry(device.to_string())
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe()
-    }
-
-    fn publish_devices(&self, touched: &HashSet<String>) {
-        if touched.is_empty() {
-            return;
-        }
-        let mut map = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-        for d in touched {
-            if let Some(tx) = map.get(d) {
-                tx.send_modify(|n| *n = n.wrapping_add(1));
-            }
-        }
-        if map.len() > 1024 {
-            map.retain(|_, tx| tx.receiver_count() > 0);
-        }
-    }
-
-    /// The newest hub event's seq, as of the last commit.
-    pub fn subscribe_hub(&self) -> watch::Receiver<u64> {
-        self.hub.subscribe()
-    }
-
-    pub fn subscribe(&self, sid: &str, current: u64) -> watch::Receiver<u64> {
-        let mut map = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        map.entry(sid.to_string())
-            .or_insert_with(|| watch::channel(current).0)
-            .subscribe()
-    }
-
-    fn publish(&self, touched: &HashMap<String, u64>) {
-        let mut map = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        for (sid, seq) in touched {
-            if let Some(tx) = map.get(sid) {
-                tx.send_replace(*seq);
-            }
-        }
-        if map.len() > 1024 {
-            map.retain(|_, tx| tx.receiver_count() > 0);
-        }
-    }
-}
-
 /// Handle to the store; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
     db: Arc<Database>,
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::Sender<Job<Ctx>>,
     pub notifier: Arc<Notifier>,
-    /// The earliest precise timer (a decided wake), updated after each batch.
-    pub next_timer: watch::Receiver<Option<u64>>,
-    /// The earliest hub deadline of an active remote wait, updated after each batch.
-    pub next_device_wait: watch::Receiver<Option<u64>>,
+    /// The earliest precise timer (a decided wake; `u64::MAX`: none).
+    pub next_timer: watch::Receiver<u64>,
+    /// The earliest hub deadline of an active remote wait (`u64::MAX`: none).
+    pub next_device_wait: watch::Receiver<u64>,
     pub settings: Arc<Settings>,
     /// The newest journal record acknowledged to a caller.
     acked: Arc<AtomicU64>,
-    /// The newest journal record redb has committed.
-    committed: watch::Receiver<u64>,
-    /// Test only: how many next journal flushes fail.
+    /// The newest journal record a checkpoint holds.
+    landed: watch::Receiver<u64>,
+    /// Test only: how many next journal flushes fail (both files).
     #[cfg(test)]
-    journal_fail: Arc<std::sync::atomic::AtomicU32>,
+    journal_fail: [Arc<std::sync::atomic::AtomicU32>; 2],
 }
 
 /// Joins the writer thread on drop of the last handle's owner.
@@ -172,7 +113,7 @@ pub struct WriterGuard {
 
 impl WriterGuard {
     /// Waits until every job sent before the last [`Store`] handle was dropped is
-    /// committed and answered.
+    /// answered and checkpointed.
     pub fn join(mut self) {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -180,14 +121,17 @@ impl WriterGuard {
     }
 }
 
-/// The journal beside a database file: `hub.redb` → `hub.journal`.
-pub fn journal_path(db: &Path) -> std::path::PathBuf {
-    db.with_extension("journal")
+/// The journal files beside a database file: `hub.redb` → `hub.journal`, `hub.journal2`.
+pub fn journal_paths(db: &Path) -> [std::path::PathBuf; 2] {
+    [db.with_extension("journal"), db.with_extension("journal2")]
 }
+
+/// The journal's size limit per file (past it, writes wait for a checkpoint).
+const JOURNAL_CAP: u64 = 256 << 20;
 
 impl Store {
     /// Opens (or creates) the database at `path` and its journal beside it, replays the
-    /// journal's records newer than the last commit, and starts the writer thread.
+    /// journal's records newer than the last checkpoint, and starts the writer thread.
     pub fn open(path: &Path, settings: Settings) -> Result<(Store, WriterGuard), StoreError> {
         let db = Database::create(path).map_err(|source| StoreError::Open {
             path: path.display().to_string(),
@@ -196,57 +140,87 @@ impl Store {
         let db = Arc::new(db);
         {
             let wtx = db.begin_write()?;
-            tables::create_all(&wtx)?;
+            for t in REGISTRY.iter() {
+                t.create(&wtx)?;
+            }
             wtx.commit()?;
         }
         let settings = Arc::new(settings);
-        let jpath = journal_path(path);
-        let (mut journal, records) =
-            journal::Journal::open(&jpath, writer::JOURNAL_CAP).map_err(|source| {
-                StoreError::Journal {
-                    path: jpath.display().to_string(),
-                    source,
-                }
-            })?;
-        let replayed = writer::recover(&db, &settings, &mut journal, records)?;
+        let paths = journal_paths(path);
+        let open_journal = |p: &Path| {
+            Journal::open(p, JOURNAL_CAP).map_err(|source| StoreError::Journal {
+                path: p.display().to_string(),
+                source,
+            })
+        };
+        let (j0, mut records) = open_journal(&paths[0])?;
+        let (j1, r1) = open_journal(&paths[1])?;
+        records.extend(r1);
+        let mut journals = [j0, j1];
+        // Records an older hub wrote are operations, replayed with the settings that hub
+        // ran with.
+        let legacy_ctx = Ctx {
+            settings: Arc::new(stored_settings(&db)?.unwrap_or_else(|| (*settings).clone())),
+        };
+        let replayed = kernel::writer_recover(
+            &db,
+            &REGISTRY,
+            &legacy_ctx,
+            &mut journals,
+            records,
+            &|t, payload| Logged::decode(payload)?.replay(t),
+        )?;
         if replayed > 0 {
             tracing::info!(
                 records = replayed,
                 "replayed acknowledged changes from the journal"
             );
         }
-        let (first, first_dw, hub_seq) = {
-            let rtx = db.begin_read()?;
-            let first = tables::first_timer(&rtx)?;
-            let first_dw = tables::first_device_wait_due(&rtx)?;
-            (first, first_dw, tables::ReadTx::new(rtx).last_hub_seq()?)
-        };
-        let (timer_tx, next_timer) = watch::channel(first);
-        let (dw_tx, next_device_wait) = watch::channel(first_dw);
-        let (jobs, rx) = mpsc::channel::<Job>(16 * 1024);
-        let notifier = Arc::new(Notifier::new(hub_seq));
-        let acked = Arc::new(AtomicU64::new(journal.last_seq()));
-        let (committed_tx, committed) = watch::channel(journal.last_seq());
-        #[cfg(test)]
-        let journal_fail = journal.fail_handle();
-        let w = writer::Writer {
-            db: db.clone(),
-            rx,
-            notifier: notifier.clone(),
-            timer_tx,
-            dw_tx,
+        let ctx = Ctx {
             settings: settings.clone(),
-            journal,
-            jpath,
-            acked: acked.clone(),
-            committed: committed_tx,
-            broken: None,
-            ticker: writer::Ticker::start(jobs.downgrade())
-                .map_err(|e| StoreError::Decode(format!("cannot start the commit ticker: {e}")))?,
         };
+        // This hub's settings, for a later hub that replays an older journal.
+        run_once(&db, &ctx, |t| t.store_settings(&settings))?;
+        let (first, first_dw, hub_seq) = read_now(&db, &ctx, |t| {
+            Ok((
+                t.first_timer()?,
+                t.first_device_wait_due()?,
+                t.last_hub_seq()?,
+            ))
+        })?;
+        let notifier = Arc::new(Notifier::default());
+        let next_timer = notifier.watch(TOPIC_TIMERS, TIMER_WAKE, first.unwrap_or(u64::MAX));
+        let next_device_wait = notifier.watch(
+            TOPIC_TIMERS,
+            TIMER_DEVICE_WAIT,
+            first_dw.unwrap_or(u64::MAX),
+        );
+        // Kept open by the notifier's first subscriber for the hub's life.
+        let hub_rx = notifier.watch(TOPIC_HUB, "", hub_seq);
+        let seq = journals[0].last_seq();
+        #[cfg(test)]
+        let journal_fail = [journals[0].fail_handle(), journals[1].fail_handle()];
+        let (jobs, rx) = mpsc::channel::<Job<Ctx>>(16 * 1024);
+        let acked = Arc::new(AtomicU64::new(seq));
+        let (landed_tx, landed) = watch::channel(seq);
+        let w = Writer::new(WriterParts {
+            db: db.clone(),
+            registry: &REGISTRY,
+            ctx,
+            rx,
+            wake: jobs.downgrade(),
+            journals,
+            paths,
+            notifier: notifier.clone(),
+            acked: acked.clone(),
+            landed: landed_tx,
+        })?;
         let thread = std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || w.run())
+            .spawn(move || {
+                let _hub_rx = hub_rx;
+                w.run()
+            })
             .map_err(|e| StoreError::Decode(format!("cannot start the writer thread: {e}")))?;
         Ok((
             Store {
@@ -257,7 +231,7 @@ impl Store {
                 next_device_wait,
                 settings,
                 acked,
-                committed,
+                landed,
                 #[cfg(test)]
                 journal_fail,
             },
@@ -267,93 +241,47 @@ impl Store {
         ))
     }
 
-    /// Runs `f` in the writer's transaction and returns its result once a redb commit
-    /// holds it.
+    /// Runs `f` on the writer and returns its result once its changes are durable (in
+    /// the journal). A failing `f` changes nothing.
     pub async fn exec<R, F>(&self, f: F) -> Result<R, Arc<StoreError>>
     where
         R: Send + 'static,
         F: for<'a> FnOnce(&mut Tx<'a>) -> Result<R, StoreError> + Send + 'static,
     {
-        self.submit(move |t| f(t).map(|r| (r, Kind::Durable))).await
+        let (tx, rx) = oneshot::channel::<Result<R, Arc<StoreError>>>();
+        self.send(job(f, move |out| {
+            let _ = tx.send(out);
+        }))
+        .await?;
+        rx.await.map_err(|_| Arc::new(StoreError::Closed))?
     }
 
-    /// As [`Store::exec`] for a pass that says whether it changed anything (`true`): one
-    /// that did not is answered without waiting for a commit.
-    pub async fn exec_if<R, F>(&self, f: F) -> Result<R, Arc<StoreError>>
-    where
-        R: Send + 'static,
-        F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, bool), StoreError> + Send + 'static,
-    {
-        self.submit(move |t| {
-            f(t).map(|(r, changed)| {
-                (
-                    r,
-                    if changed {
-                        Kind::Durable
-                    } else {
-                        Kind::Unchanged
-                    },
-                )
-            })
-        })
-        .await
-    }
-
-    /// Runs a journaled operation: answered once its record is in the journal (or once
-    /// a commit holds it), without waiting for redb.
-    pub async fn exec_logged<R, F>(&self, f: F) -> Result<R, Arc<StoreError>>
-    where
-        R: Send + 'static,
-        F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Option<Logged>), StoreError> + Send + 'static,
-    {
-        self.submit(logged_job(f)).await
-    }
-
-    /// A remote wait's outcome, journaled, without a task waiting for it: `then` runs on
-    /// the writer thread with the answer, the moment the change is durable (so it must be
-    /// quick: a log line, a channel send). For a device's link, which has a loop of its
-    /// own to hear from: no task is spawned and woken per outcome. Jobs keep their order
-    /// while the writer's queue has room; one that finds it full waits on a task of its
-    /// own (so this is called from within the runtime), and order is not kept among
-    /// those.
-    ///
-    /// Its input is its journal record, so the writer may journal it before it runs and
-    /// have it on its way to the disk while it does (see `writer.rs`); replayed where the
-    /// wait already ended, it changes nothing.
+    /// A remote wait's outcome, without a task waiting for it: `then` runs on the writer
+    /// thread with the answer, the moment the change is durable (so it must be quick: a
+    /// log line, a channel send). For a device's link, which has a loop of its own to
+    /// hear from: no task is spawned and woken per outcome. Jobs keep their order while
+    /// the writer's queue has room; one that finds it full waits on a task of its own (so
+    /// this is called from within the runtime), and order is not kept among those.
     pub fn device_wait_done_then<C>(&self, done: DeviceWaitDone, then: C)
     where
         C: FnOnce(Result<DoneOutcome, Arc<StoreError>>) + Send + 'static,
     {
-        let record = match Logged::DeviceWaitDone(done.clone()).encode() {
-            Ok(r) => r,
-            Err(e) => return then(Err(Arc::new(e))),
-        };
-        let early = record.clone();
-        let f = move |t: &mut Tx<'_>| {
-            let outcome = t.device_wait_done(&done)?;
-            let kind = match outcome {
-                DoneOutcome::Recorded(_) => Kind::Journal(record),
-                DoneOutcome::NotActive => Kind::Unchanged,
-            };
-            Ok((outcome, kind))
-        };
-        self.send_now(job(Some(early), f, then));
+        self.send_now(job(move |t| t.device_wait_done(&done), then));
     }
 
-    /// Test only: any journaled operation the way [`Store::device_wait_done_then`] sends
-    /// one, without an early record.
+    /// Test only: any operation the way [`Store::device_wait_done_then`] sends one.
     #[cfg(test)]
-    pub(crate) fn exec_logged_then<R, F, C>(&self, f: F, then: C)
+    pub(crate) fn exec_then<R, F, C>(&self, f: F, then: C)
     where
         R: Send + 'static,
-        F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Option<Logged>), StoreError> + Send + 'static,
+        F: for<'a> FnOnce(&mut Tx<'a>) -> Result<R, StoreError> + Send + 'static,
         C: FnOnce(Result<R, Arc<StoreError>>) + Send + 'static,
     {
-        self.send_now(job(None, logged_job(f), then));
+        self.send_now(job(f, then));
     }
 
     /// Queues `job` without waiting (see [`Store::device_wait_done_then`]).
-    fn send_now(&self, job: Job) {
+    fn send_now(&self, job: Job<Ctx>) {
         match self.jobs.try_send(job) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(job)) => {
@@ -369,127 +297,176 @@ impl Store {
         }
     }
 
-    /// A signal from any route (journaled).
-    pub async fn signal(&self, s: SignalIn) -> Result<SignalOutcome, Arc<StoreError>> {
-        self.exec_logged(move |t| t.signal_logged(&s, time::now_ms()))
-            .await
+    async fn send(&self, job: Job<Ctx>) -> Result<(), Arc<StoreError>> {
+        self.jobs.send(job).await.map_err(|e| {
+            refuse(e.0);
+            Arc::new(StoreError::Closed)
+        })
     }
 
-    async fn submit<R, F>(&self, f: F) -> Result<R, Arc<StoreError>>
+    /// A signal from any route.
+    pub async fn signal(&self, s: SignalIn) -> Result<SignalOutcome, Arc<StoreError>> {
+        self.exec(move |t| t.signal(&s, time::now_ms())).await
+    }
+
+    /// A consistent read holding every change acknowledged before the call: straight from
+    /// the last checkpoint when it holds them all, else on the writer, through the
+    /// changes kept in memory.
+    pub async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Kind), StoreError> + Send + 'static,
+        F: for<'a> FnOnce(&ReadTx<'a>) -> Result<R, StoreError> + Send + 'static,
     {
-        let (tx, rx) = oneshot::channel::<Result<R, Arc<StoreError>>>();
-        let job = job(None, f, move |out| {
-            let _ = tx.send(out);
-        });
-        self.jobs
-            .send(job)
-            .await
-            .map_err(|_| Arc::new(StoreError::Closed))?;
-        rx.await.map_err(|_| Arc::new(StoreError::Closed))?
-    }
-
-    /// A consistent read of the current state, holding every change acknowledged before
-    /// the call.
-    pub async fn read<R>(
-        &self,
-        f: impl FnOnce(&tables::ReadTx) -> Result<R, StoreError>,
-    ) -> Result<R, StoreError> {
-        self.fresh().await?;
-        self.read_committed(f)
-    }
-
-    /// Waits until redb holds every change acknowledged before the call (journaled ones
-    /// are committed on demand). Usually it already does, and this returns at once.
-    pub async fn fresh(&self) -> Result<(), StoreError> {
         let want = self.acked.load(Ordering::Acquire);
-        if *self.committed.borrow() >= want {
-            return Ok(());
+        if *self.landed.borrow() >= want {
+            let ctx = Ctx {
+                settings: self.settings.clone(),
+            };
+            return read_now(&self.db, &ctx, f);
         }
-        self.submit(|_| Ok(((), Kind::Barrier)))
+        self.exec(move |t| f(t))
             .await
-            .map_err(|e| StoreError::Decode(e.to_string()))
-    }
-
-    /// A read of redb's last commit, without waiting: call [`Store::fresh`] first when it
-    /// must hold what was just acknowledged.
-    pub fn read_committed<R>(
-        &self,
-        f: impl FnOnce(&tables::ReadTx) -> Result<R, StoreError>,
-    ) -> Result<R, StoreError> {
-        let rtx = self.db.begin_read()?;
-        let r = tables::ReadTx::new(rtx);
-        f(&r)
+            .map_err(|e| match Arc::try_unwrap(e) {
+                Ok(e) => e,
+                Err(e) => StoreError::Broken(e.to_string()),
+            })
     }
 
     /// Test only: the next `n` flushes of the journal fail (as a failing disk would).
     #[cfg(test)]
     pub(crate) fn fail_next_journal_syncs(&self, n: u32) {
-        self.journal_fail.store(n, Ordering::Release);
+        for f in &self.journal_fail {
+            f.store(n, Ordering::Release);
+        }
     }
 
-    /// Test only: the writer stops at once, as if the process died: nothing after its last
-    /// commit is in redb, only in the journal.
+    /// Test only: checkpoints everything acknowledged so far, and waits until it landed.
+    #[cfg(test)]
+    pub(crate) async fn checkpoint(&self) {
+        let want = self.acked.load(Ordering::Acquire);
+        let _ = self.jobs.send(Job::Freeze).await;
+        let mut landed = self.landed.clone();
+        let _ = landed.wait_for(|l| *l >= want).await;
+    }
+
+    /// Test only: the writer stops at once, as if the process died: nothing after its
+    /// last checkpoint is in redb, only in the journal.
     #[cfg(test)]
     pub(crate) async fn crash(&self) {
         let _ = self.jobs.send(Job::Crash).await;
     }
 }
 
-/// A journaled operation as a writer operation: its record, if it changed anything, is
-/// what the batch journals.
-fn logged_job<R, F>(
-    f: F,
-) -> impl for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Kind), StoreError> + Send + 'static
-where
-    R: Send + 'static,
-    F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Option<Logged>), StoreError> + Send + 'static,
-{
-    move |t| {
-        let (r, logged) = f(t)?;
-        let kind = match logged {
-            Some(l) => Kind::Journal(l.encode()?),
-            None => Kind::Unchanged,
-        };
-        Ok((r, kind))
+/// The store's topics, by what they are about.
+impl Notifier {
+    /// A session's newest event seq (`u64::MAX` once it is deleted).
+    pub fn subscribe(&self, sid: &str, current: u64) -> watch::Receiver<u64> {
+        self.watch(tables::TOPIC_SESSION, sid, current)
+    }
+
+    /// The newest hub event's seq.
+    pub fn subscribe_hub(&self) -> watch::Receiver<u64> {
+        let current = self.current(TOPIC_HUB, "").unwrap_or(0);
+        self.watch(TOPIC_HUB, "", current)
+    }
+
+    /// Changes whenever a batch added or ended remote waits of `device`.
+    pub fn subscribe_device(&self, device: &str) -> watch::Receiver<u64> {
+        self.watch(tables::TOPIC_DEVICE, device, 0)
     }
 }
 
+/// Runs a read against redb's last commit, on the caller's thread.
+fn read_now<R>(
+    db: &Database,
+    ctx: &Ctx,
+    f: impl for<'a> FnOnce(&ReadTx<'a>) -> Result<R, StoreError>,
+) -> Result<R, StoreError> {
+    let snap = Snapshot::open(&db.begin_read()?, &REGISTRY)?;
+    let mut cur = Overlay::new(REGISTRY.len());
+    let mut undo = Vec::new();
+    let mut notices = Notices::new();
+    let t = Tx::new(
+        &REGISTRY,
+        &snap,
+        None,
+        &mut cur,
+        &mut undo,
+        &mut notices,
+        ctx,
+    );
+    f(&t)
+}
+
+/// Runs a write straight into redb, before the writer starts (at open).
+fn run_once(
+    db: &Database,
+    ctx: &Ctx,
+    f: impl for<'a> FnOnce(&mut Tx<'a>) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    let snap = Snapshot::open(&db.begin_read()?, &REGISTRY)?;
+    let mut cur = Overlay::new(REGISTRY.len());
+    let mut undo = Vec::new();
+    let mut notices = Notices::new();
+    {
+        let mut t = Tx::new(
+            &REGISTRY,
+            &snap,
+            None,
+            &mut cur,
+            &mut undo,
+            &mut notices,
+            ctx,
+        );
+        f(&mut t)?;
+    }
+    if cur.is_empty() {
+        return Ok(());
+    }
+    let wtx = db.begin_write()?;
+    for (t, c) in REGISTRY.iter().zip(&cur.tables) {
+        if !c.is_empty() {
+            t.apply(&wtx, c)?;
+        }
+    }
+    wtx.commit()?;
+    Ok(())
+}
+
+fn stored_settings(db: &Database) -> Result<Option<Settings>, StoreError> {
+    let ctx = Ctx {
+        settings: Arc::new(Settings::default()),
+    };
+    read_now(db, &ctx, |t| t.stored_settings())
+}
+
 /// The writer's job for `f`, whose answer goes to `then` once the batch is durable (or
-/// failed). A failing `f` poisons the transaction: the batch is rolled back.
-fn job<R, F, C>(early: Option<Vec<u8>>, f: F, then: C) -> Job
+/// failed). A failing `f` has its changes undone.
+fn job<R, F, C>(f: F, then: C) -> Job<Ctx>
 where
     R: Send + 'static,
-    F: for<'a> FnOnce(&mut Tx<'a>) -> Result<(R, Kind), StoreError> + Send + 'static,
+    F: for<'a> FnOnce(&mut Tx<'a>) -> Result<R, StoreError> + Send + 'static,
     C: FnOnce(Result<R, Arc<StoreError>>) + Send + 'static,
 {
-    let f: writer::RunFn = Box::new(move |t: Option<&mut Tx<'_>>| {
-        let (r, kind) = match t {
-            None => (Err(StoreError::Closed), Kind::Unchanged),
-            Some(t) => match f(t) {
-                Ok((r, kind)) => (Ok(r), kind),
-                Err(e) => {
-                    t.poison(&e);
-                    (Err(e), Kind::Unchanged)
-                }
-            },
+    Job::Run(Box::new(move |t: Option<&mut Tx<'_>>| {
+        let r = match t {
+            None => Err(StoreError::Closed),
+            Some(t) => f(t),
         };
-        let done: writer::Completion = Box::new(move |committed| {
-            then(match (committed, r) {
+        let failed = r.is_err();
+        let done: Completion = Box::new(move |durable| {
+            then(match (durable, r) {
                 (Ok(()), Ok(v)) => Ok(v),
                 (Err(e), _) => Err(e),
                 (Ok(()), Err(e)) => Err(Arc::new(e)),
             });
         });
-        (done, kind)
-    });
-    Job::Run(writer::RunJob { early, f })
+        (done, failed)
+    }))
 }
 
 /// Answers a job the writer will never see (it has stopped).
-fn refuse(job: Job) {
+fn refuse(job: Job<Ctx>) {
     if let Some(done) = job.unrun() {
         done(Err(Arc::new(StoreError::Closed)));
     }

@@ -7,12 +7,11 @@ use cortex_protocol::api::{
     Badges, Event, EventBody, MessagePosted, SessionView, SignalView, WaitpointRef, WaitpointView,
     Wake, WakeView, When,
 };
-use redb::ReadableTable;
 
 use super::StoreError;
 use super::tables::{
-    DEADLINES, EVENTS, ReadTx, SESSION_WPS, SESSIONS, STATE, SessionRecord, Tx, WAITPOINTS, decode,
-    encode,
+    DEADLINES, EVENTS, MESSAGE_KEYS, SESSION_WPS, SESSIONS, SIGNAL_KEYS, STATE, SessionRecord, Tx,
+    WAITPOINTS, decode, encode,
 };
 use crate::engine::{
     CreateError, CreateParams, Effect, Refusal, SignalMeta, State, Waitpoint, WakePlan,
@@ -67,7 +66,7 @@ impl Tx<'_> {
         now: u64,
     ) -> Result<SessionView, StoreError> {
         let mut id = secret::new_id("ses");
-        while self.sessions.get(id.as_str())?.is_some() {
+        while self.table(&SESSIONS).get(id.as_str())?.is_some() {
             id = secret::new_id("ses");
         }
         let rec = SessionRecord {
@@ -76,7 +75,7 @@ impl Tx<'_> {
             created_at: now,
             last_seq: 0,
         };
-        self.sessions
+        self.table_mut(&SESSIONS)
             .insert(id.as_str(), encode(&rec)?.as_slice())?;
         Ok(SessionView {
             id,
@@ -104,9 +103,10 @@ impl Tx<'_> {
             body,
         };
         let json = serde_json::to_vec(&ev).map_err(|e| StoreError::Decode(e.to_string()))?;
-        self.events.insert((sid, rec.last_seq), json.as_slice())?;
-        self.sessions.insert(sid, encode(&rec)?.as_slice())?;
-        self.touched.insert(sid.to_string(), rec.last_seq);
+        self.events().insert((sid, rec.last_seq), json.as_slice())?;
+        self.table_mut(&SESSIONS)
+            .insert(sid, encode(&rec)?.as_slice())?;
+        self.notify(super::tables::TOPIC_SESSION, sid, rec.last_seq);
         Ok(Some(rec.last_seq))
     }
 
@@ -119,7 +119,7 @@ impl Tx<'_> {
         now: u64,
     ) -> Result<Option<MessagePosted>, StoreError> {
         if let Some(k) = &dedupe_key
-            && let Some(seq) = self.msg_keys.get((sid, k.as_str()))?
+            && let Some(seq) = self.msg_keys().get((sid, k.as_str()))?
         {
             return Ok(Some(MessagePosted {
                 seq: seq.value(),
@@ -135,7 +135,7 @@ impl Tx<'_> {
             return Ok(None);
         };
         if let Some(k) = &dedupe_key {
-            self.msg_keys.insert((sid, k.as_str()), seq)?;
+            self.msg_keys().insert((sid, k.as_str()), seq)?;
         }
         Ok(Some(MessagePosted {
             seq,
@@ -149,10 +149,10 @@ impl Tx<'_> {
         if self.get_session(sid)?.is_none() {
             return Ok(false);
         }
-        let ids = seconds_of(&self.session_wps, sid)?;
+        let ids = seconds_of(&self.table(&SESSION_WPS), sid)?;
         for id in ids {
             if let Some(mut wp) = self.get_wp(&id)? {
-                let before = (wp.deadline(&self.settings), wp.timer());
+                let before = (wp.deadline(self.settings()), wp.timer());
                 if wp.cancel(now) {
                     self.put_wp(&wp, Some(before))?;
                 }
@@ -160,20 +160,20 @@ impl Tx<'_> {
         }
         let seqs: Vec<u64> = {
             let mut v = Vec::new();
-            for r in self.events.range((sid, 0)..=(sid, u64::MAX))? {
+            for r in self.events().range((sid, 0)..=(sid, u64::MAX))? {
                 v.push(r?.0.value().1);
             }
             v
         };
         for s in seqs {
-            self.events.remove((sid, s))?;
+            self.events().remove((sid, s))?;
         }
-        let keys = seconds_of(&self.msg_keys, sid)?;
+        let keys = seconds_of(&self.table(&MESSAGE_KEYS), sid)?;
         for k in keys {
-            self.msg_keys.remove((sid, k.as_str()))?;
+            self.msg_keys().remove((sid, k.as_str()))?;
         }
-        self.sessions.remove(sid)?;
-        self.touched.insert(sid.to_string(), u64::MAX);
+        self.table_mut(&SESSIONS).remove(sid)?;
+        self.notify(super::tables::TOPIC_SESSION, sid, u64::MAX);
         Ok(true)
     }
 
@@ -190,7 +190,7 @@ impl Tx<'_> {
             return Ok(CreateOutcome::NoSession);
         }
         let mut id = secret::new_id("wp");
-        while self.wps.get((id.as_str(), STATE))?.is_some() {
+        while self.wps().get((id.as_str(), STATE))?.is_some() {
             id = secret::new_id("wp");
         }
         let wp = match Waitpoint::create(
@@ -198,14 +198,14 @@ impl Tx<'_> {
             sid.to_string(),
             secret_hash,
             params,
-            &self.settings,
+            self.settings(),
             now,
         ) {
             Ok(wp) => wp,
             Err(e) => return Ok(CreateOutcome::Invalid(e)),
         };
         self.put_wp(&wp, None)?;
-        self.session_wps.insert((sid, wp.id.as_str()), ())?;
+        self.session_wps().insert((sid, wp.id.as_str()), ())?;
         self.append_event(
             sid,
             EventBody::WaitpointArmed {
@@ -230,7 +230,7 @@ impl Tx<'_> {
         if scope.is_some_and(|s| s != wp.session) {
             return Ok(CancelOutcome::NotFound);
         }
-        let before = (wp.deadline(&self.settings), wp.timer());
+        let before = (wp.deadline(self.settings()), wp.timer());
         if !wp.cancel(now) {
             return Ok(CancelOutcome::AlreadyEnded(wp.state));
         }
@@ -276,12 +276,12 @@ impl Tx<'_> {
     ) -> Result<SignalOutcome, StoreError> {
         let id = s.req.id.as_str();
         if let Some(k) = &s.dedupe
-            && self.keys.get((id, k.as_str()))?.is_some()
+            && self.keys().get((id, k.as_str()))?.is_some()
         {
             return Ok(SignalOutcome::Duplicate { state: wp.state });
         }
-        let before = (wp.deadline(&self.settings), wp.timer());
-        let settings = self.settings.clone();
+        let before = (wp.deadline(self.settings()), wp.timer());
+        let settings = self.settings().clone();
         let mut effects = wp.tick(&settings, now);
         let meta = SignalMeta {
             status: s.req.status(),
@@ -306,9 +306,9 @@ impl Tx<'_> {
                     key: s.dedupe.clone(),
                     at: now,
                 };
-                self.wps.insert((id, seq), encode(&view)?.as_slice())?;
+                self.wps().insert((id, seq), encode(&view)?.as_slice())?;
                 if let Some(k) = &s.dedupe {
-                    self.keys.insert((id, k.as_str()), seq)?;
+                    self.keys().insert((id, k.as_str()), seq)?;
                 }
                 effects.extend(more);
                 self.apply(&mut wp, &effects, now)?;
@@ -322,7 +322,7 @@ impl Tx<'_> {
     pub fn fire_timers(&mut self, now: u64) -> Result<usize, StoreError> {
         let due: Vec<String> = {
             let mut v = Vec::new();
-            for r in self.timers.range(..(now.saturating_add(1), ""))? {
+            for r in self.timers().range(..(now.saturating_add(1), ""))? {
                 v.push(r?.0.value().1.to_string());
                 if v.len() >= PASS_LIMIT {
                     break;
@@ -341,7 +341,7 @@ impl Tx<'_> {
     pub fn sweep(&mut self, now: u64) -> Result<usize, StoreError> {
         let due: Vec<String> = {
             let mut v = Vec::new();
-            for r in self.deadlines.range(..(now.saturating_add(1), ""))? {
+            for r in self.deadlines().range(..(now.saturating_add(1), ""))? {
                 v.push(r?.0.value().1.to_string());
                 if v.len() >= PASS_LIMIT {
                     break;
@@ -359,8 +359,8 @@ impl Tx<'_> {
         let Some(mut wp) = self.get_wp(id)? else {
             return Ok(());
         };
-        let before = (wp.deadline(&self.settings), wp.timer());
-        let settings = self.settings.clone();
+        let before = (wp.deadline(self.settings()), wp.timer());
+        let settings = self.settings().clone();
         let effects = wp.tick(&settings, now);
         self.apply(&mut wp, &effects, now)?;
         self.save_or_purge(&wp, before, &effects)
@@ -396,7 +396,7 @@ impl Tx<'_> {
     fn deliver(&mut self, wp: &mut Waitpoint, plan: &WakePlan, now: u64) -> Result<(), StoreError> {
         let mut carried: Vec<SignalView> = Vec::new();
         for r in self
-            .wps
+            .wps()
             .range((wp.id.as_str(), plan.from_seq)..(wp.id.as_str(), plan.to_seq))?
         {
             carried.push(decode(r?.1.value())?);
@@ -426,20 +426,20 @@ impl Tx<'_> {
 
     fn purge(&mut self, wp: &Waitpoint, before: (u64, Option<u64>)) -> Result<(), StoreError> {
         let id = wp.id.as_str();
-        self.deadlines.remove((before.0, id))?;
+        self.deadlines().remove((before.0, id))?;
         if let Some(t) = before.1 {
-            self.timers.remove((t, id))?;
-            self.timers_changed = true;
+            self.timers().remove((t, id))?;
+            self.timers_changed()?;
         }
         for seq in 0..wp.signal_count {
-            self.wps.remove((id, seq))?;
+            self.wps().remove((id, seq))?;
         }
-        let keys = seconds_of(&self.keys, id)?;
+        let keys = seconds_of(&self.table(&SIGNAL_KEYS), id)?;
         for k in keys {
-            self.keys.remove((id, k.as_str()))?;
+            self.keys().remove((id, k.as_str()))?;
         }
-        self.session_wps.remove((wp.session.as_str(), id))?;
-        self.wps.remove((id, STATE))?;
+        self.session_wps().remove((wp.session.as_str(), id))?;
+        self.wps().remove((id, STATE))?;
         Ok(())
     }
 }
@@ -447,7 +447,7 @@ impl Tx<'_> {
 /// The second halves of the keys `(first, _)` of a table keyed by string pairs: a session's
 /// waitpoints, a waitpoint's signal keys, a session's message keys.
 fn seconds_of<V: redb::Value + 'static>(
-    t: &impl ReadableTable<(&'static str, &'static str), V>,
+    t: &super::kernel::TableRef<'_, (&'static str, &'static str), V>,
     first: &str,
 ) -> Result<Vec<String>, StoreError> {
     let mut v = Vec::new();
@@ -470,9 +470,9 @@ fn wp_ref(wp: &Waitpoint) -> WaitpointRef {
     }
 }
 
-impl ReadTx {
+impl Tx<'_> {
     pub fn session(&self, sid: &str) -> Result<Option<SessionView>, StoreError> {
-        let t = self.table(SESSIONS)?;
+        let t = self.table(&SESSIONS);
         let Some(v) = t.get(sid)? else {
             return Ok(None);
         };
@@ -497,7 +497,7 @@ impl ReadTx {
     }
 
     pub fn sessions(&self) -> Result<Vec<SessionView>, StoreError> {
-        let t = self.table(SESSIONS)?;
+        let t = self.table(&SESSIONS);
         let mut out = Vec::new();
         for r in t.iter()? {
             let rec: SessionRecord = decode(r?.1.value())?;
@@ -514,10 +514,10 @@ impl ReadTx {
         after: u64,
         limit: usize,
     ) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
-        if self.table(SESSIONS)?.get(sid)?.is_none() {
+        if self.table(&SESSIONS).get(sid)?.is_none() {
             return Ok(None);
         }
-        let t = self.table(EVENTS)?;
+        let t = self.table(&EVENTS);
         let mut out = Vec::new();
         for r in t.range((sid, after.saturating_add(1))..=(sid, u64::MAX))? {
             out.push(r?.1.value().to_vec());
@@ -529,8 +529,8 @@ impl ReadTx {
     }
 
     fn session_waitpoints_raw(&self, sid: &str) -> Result<Vec<Waitpoint>, StoreError> {
-        let idx = self.table(SESSION_WPS)?;
-        let wps = self.table(WAITPOINTS)?;
+        let idx = self.table(&SESSION_WPS);
+        let wps = self.table(&WAITPOINTS);
         let mut out = Vec::new();
         for id in seconds_of(&idx, sid)? {
             if let Some(v) = wps.get((id.as_str(), STATE))? {
@@ -547,7 +547,7 @@ impl ReadTx {
         now: u64,
         settings: &crate::engine::Settings,
     ) -> Result<Option<Vec<WaitpointView>>, StoreError> {
-        if self.table(SESSIONS)?.get(sid)?.is_none() {
+        if self.table(&SESSIONS).get(sid)?.is_none() {
             return Ok(None);
         }
         let mut out = Vec::new();
@@ -564,7 +564,7 @@ impl ReadTx {
         now: u64,
         settings: &crate::engine::Settings,
     ) -> Result<Option<WaitpointView>, StoreError> {
-        let t = self.table(WAITPOINTS)?;
+        let t = self.table(&WAITPOINTS);
         let Some(v) = t.get((id, STATE))? else {
             return Ok(None);
         };
@@ -574,7 +574,7 @@ impl ReadTx {
 
     /// The raw engine state, for callers that act on it.
     pub fn waitpoint_state(&self, id: &str) -> Result<Option<Waitpoint>, StoreError> {
-        let t = self.table(WAITPOINTS)?;
+        let t = self.table(&WAITPOINTS);
         match t.get((id, STATE))? {
             Some(v) => Ok(Some(decode(v.value())?)),
             None => Ok(None),
@@ -587,7 +587,7 @@ impl ReadTx {
         now: u64,
         settings: &crate::engine::Settings,
     ) -> Result<WaitpointView, StoreError> {
-        let t = self.table(WAITPOINTS)?;
+        let t = self.table(&WAITPOINTS);
         let from = wp.signal_count.saturating_sub(VIEW_SIGNALS as u64);
         let mut signals = Vec::new();
         for r in t.range((wp.id.as_str(), from)..(wp.id.as_str(), wp.signal_count))? {
@@ -645,7 +645,6 @@ impl ReadTx {
 
     /// How many entries the deadline index holds (for tests and status).
     pub fn deadline_count(&self) -> Result<u64, StoreError> {
-        use redb::ReadableTableMetadata;
-        Ok(self.table(DEADLINES)?.len()?)
+        self.table(&DEADLINES).count()
     }
 }

@@ -1,4 +1,5 @@
-//! redb tables, the write transaction wrapper [`Tx`] and the read wrapper [`ReadTx`].
+//! The hub's tables, registered with the kernel ([`REGISTRY`]), the view type [`Tx`] and its
+//! accessors, and the notice topics.
 //!
 //! Layout (keys → values; records are MessagePack with field names, events are JSON):
 //! - `waitpoints`: (waitpoint, seq) → signal, and (waitpoint, [`STATE`]) → engine state.
@@ -15,45 +16,54 @@
 //! - `device_waits`: (device, waitpoint) → an active remote wait (`device_waits.rs`)
 //! - `device_wait_due`: (time, waitpoint) → device, when the hub ends an active remote
 //!   wait nobody reported on
-//! - `meta`: name → number; `journal_seq` is the newest journal record a commit holds
+//! - `meta`: name → number; `journal_seq` is the newest journal record a checkpoint holds
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use redb::{
-    ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition, WriteTransaction,
-};
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
+use super::kernel::{AnyTable, Table, TableSpec};
 use crate::engine::{Settings, Waitpoint};
 
-pub(crate) const WAITPOINTS: TableDefinition<(&str, u64), &[u8]> =
-    TableDefinition::new("waitpoints_v2");
+pub(crate) use super::kernel::checkpoint::META;
+
+pub(crate) const WAITPOINTS: TableSpec<(&str, u64), &[u8]> = TableSpec::new(1, "waitpoints_v2");
 /// The key of a waitpoint's state record in [`WAITPOINTS`]; its signals use 0, 1, 2…
 pub(crate) const STATE: u64 = u64::MAX;
-pub(crate) const SIGNAL_KEYS: TableDefinition<(&str, &str), u64> =
-    TableDefinition::new("signal_keys");
-pub(crate) const DEADLINES: TableDefinition<(u64, &str), ()> = TableDefinition::new("deadlines");
-pub(crate) const TIMERS: TableDefinition<(u64, &str), ()> = TableDefinition::new("timers");
-pub(crate) const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
-pub(crate) const SESSION_WPS: TableDefinition<(&str, &str), ()> =
-    TableDefinition::new("session_waitpoints");
-pub(crate) const EVENTS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("events");
-pub(crate) const MESSAGE_KEYS: TableDefinition<(&str, &str), u64> =
-    TableDefinition::new("message_keys");
-pub(crate) const DEVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("devices");
-pub(crate) const HUB_EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("hub_events");
-pub(crate) const DEVICE_WAITS: TableDefinition<(&str, &str), &[u8]> =
-    TableDefinition::new("device_waits");
-pub(crate) const DEVICE_WAIT_DUE: TableDefinition<(u64, &str), &str> =
-    TableDefinition::new("device_wait_due");
-pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-/// The key in [`META`] of the newest journal record that redb holds.
-pub(crate) const JOURNAL_SEQ: &str = "journal_seq";
-/// The keys in [`META`] of the settings the running hub applies, stored at each start: the
-/// journal's records newer than the last commit were applied with them, so a replay after
-/// a crash uses them, not the settings of the hub that restarts.
+pub(crate) const SIGNAL_KEYS: TableSpec<(&str, &str), u64> = TableSpec::new(2, "signal_keys");
+pub(crate) const DEADLINES: TableSpec<(u64, &str), ()> = TableSpec::new(3, "deadlines");
+pub(crate) const TIMERS: TableSpec<(u64, &str), ()> = TableSpec::new(4, "timers");
+pub(crate) const SESSIONS: TableSpec<&str, &[u8]> = TableSpec::new(5, "sessions");
+pub(crate) const SESSION_WPS: TableSpec<(&str, &str), ()> = TableSpec::new(6, "session_waitpoints");
+pub(crate) const EVENTS: TableSpec<(&str, u64), &[u8]> = TableSpec::new(7, "events");
+pub(crate) const MESSAGE_KEYS: TableSpec<(&str, &str), u64> = TableSpec::new(8, "message_keys");
+pub(crate) const DEVICES: TableSpec<&str, &[u8]> = TableSpec::new(9, "devices");
+pub(crate) const HUB_EVENTS: TableSpec<u64, &[u8]> = TableSpec::new(10, "hub_events");
+pub(crate) const DEVICE_WAITS: TableSpec<(&str, &str), &[u8]> = TableSpec::new(11, "device_waits");
+pub(crate) const DEVICE_WAIT_DUE: TableSpec<(u64, &str), &str> =
+    TableSpec::new(12, "device_wait_due");
+
+/// Every table of the hub, each at its position.
+pub(crate) static REGISTRY: [&dyn AnyTable; 13] = [
+    &META,
+    &WAITPOINTS,
+    &SIGNAL_KEYS,
+    &DEADLINES,
+    &TIMERS,
+    &SESSIONS,
+    &SESSION_WPS,
+    &EVENTS,
+    &MESSAGE_KEYS,
+    &DEVICES,
+    &HUB_EVENTS,
+    &DEVICE_WAITS,
+    &DEVICE_WAIT_DUE,
+];
+
+/// The keys in [`META`] of the settings the running hub applies, stored at each start:
+/// journal records an older hub wrote (operations, not their changes) are replayed with
+/// the settings they were written under, not the settings of the hub that restarts.
 const SETTING_KEYS: [&str; 6] = [
     "settings.default_ttl_ms",
     "settings.max_ttl_ms",
@@ -62,6 +72,16 @@ const SETTING_KEYS: [&str; 6] = [
     "settings.barrier_delay_ms",
     "settings.retention_ms",
 ];
+
+/// What the hub's operations need besides the tables.
+pub struct Ctx {
+    pub settings: Arc<Settings>,
+}
+
+/// The view every operation runs against (reads and writes).
+pub type Tx<'a> = super::kernel::Tx<'a, Ctx>;
+/// The same view, for reads.
+pub type ReadTx<'a> = Tx<'a>;
 
 /// A stored session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -80,108 +100,59 @@ pub(crate) fn decode<T: for<'de> Deserialize<'de>>(b: &[u8]) -> Result<T, StoreE
     rmp_serde::from_slice(b).map_err(|e| StoreError::Decode(e.to_string()))
 }
 
-pub(crate) fn create_all(wtx: &WriteTransaction) -> Result<(), StoreError> {
-    wtx.open_table(WAITPOINTS)?;
-    wtx.open_table(SIGNAL_KEYS)?;
-    wtx.open_table(DEADLINES)?;
-    wtx.open_table(TIMERS)?;
-    wtx.open_table(SESSIONS)?;
-    wtx.open_table(SESSION_WPS)?;
-    wtx.open_table(EVENTS)?;
-    wtx.open_table(MESSAGE_KEYS)?;
-    wtx.open_table(DEVICES)?;
-    wtx.open_table(HUB_EVENTS)?;
-    wtx.open_table(DEVICE_WAITS)?;
-    wtx.open_table(DEVICE_WAIT_DUE)?;
-    wtx.open_table(META)?;
-    Ok(())
-}
-
-pub(crate) fn first_device_wait_due(rtx: &ReadTransaction) -> Result<Option<u64>, StoreError> {
-    let t = rtx.open_table(DEVICE_WAIT_DUE)?;
-    Ok(t.first()?.map(|(k, _)| k.value().0))
-}
-
-pub(crate) fn first_timer(rtx: &ReadTransaction) -> Result<Option<u64>, StoreError> {
-    let t = rtx.open_table(TIMERS)?;
-    Ok(t.first()?.map(|(k, _)| k.value().0))
-}
-
-/// One group commit's view: every table open for writing, plus what to publish after.
-pub struct Tx<'a> {
-    /// Waitpoint states and their signals ([`WAITPOINTS`]).
-    pub(crate) wps: Table<'a, (&'static str, u64), &'static [u8]>,
-    pub(crate) keys: Table<'a, (&'static str, &'static str), u64>,
-    pub(crate) deadlines: Table<'a, (u64, &'static str), ()>,
-    pub(crate) timers: Table<'a, (u64, &'static str), ()>,
-    pub(crate) sessions: Table<'a, &'static str, &'static [u8]>,
-    pub(crate) session_wps: Table<'a, (&'static str, &'static str), ()>,
-    pub(crate) events: Table<'a, (&'static str, u64), &'static [u8]>,
-    pub(crate) msg_keys: Table<'a, (&'static str, &'static str), u64>,
-    pub(crate) devices: Table<'a, &'static str, &'static [u8]>,
-    pub(crate) hub_events: Table<'a, u64, &'static [u8]>,
-    pub(crate) device_waits: Table<'a, (&'static str, &'static str), &'static [u8]>,
-    pub(crate) device_wait_due: Table<'a, (u64, &'static str), &'static str>,
-    pub(crate) meta: Table<'a, &'static str, u64>,
-    pub settings: Arc<Settings>,
-    /// Sessions whose log grew, with their newest seq.
-    pub(crate) touched: HashMap<String, u64>,
-    /// The newest hub event appended in this transaction.
-    pub(crate) hub_seq: Option<u64>,
-    pub(crate) timers_changed: bool,
-    /// Devices whose set of active remote waits changed: their links reconcile.
-    pub(crate) devices_touched: HashSet<String>,
-    pub(crate) device_wait_due_changed: bool,
-    pub(crate) poisoned: Option<String>,
-}
-
-impl<'a> Tx<'a> {
-    pub(crate) fn open(
-        wtx: &'a WriteTransaction,
-        settings: Arc<Settings>,
-    ) -> Result<Self, StoreError> {
-        Ok(Tx {
-            wps: wtx.open_table(WAITPOINTS)?,
-            keys: wtx.open_table(SIGNAL_KEYS)?,
-            deadlines: wtx.open_table(DEADLINES)?,
-            timers: wtx.open_table(TIMERS)?,
-            sessions: wtx.open_table(SESSIONS)?,
-            session_wps: wtx.open_table(SESSION_WPS)?,
-            events: wtx.open_table(EVENTS)?,
-            msg_keys: wtx.open_table(MESSAGE_KEYS)?,
-            devices: wtx.open_table(DEVICES)?,
-            hub_events: wtx.open_table(HUB_EVENTS)?,
-            device_waits: wtx.open_table(DEVICE_WAITS)?,
-            device_wait_due: wtx.open_table(DEVICE_WAIT_DUE)?,
-            meta: wtx.open_table(META)?,
-            settings,
-            touched: HashMap::new(),
-            hub_seq: None,
-            timers_changed: false,
-            devices_touched: HashSet::new(),
-            device_wait_due_changed: false,
-            poisoned: None,
-        })
+impl Tx<'_> {
+    pub(crate) fn wps(&mut self) -> Table<'_, (&'static str, u64), &'static [u8]> {
+        self.table_mut(&WAITPOINTS)
+    }
+    pub(crate) fn keys(&mut self) -> Table<'_, (&'static str, &'static str), u64> {
+        self.table_mut(&SIGNAL_KEYS)
+    }
+    pub(crate) fn deadlines(&mut self) -> Table<'_, (u64, &'static str), ()> {
+        self.table_mut(&DEADLINES)
+    }
+    pub(crate) fn timers(&mut self) -> Table<'_, (u64, &'static str), ()> {
+        self.table_mut(&TIMERS)
+    }
+    pub(crate) fn session_wps(&mut self) -> Table<'_, (&'static str, &'static str), ()> {
+        self.table_mut(&SESSION_WPS)
+    }
+    pub(crate) fn events(&mut self) -> Table<'_, (&'static str, u64), &'static [u8]> {
+        self.table_mut(&EVENTS)
+    }
+    pub(crate) fn msg_keys(&mut self) -> Table<'_, (&'static str, &'static str), u64> {
+        self.table_mut(&MESSAGE_KEYS)
+    }
+    pub(crate) fn hub_events(&mut self) -> Table<'_, u64, &'static [u8]> {
+        self.table_mut(&HUB_EVENTS)
+    }
+    pub(crate) fn device_wait_due(&mut self) -> Table<'_, (u64, &'static str), &'static str> {
+        self.table_mut(&DEVICE_WAIT_DUE)
+    }
+    fn meta(&mut self) -> Table<'_, &'static str, u64> {
+        self.table_mut(&META)
     }
 
-    /// A job failed half-way: the whole batch is aborted, so nothing half-done is kept.
-    pub(crate) fn poison(&mut self, e: &StoreError) {
-        if self.poisoned.is_none() {
-            self.poisoned = Some(e.to_string());
-        }
+    /// The hub's settings.
+    pub fn settings(&self) -> &Arc<Settings> {
+        &self.ctx.settings
     }
 
-    /// The newest journal record this transaction's state holds.
+    /// The newest journal record the last checkpoint holds (for tests).
+    #[cfg(test)]
     pub(crate) fn journal_seq(&self) -> Result<u64, StoreError> {
-        Ok(self.meta.get(JOURNAL_SEQ)?.map_or(0, |v| v.value()))
+        Ok(self
+            .table(&META)
+            .get(super::kernel::checkpoint::JOURNAL_SEQ)?
+            .map_or(0, |v| v.value()))
     }
 
     /// The settings the hub that wrote the journal applied (see [`SETTING_KEYS`]); `None`
     /// for a store from before they were kept.
     pub(crate) fn stored_settings(&self) -> Result<Option<Settings>, StoreError> {
         let mut v = [0u64; SETTING_KEYS.len()];
+        let meta = self.table(&META);
         for (slot, key) in v.iter_mut().zip(SETTING_KEYS) {
-            match self.meta.get(key)? {
+            match meta.get(key)? {
                 Some(x) => *slot = x.value(),
                 None => return Ok(None),
             }
@@ -196,7 +167,7 @@ impl<'a> Tx<'a> {
         }))
     }
 
-    /// Keeps `s` as the settings the journal's next records are applied with.
+    /// Keeps `s` as the settings the running hub applies.
     pub(crate) fn store_settings(&mut self, s: &Settings) -> Result<(), StoreError> {
         let v = [
             s.default_ttl_ms,
@@ -207,21 +178,40 @@ impl<'a> Tx<'a> {
             s.retention_ms,
         ];
         for (key, x) in SETTING_KEYS.into_iter().zip(v) {
-            self.meta.insert(key, x)?;
+            if self.table(&META).get(key)?.map(|g| g.value()) != Some(x) {
+                self.meta().insert(key, x)?;
+            }
         }
         Ok(())
     }
 
     pub(crate) fn first_timer(&self) -> Result<Option<u64>, StoreError> {
-        Ok(self.timers.first()?.map(|(k, _)| k.value().0))
+        Ok(self.table(&TIMERS).first()?.map(|(k, _)| k.value().0))
     }
 
     pub(crate) fn first_device_wait_due(&self) -> Result<Option<u64>, StoreError> {
-        Ok(self.device_wait_due.first()?.map(|(k, _)| k.value().0))
+        Ok(self
+            .table(&DEVICE_WAIT_DUE)
+            .first()?
+            .map(|(k, _)| k.value().0))
+    }
+
+    /// Announces the earliest decided wake (after a change to the timers).
+    pub(crate) fn timers_changed(&mut self) -> Result<(), StoreError> {
+        let first = self.first_timer()?;
+        self.notify(TOPIC_TIMERS, TIMER_WAKE, first.unwrap_or(u64::MAX));
+        Ok(())
+    }
+
+    /// Announces the earliest remote-wait deadline (after a change to them).
+    pub(crate) fn device_wait_due_changed(&mut self) -> Result<(), StoreError> {
+        let first = self.first_device_wait_due()?;
+        self.notify(TOPIC_TIMERS, TIMER_DEVICE_WAIT, first.unwrap_or(u64::MAX));
+        Ok(())
     }
 
     pub(crate) fn get_wp(&self, id: &str) -> Result<Option<Waitpoint>, StoreError> {
-        match self.wps.get((id, STATE))? {
+        match self.table(&WAITPOINTS).get((id, STATE))? {
             Some(v) => Ok(Some(decode(v.value())?)),
             None => Ok(None),
         }
@@ -234,64 +224,48 @@ impl<'a> Tx<'a> {
         wp: &Waitpoint,
         before: Option<(u64, Option<u64>)>,
     ) -> Result<(), StoreError> {
-        let deadline = wp.deadline(&self.settings);
+        let deadline = wp.deadline(self.settings());
         let timer = wp.timer();
         let id = wp.id.as_str();
         match before {
             Some((d, _)) if d == deadline => {}
             Some((d, _)) => {
-                self.deadlines.remove((d, id))?;
-                self.deadlines.insert((deadline, id), ())?;
+                self.deadlines().remove((d, id))?;
+                self.deadlines().insert((deadline, id), ())?;
             }
             None => {
-                self.deadlines.insert((deadline, id), ())?;
+                self.deadlines().insert((deadline, id), ())?;
             }
         }
         let old_timer = before.and_then(|b| b.1);
         if old_timer != timer {
             if let Some(t) = old_timer {
-                self.timers.remove((t, id))?;
+                self.timers().remove((t, id))?;
             }
             if let Some(t) = timer {
-                self.timers.insert((t, id), ())?;
+                self.timers().insert((t, id), ())?;
             }
-            self.timers_changed = true;
+            self.timers_changed()?;
         }
-        self.wps.insert((id, STATE), encode(wp)?.as_slice())?;
+        self.wps().insert((id, STATE), encode(wp)?.as_slice())?;
         // A remote wait lives only as long as its waitpoint is armed.
         self.waitpoint_ended(wp)
     }
 
     pub(crate) fn get_session(&self, sid: &str) -> Result<Option<SessionRecord>, StoreError> {
-        match self.sessions.get(sid)? {
+        match self.table(&SESSIONS).get(sid)? {
             Some(v) => Ok(Some(decode(v.value())?)),
             None => Ok(None),
         }
     }
 }
 
-/// A read snapshot.
-pub struct ReadTx {
-    rtx: ReadTransaction,
-}
-
-impl ReadTx {
-    pub(crate) fn new(rtx: ReadTransaction) -> Self {
-        ReadTx { rtx }
-    }
-
-    /// The newest journal record redb's last commit holds (the writer reads it through
-    /// its own transaction; tests through this).
-    #[cfg(test)]
-    pub(crate) fn journal_seq(&self) -> Result<u64, StoreError> {
-        let t = self.table(META)?;
-        Ok(t.get(JOURNAL_SEQ)?.map_or(0, |v| v.value()))
-    }
-
-    pub(crate) fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
-        &self,
-        def: TableDefinition<K, V>,
-    ) -> Result<ReadOnlyTable<K, V>, StoreError> {
-        Ok(self.rtx.open_table(def)?)
-    }
-}
+/// The notice topics the store raises (see [`super::kernel::Notifier`]).
+pub const TOPIC_SESSION: &str = "session";
+pub const TOPIC_HUB: &str = "hub";
+pub const TOPIC_DEVICE: &str = "device";
+pub const TOPIC_TIMERS: &str = "timers";
+/// Keys under [`TOPIC_TIMERS`]: the earliest decided wake, the earliest remote-wait deadline
+/// (`u64::MAX`: none).
+pub const TIMER_WAKE: &str = "wake";
+pub const TIMER_DEVICE_WAIT: &str = "device-wait";

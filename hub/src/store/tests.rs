@@ -76,14 +76,22 @@ fn sig(id: &str, secret: &str, key: Option<&str>) -> SignalIn {
 
 async fn send(store: &Store, s: SignalIn, now: u64) -> SignalOutcome {
     store
-        .exec_logged(move |t| t.signal_logged(&s, now))
+        .exec(move |t| t.signal(&s, now))
         .await
         .expect("signal")
 }
 
+/// The earliest decided wake the store announces.
+pub(super) fn next_timer(store: &Store) -> Option<u64> {
+    Some(*store.next_timer.borrow()).filter(|t| *t != u64::MAX)
+}
+
 async fn events(store: &Store, sid: &str) -> Vec<Event> {
     store
-        .read(|r| r.events_after(sid, 0, 1000))
+        .read({
+            let sid = sid.to_string();
+            move |r| r.events_after(&sid, 0, 1000)
+        })
         .await
         .expect("read")
         .expect("session")
@@ -142,7 +150,10 @@ async fn a_signal_wakes_the_session_once_and_survives_reopen() {
     let (store, _guard) = open(dir.path());
     assert_eq!(wakes(&store, &sid).await, vec![WakeReason::Fired]);
     let view = store
-        .read(|r| r.waitpoint(&id, T0, &Settings::default()))
+        .read({
+            let id = id.clone();
+            move |r| r.waitpoint(&id, T0, &Settings::default())
+        })
         .await
         .expect("read")
         .expect("wp");
@@ -163,17 +174,13 @@ async fn a_barrier_wake_is_a_timer_that_survives_a_restart() {
     let (id, secret) = waitpoint(&store, &sid, p).await;
     send(&store, sig(&id, &secret, Some("a")), T0 + 10).await;
     send(&store, sig(&id, &secret, Some("b")), T0 + 20).await;
-    assert_eq!(*store.next_timer.borrow(), Some(T0 + 20 + 3_000));
+    assert_eq!(next_timer(&store), Some(T0 + 20 + 3_000));
     assert!(wakes(&store, &sid).await.is_empty());
     drop(store);
     guard.join();
 
     let (store, _guard) = open(dir.path());
-    assert_eq!(
-        *store.next_timer.borrow(),
-        Some(T0 + 3_020),
-        "the timer is durable"
-    );
+    assert_eq!(next_timer(&store), Some(T0 + 3_020), "the timer is durable");
     assert_eq!(
         store
             .exec(|t| t.fire_timers(T0 + 3_019))
@@ -197,7 +204,7 @@ async fn a_barrier_wake_is_a_timer_that_survives_a_restart() {
         "once"
     );
     assert_eq!(wakes(&store, &sid).await, vec![WakeReason::Fired]);
-    assert_eq!(*store.next_timer.borrow(), None);
+    assert_eq!(next_timer(&store), None);
 }
 
 #[tokio::test]
@@ -263,7 +270,10 @@ async fn deleting_a_session_cancels_its_waitpoints() {
     );
     assert!(
         store
-            .read(|r| r.session(&sid))
+            .read({
+                let sid = sid.clone();
+                move |r| r.session(&sid)
+            })
             .await
             .expect("read")
             .is_none()
@@ -352,7 +362,10 @@ async fn concurrent_signals_share_commits_and_each_counts_once() {
     assert_eq!(accepted, 50 * 20);
     for (id, _) in &ids {
         let v = store
-            .read(|r| r.waitpoint(id, T0, &Settings::default()))
+            .read({
+                let id = id.clone();
+                move |r| r.waitpoint(&id, T0, &Settings::default())
+            })
             .await
             .expect("read")
             .expect("wp");
@@ -672,8 +685,13 @@ pub(super) async fn signal_count(store: &Store, id: &str) -> usize {
 /// The journal number of the last commit in the closed store at `dir`.
 fn journal_seq(dir: &std::path::Path) -> u64 {
     let db = redb::Database::open(dir.join("hub.redb")).expect("reopen db");
-    let rtx = db.begin_read().expect("read");
-    tables::ReadTx::new(rtx).journal_seq().expect("meta")
+    read_now(&db, &ctx(), |r| r.journal_seq()).expect("meta")
+}
+
+fn ctx() -> Ctx {
+    Ctx {
+        settings: Arc::new(Settings::default()),
+    }
 }
 
 #[tokio::test]
@@ -723,8 +741,12 @@ async fn journaled_signals_survive_a_crash_once_each() {
         send(&store, progress(&mon, &msecret, k), T0 + 1).await;
     }
     session(&store).await;
-    let committed = store.read_committed(|r| r.journal_seq()).expect("meta");
-    assert!(committed >= 2, "the commit holds the first two records");
+    store.checkpoint().await;
+    let committed = read_now(&store.db, &ctx(), |r| r.journal_seq()).expect("meta");
+    assert!(
+        committed >= 3,
+        "the checkpoint holds the first three records"
+    );
     for k in ["p3", "p4", "p5"] {
         send(&store, progress(&mon, &msecret, k), T0 + 2).await;
     }
@@ -759,13 +781,13 @@ async fn journaled_signals_survive_a_crash_once_each() {
     // The second member completes the barrier after the restart, as if nothing happened.
     let mut b = sig(&barrier, &bsecret, Some("b1"));
     b.req.member = Some("b".into());
-    assert!(store.next_timer.borrow().is_none());
+    assert!(next_timer(&store).is_none());
     assert!(matches!(
         send(&store, b, T0 + 5).await,
         SignalOutcome::Accepted { .. }
     ));
     assert_eq!(
-        *store.next_timer.borrow(),
+        next_timer(&store),
         Some(T0 + 5 + 3_000),
         "both members reported: the barrier's wake is due 3 s later"
     );
@@ -821,14 +843,23 @@ async fn a_full_journal_step_is_committed_without_a_reader_asking() {
         s.req.data = Some("x".repeat(15_000));
         send(&store, s, T0 + 1).await;
     }
-    let committed = store
-        .read_committed(|r| r.waitpoint(&id, T0, &Settings::default()))
-        .expect("read")
-        .expect("wp")
-        .signals
-        .len();
+    let mut landed = store.landed.clone();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        landed.wait_for(|l| *l > 0),
+    )
+    .await
+    .expect("a checkpoint within 30 s")
+    .expect("the writer runs");
+    let committed = read_now(&store.db, &ctx(), |r| {
+        r.waitpoint(&id, T0, &Settings::default())
+    })
+    .expect("read")
+    .expect("wp")
+    .signals
+    .len();
     assert!(
-        (69..=80).contains(&committed),
+        (60..=80).contains(&committed),
         "redb holds the first megabyte's signals without a read asking ({committed})"
     );
 }
@@ -842,10 +873,10 @@ async fn a_callback_job_is_answered_on_the_writer_even_when_the_queue_is_full() 
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     // The writer is held up, and more than its queue holds (16 Ki jobs) is sent without
     // waiting: the ones that find it full wait for room on a task of their own.
-    store.exec_logged_then(
+    store.exec_then(
         |_| {
             std::thread::sleep(std::time::Duration::from_millis(300));
-            Ok(((), None))
+            Ok(())
         },
         |_| {},
     );
@@ -857,8 +888,8 @@ async fn a_callback_job_is_answered_on_the_writer_even_when_the_queue_is_full() 
             sig("wp_unknown", "x", None)
         };
         let tx = tx.clone();
-        store.exec_logged_then(
-            move |t| t.signal_logged(&s, T0 + 1),
+        store.exec_then(
+            move |t| t.signal(&s, T0 + 1),
             move |r| {
                 let _ = tx.send(r.map(|o| matches!(o, SignalOutcome::Accepted { .. })));
             },
@@ -884,8 +915,8 @@ async fn a_callback_job_after_the_writer_stopped_gets_an_error() {
     store.crash().await;
     guard.join();
     let (tx, rx) = std::sync::mpsc::channel();
-    store.exec_logged_then(
-        |t| t.signal_logged(&sig("wp_unknown", "x", None), T0),
+    store.exec_then(
+        |t| t.signal(&sig("wp_unknown", "x", None), T0),
         move |r| {
             let _ = tx.send(r.is_err());
         },
@@ -908,9 +939,7 @@ async fn a_failed_journal_flush_counts_nothing_and_the_store_goes_on() {
     // or after a restart; what was acknowledged before stays.
     store.fail_next_journal_syncs(1);
     let s = progress(&id, &secret, "k");
-    let failed = store
-        .exec_logged(move |t| t.signal_logged(&s, T0 + 2))
-        .await;
+    let failed = store.exec(move |t| t.signal(&s, T0 + 2)).await;
     assert!(failed.is_err(), "{failed:?}");
     assert_eq!(signal_count(&store, &id).await, 1);
     // Sent again (same key): counted once.

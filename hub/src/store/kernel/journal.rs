@@ -31,8 +31,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The file grows by this much at a time, with zeros.
 const GROW: u64 = 1 << 20;
-/// No record is larger (a signal body is capped at 64 KB).
-pub const MAX_RECORD: usize = 4 << 20;
+/// No record is larger: one batch's changes (a signal body is capped at 64 KB, but one
+/// operation may change many keys, e.g. a deleted session's whole log).
+pub const MAX_RECORD: usize = 64 << 20;
 const HEADER: usize = 16;
 
 /// The journal file, positioned after its newest record.

@@ -1,0 +1,115 @@
+//! The checkpoint thread: writes frozen changes into redb, one commit each, so the writer
+//! never waits for redb.
+//!
+//! Each checkpoint stores, in the same commit, the newest journal record its changes
+//! reach ([`JOURNAL_SEQ`] in [`META`]): a replay after a crash starts after it. A failed
+//! checkpoint changes nothing in redb; the writer keeps the changes in memory and tries
+//! again.
+
+use std::sync::Arc;
+use std::sync::mpsc as std_mpsc;
+
+use redb::Database;
+use tokio::sync::mpsc;
+
+use super::table::{AnyTable, Overlay, TableSpec};
+use crate::store::StoreError;
+
+/// The kernel's own table: name → number.
+pub const META: TableSpec<&str, u64> = TableSpec::new(0, "meta");
+/// The key in [`META`] of the newest journal record redb holds.
+pub const JOURNAL_SEQ: &str = "journal_seq";
+
+/// How a checkpoint went.
+pub struct Landed {
+    pub seq: u64,
+    pub result: Result<(), StoreError>,
+}
+
+struct Work {
+    changes: Arc<Overlay>,
+    seq: u64,
+}
+
+/// The checkpoint thread's handle.
+pub struct Checkpointer {
+    work: Option<std_mpsc::Sender<Work>>,
+    pub(super) done: std_mpsc::Receiver<Landed>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Writes `changes` into redb with `seq` as the journal number it reaches, in one commit.
+pub fn write(
+    db: &Database,
+    registry: &[&'static dyn AnyTable],
+    changes: &Overlay,
+    seq: u64,
+) -> Result<(), StoreError> {
+    let wtx = db.begin_write()?;
+    for (t, c) in registry.iter().zip(&changes.tables) {
+        if !c.is_empty() {
+            t.apply(&wtx, c)?;
+        }
+    }
+    {
+        let mut meta = wtx.open_table(META.def)?;
+        meta.insert(JOURNAL_SEQ, seq)?;
+    }
+    wtx.commit()?;
+    Ok(())
+}
+
+impl Checkpointer {
+    /// Starts the thread; `wake` nudges the writer when a checkpoint is done (a weak
+    /// handle, so the thread never keeps the writer's queue open).
+    pub fn start<J: Send + 'static>(
+        db: Arc<Database>,
+        registry: &'static [&'static dyn AnyTable],
+        wake: mpsc::WeakSender<J>,
+        nudge: fn() -> J,
+    ) -> std::io::Result<Checkpointer> {
+        let (work_tx, work_rx) = std_mpsc::channel::<Work>();
+        let (done_tx, done) = std_mpsc::channel::<Landed>();
+        let thread = std::thread::Builder::new()
+            .name("store-checkpoint".into())
+            .spawn(move || {
+                while let Ok(w) = work_rx.recv() {
+                    let result = write(&db, registry, &w.changes, w.seq);
+                    if done_tx.send(Landed { seq: w.seq, result }).is_err() {
+                        return;
+                    }
+                    if let Some(q) = wake.upgrade() {
+                        // A full queue means the writer is busy and looks by itself.
+                        let _ = q.try_send(nudge());
+                    }
+                }
+            })?;
+        Ok(Checkpointer {
+            work: Some(work_tx),
+            done,
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands `changes` (reaching journal record `seq`) to the thread.
+    pub fn send(&self, changes: Arc<Overlay>, seq: u64) -> Result<(), StoreError> {
+        self.work
+            .as_ref()
+            .and_then(|w| w.send(Work { changes, seq }).ok())
+            .ok_or(StoreError::Closed)
+    }
+
+    /// Stops the thread once it finished what it was given.
+    pub fn stop(&mut self) {
+        self.work = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

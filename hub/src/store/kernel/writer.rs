@@ -1,0 +1,502 @@
+//! The writer thread: the only code that changes the tables or writes the journal.
+//!
+//! One batch (group commit: whatever is pending, up to [`MAX_BATCH`] jobs) goes through
+//! four named phases, each a method:
+//! 1. [`Writer::run_jobs`]: every job runs against the layers; a job that fails has its
+//!    own changes undone and its caller told, the others go on;
+//! 2. [`Writer::journal`]: the batch's changes become one record, appended and
+//!    `fdatasync`ed ([`BatchOutcome`] says how that went);
+//! 3. [`Writer::answer`]: notices are published, then every caller is answered;
+//! 4. [`Writer::checkpoint`]: finished checkpoints are taken in, and the changes are
+//!    frozen and handed to the checkpoint thread once due.
+//!
+//! Nothing here waits for redb: a checkpoint runs on its own thread, and the writer only
+//! swaps in the new snapshot once it landed.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redb::{Database, ReadableDatabase};
+use tokio::sync::{mpsc, watch};
+
+use super::checkpoint::{Checkpointer, Landed};
+use super::journal::Journal;
+use super::table::{AnyTable, Overlay, Snapshot, Undo, rollback};
+use super::{Notices, Notifier, Tx, delta};
+use crate::store::StoreError;
+
+/// How many jobs one batch takes at most.
+const MAX_BATCH: usize = 1024;
+/// Changes are checkpointed at most about this long after the first of them.
+pub(crate) const CHECKPOINT_AFTER: Duration = Duration::from_millis(1000);
+/// ... or once they hold about this much.
+const CHECKPOINT_BYTES: usize = 1 << 20;
+/// A failed checkpoint is tried again after this long.
+const RETRY_AFTER: Duration = Duration::from_millis(500);
+
+/// A job's answer, given the batch's outcome.
+pub(crate) type Completion = Box<dyn FnOnce(Result<(), Arc<StoreError>>) + Send>;
+/// A job: run against the writer's view (or, given `None`, not run at all: the writer is
+/// stopping or broken), returning its answer and whether it failed (its changes are then
+/// undone).
+pub(crate) type RunFn<C> =
+    Box<dyn for<'a, 'b> FnOnce(Option<&'b mut Tx<'a, C>>) -> (Completion, bool) + Send>;
+
+pub(crate) enum Job<C> {
+    Run(RunFn<C>),
+    /// From the ticker: a checkpoint may be due.
+    Tick,
+    /// From the checkpoint thread: one finished.
+    Landed,
+    /// Test only: end the thread at once, as if the process died.
+    #[cfg(test)]
+    Crash,
+    /// Test only: checkpoint what there is now.
+    #[cfg(test)]
+    Freeze,
+}
+
+impl<C> Job<C> {
+    /// Its answer, without running it; `None` for a job nobody waits on.
+    pub(crate) fn unrun(self) -> Option<Completion> {
+        match self {
+            Job::Run(f) => Some(f(None).0),
+            _ => None,
+        }
+    }
+}
+
+/// How the journal phase of a batch went.
+enum BatchOutcome {
+    /// The batch changed nothing: nothing to write.
+    Unchanged,
+    /// Its record is durable under this number.
+    Durable,
+    /// It could not be made durable: its changes are undone and its callers get this.
+    Failed(Arc<StoreError>),
+}
+
+/// What the writer is built from (see [`crate::store::Store::open`]).
+pub(crate) struct WriterParts<C> {
+    pub db: Arc<Database>,
+    pub registry: &'static [&'static dyn AnyTable],
+    pub ctx: C,
+    pub rx: mpsc::Receiver<Job<C>>,
+    pub wake: mpsc::WeakSender<Job<C>>,
+    pub journals: [Journal; 2],
+    pub paths: [PathBuf; 2],
+    pub notifier: Arc<Notifier>,
+    pub acked: Arc<AtomicU64>,
+    pub landed: watch::Sender<u64>,
+}
+
+pub(crate) struct Writer<C> {
+    db: Arc<Database>,
+    registry: &'static [&'static dyn AnyTable],
+    ctx: C,
+    rx: mpsc::Receiver<Job<C>>,
+    snap: Snapshot,
+    /// The changes being checkpointed, and the journal number they reach.
+    frozen: Option<(Arc<Overlay>, u64)>,
+    /// A frozen set whose checkpoint failed waits until then to be tried again.
+    retry_at: Option<Instant>,
+    cur: Overlay,
+    journals: [Journal; 2],
+    paths: [PathBuf; 2],
+    /// The journal being appended to; the other holds what `frozen` holds (or nothing).
+    active: usize,
+    notifier: Arc<Notifier>,
+    acked: Arc<AtomicU64>,
+    landed: watch::Sender<u64>,
+    checkpointer: Checkpointer,
+    ticker: Ticker,
+    /// When the oldest change not yet frozen was made.
+    dirty_since: Option<Instant>,
+    broken: Option<String>,
+    /// Test only: the next checkpoint phase freezes whatever there is.
+    #[cfg(test)]
+    force_freeze: bool,
+}
+
+impl<C> Writer<C> {
+    pub(crate) fn new(p: WriterParts<C>) -> Result<Self, StoreError>
+    where
+        C: Send + 'static,
+    {
+        let snap = Snapshot::open(&p.db.begin_read()?, p.registry)?;
+        let checkpointer =
+            Checkpointer::start(p.db.clone(), p.registry, p.wake.clone(), || Job::Landed).map_err(
+                |e| StoreError::Decode(format!("cannot start the checkpoint thread: {e}")),
+            )?;
+        let ticker = Ticker::start(p.wake)
+            .map_err(|e| StoreError::Decode(format!("cannot start the store's ticker: {e}")))?;
+        Ok(Writer {
+            snap,
+            frozen: None,
+            retry_at: None,
+            cur: Overlay::new(p.registry.len()),
+            db: p.db,
+            registry: p.registry,
+            ctx: p.ctx,
+            rx: p.rx,
+            journals: p.journals,
+            paths: p.paths,
+            active: 0,
+            notifier: p.notifier,
+            acked: p.acked,
+            landed: p.landed,
+            checkpointer,
+            ticker,
+            dirty_since: None,
+            broken: None,
+            #[cfg(test)]
+            force_freeze: false,
+        })
+    }
+
+    pub(crate) fn run(mut self) {
+        let mut batch: Vec<Job<C>> = Vec::with_capacity(MAX_BATCH);
+        loop {
+            let Some(first) = self.rx.blocking_recv() else {
+                return self.close();
+            };
+            if self.broken.is_some() {
+                self.refuse(first);
+                continue;
+            }
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match self.rx.try_recv() {
+                    Ok(j) => batch.push(j),
+                    Err(_) => break,
+                }
+            }
+            let Some((completions, mut undo, notices)) = self.run_jobs(&mut batch) else {
+                return; // a test's crash
+            };
+            let outcome = self.journal(&mut undo);
+            self.answer(completions, notices, outcome);
+            self.checkpoint();
+        }
+    }
+
+    /// Phase 1: runs every job of the batch. Returns the answers, the batch's changes (to
+    /// journal, or undo), and its notices; `None` on a test's crash.
+    #[allow(clippy::type_complexity)]
+    fn run_jobs(
+        &mut self,
+        batch: &mut Vec<Job<C>>,
+    ) -> Option<(Vec<Completion>, Vec<Undo>, Notices)> {
+        let mut completions = Vec::with_capacity(batch.len());
+        let mut undo: Vec<Undo> = Vec::new();
+        let mut notices = Notices::new();
+        for job in batch.drain(..) {
+            match job {
+                Job::Run(f) => {
+                    let mark = undo.len();
+                    let before = notices.clone();
+                    let frozen = self.frozen.as_ref().map(|(f, _)| f.as_ref());
+                    let mut tx = Tx::new(
+                        self.registry,
+                        &self.snap,
+                        frozen,
+                        &mut self.cur,
+                        &mut undo,
+                        &mut notices,
+                        &self.ctx,
+                    );
+                    let (done, failed) = f(Some(&mut tx));
+                    if failed {
+                        rollback(&mut self.cur, &mut undo, mark);
+                        notices = before;
+                    }
+                    completions.push(done);
+                }
+                Job::Tick | Job::Landed => {}
+                #[cfg(test)]
+                Job::Crash => return None,
+                #[cfg(test)]
+                Job::Freeze => self.force_freeze = true,
+            }
+        }
+        Some((completions, undo, notices))
+    }
+
+    /// Phase 2: the batch's changes as one journal record, appended and synced. On
+    /// failure the changes are undone.
+    fn journal(&mut self, undo: &mut Vec<Undo>) -> BatchOutcome {
+        if undo.is_empty() {
+            return BatchOutcome::Unchanged;
+        }
+        let record = delta::encode(self.registry, &self.cur, undo);
+        let j = &mut self.journals[self.active];
+        let path = self.paths[self.active].display().to_string();
+        let failed = if !j.fits(record.len(), 1) {
+            Some(StoreError::Full(format!(
+                "the journal {path} is full: checkpoints into redb are failing ({})",
+                self.broken.as_deref().unwrap_or("see the log")
+            )))
+        } else {
+            match j.append([record.as_slice()]) {
+                Ok(seq) => {
+                    self.acked.store(seq, Ordering::Release);
+                    if self.dirty_since.is_none() {
+                        self.dirty_since = Some(Instant::now());
+                    }
+                    return BatchOutcome::Durable;
+                }
+                Err(super::journal::JournalError::Io(source)) => {
+                    tracing::error!(error = %source, journal = %path, "cannot write the store's journal; this batch's callers get an error");
+                    Some(StoreError::Journal { path, source })
+                }
+                Err(super::journal::JournalError::Unerased { source, erase }) => {
+                    tracing::error!(error = %source, erase_error = %erase, journal = %path, "the store's journal holds records of a failed batch that cannot be erased; the store takes no more writes until the hub restarts, and a restart may count that batch although its callers got an error");
+                    self.broken = Some(format!(
+                        "the journal {path} could not be written or repaired: {erase}"
+                    ));
+                    Some(StoreError::Journal { path, source })
+                }
+            }
+        };
+        rollback(&mut self.cur, undo, 0);
+        BatchOutcome::Failed(Arc::new(failed.unwrap_or(StoreError::Closed)))
+    }
+
+    /// Phase 3: notices first (so a caller sees its own change everywhere), then answers.
+    fn answer(&mut self, completions: Vec<Completion>, notices: Notices, outcome: BatchOutcome) {
+        let result = match outcome {
+            BatchOutcome::Unchanged | BatchOutcome::Durable => {
+                self.notifier.publish(notices);
+                Ok(())
+            }
+            BatchOutcome::Failed(e) => Err(e),
+        };
+        for c in completions {
+            c(result.clone());
+        }
+    }
+
+    /// Phase 4: takes in a finished checkpoint, and starts the next once it is due.
+    fn checkpoint(&mut self) {
+        while let Ok(l) = self.checkpointer.done.try_recv() {
+            self.landed(l);
+        }
+        if let Some((changes, seq)) = &self.frozen {
+            if self.retry_at.is_some_and(|t| t <= Instant::now()) {
+                self.retry_at = None;
+                if let Err(e) = self.checkpointer.send(changes.clone(), *seq) {
+                    self.broken = Some(e.to_string());
+                }
+            } else if self.retry_at.is_some() {
+                self.ticker.arm();
+            }
+            return;
+        }
+        #[allow(unused_mut)]
+        let mut due = self.cur.bytes >= CHECKPOINT_BYTES
+            || self
+                .dirty_since
+                .is_some_and(|t| t.elapsed() >= CHECKPOINT_AFTER);
+        #[cfg(test)]
+        {
+            due |= std::mem::take(&mut self.force_freeze);
+        }
+        if due && !self.cur.is_empty() {
+            self.freeze();
+        } else if self.dirty_since.is_some() {
+            self.ticker.arm();
+        }
+    }
+
+    /// Hands the current changes to the checkpoint thread and starts a fresh layer; the
+    /// journal goes on in its other file.
+    fn freeze(&mut self) {
+        let seq = self.journals[self.active].last_seq();
+        let changes = Arc::new(std::mem::replace(
+            &mut self.cur,
+            Overlay::new(self.registry.len()),
+        ));
+        self.dirty_since = None;
+        if let Err(e) = self.checkpointer.send(changes.clone(), seq) {
+            self.broken = Some(e.to_string());
+        }
+        self.frozen = Some((changes, seq));
+        // Everything the other file holds is in the last checkpoint.
+        self.active = 1 - self.active;
+        self.journals[self.active].rewind(seq);
+    }
+
+    fn landed(&mut self, l: Landed) {
+        match l.result {
+            Ok(()) => match self
+                .db
+                .begin_read()
+                .map_err(StoreError::from)
+                .and_then(|r| Snapshot::open(&r, self.registry))
+            {
+                Ok(snap) => {
+                    self.snap = snap;
+                    self.frozen = None;
+                    self.landed.send_replace(l.seq);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read the store after a checkpoint; the store takes no more writes until the hub restarts");
+                    self.broken = Some(e.to_string());
+                }
+            },
+            Err(e) => {
+                tracing::error!(error = %e, "a checkpoint into redb failed; its changes stay in memory and in the journal, and it is tried again shortly");
+                self.retry_at = Some(Instant::now() + RETRY_AFTER);
+                self.ticker.arm();
+            }
+        }
+    }
+
+    /// Every handle is gone: the last changes are checkpointed before the thread ends.
+    fn close(mut self) {
+        if self.frozen.is_some() {
+            match self.checkpointer.done.recv() {
+                Ok(l) => self.landed(l),
+                Err(_) => return,
+            }
+        }
+        if self.cur.is_empty() || self.broken.is_some() {
+            return;
+        }
+        let seq = self.journals[self.active].last_seq();
+        match super::checkpoint::write(&self.db, self.registry, &self.cur, seq) {
+            Ok(()) => {
+                self.landed.send_replace(seq);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the last checkpoint failed; the journal keeps the changes and the next start applies them");
+            }
+        }
+    }
+
+    fn refuse(&self, job: Job<C>) {
+        let why = self.broken.clone().unwrap_or_default();
+        if let Some(done) = job.unrun() {
+            done(Err(Arc::new(StoreError::Broken(why))));
+        }
+    }
+}
+
+impl<C> Drop for Writer<C> {
+    fn drop(&mut self) {
+        self.ticker.stop();
+        self.checkpointer.stop();
+    }
+}
+
+/// Nudges the writer [`CHECKPOINT_AFTER`] after it is armed, so changes reach redb
+/// without the writer waiting on a timer itself: it blocks on its queue alone. Parked
+/// (no wake-ups at all) while nothing waits.
+pub(crate) struct Ticker {
+    thread: std::thread::Thread,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Ticker {
+    fn start<C: Send + 'static>(jobs: mpsc::WeakSender<Job<C>>) -> std::io::Result<Ticker> {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, a) = (stop.clone(), armed.clone());
+        let handle = std::thread::Builder::new()
+            .name("store-ticker".into())
+            .spawn(move || {
+                loop {
+                    std::thread::park();
+                    if s.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if !a.swap(false, Ordering::AcqRel) {
+                        continue;
+                    }
+                    std::thread::sleep(RETRY_AFTER.min(CHECKPOINT_AFTER));
+                    let Some(tx) = jobs.upgrade() else { return };
+                    // A full queue means the writer is busy and looks by itself.
+                    let _ = tx.try_send(Job::Tick);
+                }
+            })?;
+        Ok(Ticker {
+            thread: handle.thread().clone(),
+            stop,
+            armed,
+        })
+    }
+
+    fn arm(&self) {
+        if !self.armed.swap(true, Ordering::AcqRel) {
+            self.thread.unpark();
+        }
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.thread.unpark();
+    }
+}
+
+/// Applies a journal record an older hub wrote (an operation, not its changes).
+pub(crate) type Legacy<C> = dyn Fn(&mut Tx<'_, C>, &[u8]) -> Result<(), StoreError>;
+
+/// Applies the journal records newer than the last checkpoint, in order, and
+/// checkpoints them. `legacy` applies a record older hubs wrote (an operation, not its
+/// changes). Returns how many records were applied.
+pub(crate) fn recover<C>(
+    db: &Database,
+    registry: &'static [&'static dyn AnyTable],
+    ctx: &C,
+    journals: &mut [Journal; 2],
+    records: Vec<super::journal::Record>,
+    legacy: &Legacy<C>,
+) -> Result<usize, StoreError> {
+    let snap = Snapshot::open(&db.begin_read()?, registry)?;
+    let mark = {
+        let mut cur = Overlay::new(registry.len());
+        let mut undo = Vec::new();
+        let mut n = Notices::new();
+        let tx = Tx::new(registry, &snap, None, &mut cur, &mut undo, &mut n, ctx);
+        tx.table(&super::checkpoint::META)
+            .get(super::checkpoint::JOURNAL_SEQ)?
+            .map_or(0, |v| v.value())
+    };
+    let mut records: Vec<_> = records.into_iter().filter(|r| r.seq > mark).collect();
+    records.sort_by_key(|r| r.seq);
+    let mut cur = Overlay::new(registry.len());
+    let mut last = mark;
+    for rec in &records {
+        if rec.seq != last + 1 {
+            return Err(StoreError::Damaged(format!(
+                "the journal has a gap: record {} follows {last}; acknowledged changes are missing",
+                rec.seq
+            )));
+        }
+        if rec.payload.first() == Some(&delta::TAG) {
+            let changes = delta::decode(registry, &rec.payload)?;
+            delta::apply(registry, &mut cur, changes);
+        } else {
+            let mut undo = Vec::new();
+            let mut n = Notices::new();
+            let mut tx = Tx::new(registry, &snap, None, &mut cur, &mut undo, &mut n, ctx);
+            legacy(&mut tx, &rec.payload).map_err(|e| {
+                StoreError::Decode(format!(
+                    "journal record {} cannot be replayed ({e}); keep the journal files for a hub version that can",
+                    rec.seq
+                ))
+            })?;
+        }
+        last = rec.seq;
+    }
+    if !cur.is_empty() || last != mark {
+        super::checkpoint::write(db, registry, &cur, last)?;
+    }
+    for j in journals.iter_mut() {
+        j.rewind(last);
+    }
+    Ok(records.len())
+}
