@@ -1,4 +1,6 @@
-//! The waitpoint engine: a pure state machine for seed 000's rules.
+//! The waitpoint engine: a pure state machine for the waitpoint rules (members, quorum,
+//! fail_fast, monitors, the hourly wake cap, expiry, retention); `remote.rs` holds the
+//! rules for a remote wait's outcome.
 //!
 //! It takes an event (create, signal, tick, cancel) and the current time, mutates one
 //! [`Waitpoint`] and returns what must happen ([`Effect`]s). It does no I/O, reads no clock
@@ -13,6 +15,7 @@ use cortex_protocol::SignalStatus;
 use cortex_protocol::api::{Quorum, WakeReason};
 use serde::{Deserialize, Serialize};
 
+pub mod remote;
 #[cfg(test)]
 mod tests;
 

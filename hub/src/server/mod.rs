@@ -9,6 +9,7 @@ pub mod error;
 pub mod log;
 pub mod signal;
 pub(crate) mod spool;
+mod timers;
 
 use std::future::Future;
 use std::ops::Deref;
@@ -23,8 +24,6 @@ use tokio::sync::watch;
 
 use crate::config::HubSettings;
 use crate::store::Store;
-use crate::store::ops::PASS_LIMIT;
-use crate::time::now_ms;
 
 /// What `run` needs.
 #[derive(Debug, Clone)]
@@ -161,20 +160,12 @@ pub async fn run_with_mesh(
     }));
     crate::mesh::start(&state).await?;
 
+    let sweep =
+        (config.settings.sweep_ms > 0).then(|| Duration::from_millis(config.settings.sweep_ms));
     // What fell due while the hub was down is delivered first, once.
-    fire_due(&state).await;
-    if config.settings.sweep_ms > 0 {
-        sweep_once(&state).await;
-    }
+    timers::start(&state, sweep.is_some()).await;
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(timer_task(state.clone()));
-    tasks.spawn(device_wait_task(state.clone()));
-    if config.settings.sweep_ms > 0 {
-        tasks.spawn(sweep_task(
-            state.clone(),
-            Duration::from_millis(config.settings.sweep_ms),
-        ));
-    }
+    tasks.spawn(timers::run(state.clone(), sweep));
     let rescan =
         (config.settings.sweep_ms > 0).then(|| Duration::from_millis(config.settings.sweep_ms));
     tasks.spawn(spool::intake(state.clone(), Arc::new(spool), rescan));
@@ -215,127 +206,4 @@ fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
         .mode(0o700)
         .create(dir)
         .with_context(|| format!("creating {}", dir.display()))
-}
-
-/// Runs a store pass (due wakes, the sweep, overdue remote waits) again while it takes a
-/// full page, so a backlog is cleared in bounded transactions. A failing store is logged;
-/// the pass runs again at its next timer or tick.
-async fn drain<C>(state: &AppState, what: &str, mut pass: impl FnMut() -> C)
-where
-    C: for<'a> FnOnce(&mut crate::store::Tx<'a>) -> Result<usize, crate::store::StoreError>
-        + Send
-        + 'static,
-{
-    loop {
-        let pass = pass();
-        // A pass that found nothing due changed nothing, and waits for no commit.
-        match state.store.exec(pass).await {
-            Ok(n) if n >= PASS_LIMIT => continue,
-            Ok(_) => return,
-            Err(e) => {
-                tracing::error!(error = %e, "{what} failed; it runs again shortly");
-                return;
-            }
-        }
-    }
-}
-
-async fn fire_due(state: &AppState) {
-    drain(state, "delivering due wakes", || {
-        |t| t.fire_timers(now_ms())
-    })
-    .await;
-}
-
-async fn sweep_once(state: &AppState) {
-    drain(state, "the sweep", || |t| t.sweep(now_ms())).await;
-}
-
-/// Sleeps until the time `next` holds (the store updates it after each commit), runs
-/// `fire`, and sleeps again. No polling; a store that keeps failing is retried every
-/// 200 ms, not in a spin.
-async fn timer_loop(
-    state: &AppState,
-    mut next: watch::Receiver<u64>,
-    fire: impl AsyncFn(&AppState),
-) {
-    loop {
-        let due = Some(*next.borrow_and_update()).filter(|t| *t != u64::MAX);
-        let now = now_ms();
-        match due {
-            Some(t) if t <= now => {
-                fire(state).await;
-                if *next.borrow() <= now_ms() {
-                    tokio::select! {
-                        () = tokio::time::sleep(Duration::from_millis(200)) => {}
-                        () = state.shutdown.cancelled() => return,
-                    }
-                }
-            }
-            Some(t) => {
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(t - now)) => {}
-                    r = next.changed() => if r.is_err() { return },
-                    () = state.shutdown.cancelled() => return,
-                }
-            }
-            None => {
-                tokio::select! {
-                    r = next.changed() => if r.is_err() { return },
-                    () = state.shutdown.cancelled() => return,
-                }
-            }
-        }
-    }
-}
-
-/// Delivers decided wakes (a barrier's 3 s, the hourly cap) when they fall due.
-async fn timer_task(state: AppState) {
-    let next = state.store.next_timer.clone();
-    timer_loop(&state, next, async |s: &AppState| fire_due(s).await).await;
-}
-
-/// After a start, devices get this long to reconnect before the device-wait timer judges
-/// the waits that fell due while the hub was down: an agent's reconnect backoff tops out
-/// at 60 s, and its own outcome (kept until acknowledged) is better than the hub's guess.
-const DEVICE_WAIT_RESTART_GRACE: Duration = Duration::from_secs(60);
-
-async fn device_waits_due(state: &AppState) {
-    drain(state, "ending overdue remote waits", || {
-        let online: std::collections::HashSet<String> = state
-            .devices
-            .links()
-            .iter()
-            .map(|l| l.device.clone())
-            .collect();
-        move |t| t.device_waits_due(now_ms(), &online)
-    })
-    .await;
-}
-
-/// Sleeps until the earliest remote wait's hub deadline (its bound plus a grace for the
-/// agent's own report) and ends what is due: `timed_out` on an online device, `broke` on
-/// an offline one. Like the wake timer, it wakes on the store's watch, never polls.
-async fn device_wait_task(state: AppState) {
-    let next = state.store.next_device_wait.clone();
-    // Waits that fell due while the hub was down are judged only once their devices had
-    // the time to reconnect and report; waits created after the start are not held back.
-    if *next.borrow() <= now_ms() {
-        tokio::select! {
-            () = tokio::time::sleep(DEVICE_WAIT_RESTART_GRACE) => {}
-            () = state.shutdown.cancelled() => return,
-        }
-    }
-    timer_loop(&state, next, async |s: &AppState| device_waits_due(s).await).await;
-}
-
-async fn sweep_task(state: AppState, every: Duration) {
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => sweep_once(&state).await,
-            () = state.shutdown.cancelled() => return,
-        }
-    }
 }

@@ -18,15 +18,15 @@
 
 use std::collections::HashSet;
 
+use cortex_protocol::SignalRequest;
 use cortex_protocol::api::DeviceWaitView;
 use cortex_protocol::mesh::{MAX_WAITS_PER_DEVICE, WaitEnd, WaitSpec};
 use cortex_protocol::signal::{MAX_DATA_CHARS, MAX_MESSAGE_CHARS};
-use cortex_protocol::{SignalRequest, SignalStatus};
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use super::ops::{CreateOutcome, SignalIn, SignalOutcome};
-use super::tables::{DEVICE_WAITS, Tx, decode, encode};
+use super::tables::{DEVICE_WAITS, TIMER_DEVICE_WAIT, Tx, decode, encode};
 use crate::engine::{CreateParams, HOUR_MS, State, Waitpoint};
 
 /// After a wait's bound, how long the hub leaves the agent to report `timed_out` itself
@@ -192,10 +192,7 @@ pub fn outcome_signal(
         req: SignalRequest {
             id: id.to_string(),
             secret: String::new(),
-            status: Some(match end {
-                WaitEnd::Fired => SignalStatus::Ok,
-                WaitEnd::TimedOut | WaitEnd::Broke => SignalStatus::Fail,
-            }),
+            status: Some(crate::engine::remote::status(end)),
             message: Some(message),
             member: None,
             data: Some(text),
@@ -230,9 +227,7 @@ impl Tx<'_> {
     fn drop_device_wait(&mut self, rec: &DeviceWaitRecord) -> Result<(), StoreError> {
         self.table_mut(&DEVICE_WAITS)
             .remove((rec.device.as_str(), rec.id.as_str()))?;
-        self.device_wait_due()
-            .remove((rec.due(), rec.id.as_str()))?;
-        self.device_wait_due_changed()?;
+        self.reschedule(TIMER_DEVICE_WAIT, &rec.id, Some(rec.due()), None)?;
         self.notify(super::tables::TOPIC_DEVICE, &rec.device, 0);
         Ok(())
     }
@@ -305,9 +300,7 @@ impl Tx<'_> {
             captured: None,
         };
         self.put_device_wait(&rec)?;
-        self.device_wait_due()
-            .insert((rec.due(), rec.id.as_str()), rec.device.as_str())?;
-        self.device_wait_due_changed()?;
+        self.reschedule(TIMER_DEVICE_WAIT, &rec.id, None, Some(rec.due()))?;
         self.notify(super::tables::TOPIC_DEVICE, &rec.device, 0);
         Ok(CreateDeviceWaitOutcome::Created {
             waitpoint: wp,
@@ -368,6 +361,36 @@ impl Tx<'_> {
         self.signal_trusted(&s, now)
     }
 
+    /// One remote wait's hub deadline fell due: see [`Tx::device_waits_due`]. A timer
+    /// whose wait is gone is dropped.
+    pub(crate) fn device_wait_due(
+        &mut self,
+        id: &str,
+        at: u64,
+        now: u64,
+        online: &HashSet<String>,
+    ) -> Result<(), StoreError> {
+        // This entry goes whatever happens (the wait's own may sit elsewhere after a
+        // restart postponed it).
+        self.reschedule(TIMER_DEVICE_WAIT, id, Some(at), None)?;
+        let rec = match self.get_wp(id)?.and_then(|wp| wp.device) {
+            Some(device) => self.get_device_wait(&device, id)?,
+            None => None,
+        };
+        let Some(rec) = rec else {
+            return Ok(());
+        };
+        let bound = crate::time::human_duration(rec.deadline.saturating_sub(rec.created_at));
+        let (end, message) = crate::engine::remote::overdue(
+            &rec.device,
+            &rec.spec.describe(),
+            &bound,
+            online.contains(&rec.device),
+        );
+        self.end_device_wait(&rec, end, "{}", &message, now)?;
+        Ok(())
+    }
+
     /// The hub's device-wait timer: every active wait whose hub deadline passed is ended,
     /// `timed_out` when its device is online (its agent should have said so by now),
     /// `broke` when it is offline (nobody can tell what happened there). Returns how many.
@@ -376,46 +399,9 @@ impl Tx<'_> {
         now: u64,
         online: &HashSet<String>,
     ) -> Result<usize, StoreError> {
-        let due: Vec<(u64, String, String)> = {
-            let mut v = Vec::new();
-            for r in self
-                .device_wait_due()
-                .range(..(now.saturating_add(1), ""))?
-            {
-                let (k, d) = r?;
-                let (t, id) = k.value();
-                v.push((t, id.to_string(), d.value().to_string()));
-                if v.len() >= super::ops::PASS_LIMIT {
-                    break;
-                }
-            }
-            v
-        };
-        for (t, id, device) in &due {
-            let Some(rec) = self.get_device_wait(device, id)? else {
-                // An index entry without its record: drop it, so it cannot come back.
-                self.device_wait_due().remove((*t, id.as_str()))?;
-                self.device_wait_due_changed()?;
-                continue;
-            };
-            let bound = crate::time::human_duration(rec.deadline.saturating_sub(rec.created_at));
-            let what = rec.spec.describe();
-            let (end, message) = if online.contains(device) {
-                (
-                    WaitEnd::TimedOut,
-                    format!(
-                        "timed out after {bound}: the agent on {device} reported no end of {what} within the bound"
-                    ),
-                )
-            } else {
-                (
-                    WaitEnd::Broke,
-                    format!(
-                        "device {device} was offline when the bound of {bound} passed, so nobody can tell whether {what} ended; the wait broke"
-                    ),
-                )
-            };
-            self.end_device_wait(&rec, end, "{}", &message, now)?;
+        let due = self.due_timers(now, Some(TIMER_DEVICE_WAIT), super::ops::PASS_LIMIT)?;
+        for d in &due {
+            self.device_wait_due(&d.id, d.at, now, online)?;
         }
         Ok(due.len())
     }

@@ -20,6 +20,7 @@ pub mod kernel;
 pub mod logged;
 pub mod ops;
 pub mod tables;
+pub mod timers;
 
 pub use device_waits::{DeviceWaitDone, DoneOutcome};
 pub use kernel::Notifier;
@@ -37,7 +38,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use kernel::journal::Journal;
 use kernel::table::{Overlay, Snapshot};
 use kernel::{Completion, Job, Notices, Writer, WriterParts};
-use tables::{Ctx, REGISTRY, TIMER_DEVICE_WAIT, TIMER_WAKE, TOPIC_HUB, TOPIC_TIMERS};
+use tables::{Ctx, REGISTRY, TOPIC_HUB};
 
 use crate::engine::Settings;
 use crate::time;
@@ -92,10 +93,8 @@ pub struct Store {
     db: Arc<Database>,
     jobs: mpsc::Sender<Job<Ctx>>,
     pub notifier: Arc<Notifier>,
-    /// The earliest precise timer (a decided wake; `u64::MAX`: none).
+    /// The earliest due time in the timer queue (`u64::MAX`: none).
     pub next_timer: watch::Receiver<u64>,
-    /// The earliest hub deadline of an active remote wait (`u64::MAX`: none).
-    pub next_device_wait: watch::Receiver<u64>,
     pub settings: Arc<Settings>,
     /// The newest journal record acknowledged to a caller.
     acked: Arc<AtomicU64>,
@@ -179,22 +178,15 @@ impl Store {
         let ctx = Ctx {
             settings: settings.clone(),
         };
-        // This hub's settings, for a later hub that replays an older journal.
-        run_once(&db, &ctx, |t| t.store_settings(&settings))?;
-        let (first, first_dw, hub_seq) = read_now(&db, &ctx, |t| {
-            Ok((
-                t.first_timer()?,
-                t.first_device_wait_due()?,
-                t.last_hub_seq()?,
-            ))
+        // This hub's settings, for a later hub that replays an older journal; the timers
+        // of older hubs' tables, into the queue.
+        run_once(&db, &ctx, |t| {
+            t.store_settings(&settings)?;
+            t.migrate_timers().map(drop)
         })?;
+        let (first, hub_seq) = read_now(&db, &ctx, |t| Ok((t.first_timer()?, t.last_hub_seq()?)))?;
         let notifier = Arc::new(Notifier::default());
-        let next_timer = notifier.watch(TOPIC_TIMERS, TIMER_WAKE, first.unwrap_or(u64::MAX));
-        let next_device_wait = notifier.watch(
-            TOPIC_TIMERS,
-            TIMER_DEVICE_WAIT,
-            first_dw.unwrap_or(u64::MAX),
-        );
+        let next_timer = notifier.watch(kernel::timers::TOPIC, "", first.unwrap_or(u64::MAX));
         // Kept open by the notifier's first subscriber for the hub's life.
         let hub_rx = notifier.watch(TOPIC_HUB, "", hub_seq);
         let seq = journals[0].last_seq();
@@ -228,7 +220,6 @@ impl Store {
                 jobs,
                 notifier,
                 next_timer,
-                next_device_wait,
                 settings,
                 acked,
                 landed,

@@ -10,8 +10,8 @@ use cortex_protocol::api::{
 
 use super::StoreError;
 use super::tables::{
-    DEADLINES, EVENTS, MESSAGE_KEYS, SESSION_WPS, SESSIONS, SIGNAL_KEYS, STATE, SessionRecord, Tx,
-    WAITPOINTS, decode, encode,
+    DEADLINES, EVENTS, MESSAGE_KEYS, SESSION_WPS, SESSIONS, SIGNAL_KEYS, STATE, SessionRecord,
+    TIMER_WAKE, Tx, WAITPOINTS, decode, encode,
 };
 use crate::engine::{
     CreateError, CreateParams, Effect, Refusal, SignalMeta, State, Waitpoint, WakePlan,
@@ -320,20 +320,21 @@ impl Tx<'_> {
 
     /// Delivers every decided wake that is due. Returns how many waitpoints it looked at.
     pub fn fire_timers(&mut self, now: u64) -> Result<usize, StoreError> {
-        let due: Vec<String> = {
-            let mut v = Vec::new();
-            for r in self.timers().range(..(now.saturating_add(1), ""))? {
-                v.push(r?.0.value().1.to_string());
-                if v.len() >= PASS_LIMIT {
-                    break;
-                }
-            }
-            v
-        };
-        for id in &due {
-            self.tick_one(id, now)?;
+        let due = self.due_timers(now, Some(TIMER_WAKE), PASS_LIMIT)?;
+        for d in &due {
+            self.wake_due(&d.id, d.at, now)?;
         }
         Ok(due.len())
+    }
+
+    /// A decided wake's timer fell due: the waitpoint's rules run at `now` (its timer
+    /// moves or goes with it); a timer whose waitpoint is gone is dropped.
+    pub(crate) fn wake_due(&mut self, id: &str, at: u64, now: u64) -> Result<(), StoreError> {
+        if self.get_wp(id)?.is_none() {
+            return self.reschedule(TIMER_WAKE, id, Some(at), None);
+        }
+        // The entry that fell due is the one the rules move (or keep).
+        self.tick_one(id, now, Some(Some(at)))
     }
 
     /// The sweep: expires waitpoints past their deadline and forgets ended ones past
@@ -350,16 +351,23 @@ impl Tx<'_> {
             v
         };
         for id in &due {
-            self.tick_one(id, now)?;
+            self.tick_one(id, now, None)?;
         }
         Ok(due.len())
     }
 
-    fn tick_one(&mut self, id: &str, now: u64) -> Result<(), StoreError> {
+    /// Runs the rules of one waitpoint at `now`. `timer` is where its timer entry stands
+    /// when the caller knows better than the stored state (the entry that fell due).
+    fn tick_one(
+        &mut self,
+        id: &str,
+        now: u64,
+        timer: Option<Option<u64>>,
+    ) -> Result<(), StoreError> {
         let Some(mut wp) = self.get_wp(id)? else {
             return Ok(());
         };
-        let before = (wp.deadline(self.settings()), wp.timer());
+        let before = (wp.deadline(self.settings()), timer.unwrap_or(wp.timer()));
         let settings = self.settings().clone();
         let effects = wp.tick(&settings, now);
         self.apply(&mut wp, &effects, now)?;
@@ -427,10 +435,7 @@ impl Tx<'_> {
     fn purge(&mut self, wp: &Waitpoint, before: (u64, Option<u64>)) -> Result<(), StoreError> {
         let id = wp.id.as_str();
         self.deadlines().remove((before.0, id))?;
-        if let Some(t) = before.1 {
-            self.timers().remove((t, id))?;
-            self.timers_changed()?;
-        }
+        self.reschedule(TIMER_WAKE, id, before.1, None)?;
         for seq in 0..wp.signal_count {
             self.wps().remove((id, seq))?;
         }

@@ -8,14 +8,14 @@
 //!   tables: a group commit over many waitpoints writes about half the pages.
 //! - `signal_keys`: (waitpoint, key) → seq, for de-duplication
 //! - `deadlines`: (time, waitpoint) → (), read by the sweep: expiry, then purge
-//! - `timers`: (time, waitpoint) → (), a decided wake's due time
+//! - `timer_queue` (the kernel's): (time, kind, id) → (): a decided wake (`wake`, the
+//!   waitpoint) and a remote wait's hub deadline (`device-wait`, its waitpoint)
 //! - `sessions`: id → session; `session_wps`: (session, waitpoint) → ()
 //! - `events`: (session, seq) → event JSON; `message_keys`: (session, key) → seq
 //! - `devices`: name → device record (token SHA-256, last seen, host facts, …)
 //! - `hub_events`: seq → hub event JSON (devices added, revoked, online, offline)
 //! - `device_waits`: (device, waitpoint) → an active remote wait (`device_waits.rs`)
-//! - `device_wait_due`: (time, waitpoint) → device, when the hub ends an active remote
-//!   wait nobody reported on
+//! - `timers`, `device_wait_due`: what the timer queue replaced; emptied into it at start
 //! - `meta`: name → number; `journal_seq` is the newest journal record a checkpoint holds
 
 use std::sync::Arc;
@@ -28,12 +28,13 @@ use crate::engine::{Settings, Waitpoint};
 
 pub(crate) use super::kernel::checkpoint::META;
 
-pub(crate) const WAITPOINTS: TableSpec<(&str, u64), &[u8]> = TableSpec::new(1, "waitpoints_v2");
+pub(crate) use super::kernel::timers::TIMER_QUEUE;
+
+pub(crate) const WAITPOINTS: TableSpec<(&str, u64), &[u8]> = TableSpec::new(2, "waitpoints_v2");
 /// The key of a waitpoint's state record in [`WAITPOINTS`]; its signals use 0, 1, 2…
 pub(crate) const STATE: u64 = u64::MAX;
-pub(crate) const SIGNAL_KEYS: TableSpec<(&str, &str), u64> = TableSpec::new(2, "signal_keys");
-pub(crate) const DEADLINES: TableSpec<(u64, &str), ()> = TableSpec::new(3, "deadlines");
-pub(crate) const TIMERS: TableSpec<(u64, &str), ()> = TableSpec::new(4, "timers");
+pub(crate) const SIGNAL_KEYS: TableSpec<(&str, &str), u64> = TableSpec::new(3, "signal_keys");
+pub(crate) const DEADLINES: TableSpec<(u64, &str), ()> = TableSpec::new(4, "deadlines");
 pub(crate) const SESSIONS: TableSpec<&str, &[u8]> = TableSpec::new(5, "sessions");
 pub(crate) const SESSION_WPS: TableSpec<(&str, &str), ()> = TableSpec::new(6, "session_waitpoints");
 pub(crate) const EVENTS: TableSpec<(&str, u64), &[u8]> = TableSpec::new(7, "events");
@@ -41,16 +42,20 @@ pub(crate) const MESSAGE_KEYS: TableSpec<(&str, &str), u64> = TableSpec::new(8, 
 pub(crate) const DEVICES: TableSpec<&str, &[u8]> = TableSpec::new(9, "devices");
 pub(crate) const HUB_EVENTS: TableSpec<u64, &[u8]> = TableSpec::new(10, "hub_events");
 pub(crate) const DEVICE_WAITS: TableSpec<(&str, &str), &[u8]> = TableSpec::new(11, "device_waits");
-pub(crate) const DEVICE_WAIT_DUE: TableSpec<(u64, &str), &str> =
-    TableSpec::new(12, "device_wait_due");
+/// Before the timer queue: a decided wake's due time, (time, waitpoint) → (). Emptied
+/// into the queue at start.
+const LEGACY_TIMERS: TableSpec<(u64, &str), ()> = TableSpec::new(12, "timers");
+/// Before the timer queue: a remote wait's hub deadline, (time, waitpoint) → device.
+/// Emptied into the queue at start.
+const LEGACY_DEVICE_WAIT_DUE: TableSpec<(u64, &str), &str> = TableSpec::new(13, "device_wait_due");
 
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 13] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 14] = [
     &META,
+    &TIMER_QUEUE,
     &WAITPOINTS,
     &SIGNAL_KEYS,
     &DEADLINES,
-    &TIMERS,
     &SESSIONS,
     &SESSION_WPS,
     &EVENTS,
@@ -58,8 +63,14 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 13] = [
     &DEVICES,
     &HUB_EVENTS,
     &DEVICE_WAITS,
-    &DEVICE_WAIT_DUE,
+    &LEGACY_TIMERS,
+    &LEGACY_DEVICE_WAIT_DUE,
 ];
+
+/// The timer kinds of the hub's domains (see [`super::kernel::timers`]): a decided wake
+/// (id: the waitpoint), a remote wait's hub deadline (id: its waitpoint).
+pub const TIMER_WAKE: &str = "wake";
+pub const TIMER_DEVICE_WAIT: &str = "device-wait";
 
 /// The keys in [`META`] of the settings the running hub applies, stored at each start:
 /// journal records an older hub wrote (operations, not their changes) are replayed with
@@ -110,9 +121,6 @@ impl Tx<'_> {
     pub(crate) fn deadlines(&mut self) -> Table<'_, (u64, &'static str), ()> {
         self.table_mut(&DEADLINES)
     }
-    pub(crate) fn timers(&mut self) -> Table<'_, (u64, &'static str), ()> {
-        self.table_mut(&TIMERS)
-    }
     pub(crate) fn session_wps(&mut self) -> Table<'_, (&'static str, &'static str), ()> {
         self.table_mut(&SESSION_WPS)
     }
@@ -124,9 +132,6 @@ impl Tx<'_> {
     }
     pub(crate) fn hub_events(&mut self) -> Table<'_, u64, &'static [u8]> {
         self.table_mut(&HUB_EVENTS)
-    }
-    pub(crate) fn device_wait_due(&mut self) -> Table<'_, (u64, &'static str), &'static str> {
-        self.table_mut(&DEVICE_WAIT_DUE)
     }
     fn meta(&mut self) -> Table<'_, &'static str, u64> {
         self.table_mut(&META)
@@ -185,29 +190,29 @@ impl Tx<'_> {
         Ok(())
     }
 
-    pub(crate) fn first_timer(&self) -> Result<Option<u64>, StoreError> {
-        Ok(self.table(&TIMERS).first()?.map(|(k, _)| k.value().0))
-    }
-
-    pub(crate) fn first_device_wait_due(&self) -> Result<Option<u64>, StoreError> {
-        Ok(self
-            .table(&DEVICE_WAIT_DUE)
-            .first()?
-            .map(|(k, _)| k.value().0))
-    }
-
-    /// Announces the earliest decided wake (after a change to the timers).
-    pub(crate) fn timers_changed(&mut self) -> Result<(), StoreError> {
-        let first = self.first_timer()?;
-        self.notify(TOPIC_TIMERS, TIMER_WAKE, first.unwrap_or(u64::MAX));
-        Ok(())
-    }
-
-    /// Announces the earliest remote-wait deadline (after a change to them).
-    pub(crate) fn device_wait_due_changed(&mut self) -> Result<(), StoreError> {
-        let first = self.first_device_wait_due()?;
-        self.notify(TOPIC_TIMERS, TIMER_DEVICE_WAIT, first.unwrap_or(u64::MAX));
-        Ok(())
+    /// Moves the entries of the tables the timer queue replaced into it (once, at start).
+    pub(crate) fn migrate_timers(&mut self) -> Result<usize, StoreError> {
+        let mut moved = Vec::new();
+        for r in self.table(&LEGACY_TIMERS).iter()? {
+            let (k, _) = r?;
+            let (t, id) = k.value();
+            moved.push((TIMER_WAKE, t, id.to_string()));
+        }
+        for r in self.table(&LEGACY_DEVICE_WAIT_DUE).iter()? {
+            let (k, _) = r?;
+            let (t, id) = k.value();
+            moved.push((TIMER_DEVICE_WAIT, t, id.to_string()));
+        }
+        for (kind, t, id) in &moved {
+            if *kind == TIMER_WAKE {
+                self.table_mut(&LEGACY_TIMERS).remove((*t, id.as_str()))?;
+            } else {
+                self.table_mut(&LEGACY_DEVICE_WAIT_DUE)
+                    .remove((*t, id.as_str()))?;
+            }
+            self.reschedule(kind, id, None, Some(*t))?;
+        }
+        Ok(moved.len())
     }
 
     pub(crate) fn get_wp(&self, id: &str) -> Result<Option<Waitpoint>, StoreError> {
@@ -239,13 +244,7 @@ impl Tx<'_> {
         }
         let old_timer = before.and_then(|b| b.1);
         if old_timer != timer {
-            if let Some(t) = old_timer {
-                self.timers().remove((t, id))?;
-            }
-            if let Some(t) = timer {
-                self.timers().insert((t, id), ())?;
-            }
-            self.timers_changed()?;
+            self.reschedule(TIMER_WAKE, id, old_timer, timer)?;
         }
         self.wps().insert((id, STATE), encode(wp)?.as_slice())?;
         // A remote wait lives only as long as its waitpoint is armed.
@@ -264,8 +263,3 @@ impl Tx<'_> {
 pub const TOPIC_SESSION: &str = "session";
 pub const TOPIC_HUB: &str = "hub";
 pub const TOPIC_DEVICE: &str = "device";
-pub const TOPIC_TIMERS: &str = "timers";
-/// Keys under [`TOPIC_TIMERS`]: the earliest decided wake, the earliest remote-wait deadline
-/// (`u64::MAX`: none).
-pub const TIMER_WAKE: &str = "wake";
-pub const TIMER_DEVICE_WAIT: &str = "device-wait";

@@ -130,7 +130,7 @@ async fn a_wait_is_created_with_its_waitpoint_and_a_session_of_its_own() {
         T0 + 10_000 + TIMEOUT_GRACE_MS + EXPIRY_MARGIN_MS
     );
     assert_eq!(
-        Some(*store.next_device_wait.borrow()).filter(|t| *t != u64::MAX),
+        Some(*store.next_timer.borrow()).filter(|t| *t != u64::MAX),
         Some(T0 + 10_000 + TIMEOUT_GRACE_MS)
     );
     let session = store
@@ -297,7 +297,7 @@ async fn a_waitpoint_ending_otherwise_ends_its_wait() {
     );
     assert!(active(&store, "gpu1").await.is_empty());
     assert_eq!(
-        Some(*store.next_device_wait.borrow()).filter(|t| *t != u64::MAX),
+        Some(*store.next_timer.borrow()).filter(|t| *t != u64::MAX),
         None,
         "the deadlines went too"
     );
@@ -349,7 +349,7 @@ async fn the_hubs_deadline_times_out_online_and_breaks_offline() {
     assert!(m.contains("offline"), "{m}");
     assert!(wakes(&store, &c.session).await.is_empty());
     assert_eq!(
-        Some(*store.next_device_wait.borrow()).filter(|t| *t != u64::MAX),
+        Some(*store.next_timer.borrow()).filter(|t| *t != u64::MAX),
         Some(T0 + 50_000 + TIMEOUT_GRACE_MS)
     );
 }

@@ -20,6 +20,7 @@ pub mod checkpoint;
 pub mod delta;
 pub mod journal;
 pub mod table;
+pub mod timers;
 mod writer;
 
 pub use table::{AnyTable, Guard, Table, TableRef, TableSpec};
