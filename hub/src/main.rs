@@ -34,15 +34,56 @@ struct Args {
     /// clear: only on a network you trust).
     #[arg(long)]
     mesh_insecure: bool,
+    /// Recover a store whose journal is damaged (the hub refuses to start on one, and says
+    /// so): apply every journal record that can still be read, report what was lost,
+    /// start the journal over, and exit. The hub must not be running.
+    #[arg(long)]
+    recover_journal: bool,
 }
 
 fn main() -> std::process::ExitCode {
     cortex_device_agent::daemon::main("cortex-hub", || real_main(Args::parse()))
 }
 
+/// `--recover-journal`: see [`Args`].
+fn recover_journal(home: &std::path::Path, settings: config::HubSettings) -> anyhow::Result<()> {
+    let db = home.join("hub").join("hub.redb");
+    anyhow::ensure!(db.exists(), "no store at {}", db.display());
+    let r = cortex_hub::store::Store::recover_journal(&db, settings.engine)
+        .with_context(|| format!("recovering the store {}", db.display()))?;
+    let lost: u64 = r.lost.iter().map(|(a, b)| b - a + 1).sum();
+    let ranges: Vec<String> = r
+        .lost
+        .iter()
+        .map(|(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect();
+    println!(
+        "recovered {}: {} journal records applied, {} lost{}, {} unreadable bytes; the journal starts over",
+        db.display(),
+        r.applied,
+        lost,
+        if ranges.is_empty() {
+            String::new()
+        } else {
+            format!(" (records {})", ranges.join(", "))
+        },
+        r.unreadable_bytes
+    );
+    Ok(())
+}
+
 fn real_main(args: Args) -> anyhow::Result<()> {
     let home = args.home.unwrap_or_else(config::default_home);
     let settings = config::load_settings(&home)?;
+    if args.recover_journal {
+        return recover_journal(&home, settings);
+    }
     let listen = match args.listen {
         Some(a) => a,
         None => {

@@ -146,11 +146,37 @@ impl Store {
         }
         let settings = Arc::new(settings);
         let paths = journal_paths(path);
+        let stored = stored_settings(&db)?;
+        let (used, clean, mark) = read_now(&db, &ctx_of(&settings), |t| {
+            Ok((stored.is_some(), t.clean_stop()?, t.journal_seq()?))
+        })?;
+        // A store that ran before keeps its journal beside it; a missing one after a stop
+        // that was not clean may have held acknowledged changes.
+        if used && !clean && !paths[0].exists() {
+            return Err(StoreError::Damaged(format!(
+                "the journal {} is missing, and the hub did not stop cleanly: acknowledged changes may be lost. {}",
+                paths[0].display(),
+                RECOVER_HINT
+            )));
+        }
         let open_journal = |p: &Path| {
-            Journal::open(p, JOURNAL_CAP).map_err(|source| StoreError::Journal {
-                path: p.display().to_string(),
-                source,
-            })
+            let (j, records) =
+                Journal::open(p, JOURNAL_CAP).map_err(|source| StoreError::Journal {
+                    path: p.display().to_string(),
+                    source,
+                })?;
+            // Damage among records the last checkpoint already holds loses nothing.
+            if let Some(d) = j.damage().filter(|d| d.beyond.iter().any(|s| *s > mark)) {
+                return Err(StoreError::Damaged(format!(
+                    "the journal {} is damaged at byte {}: after record {}, records {:?} are readable but cannot be replayed in order. {}",
+                    p.display(),
+                    d.at,
+                    d.last_good,
+                    d.beyond,
+                    RECOVER_HINT
+                )));
+            }
+            Ok((j, records))
         };
         let (j0, mut records) = open_journal(&paths[0])?;
         let (j1, r1) = open_journal(&paths[1])?;
@@ -158,9 +184,7 @@ impl Store {
         let mut journals = [j0, j1];
         // Records an older hub wrote are operations, replayed with the settings that hub
         // ran with.
-        let legacy_ctx = Ctx {
-            settings: Arc::new(stored_settings(&db)?.unwrap_or_else(|| (*settings).clone())),
-        };
+        let legacy_ctx = ctx_of(&Arc::new(stored.unwrap_or_else(|| (*settings).clone())));
         let replayed = kernel::writer_recover(
             &db,
             &REGISTRY,
@@ -168,7 +192,13 @@ impl Store {
             &mut journals,
             records,
             &|t, payload| Logged::decode(payload)?.replay(t),
-        )?;
+            false,
+        )
+        .map_err(|e| match e {
+            StoreError::Damaged(m) => StoreError::Damaged(format!("{m}. {RECOVER_HINT}")),
+            e => e,
+        })?
+        .applied;
         if replayed > 0 {
             tracing::info!(
                 records = replayed,
@@ -182,6 +212,7 @@ impl Store {
         // of older hubs' tables, into the queue.
         run_once(&db, &ctx, |t| {
             t.store_settings(&settings)?;
+            t.set_clean_stop(false)?;
             t.migrate_timers().map(drop)
         })?;
         let (first, hub_seq) = read_now(&db, &ctx, |t| Ok((t.first_timer()?, t.last_hub_seq()?)))?;
@@ -345,6 +376,102 @@ impl Store {
     #[cfg(test)]
     pub(crate) async fn crash(&self) {
         let _ = self.jobs.send(Job::Crash).await;
+    }
+}
+
+/// What a damaged store's error tells the operator to do.
+const RECOVER_HINT: &str = "Keep a copy of the hub directory, then run `cortex-hub --recover-journal` (with the same --home): it keeps every record it can read and says what was lost";
+
+/// What a recovery kept and lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    /// Records applied.
+    pub applied: usize,
+    /// Numbers of records that were acknowledged but could not be read (ranges, inclusive).
+    pub lost: Vec<(u64, u64)>,
+    /// Bytes of the journal files that held no readable record.
+    pub unreadable_bytes: u64,
+}
+
+impl Store {
+    /// Recovers a store whose journal is damaged: every record readable anywhere in the
+    /// journal files and newer than the last checkpoint is applied in order, the gaps are
+    /// reported, the result is checkpointed and the journal files start over. The hub
+    /// must not be running.
+    pub fn recover_journal(path: &Path, settings: Settings) -> Result<Recovered, StoreError> {
+        let db = Database::create(path).map_err(|source| StoreError::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+        {
+            let wtx = db.begin_write()?;
+            for t in REGISTRY.iter() {
+                t.create(&wtx)?;
+            }
+            wtx.commit()?;
+        }
+        let paths = journal_paths(path);
+        let mut records = Vec::new();
+        let mut unreadable_bytes = 0;
+        for p in &paths {
+            let (r, u) = Journal::salvage(p).map_err(|source| StoreError::Journal {
+                path: p.display().to_string(),
+                source,
+            })?;
+            records.extend(r);
+            unreadable_bytes += u;
+        }
+        records.sort_by_key(|r| r.seq);
+        records.dedup_by_key(|r| r.seq);
+        let settings = Arc::new(stored_settings(&db)?.unwrap_or(settings));
+        let ctx = ctx_of(&settings);
+        let mut journals = [
+            Journal::open(&paths[0], JOURNAL_CAP)
+                .map_err(|source| StoreError::Journal {
+                    path: paths[0].display().to_string(),
+                    source,
+                })?
+                .0,
+            Journal::open(&paths[1], JOURNAL_CAP)
+                .map_err(|source| StoreError::Journal {
+                    path: paths[1].display().to_string(),
+                    source,
+                })?
+                .0,
+        ];
+        let r = kernel::writer_recover(
+            &db,
+            &REGISTRY,
+            &ctx,
+            &mut journals,
+            records,
+            &|t, payload| Logged::decode(payload)?.replay(t),
+            true,
+        )?;
+        drop(journals);
+        for p in &paths {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(p)
+                .and_then(|f| f.set_len(0).and_then(|()| f.sync_all()));
+            if let Err(source) = f {
+                return Err(StoreError::Journal {
+                    path: p.display().to_string(),
+                    source,
+                });
+            }
+        }
+        Ok(Recovered {
+            applied: r.applied,
+            lost: r.gaps,
+            unreadable_bytes,
+        })
+    }
+}
+
+fn ctx_of(settings: &Arc<Settings>) -> Ctx {
+    Ctx {
+        settings: settings.clone(),
     }
 }
 

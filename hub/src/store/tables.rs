@@ -142,8 +142,7 @@ impl Tx<'_> {
         &self.ctx.settings
     }
 
-    /// The newest journal record the last checkpoint holds (for tests).
-    #[cfg(test)]
+    /// The newest journal record the last checkpoint holds.
     pub(crate) fn journal_seq(&self) -> Result<u64, StoreError> {
         Ok(self
             .table(&META)
@@ -170,6 +169,22 @@ impl Tx<'_> {
             barrier_delay_ms: v[4],
             retention_ms: v[5],
         }))
+    }
+
+    /// Whether the last hub stopped cleanly (its last checkpoint holds everything).
+    pub(crate) fn clean_stop(&self) -> Result<bool, StoreError> {
+        Ok(self
+            .table(&META)
+            .get(super::kernel::checkpoint::CLEAN_STOP)?
+            .map(|g| g.value())
+            == Some(1))
+    }
+
+    /// Marks the store as in use (`false`, at start) or cleanly stopped.
+    pub(crate) fn set_clean_stop(&mut self, clean: bool) -> Result<(), StoreError> {
+        self.meta()
+            .insert(super::kernel::checkpoint::CLEAN_STOP, u64::from(clean))?;
+        Ok(())
     }
 
     /// Keeps `s` as the settings the running hub applies.

@@ -19,6 +19,9 @@ use crate::store::StoreError;
 pub const META: TableSpec<&str, u64> = TableSpec::new(0, "meta");
 /// The key in [`META`] of the newest journal record redb holds.
 pub const JOURNAL_SEQ: &str = "journal_seq";
+/// The key in [`META`] that says the last stop was clean (1): its checkpoint holds every
+/// change, so the journal holds nothing more.
+pub const CLEAN_STOP: &str = "clean_stop";
 
 /// How a checkpoint went.
 pub struct Landed {
@@ -45,6 +48,17 @@ pub fn write(
     changes: &Overlay,
     seq: u64,
 ) -> Result<(), StoreError> {
+    write_marked(db, registry, changes, seq, false)
+}
+
+/// [`write`], marking the stop clean when `clean`.
+pub fn write_marked(
+    db: &Database,
+    registry: &[&'static dyn AnyTable],
+    changes: &Overlay,
+    seq: u64,
+    clean: bool,
+) -> Result<(), StoreError> {
     let wtx = db.begin_write()?;
     for (t, c) in registry.iter().zip(&changes.tables) {
         if !c.is_empty() {
@@ -54,6 +68,9 @@ pub fn write(
     {
         let mut meta = wtx.open_table(META.def)?;
         meta.insert(JOURNAL_SEQ, seq)?;
+        if clean {
+            meta.insert(CLEAN_STOP, 1)?;
+        }
     }
     wtx.commit()?;
     Ok(())

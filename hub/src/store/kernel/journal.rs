@@ -49,6 +49,8 @@ pub struct Journal {
     /// Past this size the caller commits to redb and rewinds instead of appending.
     cap: u64,
     buf: Vec<u8>,
+    /// What the scan at open found past its end that it should not have.
+    damage: Option<Damage>,
     /// Test only: this many next flushes fail.
     #[cfg(test)]
     fail: Arc<AtomicU32>,
@@ -83,6 +85,19 @@ impl JournalError {
     }
 }
 
+/// Records found past the point where a scan stopped, numbered after the last one it
+/// read: the scan stopped at damage in the middle, not at the end a crash leaves (a torn
+/// last record, or the older pass a rewind left behind, whose numbers are lower).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    /// Where the scan stopped.
+    pub at: u64,
+    /// The last record it read (0: none).
+    pub last_good: u64,
+    /// The numbers of the readable records beyond.
+    pub beyond: Vec<u64>,
+}
+
 /// A record read back by a scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -112,19 +127,68 @@ impl Journal {
             last_seq: 0,
             cap: cap.max(GROW),
             buf: Vec::new(),
+            damage: None,
         };
         let (records, end) = j.scan()?;
         j.end = end;
         j.last_seq = records.last().map_or(0, |r| r.seq);
+        let beyond: Vec<u64> = readable(&j.read_all()?, end as usize)
+            .into_iter()
+            .map(|r| r.seq)
+            .filter(|s| *s > j.last_seq)
+            .collect();
+        if !beyond.is_empty() {
+            j.damage = Some(Damage {
+                at: end,
+                last_good: j.last_seq,
+                beyond,
+            });
+        }
         Ok((j, records))
     }
 
-    /// Reads the records from the start of the file. Returns them and where they end.
-    pub fn scan(&self) -> io::Result<(Vec<Record>, u64)> {
+    /// What the scan at open found beyond its end (see [`Damage`]).
+    pub fn damage(&self) -> Option<&Damage> {
+        self.damage.as_ref()
+    }
+
+    /// Every record readable anywhere in the file at `path`, whatever lies between them
+    /// (for a recovery after damage), and the bytes that held none.
+    pub fn salvage(path: &Path) -> io::Result<(Vec<Record>, u64)> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+            Err(e) => return Err(e),
+        };
+        let mut found = Vec::new();
+        let mut unreadable = 0u64;
+        let mut at = 0;
+        while at < bytes.len() {
+            match parse(&bytes[at..]) {
+                Some((rec, size)) => {
+                    found.push(rec);
+                    at += size;
+                }
+                None => {
+                    unreadable += u64::from(bytes[at] != 0);
+                    at += 1;
+                }
+            }
+        }
+        Ok((found, unreadable))
+    }
+
+    fn read_all(&self) -> io::Result<Vec<u8>> {
         let len = usize::try_from(self.len)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "journal too large"))?;
         let mut bytes = vec![0u8; len];
         self.file.read_exact_at(&mut bytes, 0)?;
+        Ok(bytes)
+    }
+
+    /// Reads the records from the start of the file. Returns them and where they end.
+    pub fn scan(&self) -> io::Result<(Vec<Record>, u64)> {
+        let bytes = self.read_all()?;
         let mut records = Vec::new();
         let mut at = 0usize;
         let mut expected: Option<u64> = None;
@@ -297,6 +361,23 @@ fn encode(buf: &mut Vec<u8>, seq: u64, payload: &[u8]) {
     buf.extend_from_slice(payload);
 }
 
+/// Every record readable in `b` from `from` on, looking at every offset (a damaged
+/// record's length cannot be trusted), in file order.
+fn readable(b: &[u8], from: usize) -> Vec<Record> {
+    let mut out = Vec::new();
+    let mut at = from;
+    while at + HEADER <= b.len() {
+        match parse(&b[at..]) {
+            Some((rec, size)) => {
+                out.push(rec);
+                at += size;
+            }
+            None => at += 1,
+        }
+    }
+    out
+}
+
 /// One record at the start of `b`, with its size; `None` if there is none (zeros, torn,
 /// or damaged).
 fn parse(b: &[u8]) -> Option<(Record, usize)> {
@@ -439,6 +520,41 @@ mod tests {
             second_at,
             "the next record overwrites the torn one"
         );
+    }
+
+    #[test]
+    fn damage_in_the_middle_is_told_from_a_torn_end() {
+        let (_dir, path, mut j) = fresh();
+        let p = payloads(5, "x");
+        j.append(p.iter().map(Vec::as_slice)).expect("append");
+        let second_at = (HEADER + p[0].len()) as u64;
+        drop(j);
+        let (j, _) = reopen(&path);
+        assert_eq!(j.damage(), None, "a clean journal");
+        // The last record torn (a crash): an end, not damage.
+        let last_at = second_at + 3 * (HEADER + p[1].len()) as u64;
+        let f = OpenOptions::new().write(true).open(&path).expect("open rw");
+        f.write_all_at(&[0xee; 3], last_at + HEADER as u64)
+            .expect("tear");
+        let (j, found) = reopen(&path);
+        assert_eq!((found.len(), j.damage()), (4, None));
+        // One byte flipped in the second: the third and fourth are still readable beyond.
+        f.write_all_at(b"?", second_at + HEADER as u64)
+            .expect("flip");
+        let (j, found) = reopen(&path);
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            j.damage(),
+            Some(&Damage {
+                at: second_at,
+                last_good: 1,
+                beyond: vec![3, 4],
+            })
+        );
+        // A salvage keeps every readable record and counts the bytes it could not read.
+        let (all, unreadable) = Journal::salvage(&path).expect("salvage");
+        assert_eq!(all.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 3, 4]);
+        assert!(unreadable >= 3, "the damaged record's bytes: {unreadable}");
     }
 
     #[test]

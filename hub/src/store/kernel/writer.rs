@@ -362,11 +362,11 @@ impl<C> Writer<C> {
                 Err(_) => return,
             }
         }
-        if self.cur.is_empty() || self.broken.is_some() {
+        if self.broken.is_some() || self.frozen.is_some() {
             return;
         }
         let seq = self.journals[self.active].last_seq();
-        match super::checkpoint::write(&self.db, self.registry, &self.cur, seq) {
+        match super::checkpoint::write_marked(&self.db, self.registry, &self.cur, seq, true) {
             Ok(()) => {
                 self.landed.send_replace(seq);
             }
@@ -444,9 +444,16 @@ impl Ticker {
 /// Applies a journal record an older hub wrote (an operation, not its changes).
 pub(crate) type Legacy<C> = dyn Fn(&mut Tx<'_, C>, &[u8]) -> Result<(), StoreError>;
 
+/// What a replay applied, and the records it found missing (ranges, inclusive).
+pub(crate) struct Replayed {
+    pub applied: usize,
+    pub gaps: Vec<(u64, u64)>,
+}
+
 /// Applies the journal records newer than the last checkpoint, in order, and
 /// checkpoints them. `legacy` applies a record older hubs wrote (an operation, not its
-/// changes). Returns how many records were applied.
+/// changes). A gap in the numbers is damage; with `salvage` it is reported and skipped
+/// (a recovery keeps what it can read).
 pub(crate) fn recover<C>(
     db: &Database,
     registry: &'static [&'static dyn AnyTable],
@@ -454,7 +461,8 @@ pub(crate) fn recover<C>(
     journals: &mut [Journal; 2],
     records: Vec<super::journal::Record>,
     legacy: &Legacy<C>,
-) -> Result<usize, StoreError> {
+    salvage: bool,
+) -> Result<Replayed, StoreError> {
     let snap = Snapshot::open(&db.begin_read()?, registry)?;
     let mark = {
         let mut cur = Overlay::new(registry.len());
@@ -469,12 +477,16 @@ pub(crate) fn recover<C>(
     records.sort_by_key(|r| r.seq);
     let mut cur = Overlay::new(registry.len());
     let mut last = mark;
+    let mut gaps = Vec::new();
     for rec in &records {
         if rec.seq != last + 1 {
-            return Err(StoreError::Damaged(format!(
-                "the journal has a gap: record {} follows {last}; acknowledged changes are missing",
-                rec.seq
-            )));
+            if !salvage {
+                return Err(StoreError::Damaged(format!(
+                    "the journal has a gap: record {} follows {last}; acknowledged changes are missing",
+                    rec.seq
+                )));
+            }
+            gaps.push((last + 1, rec.seq - 1));
         }
         if rec.payload.first() == Some(&delta::TAG) {
             let changes = delta::decode(registry, &rec.payload)?;
@@ -498,5 +510,8 @@ pub(crate) fn recover<C>(
     for j in journals.iter_mut() {
         j.rewind(last);
     }
-    Ok(records.len())
+    Ok(Replayed {
+        applied: records.len(),
+        gaps,
+    })
 }
