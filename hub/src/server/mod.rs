@@ -181,22 +181,28 @@ pub async fn run_with_mesh(
 
     let app = router(state.clone());
     let stop = state.shutdown.clone();
+    let mut fatal = state.store.fatal.clone();
     let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
         tokio::select! {
             () = shutdown => {}
             () = stop.cancelled() => {}
+            _ = fatal.wait_for(Option::is_some) => {}
         }
         stop.cancel();
     });
     let served = serve.await.context("serving HTTP");
     state.shutdown.cancel();
+    let fatal = state.store.fatal.borrow().clone();
     while tasks.join_next().await.is_some() {}
     drop(state);
     // Every handle is gone: the writer commits what it holds and ends.
     tokio::task::spawn_blocking(move || writer.join())
         .await
         .ok();
-    served
+    match fatal {
+        Some(why) => Err(anyhow::anyhow!("the store stopped working: {why}")),
+        None => served,
+    }
 }
 
 fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {

@@ -100,6 +100,8 @@ pub struct Store {
     acked: Arc<AtomicU64>,
     /// The newest journal record a checkpoint holds.
     landed: watch::Receiver<u64>,
+    /// Why the store cannot go on in this process (the hub must stop), once it cannot.
+    pub fatal: watch::Receiver<Option<String>>,
     /// Test only: how many next journal flushes fail (both files).
     #[cfg(test)]
     journal_fail: [Arc<std::sync::atomic::AtomicU32>; 2],
@@ -226,6 +228,7 @@ impl Store {
         let (jobs, rx) = mpsc::channel::<Job<Ctx>>(16 * 1024);
         let acked = Arc::new(AtomicU64::new(seq));
         let (landed_tx, landed) = watch::channel(seq);
+        let (fatal_tx, fatal) = watch::channel(None);
         let w = Writer::new(WriterParts {
             db: db.clone(),
             registry: &REGISTRY,
@@ -237,6 +240,7 @@ impl Store {
             notifier: notifier.clone(),
             acked: acked.clone(),
             landed: landed_tx,
+            fatal: fatal_tx,
         })?;
         let thread = std::thread::Builder::new()
             .name("store-writer".into())
@@ -254,6 +258,7 @@ impl Store {
                 settings,
                 acked,
                 landed,
+                fatal,
                 #[cfg(test)]
                 journal_fail,
             },

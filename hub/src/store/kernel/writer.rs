@@ -90,6 +90,7 @@ pub(crate) struct WriterParts<C> {
     pub notifier: Arc<Notifier>,
     pub acked: Arc<AtomicU64>,
     pub landed: watch::Sender<u64>,
+    pub fatal: watch::Sender<Option<String>>,
 }
 
 pub(crate) struct Writer<C> {
@@ -110,6 +111,10 @@ pub(crate) struct Writer<C> {
     notifier: Arc<Notifier>,
     acked: Arc<AtomicU64>,
     landed: watch::Sender<u64>,
+    /// Set once checkpoints cannot succeed in this process any more (see [`Writer::landed`]).
+    fatal: watch::Sender<Option<String>>,
+    /// Checkpoints failed in a row.
+    failures: u32,
     checkpointer: Checkpointer,
     ticker: Ticker,
     /// When the oldest change not yet frozen was made.
@@ -147,6 +152,8 @@ impl<C> Writer<C> {
             notifier: p.notifier,
             acked: p.acked,
             landed: p.landed,
+            fatal: p.fatal,
+            failures: 0,
             checkpointer,
             ticker,
             dirty_since: None,
@@ -339,6 +346,7 @@ impl<C> Writer<C> {
                 Ok(snap) => {
                     self.snap = snap;
                     self.frozen = None;
+                    self.failures = 0;
                     self.landed.send_replace(l.seq);
                 }
                 Err(e) => {
@@ -346,10 +354,22 @@ impl<C> Writer<C> {
                     self.broken = Some(e.to_string());
                 }
             },
-            Err(e) => {
+            Err(e) if self.failures == 0 => {
+                self.failures += 1;
                 tracing::error!(error = %e, "a checkpoint into redb failed; its changes stay in memory and in the journal, and it is tried again shortly");
                 self.retry_at = Some(Instant::now() + RETRY_AFTER);
                 self.ticker.arm();
+            }
+            Err(e) => {
+                // redb refuses every write after an I/O error (a full disk, say) until it
+                // is opened again: this process cannot checkpoint any more. Stop, so the
+                // service manager restarts the hub, which replays the journal.
+                let why = format!(
+                    "checkpoints into redb keep failing ({e}); every acknowledged change is in the journal, and the next start applies it"
+                );
+                tracing::error!("{why}");
+                self.broken = Some(why.clone());
+                self.fatal.send_replace(Some(why));
             }
         }
     }
