@@ -43,10 +43,10 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
 
-use super::registry::{End, Link};
 use super::waits::LinkWaits;
-use crate::server::AppState;
-use crate::server::spool::refusal_reason;
+use crate::intake::refusal_reason;
+use crate::registry::{End, Link};
+use crate::state::AppState;
 use crate::store::devices::Online;
 use crate::store::{SignalIn, SignalOutcome};
 use crate::time::now_ms;
@@ -300,7 +300,7 @@ type Sink<S> = SplitSink<WebSocketStream<S>, Message>;
 type Source<S> = SplitStream<WebSocketStream<S>>;
 
 /// What the writer task sends.
-pub(crate) enum Out {
+enum Out {
     Msg(Message),
     /// The last frame: after it the writer flushes and ends.
     Close(CloseFrame),
@@ -535,7 +535,7 @@ async fn run_link<S>(
         std::mem::take(&mut hello.waits),
     );
     let mut files = tokio::task::JoinSet::new();
-    let end = match waits.reconcile(&state, &out).await {
+    let end = match reconcile(&state, &mut waits, &out).await {
         Ok(()) => {
             read_loop(
                 &state,
@@ -682,15 +682,19 @@ where
             }
             Some(_) = files.join_next(), if !files.is_empty() => {}
             Some(w) = waits.written.recv() => {
-                if let Err(end) = waits.written(w, out).await {
-                    return end;
+                match waits.written(w) {
+                    Ok(Some(f)) => if let Err(end) = send(out, f).await {
+                        return end;
+                    },
+                    Ok(None) => {}
+                    Err(end) => return end,
                 }
             }
             changed = waits.changed.changed() => {
                 if changed.is_err() {
                     return End::Shutdown;
                 }
-                if let Err(end) = waits.reconcile(state, out).await {
+                if let Err(end) = reconcile(state, waits, out).await {
                     return end;
                 }
             }
@@ -706,6 +710,27 @@ where
             () = tokio::time::sleep_until(silent_until) => return End::PingTimeout,
         }
     }
+}
+
+/// Reconciles the link's remote waits and sends what that decided.
+async fn reconcile(
+    state: &AppState,
+    waits: &mut LinkWaits,
+    out: &mpsc::Sender<Out>,
+) -> Result<(), End> {
+    for f in waits.reconcile(state).await? {
+        send(out, f).await?;
+    }
+    Ok(())
+}
+
+/// Queues one frame for the writer.
+async fn send(out: &mpsc::Sender<Out>, f: HubFrame) -> Result<(), End> {
+    let bytes = f.encode().map_err(|e| End::Protocol(e.to_string()))?;
+    out.send(Out::Msg(Message::Binary(bytes.into())))
+        .await
+        // The writer is gone: the link is ending anyway.
+        .map_err(|_| End::Lost("the link's writer stopped".into()))
 }
 
 /// Writes every frame of the link, flushing when the queue runs dry, so a burst of acks

@@ -1,9 +1,7 @@
 //! `POST /webhook/signal`: the route jobs call. No operator token: the waitpoint's own
 //! secret is the capability. Codes exactly as seed 000 and the contract.
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Json;
 use axum::body::Body;
@@ -13,38 +11,11 @@ use axum::response::{IntoResponse, Response};
 use cortex_protocol::SignalRequest;
 use cortex_protocol::signal::{MAX_BODY_BYTES, SignalAccepted, SignalResult};
 
-use super::AppState;
 use super::error::ApiError;
 use crate::engine::Refusal;
+use crate::intake::MISS_BUDGET;
+use crate::state::AppState;
 use crate::store::{SignalIn, SignalOutcome};
-
-/// Unknown ids and wrong secrets share this many misses a minute; then 429.
-pub const MISS_BUDGET: usize = 60;
-const MISS_WINDOW: Duration = Duration::from_secs(60);
-
-/// The sliding minute of misses.
-#[derive(Default)]
-pub struct MissBudget {
-    times: Mutex<VecDeque<Instant>>,
-}
-
-impl MissBudget {
-    /// Records a miss; false when the budget was already spent.
-    pub fn spend(&self, now: Instant) -> bool {
-        let mut t = self.times.lock().unwrap_or_else(|e| e.into_inner());
-        while t
-            .front()
-            .is_some_and(|&f| now.duration_since(f) >= MISS_WINDOW)
-        {
-            t.pop_front();
-        }
-        if t.len() >= MISS_BUDGET {
-            return false;
-        }
-        t.push_back(now);
-        true
-    }
-}
 
 /// What the route does with a signal, shared with the local spool.
 pub enum Answer {

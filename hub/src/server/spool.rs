@@ -11,14 +11,14 @@ use cortex_device_agent::spool::{Refusal as ReadRefusal, Spool, SpoolEvent, Spoo
 use cortex_protocol::SignalRequest;
 use tokio::sync::Semaphore;
 
-use super::AppState;
-use crate::engine::Refusal;
-use crate::store::{SignalIn, SignalOutcome};
+use crate::intake::refusal_reason;
+use crate::state::AppState;
+use crate::store::SignalIn;
 
 /// Files handled at once: enough to fill a group commit.
 const IN_FLIGHT: usize = 256;
 
-pub async fn intake(state: AppState, spool: Arc<Spool>, rescan: Option<std::time::Duration>) {
+pub async fn collect(state: AppState, spool: Arc<Spool>, rescan: Option<std::time::Duration>) {
     let mut watcher = match SpoolWatcher::new(spool.clone(), rescan) {
         Ok(w) => w,
         Err(e) => {
@@ -122,31 +122,6 @@ async fn take(state: &AppState, spool: &Spool, name: &str, listed: bool) {
             tracing::warn!(file = name, waitpoint = %req.id, reason = %reason, "spool file refused");
             park(spool, name, &reason);
         }
-    }
-}
-
-/// Why a signal from a file (local or a device's) was refused, in words that tell its
-/// writer what to fix; `None` when the file was taken (accepted, duplicate, or its
-/// waitpoint already resolved).
-pub(crate) fn refusal_reason(req: &SignalRequest, outcome: &SignalOutcome) -> Option<String> {
-    match outcome {
-        SignalOutcome::Accepted { .. }
-        | SignalOutcome::Duplicate { .. }
-        | SignalOutcome::Refused(Refusal::Gone { .. }) => None,
-        SignalOutcome::Unknown => Some(format!(
-            "no waitpoint {:?}: check the id; a resolved waitpoint is forgotten after 3 days",
-            req.id
-        )),
-        SignalOutcome::WrongSecret => Some(format!(
-            "wrong secret for waitpoint {}: use the secret handed out when it was armed",
-            req.id
-        )),
-        SignalOutcome::Refused(
-            r @ (Refusal::MemberMissing { members } | Refusal::MemberUnlisted { members, .. }),
-        ) => Some(format!(
-            "{r}; add \"member\":\"NAME\" with one of: {}",
-            members.join(", ")
-        )),
     }
 }
 
