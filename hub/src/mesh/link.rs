@@ -44,11 +44,10 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
 
 use super::waits::LinkWaits;
-use crate::intake::refusal_reason;
+use crate::intake::{MAX_REASON_CHARS, SignalSource, cut};
 use crate::registry::{End, Link};
 use crate::state::AppState;
 use crate::store::devices::Online;
-use crate::store::{SignalIn, SignalOutcome};
 use crate::time::now_ms;
 
 /// TLS plus the upgrade request: a connection that says nothing is dropped after this.
@@ -63,8 +62,6 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 const CLOSE_REASON_BYTES: usize = 123;
 /// A spool file's name as the hub accepts it (a file name, not a path).
 const MAX_FILE_NAME_BYTES: usize = 255;
-/// How long a refusal's reason may be in an ack.
-const MAX_REASON_CHARS: usize = 1_000;
 /// Reconnect delay asked of an agent whose token was refused or revoked.
 const RETRY_FORBIDDEN_MS: u64 = 60_000;
 /// Reconnect delay asked of an agent whose link was replaced, so two agents started
@@ -387,13 +384,6 @@ fn ws_error(e: WsError) -> End {
         WsError::Protocol(p) => End::Protocol(p.to_string()),
         WsError::ConnectionClosed | WsError::AlreadyClosed => End::ClosedByAgent,
         e => End::Lost(e.to_string()),
-    }
-}
-
-fn cut(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        Some((i, _)) => s[..i].to_string(),
-        None => s.to_string(),
     }
 }
 
@@ -762,7 +752,7 @@ where
 }
 
 /// A device's spool file: the same checks and store operation as the signal route and
-/// the local spool. The identity is the body's key, else the device and file name.
+/// the local spool; its identity and its ack are [`SignalSource::DeviceFile`]'s.
 pub async fn take_file(state: &AppState, device: &str, name: &str, body: &str) -> FileOutcome {
     let refused = |reason: String| FileOutcome::Refused {
         reason: cut(&reason, MAX_REASON_CHARS),
@@ -791,34 +781,7 @@ pub async fn take_file(state: &AppState, device: &str, name: &str, body: &str) -
             return refused(e.to_string());
         }
     };
-    let input = SignalIn {
-        dedupe: Some(
-            req.key
-                .clone()
-                .unwrap_or_else(|| format!("file:{device}:{name}")),
-        ),
-        req: req.clone(),
-        source: format!("device:{device}"),
-    };
-    let outcome = match state.store.signal(input).await {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::error!(device, file = name, error = %e, "store failure; the device keeps the file and sends it again");
-            return FileOutcome::Retry {
-                reason:
-                    "the hub could not write to its store; keep the file and send it again later"
-                        .into(),
-            };
-        }
-    };
-    match outcome {
-        SignalOutcome::Accepted { .. } => FileOutcome::Accepted,
-        SignalOutcome::Duplicate { .. } => FileOutcome::Duplicate,
-        SignalOutcome::Refused(crate::engine::Refusal::Gone { .. }) => FileOutcome::Resolved,
-        o => {
-            let reason = refusal_reason(&req, &o).unwrap_or_else(|| "refused".into());
-            tracing::warn!(device, file = name, waitpoint = %req.id, reason = %reason, "device spool file refused");
-            refused(reason)
-        }
-    }
+    let src = SignalSource::DeviceFile { device, file: name };
+    let outcome = state.store.signal(src.signal_in(req.clone())).await;
+    src.file_ack(&req, outcome)
 }

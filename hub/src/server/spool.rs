@@ -11,9 +11,8 @@ use cortex_device_agent::spool::{Refusal as ReadRefusal, Spool, SpoolEvent, Spoo
 use cortex_protocol::SignalRequest;
 use tokio::sync::Semaphore;
 
-use crate::intake::refusal_reason;
+use crate::intake::{SignalSource, SpoolAction};
 use crate::state::AppState;
-use crate::store::SignalIn;
 
 /// Files handled at once: enough to fill a group commit.
 const IN_FLIGHT: usize = 256;
@@ -94,34 +93,16 @@ async fn take(state: &AppState, spool: &Spool, name: &str, listed: bool) {
         Err(_) if listed && spool.recently_written(name) => return,
         Err(e) => return park(spool, name, &e.to_string()),
     };
-    // The body's key (cortex-signal's, shared with its HTTP attempt) or the file's name.
-    let dedupe = req
-        .key
-        .clone()
-        .unwrap_or_else(|| format!("file:local:{name}"));
-    let input = SignalIn {
-        req: req.clone(),
-        source: "spool".into(),
-        dedupe: Some(dedupe),
-    };
-    let outcome = match state.store.signal(input).await {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::error!(file = name, error = %e, "store failure; the spool file stays for the next rescan");
-            return;
-        }
-    };
-    let reason = refusal_reason(&req, &outcome);
-    match reason {
-        None => {
+    let src = SignalSource::Spool { file: name };
+    let outcome = state.store.signal(src.signal_in(req.clone())).await;
+    match src.spool_action(&req, outcome) {
+        SpoolAction::Delete => {
             if let Err(e) = spool.remove(name) {
                 tracing::warn!(file = name, error = %e, "cannot remove a handled spool file; it will be answered as a duplicate");
             }
         }
-        Some(reason) => {
-            tracing::warn!(file = name, waitpoint = %req.id, reason = %reason, "spool file refused");
-            park(spool, name, &reason);
-        }
+        SpoolAction::Park(reason) => park(spool, name, &reason),
+        SpoolAction::Keep => {}
     }
 }
 
