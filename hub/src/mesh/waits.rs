@@ -19,6 +19,7 @@
 
 use std::collections::HashSet;
 
+use cortex_device_agent::timing;
 use cortex_protocol::mesh::{HubFrame, MAX_WAITS_PER_DEVICE, WaitEnd, WaitSpec};
 use tokio::sync::{mpsc, watch};
 
@@ -244,9 +245,10 @@ impl LinkWaits {
         message: String,
     ) -> Result<(), End> {
         // The bench (cargo xtask bench waits) times the hub's receipt by this moment. Its
-        // line is written after the outcome went to the writer: a log line costs ~25 us
-        // cold, which would otherwise sit on the record's path (only when debug is on).
-        let received_us = tracing::enabled!(tracing::Level::DEBUG).then(crate::time::now_us);
+        // record is written after the outcome went to the writer: a write costs tens of
+        // microseconds cold, which would otherwise sit on the record's path (only when
+        // timing records are on: CORTEX_TIMING_FILE).
+        let received_us = timing::on().then(crate::time::now_us);
         self.held.remove(&id);
         self.count_in_flight()?;
         let (device, tx) = (self.device.clone(), self.written_tx.clone());
@@ -262,7 +264,9 @@ impl LinkWaits {
         state.store.device_wait_done_then(done, move |r| {
             let w = match r {
                 Ok(DoneOutcome::Recorded(o)) => {
-                    // The bench times "exit to the hub's record" to this line.
+                    // The bench times "exit to the hub's record" to this record (first, so
+                    // the log line's cost is not in it).
+                    timing::record("remote_wait_recorded", &id, None);
                     tracing::info!(device, wait = %id, outcome = end.as_str(), result = ?o, "remote wait ended");
                     Written::Done { id }
                 }
@@ -274,8 +278,8 @@ impl LinkWaits {
             };
             let _ = tx.send(w);
         });
-        if let (Some(at), Some(wait)) = (received_us, logged_id) {
-            tracing::debug!(device = %self.device, %wait, received_us = at, "remote wait outcome received");
+        if let (Some(us), Some(wait)) = (received_us, logged_id) {
+            timing::record("remote_wait_received", &wait, Some(us));
         }
         Ok(())
     }
