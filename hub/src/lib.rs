@@ -14,6 +14,8 @@
 pub mod config;
 pub mod engine;
 pub mod intake;
+#[cfg(test)]
+mod layering;
 pub mod mesh;
 pub mod registry;
 pub mod secret;

@@ -37,10 +37,8 @@ pub enum MeshError {
     PlainOffLoopback(SocketAddr),
     #[error("--tls-cert and --tls-key go together; give both (PEM files) or neither")]
     TlsHalf,
-    #[error(
-        "TLS: {path}: {why}; give a PEM certificate chain (--tls-cert) and its PEM private key (--tls-key)"
-    )]
-    Tls { path: String, why: String },
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     #[error(
         "cannot listen for devices on {addr}: {source}; is another hub running? (set --mesh-listen ADDR, or off)"
     )]
