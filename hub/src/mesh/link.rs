@@ -744,8 +744,21 @@ where
         Ok(())
     }
 
-    /// Queues one frame for the writer.
+    /// Queues one frame for the writer. A full queue (an agent that stopped reading) holds
+    /// the loop, but never past a revocation or the hub's stop.
     async fn send(&self, f: HubFrame) -> Result<(), End> {
+        tokio::select! {
+            biased;
+            r = self.queue(f) => r,
+            () = self.link.ended.notified() => {
+                Err(self.link.ended_with().unwrap_or(End::Shutdown))
+            }
+            () = self.state.shutdown.cancelled() => Err(End::Shutdown),
+        }
+    }
+
+    /// Queues one frame, waiting for room as long as it takes (the caller bounds it).
+    async fn queue(&self, f: HubFrame) -> Result<(), End> {
         let bytes = f.encode().map_err(|e| End::Protocol(e.to_string()))?;
         self.out
             .send(Out::Msg(Message::Binary(bytes.into())))
@@ -769,7 +782,7 @@ where
             let drain = async {
                 while let Some(done) = self.files.join_next().await {
                     if let Ok((name, outcome)) = done {
-                        let _ = self.send(HubFrame::Ack { name, outcome }).await;
+                        let _ = self.queue(HubFrame::Ack { name, outcome }).await;
                     }
                 }
             };
