@@ -1,6 +1,7 @@
 //! What both daemons (`cortex-hub`, `cortex-device-agent`) do around their real work: log
 //! to stderr (colour only on a terminal; `RUST_LOG`, default `info`), and turn an error
-//! into one line on stderr and a failing exit status.
+//! into one line on stderr and a failing exit status. With `CORTEX_TIMING_FILE` set, the
+//! benchmarks' timing records ([`crate::timing`]).
 
 use std::process::ExitCode;
 
@@ -14,6 +15,10 @@ pub fn main(name: &str, real_main: impl FnOnce() -> anyhow::Result<()>) -> ExitC
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    if let Err(e) = crate::timing::install_from_env() {
+        eprintln!("{name}: error: {e}");
+        return ExitCode::FAILURE;
+    }
     match real_main() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

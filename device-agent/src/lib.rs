@@ -10,6 +10,7 @@
 //! - [`agent`]: the `cortex-device-agent` daemon: its link to the hub (WebSocket, backoff,
 //!   keepalive, a window of unacknowledged files) and the forwarding of spool files over it.
 //! - [`daemon`]: the logging and error exit both daemons' `main` share.
+//! - [`timing`]: the benchmarks' timing records (JSON lines), off unless asked for.
 //!
 //! The spool module touches only the filesystem and inotify: forwarding a file and deciding
 //! when it was acknowledged belong to the caller.
@@ -17,4 +18,5 @@
 pub mod agent;
 pub mod daemon;
 pub mod spool;
+pub mod timing;
 pub mod wait;

@@ -4,15 +4,23 @@
 //! - [`engine`]: the waitpoint rules, pure (no I/O, no clock).
 //! - [`store`]: redb, behind one writer thread with group commit; the only module that
 //!   knows the storage engine.
+//! - [`state`]: what the running hub shares (`AppState`, `Config`, `Shutdown`).
+//! - [`registry`]: the allowed devices and their live links.
+//! - [`intake`]: what every way a signal comes in shares.
 //! - [`server`]: axum routes, the wake timer, the sweep, the local spool intake.
 //! - [`mesh`]: the device mesh's listener and links (WebSocket, rustls).
 //! - [`text`]: what agents and people read (wake text, how_to_signal).
 
 pub mod config;
 pub mod engine;
+pub mod intake;
+#[cfg(test)]
+mod layering;
 pub mod mesh;
+pub mod registry;
 pub mod secret;
 pub mod server;
+pub mod state;
 pub mod store;
 pub mod text;
 pub mod time;

@@ -176,6 +176,53 @@ fn enrol_connect_and_a_file_wakes_a_session_once() {
     assert!(v["events"].as_array().unwrap().is_empty(), "{v}");
 }
 
+/// The hub's own spool files are known as `file:local:NAME`; a device that happens to be
+/// named `local` must not have its files taken for those (answered duplicate, deleted,
+/// never recorded).
+#[test]
+fn a_device_named_local_keeps_its_files_apart_from_the_hubs_spool() {
+    let hub = Hub::start();
+    let token = add_device(&hub, "local");
+    let sid = hub.session();
+    let wp = hub.waitpoint(&sid, json!({"label": "l", "intent": "i", "max_signals": 5}));
+    let (id, secret) = (wp["id"].as_str().unwrap(), wp["secret"].as_str().unwrap());
+    let body = file_body(id, secret, &[("status", "progress")]);
+
+    // The hub's spool takes 1.json first.
+    let tmp = hub.spool().join(".1.json.tmp");
+    std::fs::write(&tmp, &body).expect("write");
+    std::fs::rename(&tmp, hub.spool().join("1.json")).expect("rename");
+    wait_until(T, "the hub's spool file recorded", || {
+        (hub.get_waitpoint(id)["signal_count"] == 1).then_some(())
+    });
+
+    // Device `local` sends a file of the same name: another signal, not a duplicate.
+    let rt = rt();
+    let mut dev = connect(&rt, &hub, "local", &token);
+    rt.block_on(async {
+        dev.send_file("1.json", &body).await;
+        assert_eq!(dev.ack(T).await, ("1.json".into(), FileOutcome::Accepted));
+        // Its own file sent again is still its duplicate.
+        dev.send_file("1.json", &body).await;
+        assert_eq!(dev.ack(T).await, ("1.json".into(), FileOutcome::Duplicate));
+    });
+    let view = hub.get_waitpoint(id);
+    assert_eq!(view["signal_count"], 2, "{view}");
+    let sources: Vec<(&str, &str)> = view["signals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["source"].as_str().unwrap(), s["key"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        sources,
+        [
+            ("spool", "file:local:1.json"),
+            ("device:local", "device-file:local:1.json")
+        ]
+    );
+}
+
 #[test]
 fn refused_files_say_what_to_fix_and_the_link_stays_up() {
     let hub = Hub::start();

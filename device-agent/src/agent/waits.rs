@@ -419,6 +419,7 @@ impl RemoteWaits {
     /// hub would otherwise wait for.
     pub fn log_ended(&mut self) {
         for (id, end, message) in self.ended_unlogged.drain(..) {
+            crate::timing::record("remote_wait_ended", &id, None);
             tracing::info!(wait = %id, outcome = end, message = %message, "remote wait ended");
         }
     }

@@ -6,17 +6,21 @@
 //! 2. The agent's `Hello` (bounded in time): version and name checked, the link
 //!    registered (a second connection for a device replaces the first), the device
 //!    recorded online, then `Welcome`.
-//! 3. The loop: one reader always polling (tungstenite answers pings only while read),
-//!    each `File` handled in its own task up to the window so a burst shares group
-//!    commits, every frame out written by one writer task fed by a bounded channel.
-//!    A link from which nothing arrived for two ping intervals is dropped.
+//! 3. The loop, shaped like the agent's: [`Live::next`] turns every source (the agent's
+//!    messages, a file's store answer, a remote wait's store write, the store's notice
+//!    that the device's waits changed, the sweep's rescan, the keepalive tick, silence,
+//!    revocation or shutdown) into one [`Event`], and [`Live::handle`] is where the
+//!    link's state changes. The reader is always polled (tungstenite answers pings only
+//!    while read); each `File` is recorded in its own task up to the window so a burst
+//!    shares group commits, and its answer comes back as an event whose ack is queued
+//!    for the one writer task (a bounded channel). A link from which nothing arrived for
+//!    two ping intervals is dropped.
 //! 4. The close: in-flight files answered first, then a close frame whose reason is a
 //!    JSON [`CloseReason`], and the device recorded offline with a typed reason.
 //!
 //! Nothing an agent sends can panic the hub: every frame error ends only this link.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,12 +47,11 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
 
-use super::registry::{End, Link};
-use super::waits::LinkWaits;
-use crate::server::AppState;
-use crate::server::spool::refusal_reason;
+use super::waits::{LinkWaits, Written};
+use crate::intake::{MAX_REASON_CHARS, SignalSource, cut};
+use crate::registry::{End, Link};
+use crate::state::AppState;
 use crate::store::devices::Online;
-use crate::store::{SignalIn, SignalOutcome};
 use crate::time::now_ms;
 
 /// TLS plus the upgrade request: a connection that says nothing is dropped after this.
@@ -63,8 +66,6 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 const CLOSE_REASON_BYTES: usize = 123;
 /// A spool file's name as the hub accepts it (a file name, not a path).
 const MAX_FILE_NAME_BYTES: usize = 255;
-/// How long a refusal's reason may be in an ack.
-const MAX_REASON_CHARS: usize = 1_000;
 /// Reconnect delay asked of an agent whose token was refused or revoked.
 const RETRY_FORBIDDEN_MS: u64 = 60_000;
 /// Reconnect delay asked of an agent whose link was replaced, so two agents started
@@ -300,7 +301,7 @@ type Sink<S> = SplitSink<WebSocketStream<S>, Message>;
 type Source<S> = SplitStream<WebSocketStream<S>>;
 
 /// What the writer task sends.
-pub(crate) enum Out {
+enum Out {
     Msg(Message),
     /// The last frame: after it the writer flushes and ends.
     Close(CloseFrame),
@@ -390,13 +391,6 @@ fn ws_error(e: WsError) -> End {
     }
 }
 
-fn cut(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        Some((i, _)) => s[..i].to_string(),
-        None => s.to_string(),
-    }
-}
-
 /// Keeps what a hello reports to sizes worth storing.
 fn tidy_hello(h: &mut Hello) {
     h.agent_version = cut(&h.agent_version, 64);
@@ -440,12 +434,69 @@ async fn run_link<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (sink, mut source) = ws.split();
+    let (link, hello) = match open(&state, &mut source, &authed, peer).await {
+        Ok(opened) => opened,
+        Err(end) => return close_early(sink, source, &end).await,
+    };
+    let window = DEFAULT_WINDOW;
+    let (out, rx) = mpsc::channel::<Out>(window as usize * 2 + 8);
+    let writer = tokio::spawn(writer(sink, rx));
+    let welcome = HubFrame::Welcome {
+        version: MESH_VERSION,
+        ping_interval_ms: ping.as_millis() as u64,
+        window,
+        max_message_bytes: MAX_MESSAGE_BYTES as u64,
+        capabilities: vec![HUB_CAP_WAITS.to_string()],
+    };
+    if let Ok(b) = welcome.encode() {
+        let _ = out.send(Out::Msg(Message::Binary(b.into()))).await;
+    }
+    tracing::info!(%peer, device = %link.device, agent_version = %hello.agent_version, link = link.id, waits = hello.waits.len(), "device online");
+
+    let waits = LinkWaits::new(
+        &state,
+        &link.device,
+        &hello.agent_version,
+        hello.capabilities,
+        hello.waits,
+    );
+    let mut live = Live {
+        state,
+        link,
+        source,
+        out,
+        writer,
+        files: tokio::task::JoinSet::new(),
+        in_flight: 0,
+        window,
+        waits,
+        ping,
+        last_rx: Instant::now(),
+        pinger: tokio::time::interval_at(Instant::now() + ping, ping),
+    };
+    live.pinger
+        .set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let end = live.run().await;
+    live.close(end, peer).await;
+}
+
+/// The hello read and checked, the link registered and recorded online; `Err` carries
+/// why the link ends before it began (its log line written).
+async fn open<S>(
+    state: &AppState,
+    source: &mut Source<S>,
+    authed: &Authed,
+    peer: SocketAddr,
+) -> Result<(Arc<Link>, Hello), End>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let device = authed.device.clone();
-    let mut hello = match read_hello(&mut source).await {
+    let mut hello = match read_hello(source).await {
         Ok(h) => h,
         Err(end) => {
             tracing::warn!(%peer, device, reason = %end.reason(), "mesh link ended before its hello");
-            return close_early(sink, source, &end).await;
+            return Err(end);
         }
     };
     if hello.version != MESH_VERSION {
@@ -454,7 +505,7 @@ async fn run_link<S>(
             hello.version
         ));
         tracing::warn!(%peer, device, agent_version = %hello.agent_version, reason = %end.reason(), "mesh link refused");
-        return close_early(sink, source, &end).await;
+        return Err(end);
     }
     if hello.device != device {
         let end = End::Protocol(format!(
@@ -462,7 +513,7 @@ async fn run_link<S>(
             hello.device
         ));
         tracing::warn!(%peer, device, reason = %end.reason(), "mesh link refused");
-        return close_early(sink, source, &end).await;
+        return Err(end);
     }
     tidy_hello(&mut hello);
 
@@ -477,10 +528,10 @@ async fn run_link<S>(
     );
     new_link.capabilities = hello.capabilities.clone();
     let link = Arc::new(new_link);
-    let replaced = match state.devices.register(link.clone(), &authed.token_hash) {
-        Ok(old) => old,
-        Err(_) => return close_early(sink, source, &End::Revoked).await,
-    };
+    let replaced = state
+        .devices
+        .register(link.clone(), &authed.token_hash)
+        .map_err(|_| End::Revoked)?;
     if replaced.is_some() {
         tracing::warn!(%peer, device, "a second connection for this device replaces the first; is its agent running twice?");
     }
@@ -500,211 +551,286 @@ async fn run_link<S>(
             .await
     };
     match recorded {
-        Ok(true) => {}
+        Ok(true) => Ok((link, hello)),
         Ok(false) => {
             state.devices.unregister(&device, link.id);
-            return close_early(sink, source, &End::Revoked).await;
+            Err(End::Revoked)
         }
         Err(e) => {
             tracing::error!(device, error = %e, "cannot record a device online; closing its link");
             state.devices.unregister(&device, link.id);
-            return close_early(sink, source, &End::Store).await;
+            Err(End::Store)
         }
     }
-
-    let window = DEFAULT_WINDOW;
-    let (out, rx) = mpsc::channel::<Out>(window as usize * 2 + 8);
-    let mut writer = tokio::spawn(writer(sink, rx));
-    let welcome = HubFrame::Welcome {
-        version: MESH_VERSION,
-        ping_interval_ms: ping.as_millis() as u64,
-        window,
-        max_message_bytes: MAX_MESSAGE_BYTES as u64,
-        capabilities: vec![HUB_CAP_WAITS.to_string()],
-    };
-    if let Ok(b) = welcome.encode() {
-        let _ = out.send(Out::Msg(Message::Binary(b.into()))).await;
-    }
-    tracing::info!(%peer, device, agent_version = %hello.agent_version, link = link.id, waits = hello.waits.len(), "device online");
-
-    let mut waits = LinkWaits::new(
-        &state,
-        &device,
-        &hello.agent_version,
-        hello.capabilities.clone(),
-        std::mem::take(&mut hello.waits),
-    );
-    let mut files = tokio::task::JoinSet::new();
-    let end = match waits.reconcile(&state, &out).await {
-        Ok(()) => {
-            read_loop(
-                &state,
-                &link,
-                &mut source,
-                &out,
-                &mut files,
-                &mut waits,
-                ping,
-                window,
-            )
-            .await
-        }
-        Err(end) => end,
-    };
-
-    // In-flight files are answered before the close, when the agent can still hear it.
-    if !matches!(end, End::ClosedByAgent | End::Lost(_) | End::PingTimeout) {
-        let drain = async { while files.join_next().await.is_some() {} };
-        let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
-    }
-    files.abort_all();
-
-    let why = end.reason();
-    match &end {
-        End::Protocol(_) => {
-            tracing::warn!(%peer, device, reason = %why, "device link closed for a protocol error")
-        }
-        _ => tracing::info!(%peer, device, reason = %why, "device offline"),
-    }
-    // Recorded while the link is still registered, so nobody reads the device offline
-    // without its reason. A replaced link's successor already recorded this end, before
-    // its own online.
-    if end != End::Replaced {
-        let (id, seen, spool) = (link.id, link.last_seen(), link.spool());
-        let (d, w) = (device.clone(), why.clone());
-        if let Err(e) = state
-            .store
-            .exec(move |t| t.device_offline(&d, id, &w, seen, spool, now_ms()))
-            .await
-        {
-            tracing::error!(device, error = %e, "cannot record a device offline");
-        }
-    }
-    state.devices.unregister(&device, link.id);
-
-    if !matches!(end, End::ClosedByAgent | End::Lost(_)) {
-        let _ = out.send(Out::Close(close_for(&end))).await;
-    }
-    drop(out);
-    // The writer may be stuck on an agent that stopped reading: bounded.
-    if tokio::time::timeout(CLOSE_GRACE, &mut writer)
-        .await
-        .is_err()
-    {
-        writer.abort();
-    }
-    let _ = tokio::time::timeout(CLOSE_GRACE, async {
-        while let Some(Ok(_)) = source.next().await {}
-    })
-    .await;
 }
 
-/// The link's main loop; returns why it ended.
-#[allow(clippy::too_many_arguments)]
-async fn read_loop<S>(
-    state: &AppState,
-    link: &Arc<Link>,
-    source: &mut Source<S>,
-    out: &mpsc::Sender<Out>,
-    files: &mut tokio::task::JoinSet<()>,
-    waits: &mut LinkWaits,
-    ping: Duration,
+/// Everything a live link's loop reacts to; [`Live::next`] turns the sources into these
+/// and [`Live::handle`] is where the link's state changes.
+enum Event {
+    /// A message from the agent; `None` when the connection ended without a close.
+    Agent(Option<Result<Message, WsError>>),
+    /// A file's signal came back from the store: its ack (`None`: its task died, and the
+    /// agent sends the file again on its next link).
+    FileDone(Option<(String, FileOutcome)>),
+    /// A remote wait's store write came back.
+    WaitWritten(Written),
+    /// A commit changed this device's remote waits.
+    WaitsChanged,
+    /// The sweep asks the agent to list its spool again.
+    Rescan,
+    /// Time for a keepalive ping.
+    Ping,
+    /// Nothing heard from the agent for two ping intervals.
+    Silent,
+    /// Ended from outside: revoked, replaced, the hub stopping.
+    Ended(End),
+}
+
+/// A live link: everything its loop owns.
+struct Live<S> {
+    state: AppState,
+    link: Arc<Link>,
+    source: Source<S>,
+    /// The writer task's queue: every frame out goes through it.
+    out: mpsc::Sender<Out>,
+    writer: tokio::task::JoinHandle<()>,
+    /// Files being recorded, each in its own task so a burst shares group commits.
+    files: tokio::task::JoinSet<(String, FileOutcome)>,
+    /// Files taken and not yet answered. Lowered just before their ack is queued, so the
+    /// hub never counts more than the agent does and a well-behaved agent is never cut.
+    in_flight: usize,
     window: u32,
-) -> End
+    waits: LinkWaits,
+    ping: Duration,
+    /// When something last arrived from the agent.
+    last_rx: Instant,
+    pinger: tokio::time::Interval,
+}
+
+impl<S> Live<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    // Files taken and not yet answered. Lowered just before an ack is queued, so the
-    // hub never counts more than the agent does and a well-behaved agent is never cut.
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let mut last_rx = Instant::now();
-    let mut pinger = tokio::time::interval_at(Instant::now() + ping, ping);
-    pinger.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let silent_until = last_rx + 2 * ping;
+    /// The loop: the first reconciliation, then events until one ends the link.
+    async fn run(&mut self) -> End {
+        if let Err(end) = self.reconcile().await {
+            return end;
+        }
+        loop {
+            let ev = self.next().await;
+            if let Err(end) = self.handle(ev).await {
+                return end;
+            }
+        }
+    }
+
+    /// Waits for the next thing to happen. Ending comes first, then the agent.
+    async fn next(&mut self) -> Event {
+        let silent_until = self.last_rx + 2 * self.ping;
         tokio::select! {
             biased;
-            () = link.ended.notified() => return link.ended_with().unwrap_or(End::Shutdown),
-            () = state.shutdown.cancelled() => return End::Shutdown,
-            msg = source.next() => {
-                let m = match msg {
-                    None => return End::Lost("the connection ended without a close".into()),
-                    Some(Err(e)) => return ws_error(e),
-                    Some(Ok(m)) => m,
-                };
-                last_rx = Instant::now();
-                link.seen(now_ms());
-                match m {
-                    Message::Binary(b) => match AgentFrame::decode(&b) {
-                        Ok(AgentFrame::File { name, body }) => {
-                            if in_flight.fetch_add(1, Ordering::AcqRel) >= window as usize {
-                                return End::Protocol(format!(
-                                    "more than {window} files unacknowledged (the window in the welcome)"
-                                ));
-                            }
-                            let (state, out, device) = (state.clone(), out.clone(), link.device.clone());
-                            let in_flight = in_flight.clone();
-                            files.spawn(async move {
-                                let outcome = take_file(&state, &device, &name, &body).await;
-                                in_flight.fetch_sub(1, Ordering::AcqRel);
-                                match (HubFrame::Ack { name, outcome }).encode() {
-                                    Ok(b) => {
-                                        let _ = out.send(Out::Msg(Message::Binary(b.into()))).await;
-                                    }
-                                    Err(e) => tracing::error!(device, error = %e, "cannot encode an ack"),
-                                }
-                            });
-                        }
-                        Ok(AgentFrame::Status { spool }) => link.set_spool(spool),
-                        Ok(AgentFrame::WaitArmed { wait_id, captured, resume }) => {
-                            if let Err(end) = waits.armed(state, wait_id, captured, resume) {
-                                return end;
-                            }
-                        }
-                        Ok(AgentFrame::WaitDone { wait_id, outcome, payload, message }) => {
-                            if let Err(end) = waits.done(state, wait_id, outcome, payload, message) {
-                                return end;
-                            }
-                        }
-                        Ok(AgentFrame::Hello(_)) => {
-                            return End::Protocol("a second hello on one link".into());
-                        }
-                        Err(e) => return End::Protocol(e.to_string()),
-                    },
-                    Message::Text(_) => {
-                        return End::Protocol(
-                            "a text message; frames are MessagePack in binary messages".into(),
-                        );
-                    }
-                    Message::Close(_) => return End::ClosedByAgent,
-                    Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
-                }
+            () = self.link.ended.notified() => {
+                Event::Ended(self.link.ended_with().unwrap_or(End::Shutdown))
             }
-            Some(_) = files.join_next(), if !files.is_empty() => {}
-            Some(w) = waits.written.recv() => {
-                if let Err(end) = waits.written(w, out).await {
-                    return end;
-                }
+            () = self.state.shutdown.cancelled() => Event::Ended(End::Shutdown),
+            msg = self.source.next() => Event::Agent(msg),
+            Some(done) = self.files.join_next(), if !self.files.is_empty() => {
+                Event::FileDone(done.ok())
             }
-            changed = waits.changed.changed() => {
-                if changed.is_err() {
-                    return End::Shutdown;
-                }
-                if let Err(end) = waits.reconcile(state, out).await {
-                    return end;
-                }
-            }
-            () = link.rescan.notified() => {
-                if let Ok(b) = HubFrame::Rescan.encode() {
-                    // A full queue means the agent is busy or stuck: the next sweep asks again.
-                    let _ = out.try_send(Out::Msg(Message::Binary(b.into())));
-                }
-            }
-            _ = pinger.tick() => {
-                let _ = out.try_send(Out::Msg(Message::Ping(Bytes::new())));
-            }
-            () = tokio::time::sleep_until(silent_until) => return End::PingTimeout,
+            Some(w) = self.waits.written.recv() => Event::WaitWritten(w),
+            changed = self.waits.changed.changed() => match changed {
+                Ok(()) => Event::WaitsChanged,
+                // The store's notifier is gone: the hub is stopping.
+                Err(_) => Event::Ended(End::Shutdown),
+            },
+            () = self.link.rescan.notified() => Event::Rescan,
+            _ = self.pinger.tick() => Event::Ping,
+            () = tokio::time::sleep_until(silent_until) => Event::Silent,
         }
+    }
+
+    /// Where the link's state changes; `Err` ends the link with that reason.
+    async fn handle(&mut self, ev: Event) -> Result<(), End> {
+        match ev {
+            Event::Agent(None) => Err(End::Lost("the connection ended without a close".into())),
+            Event::Agent(Some(Err(e))) => Err(ws_error(e)),
+            Event::Agent(Some(Ok(m))) => {
+                self.last_rx = Instant::now();
+                self.link.seen(now_ms());
+                self.message(m)
+            }
+            Event::FileDone(Some((name, outcome))) => {
+                self.in_flight = self.in_flight.saturating_sub(1);
+                self.send(HubFrame::Ack { name, outcome }).await
+            }
+            Event::FileDone(None) => {
+                self.in_flight = self.in_flight.saturating_sub(1);
+                tracing::error!(device = %self.link.device, "a file's task failed; the agent sends the file again on its next link");
+                Ok(())
+            }
+            Event::WaitWritten(w) => match self.waits.written(w)? {
+                Some(f) => self.send(f).await,
+                None => Ok(()),
+            },
+            Event::WaitsChanged => self.reconcile().await,
+            Event::Rescan => {
+                // A full queue means the agent is busy or stuck: the next sweep asks again.
+                self.try_send(HubFrame::Rescan);
+                Ok(())
+            }
+            Event::Ping => {
+                let _ = self.out.try_send(Out::Msg(Message::Ping(Bytes::new())));
+                Ok(())
+            }
+            Event::Silent => Err(End::PingTimeout),
+            Event::Ended(end) => Err(end),
+        }
+    }
+
+    /// One message from the agent.
+    fn message(&mut self, m: Message) -> Result<(), End> {
+        let b = match m {
+            Message::Binary(b) => b,
+            Message::Text(_) => {
+                return Err(End::Protocol(
+                    "a text message; frames are MessagePack in binary messages".into(),
+                ));
+            }
+            Message::Close(_) => return Err(End::ClosedByAgent),
+            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return Ok(()),
+        };
+        match AgentFrame::decode(&b).map_err(|e| End::Protocol(e.to_string()))? {
+            AgentFrame::File { name, body } => {
+                if self.in_flight >= self.window as usize {
+                    return Err(End::Protocol(format!(
+                        "more than {} files unacknowledged (the window in the welcome)",
+                        self.window
+                    )));
+                }
+                self.in_flight += 1;
+                let (state, device) = (self.state.clone(), self.link.device.clone());
+                self.files.spawn(async move {
+                    let outcome = take_file(&state, &device, &name, &body).await;
+                    (name, outcome)
+                });
+                Ok(())
+            }
+            AgentFrame::Status { spool } => {
+                self.link.set_spool(spool);
+                Ok(())
+            }
+            AgentFrame::WaitArmed {
+                wait_id,
+                captured,
+                resume,
+            } => self.waits.armed(&self.state, wait_id, captured, resume),
+            AgentFrame::WaitDone {
+                wait_id,
+                outcome,
+                payload,
+                message,
+            } => self
+                .waits
+                .done(&self.state, wait_id, outcome, payload, message),
+            AgentFrame::Hello(_) => Err(End::Protocol("a second hello on one link".into())),
+        }
+    }
+
+    /// Reconciles the link's remote waits and sends what that decided.
+    async fn reconcile(&mut self) -> Result<(), End> {
+        for f in self.waits.reconcile(&self.state).await? {
+            self.send(f).await?;
+        }
+        Ok(())
+    }
+
+    /// Queues one frame for the writer. A full queue (an agent that stopped reading) holds
+    /// the loop, but never past a revocation or the hub's stop.
+    async fn send(&self, f: HubFrame) -> Result<(), End> {
+        tokio::select! {
+            biased;
+            r = self.queue(f) => r,
+            () = self.link.ended.notified() => {
+                Err(self.link.ended_with().unwrap_or(End::Shutdown))
+            }
+            () = self.state.shutdown.cancelled() => Err(End::Shutdown),
+        }
+    }
+
+    /// Queues one frame, waiting for room as long as it takes (the caller bounds it).
+    async fn queue(&self, f: HubFrame) -> Result<(), End> {
+        let bytes = f.encode().map_err(|e| End::Protocol(e.to_string()))?;
+        self.out
+            .send(Out::Msg(Message::Binary(bytes.into())))
+            .await
+            // The writer is gone: the link is ending anyway.
+            .map_err(|_| End::Lost("the link's writer stopped".into()))
+    }
+
+    /// Queues one frame if there is room; dropped otherwise.
+    fn try_send(&self, f: HubFrame) {
+        if let Ok(b) = f.encode() {
+            let _ = self.out.try_send(Out::Msg(Message::Binary(b.into())));
+        }
+    }
+
+    /// Ends the link: in-flight files answered (when the agent can still hear it), the
+    /// device recorded offline with its reason, the close frame, the writer stopped.
+    async fn close(mut self, end: End, peer: SocketAddr) {
+        let device = self.link.device.clone();
+        if !matches!(end, End::ClosedByAgent | End::Lost(_) | End::PingTimeout) {
+            let drain = async {
+                while let Some(done) = self.files.join_next().await {
+                    if let Ok((name, outcome)) = done {
+                        let _ = self.queue(HubFrame::Ack { name, outcome }).await;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+        }
+        self.files.abort_all();
+
+        let why = end.reason();
+        match &end {
+            End::Protocol(_) => {
+                tracing::warn!(%peer, device, reason = %why, "device link closed for a protocol error")
+            }
+            _ => tracing::info!(%peer, device, reason = %why, "device offline"),
+        }
+        // Recorded while the link is still registered, so nobody reads the device offline
+        // without its reason. A replaced link's successor already recorded this end, before
+        // its own online.
+        let link = &self.link;
+        if end != End::Replaced {
+            let (id, seen, spool) = (link.id, link.last_seen(), link.spool());
+            let (d, w) = (device.clone(), why.clone());
+            if let Err(e) = self
+                .state
+                .store
+                .exec(move |t| t.device_offline(&d, id, &w, seen, spool, now_ms()))
+                .await
+            {
+                tracing::error!(device, error = %e, "cannot record a device offline");
+            }
+        }
+        self.state.devices.unregister(&device, link.id);
+
+        if !matches!(end, End::ClosedByAgent | End::Lost(_)) {
+            let _ = self.out.send(Out::Close(close_for(&end))).await;
+        }
+        drop(self.out);
+        // The writer may be stuck on an agent that stopped reading: bounded.
+        if tokio::time::timeout(CLOSE_GRACE, &mut self.writer)
+            .await
+            .is_err()
+        {
+            self.writer.abort();
+        }
+        let source = &mut self.source;
+        let _ = tokio::time::timeout(CLOSE_GRACE, async {
+            while let Some(Ok(_)) = source.next().await {}
+        })
+        .await;
     }
 }
 
@@ -737,7 +863,7 @@ where
 }
 
 /// A device's spool file: the same checks and store operation as the signal route and
-/// the local spool. The identity is the body's key, else the device and file name.
+/// the local spool; its identity and its ack are [`SignalSource::DeviceFile`]'s.
 pub async fn take_file(state: &AppState, device: &str, name: &str, body: &str) -> FileOutcome {
     let refused = |reason: String| FileOutcome::Refused {
         reason: cut(&reason, MAX_REASON_CHARS),
@@ -766,34 +892,7 @@ pub async fn take_file(state: &AppState, device: &str, name: &str, body: &str) -
             return refused(e.to_string());
         }
     };
-    let input = SignalIn {
-        dedupe: Some(
-            req.key
-                .clone()
-                .unwrap_or_else(|| format!("file:{device}:{name}")),
-        ),
-        req: req.clone(),
-        source: format!("device:{device}"),
-    };
-    let outcome = match state.store.signal(input).await {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::error!(device, file = name, error = %e, "store failure; the device keeps the file and sends it again");
-            return FileOutcome::Retry {
-                reason:
-                    "the hub could not write to its store; keep the file and send it again later"
-                        .into(),
-            };
-        }
-    };
-    match outcome {
-        SignalOutcome::Accepted { .. } => FileOutcome::Accepted,
-        SignalOutcome::Duplicate { .. } => FileOutcome::Duplicate,
-        SignalOutcome::Refused(crate::engine::Refusal::Gone { .. }) => FileOutcome::Resolved,
-        o => {
-            let reason = refusal_reason(&req, &o).unwrap_or_else(|| "refused".into());
-            tracing::warn!(device, file = name, waitpoint = %req.id, reason = %reason, "device spool file refused");
-            refused(reason)
-        }
-    }
+    let src = SignalSource::DeviceFile { device, file: name };
+    let outcome = state.store.signal(src.signal_in(req.clone())).await;
+    src.file_ack(&req, outcome)
 }

@@ -3,7 +3,6 @@
 //! and the sweep's rescan of every connected agent. The frames are
 //! `cortex_protocol::mesh`'s and `docs/protocol.md` lists them.
 //!
-//! - [`registry`]: who may connect (token hashes) and who is connected (live links).
 //! - [`link`]: one connection: upgrade and auth, hello, files and acks, keepalive, close.
 //! - [`tls`]: the rustls acceptor.
 //! - [`waits`]: remote waits on a link: what the agent holds reconciled with the store.
@@ -13,7 +12,6 @@
 //! commit holding the signal returned.
 
 pub mod link;
-pub mod registry;
 pub mod tls;
 pub mod waits;
 
@@ -25,10 +23,10 @@ use cortex_protocol::mesh::{DEFAULT_PING_MS, MESH_PATH};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::time::now_ms;
 
-pub use registry::{End, Link, Registry};
+use crate::registry::End;
 
 /// Errors of starting the mesh; each says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -39,10 +37,8 @@ pub enum MeshError {
     PlainOffLoopback(SocketAddr),
     #[error("--tls-cert and --tls-key go together; give both (PEM files) or neither")]
     TlsHalf,
-    #[error(
-        "TLS: {path}: {why}; give a PEM certificate chain (--tls-cert) and its PEM private key (--tls-key)"
-    )]
-    Tls { path: String, why: String },
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     #[error(
         "cannot listen for devices on {addr}: {source}; is another hub running? (set --mesh-listen ADDR, or off)"
     )]

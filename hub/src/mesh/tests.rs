@@ -4,8 +4,8 @@ use cortex_protocol::mesh::{CloseReason, HostFacts, SpoolCounts};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use super::link::close_frame;
-use super::registry::{End, Link, Registry};
 use super::{MeshSetup, url};
+use crate::registry::{End, Link, Registry};
 use crate::secret;
 
 fn link(reg: &Registry, device: &str) -> Arc<Link> {

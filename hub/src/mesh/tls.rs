@@ -9,7 +9,16 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
-use super::MeshError;
+/// A certificate or key that cannot be served; the mesh's start error
+/// (`MeshError::Tls`) carries it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "TLS: {path}: {why}; give a PEM certificate chain (--tls-cert) and its PEM private key (--tls-key)"
+)]
+pub struct TlsError {
+    pub path: String,
+    pub why: String,
+}
 
 /// Installs ring as the process's rustls provider; a second call is harmless.
 pub fn install_provider() {
@@ -18,9 +27,9 @@ pub fn install_provider() {
 }
 
 /// A TLS acceptor for `cert` (PEM chain, leaf first) and `key` (PEM private key).
-pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, MeshError> {
+pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
     install_provider();
-    let bad = |path: &Path, why: String| MeshError::Tls {
+    let bad = |path: &Path, why: String| TlsError {
         path: path.display().to_string(),
         why,
     };

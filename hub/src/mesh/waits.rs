@@ -19,11 +19,12 @@
 
 use std::collections::HashSet;
 
+use cortex_device_agent::timing;
 use cortex_protocol::mesh::{HubFrame, MAX_WAITS_PER_DEVICE, WaitEnd, WaitSpec};
 use tokio::sync::{mpsc, watch};
 
-use super::registry::End;
-use crate::server::AppState;
+use crate::registry::End;
+use crate::state::AppState;
 use crate::store::device_waits::{DeviceWaitDone, DeviceWaitRecord, DoneOutcome, Phase};
 use crate::time::now_ms;
 
@@ -126,12 +127,8 @@ impl LinkWaits {
         }
     }
 
-    /// Compares the store with what the agent holds and sends the difference.
-    pub(crate) async fn reconcile(
-        &mut self,
-        state: &AppState,
-        out: &mpsc::Sender<super::link::Out>,
-    ) -> Result<(), End> {
+    /// Compares the store with what the agent holds; the frames that send the difference.
+    pub(crate) async fn reconcile(&mut self, state: &AppState) -> Result<Vec<HubFrame>, End> {
         self.changed.borrow_and_update();
         let device = self.device.clone();
         let wanted = match state.store.read(move |r| r.device_waits(&device)).await {
@@ -164,28 +161,25 @@ impl LinkWaits {
                 return Err(End::Store);
             }
         }
+        let mut frames = Vec::with_capacity(p.arm.len() + p.cancel.len());
         for (id, spec, timeout_ms, deadline_ms) in p.arm {
             self.held.insert(id.clone());
             self.asked.insert(id.clone());
             tracing::debug!(device = %self.device, wait = %id, "arming a remote wait");
-            send(
-                out,
-                HubFrame::WaitArm {
-                    wait_id: id,
-                    spec,
-                    timeout_ms,
-                    deadline_ms,
-                },
-            )
-            .await?;
+            frames.push(HubFrame::WaitArm {
+                wait_id: id,
+                spec,
+                timeout_ms,
+                deadline_ms,
+            });
         }
         for id in p.cancel {
             self.held.remove(&id);
             self.asked.remove(&id);
             tracing::debug!(device = %self.device, wait = %id, "cancelling a remote wait");
-            send(out, HubFrame::WaitCancel { wait_id: id }).await?;
+            frames.push(HubFrame::WaitCancel { wait_id: id });
         }
-        Ok(())
+        Ok(frames)
     }
 
     /// One more store write whose answer the link waits for; too many is a protocol error.
@@ -251,9 +245,10 @@ impl LinkWaits {
         message: String,
     ) -> Result<(), End> {
         // The bench (cargo xtask bench waits) times the hub's receipt by this moment. Its
-        // line is written after the outcome went to the writer: a log line costs ~25 us
-        // cold, which would otherwise sit on the record's path (only when debug is on).
-        let received_us = tracing::enabled!(tracing::Level::DEBUG).then(crate::time::now_us);
+        // record is written after the outcome went to the writer: a write costs tens of
+        // microseconds cold, which would otherwise sit on the record's path (only when
+        // timing records are on: CORTEX_TIMING_FILE).
+        let received_us = timing::on().then(crate::time::now_us);
         self.held.remove(&id);
         self.count_in_flight()?;
         let (device, tx) = (self.device.clone(), self.written_tx.clone());
@@ -269,7 +264,9 @@ impl LinkWaits {
         state.store.device_wait_done_then(done, move |r| {
             let w = match r {
                 Ok(DoneOutcome::Recorded(o)) => {
-                    // The bench times "exit to the hub's record" to this line.
+                    // The bench times "exit to the hub's record" to this record (first, so
+                    // the log line's cost is not in it).
+                    timing::record("remote_wait_recorded", &id, None);
                     tracing::info!(device, wait = %id, outcome = end.as_str(), result = ?o, "remote wait ended");
                     Written::Done { id }
                 }
@@ -281,41 +278,26 @@ impl LinkWaits {
             };
             let _ = tx.send(w);
         });
-        if let (Some(at), Some(wait)) = (received_us, logged_id) {
-            tracing::debug!(device = %self.device, %wait, received_us = at, "remote wait outcome received");
+        if let (Some(us), Some(wait)) = (received_us, logged_id) {
+            timing::record("remote_wait_received", &wait, Some(us));
         }
         Ok(())
     }
 
-    /// A store write came back.
-    pub(crate) async fn written(
-        &mut self,
-        w: Written,
-        out: &mpsc::Sender<super::link::Out>,
-    ) -> Result<(), End> {
+    /// A store write came back; the frame that answers it, if any.
+    pub(crate) fn written(&mut self, w: Written) -> Result<Option<HubFrame>, End> {
         self.in_flight = self.in_flight.saturating_sub(1);
         match w {
-            Written::Armed { active: true, .. } => Ok(()),
+            Written::Armed { active: true, .. } => Ok(None),
             Written::Armed { id, active: false } => {
                 self.held.remove(&id);
                 self.asked.remove(&id);
-                send(out, HubFrame::WaitCancel { wait_id: id }).await
+                Ok(Some(HubFrame::WaitCancel { wait_id: id }))
             }
-            Written::Done { id } => send(out, HubFrame::WaitAck { wait_id: id }).await,
+            Written::Done { id } => Ok(Some(HubFrame::WaitAck { wait_id: id })),
             Written::Failed => Err(End::Store),
         }
     }
-}
-
-async fn send(out: &mpsc::Sender<super::link::Out>, f: HubFrame) -> Result<(), End> {
-    use cortex_protocol::mesh::Frame;
-    let bytes = f.encode().map_err(|e| End::Protocol(e.to_string()))?;
-    out.send(super::link::Out::Msg(
-        tokio_tungstenite::tungstenite::Message::Binary(bytes.into()),
-    ))
-    .await
-    // The writer is gone: the link is ending anyway.
-    .map_err(|_| End::Lost("the link's writer stopped".into()))
 }
 
 #[cfg(test)]

@@ -12,10 +12,10 @@ use cortex_protocol::api::{
 };
 use serde::Deserialize;
 
-use super::AppState;
 use super::error::{ApiError, parse_json};
 use super::log::{self, LogQuery};
 use crate::engine::CreateParams;
+use crate::state::AppState;
 use crate::store::ops::{CancelOutcome, CreateOutcome};
 use crate::time::now_ms;
 use crate::{secret, text};

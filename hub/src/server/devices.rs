@@ -13,10 +13,10 @@ use cortex_protocol::api::{
 };
 use cortex_protocol::mesh::{MAX_WAITS_PER_DEVICE, WaitSpec};
 
-use super::AppState;
 use super::error::{ApiError, parse_json};
 use super::log::{self, LogQuery};
 use crate::secret;
+use crate::state::AppState;
 use crate::store::device_waits::{
     CreateDeviceWaitOutcome, EXPIRY_MARGIN_MS, NewDeviceWait, TIMEOUT_GRACE_MS,
 };

@@ -12,8 +12,8 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::AppState;
 use super::error::ApiError;
+use crate::state::AppState;
 use crate::store::{ReadTx, StoreError};
 
 /// The longest long poll one request may ask for.

@@ -12,68 +12,16 @@ pub(crate) mod spool;
 mod timers;
 
 use std::future::Future;
-use std::ops::Deref;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
 use axum::routing::{get, post};
-use tokio::sync::watch;
 
-use crate::config::HubSettings;
+pub use crate::state::Config;
+use crate::state::{AppState, Inner, Shutdown};
 use crate::store::Store;
-
-/// What `run` needs.
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub home: PathBuf,
-    pub settings: HubSettings,
-    pub token: String,
-}
-
-/// A shutdown flag every task can wait on.
-#[derive(Clone)]
-pub struct Shutdown(watch::Sender<bool>);
-
-impl Shutdown {
-    fn new() -> Self {
-        Shutdown(watch::channel(false).0)
-    }
-
-    pub fn cancel(&self) {
-        self.0.send_replace(true);
-    }
-
-    pub async fn cancelled(&self) {
-        let mut rx = self.0.subscribe();
-        let _ = rx.wait_for(|v| *v).await;
-    }
-}
-
-pub struct Inner {
-    pub store: Store,
-    pub token_hash: [u8; 32],
-    pub misses: signal::MissBudget,
-    /// The signal route's URL, for `how_to_signal`.
-    pub signal_url: String,
-    pub shutdown: Shutdown,
-    /// Devices allowed to connect and their live links.
-    pub devices: crate::mesh::Registry,
-    /// The mesh's URL for agents (`None` with `--mesh-listen off`).
-    pub mesh_url: Option<String>,
-}
-
-#[derive(Clone)]
-pub struct AppState(Arc<Inner>);
-
-impl Deref for AppState {
-    type Target = Inner;
-    fn deref(&self) -> &Inner {
-        &self.0
-    }
-}
 
 pub fn router(state: AppState) -> Router {
     let api = Router::new()
@@ -149,15 +97,15 @@ pub async fn run_with_mesh(
     let addr = listener
         .local_addr()
         .context("reading the listener's address")?;
-    let state = AppState(Arc::new(Inner {
+    let state = AppState::new(Inner {
         store,
         token_hash: crate::secret::hash(&config.token),
-        misses: signal::MissBudget::default(),
+        misses: crate::intake::MissBudget::default(),
         signal_url: format!("http://{addr}/webhook/signal"),
-        shutdown: Shutdown::new(),
-        devices: crate::mesh::Registry::default(),
+        shutdown: Shutdown::default(),
+        devices: crate::registry::Registry::default(),
         mesh_url: mesh.as_ref().map(|m| m.url.clone()),
-    }));
+    });
     crate::mesh::start(&state).await?;
 
     let sweep =
@@ -168,7 +116,7 @@ pub async fn run_with_mesh(
     tasks.spawn(timers::run(state.clone(), sweep));
     let rescan =
         (config.settings.sweep_ms > 0).then(|| Duration::from_millis(config.settings.sweep_ms));
-    tasks.spawn(spool::intake(state.clone(), Arc::new(spool), rescan));
+    tasks.spawn(spool::collect(state.clone(), Arc::new(spool), rescan));
     if let Some(bound) = mesh {
         tasks.spawn(crate::mesh::serve(state.clone(), bound));
         if config.settings.sweep_ms > 0 {

@@ -1,9 +1,6 @@
 //! `POST /webhook/signal`: the route jobs call. No operator token: the waitpoint's own
-//! secret is the capability. Codes exactly as seed 000 and the contract.
-
-use std::collections::VecDeque;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+//! secret is the capability. The body's checks are here; what the store's answer becomes
+//! (the contract's codes) is [`crate::intake`]'s.
 
 use axum::Json;
 use axum::body::Body;
@@ -11,119 +8,11 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cortex_protocol::SignalRequest;
-use cortex_protocol::signal::{MAX_BODY_BYTES, SignalAccepted, SignalResult};
+use cortex_protocol::signal::MAX_BODY_BYTES;
 
-use super::AppState;
 use super::error::ApiError;
-use crate::engine::Refusal;
-use crate::store::{SignalIn, SignalOutcome};
-
-/// Unknown ids and wrong secrets share this many misses a minute; then 429.
-pub const MISS_BUDGET: usize = 60;
-const MISS_WINDOW: Duration = Duration::from_secs(60);
-
-/// The sliding minute of misses.
-#[derive(Default)]
-pub struct MissBudget {
-    times: Mutex<VecDeque<Instant>>,
-}
-
-impl MissBudget {
-    /// Records a miss; false when the budget was already spent.
-    pub fn spend(&self, now: Instant) -> bool {
-        let mut t = self.times.lock().unwrap_or_else(|e| e.into_inner());
-        while t
-            .front()
-            .is_some_and(|&f| now.duration_since(f) >= MISS_WINDOW)
-        {
-            t.pop_front();
-        }
-        if t.len() >= MISS_BUDGET {
-            return false;
-        }
-        t.push_back(now);
-        true
-    }
-}
-
-/// What the route does with a signal, shared with the local spool.
-pub enum Answer {
-    Accepted(SignalAccepted),
-    Error(ApiError),
-}
-
-/// Maps a store outcome to the contract's answer. `route` names where it came from, for
-/// the log line of a miss.
-pub fn answer(
-    state: &AppState,
-    req: &SignalRequest,
-    outcome: SignalOutcome,
-    route: &str,
-) -> Answer {
-    let accepted = |result, st: crate::engine::State| {
-        Answer::Accepted(SignalAccepted {
-            result,
-            waitpoint: req.id.clone(),
-            state: st.as_str().to_string(),
-        })
-    };
-    match outcome {
-        SignalOutcome::Accepted { state } => accepted(SignalResult::Accepted, state),
-        SignalOutcome::Duplicate { state } => accepted(SignalResult::Duplicate, state),
-        SignalOutcome::Unknown | SignalOutcome::WrongSecret => {
-            let unknown = matches!(outcome, SignalOutcome::Unknown);
-            if !state.misses.spend(Instant::now()) {
-                return Answer::Error(ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "miss_budget_spent",
-                    format!(
-                        "more than {MISS_BUDGET} unknown ids or wrong secrets in the last minute; check the id and secret your job was given, then retry in a minute"
-                    ),
-                ));
-            }
-            if unknown {
-                tracing::warn!(waitpoint = %req.id, via = route, "signal for an unknown waitpoint id (a typo, or a waitpoint resolved more than 3 days ago)");
-                Answer::Error(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "unknown_waitpoint",
-                    format!(
-                        "no waitpoint {:?}; check the id (CORTEX_SIGNAL_ID) your job was given; a resolved waitpoint is forgotten after 3 days",
-                        req.id
-                    ),
-                ))
-            } else {
-                tracing::warn!(waitpoint = %req.id, via = route, "signal with a wrong secret");
-                Answer::Error(ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "wrong_secret",
-                    format!(
-                        "the secret does not match waitpoint {}; use the secret handed out when it was armed (CORTEX_SIGNAL_SECRET)",
-                        req.id
-                    ),
-                ))
-            }
-        }
-        SignalOutcome::Refused(r) => {
-            let msg = r.to_string();
-            match r {
-                Refusal::Gone { .. } => Answer::Error(ApiError::new(
-                    StatusCode::GONE,
-                    "already_resolved",
-                    format!("{msg}; this is not an error for the job"),
-                )),
-                Refusal::MemberMissing { members } | Refusal::MemberUnlisted { members, .. } => {
-                    let mut e = ApiError::new(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        "bad_member",
-                        format!("{msg}; expected one of: {}", members.join(", ")),
-                    );
-                    e.members = Some(members);
-                    Answer::Error(e)
-                }
-            }
-        }
-    }
-}
+use crate::intake::{HttpAnswer, SignalSource};
+use crate::state::AppState;
 
 pub async fn route(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let too_large = || {
@@ -154,17 +43,10 @@ pub async fn route(State(state): State<AppState>, headers: HeaderMap, body: Body
         }
         Err(e) => return ApiError::bad_request(e.to_string()).into_response(),
     };
-    let input = SignalIn {
-        dedupe: req.key.clone(),
-        req: req.clone(),
-        source: "http".into(),
-    };
-    let outcome = match state.store.signal(input).await {
-        Ok(o) => o,
-        Err(e) => return ApiError::store(e).into_response(),
-    };
-    match answer(&state, &req, outcome, "http") {
-        Answer::Accepted(a) => (StatusCode::ACCEPTED, Json(a)).into_response(),
-        Answer::Error(e) => e.into_response(),
+    let src = SignalSource::Http;
+    let outcome = state.store.signal(src.signal_in(req.clone())).await;
+    match src.http_answer(&req, outcome, &state.misses) {
+        HttpAnswer::Accepted(a) => (StatusCode::ACCEPTED, Json(a)).into_response(),
+        HttpAnswer::Error(status, body) => (status, Json(body)).into_response(),
     }
 }

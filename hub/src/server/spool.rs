@@ -11,14 +11,13 @@ use cortex_device_agent::spool::{Refusal as ReadRefusal, Spool, SpoolEvent, Spoo
 use cortex_protocol::SignalRequest;
 use tokio::sync::Semaphore;
 
-use super::AppState;
-use crate::engine::Refusal;
-use crate::store::{SignalIn, SignalOutcome};
+use crate::intake::{SignalSource, SpoolAction};
+use crate::state::AppState;
 
 /// Files handled at once: enough to fill a group commit.
 const IN_FLIGHT: usize = 256;
 
-pub async fn intake(state: AppState, spool: Arc<Spool>, rescan: Option<std::time::Duration>) {
+pub async fn collect(state: AppState, spool: Arc<Spool>, rescan: Option<std::time::Duration>) {
     let mut watcher = match SpoolWatcher::new(spool.clone(), rescan) {
         Ok(w) => w,
         Err(e) => {
@@ -94,59 +93,16 @@ async fn take(state: &AppState, spool: &Spool, name: &str, listed: bool) {
         Err(_) if listed && spool.recently_written(name) => return,
         Err(e) => return park(spool, name, &e.to_string()),
     };
-    // The body's key (cortex-signal's, shared with its HTTP attempt) or the file's name.
-    let dedupe = req
-        .key
-        .clone()
-        .unwrap_or_else(|| format!("file:local:{name}"));
-    let input = SignalIn {
-        req: req.clone(),
-        source: "spool".into(),
-        dedupe: Some(dedupe),
-    };
-    let outcome = match state.store.signal(input).await {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::error!(file = name, error = %e, "store failure; the spool file stays for the next rescan");
-            return;
-        }
-    };
-    let reason = refusal_reason(&req, &outcome);
-    match reason {
-        None => {
+    let src = SignalSource::Spool { file: name };
+    let outcome = state.store.signal(src.signal_in(req.clone())).await;
+    match src.spool_action(&req, outcome) {
+        SpoolAction::Delete => {
             if let Err(e) = spool.remove(name) {
                 tracing::warn!(file = name, error = %e, "cannot remove a handled spool file; it will be answered as a duplicate");
             }
         }
-        Some(reason) => {
-            tracing::warn!(file = name, waitpoint = %req.id, reason = %reason, "spool file refused");
-            park(spool, name, &reason);
-        }
-    }
-}
-
-/// Why a signal from a file (local or a device's) was refused, in words that tell its
-/// writer what to fix; `None` when the file was taken (accepted, duplicate, or its
-/// waitpoint already resolved).
-pub(crate) fn refusal_reason(req: &SignalRequest, outcome: &SignalOutcome) -> Option<String> {
-    match outcome {
-        SignalOutcome::Accepted { .. }
-        | SignalOutcome::Duplicate { .. }
-        | SignalOutcome::Refused(Refusal::Gone { .. }) => None,
-        SignalOutcome::Unknown => Some(format!(
-            "no waitpoint {:?}: check the id; a resolved waitpoint is forgotten after 3 days",
-            req.id
-        )),
-        SignalOutcome::WrongSecret => Some(format!(
-            "wrong secret for waitpoint {}: use the secret handed out when it was armed",
-            req.id
-        )),
-        SignalOutcome::Refused(
-            r @ (Refusal::MemberMissing { members } | Refusal::MemberUnlisted { members, .. }),
-        ) => Some(format!(
-            "{r}; add \"member\":\"NAME\" with one of: {}",
-            members.join(", ")
-        )),
+        SpoolAction::Park(reason) => park(spool, name, &reason),
+        SpoolAction::Keep => {}
     }
 }
 

@@ -12,7 +12,7 @@ use crate::store::tables::TIMER_DEVICE_WAIT;
 use crate::store::{StoreError, Tx};
 use crate::time::now_ms;
 
-use super::AppState;
+use crate::state::AppState;
 
 /// After a start, devices get this long to reconnect before the hub judges the remote
 /// waits that fell due while it was down: an agent's reconnect backoff tops out at 60 s,

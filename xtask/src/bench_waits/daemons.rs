@@ -1,12 +1,14 @@
-//! The release hub and agent of the waits bench, each with every line of its log kept
-//! where it names a remote wait ending: the hub logs `remote wait ended … wait=WP` right
-//! after the commit holding the outcome returned, the agent logs it when the wait's task
-//! reported. Their timestamps (RFC 3339, microseconds, the machine's realtime clock) are
-//! two of the bench's measuring points.
+//! The release hub and agent of the waits bench. Each writes timing records (JSON lines,
+//! `CORTEX_TIMING_FILE`, see `cortex_device_agent::timing`) to a file the bench names: the
+//! agent's `remote_wait_ended` when its loop reported a wait's outcome, the hub's
+//! `remote_wait_received` (the moment its link read the `WaitDone` frame) and
+//! `remote_wait_recorded` (the moment the record holding the outcome was durable). Their
+//! `us` (microseconds, the machine's realtime clock) are the bench's measuring points; no
+//! log line is read for them, so rewording a log message changes no figure.
 //!
-//! Each daemon's stderr goes to a file in the scratch directory, read only when the bench
-//! asks (after a run): a thread reading a pipe line by line would wake at every log line,
-//! on these two cores, in the middle of the very path being timed.
+//! Each daemon's stderr goes to a file in the scratch directory too (its start line and,
+//! on a failure, its last lines). Both files are read only when the bench asks (after a
+//! run): a thread reading a pipe would wake in the middle of the very path being timed.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -24,23 +26,63 @@ use serde_json::Value;
 use crate::bench_kit::http;
 use crate::bench_kit::procs::{Procs, poll};
 
-/// The log lines timed: the agent's and the hub's end of a wait, the hub's receipt.
-pub const MARKS: [&str; 2] = ["remote wait ended", "remote wait outcome received"];
+/// The agent's record: its loop reported the wait's outcome.
+pub const AGENT_ENDED: &str = "remote_wait_ended";
+/// The hub's record: its link read the `WaitDone` frame.
+pub const HUB_RECEIVED: &str = "remote_wait_received";
+/// The hub's record: the outcome's record is durable.
+pub const HUB_RECORDED: &str = "remote_wait_recorded";
 
-/// A daemon's log file, read as far as it was written each time the bench asks.
-pub struct Log {
+/// A file a daemon appends to, read as far as it was written each time the bench asks,
+/// whole lines only.
+struct Tail {
     path: PathBuf,
-    state: Mutex<LogState>,
-}
-
-#[derive(Default)]
-struct LogState {
     /// Bytes read so far.
     offset: u64,
     /// A line not yet ended by a newline.
     partial: String,
-    /// (what, waitpoint id) → ns since the epoch, for `what` in [`MARKS`].
-    ends: HashMap<(&'static str, String), i128>,
+}
+
+impl Tail {
+    fn new(path: PathBuf) -> Self {
+        Tail {
+            path,
+            offset: 0,
+            partial: String::new(),
+        }
+    }
+
+    /// The whole lines appended since the last call (none while the file does not exist).
+    fn lines(&mut self) -> anyhow::Result<Vec<String>> {
+        let mut f = match File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).with_context(|| format!("opening {}", self.path.display())),
+        };
+        f.seek(SeekFrom::Start(self.offset))
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes)
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        self.offset += bytes.len() as u64;
+        let mut pending = std::mem::take(&mut self.partial);
+        pending.push_str(&String::from_utf8_lossy(&bytes));
+        let (whole, rest) = match pending.rfind('\n') {
+            Some(i) => (&pending[..i], &pending[i + 1..]),
+            None => ("", pending.as_str()),
+        };
+        self.partial = rest.to_string();
+        Ok(whole.lines().map(String::from).collect())
+    }
+}
+
+/// A daemon's log file (its stderr): its start line and its last lines.
+pub struct Log {
+    state: Mutex<LogState>,
+}
+
+struct LogState {
+    file: Tail,
     /// The first line holding the start marker.
     start_line: Option<String>,
     /// The last 20 lines.
@@ -51,10 +93,14 @@ impl Log {
     /// A new, empty file at `path`; the file handle is the daemon's stderr.
     fn create(path: PathBuf) -> anyhow::Result<(Log, File)> {
         let f = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let state = LogState {
+            file: Tail::new(path),
+            start_line: None,
+            tail: VecDeque::new(),
+        };
         Ok((
             Log {
-                path,
-                state: Mutex::new(LogState::default()),
+                state: Mutex::new(state),
             },
             f,
         ))
@@ -63,44 +109,16 @@ impl Log {
     /// Reads what was appended since the last call, line by line.
     fn refresh(&self, start_marker: &str) -> anyhow::Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mut f =
-            File::open(&self.path).with_context(|| format!("opening {}", self.path.display()))?;
-        f.seek(SeekFrom::Start(st.offset))
-            .with_context(|| format!("reading {}", self.path.display()))?;
-        let mut bytes = Vec::new();
-        f.read_to_end(&mut bytes)
-            .with_context(|| format!("reading {}", self.path.display()))?;
-        st.offset += bytes.len() as u64;
-        let text = String::from_utf8_lossy(&bytes);
-        let mut pending = std::mem::take(&mut st.partial);
-        pending.push_str(&text);
-        let (whole, rest) = match pending.rfind('\n') {
-            Some(i) => (&pending[..i], &pending[i + 1..]),
-            None => ("", pending.as_str()),
-        };
-        st.partial = rest.to_string();
-        for line in whole.lines() {
+        for line in st.file.lines()? {
             if st.start_line.is_none() && line.contains(start_marker) {
-                st.start_line = Some(line.to_string());
-            }
-            if let Some(mark) = MARKS.iter().find(|m| line.contains(*m))
-                && let (Some(ts), Some(wp)) = (mark_time(line), field(line, "wait="))
-            {
-                st.ends.insert((mark, wp.to_string()), ts);
+                st.start_line = Some(line.clone());
             }
             if st.tail.len() >= 20 {
                 st.tail.pop_front();
             }
-            st.tail.push_back(line.to_string());
+            st.tail.push_back(line);
         }
         Ok(())
-    }
-
-    /// When the log said `what` for `wp` (once: the entry is removed).
-    pub fn take(&self, what: &'static str, wp: &str) -> anyhow::Result<Option<i128>> {
-        self.refresh("\u{0}")?;
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(st.ends.remove(&(what, wp.to_string())))
     }
 
     fn start_line(&self, marker: &str) -> anyhow::Result<Option<String>> {
@@ -117,46 +135,54 @@ impl Log {
     }
 }
 
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let at = line.find(key)? + key.len();
-    line[at..].split_whitespace().next()
+/// A daemon's timing records (`CORTEX_TIMING_FILE`).
+pub struct Timing {
+    state: Mutex<TimingState>,
 }
 
-/// When a marked line says its event happened, in ns since the epoch: its `received_us=`
-/// field if it has one (the hub writes its receipt line after handing the outcome on, with
-/// the moment it arrived), else the line's own time.
-fn mark_time(line: &str) -> Option<i128> {
-    match field(line, "received_us=") {
-        Some(us) => us.parse::<i128>().ok().map(|us| us * 1_000),
-        None => line_time(line),
+struct TimingState {
+    file: Tail,
+    /// (event, waitpoint id) → ns since the epoch.
+    at: HashMap<(String, String), i128>,
+}
+
+impl Timing {
+    fn new(path: PathBuf) -> Self {
+        Timing {
+            state: Mutex::new(TimingState {
+                file: Tail::new(path),
+                at: HashMap::new(),
+            }),
+        }
+    }
+
+    /// The path the daemon is told to write to.
+    fn path(&self) -> PathBuf {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.file.path.clone()
+    }
+
+    /// When the daemon recorded `event` for `wp`, in ns since the epoch (once: the entry
+    /// is removed).
+    pub fn take(&self, event: &str, wp: &str) -> anyhow::Result<Option<i128>> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for line in st.file.lines()? {
+            if let Some((event, wait, ns)) = record(&line) {
+                st.at.insert((event, wait), ns);
+            }
+        }
+        Ok(st.at.remove(&(event.to_string(), wp.to_string())))
     }
 }
 
-/// The leading `2026-11-30T06:13:59.123456Z` of a log line, in ns since the epoch.
-pub fn line_time(line: &str) -> Option<i128> {
-    let ts = line.split_whitespace().next()?;
-    let (date, time) = ts.strip_suffix('Z')?.split_once('T')?;
-    let mut d = date.split('-').map(|p| p.parse::<i64>());
-    let (y, m, dd) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
-    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
-    let mut t = hms.split(':').map(|p| p.parse::<i64>());
-    let (h, mi, s) = (t.next()?.ok()?, t.next()?.ok()?, t.next()?.ok()?);
-    let digits: String = frac.chars().take(9).collect();
-    let ns_frac: i128 = format!("{digits:0<9}").parse().ok()?;
-    let days = days_from_civil(y, m, dd);
-    let secs = i128::from(days) * 86_400 + i128::from(h * 3600 + mi * 60 + s);
-    Some(secs * 1_000_000_000 + ns_frac)
-}
-
-/// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+/// One timing record: its event, its wait and its time in ns since the epoch; `None` for
+/// a line that is not one (another event's shape, or cut).
+fn record(line: &str) -> Option<(String, String, i128)> {
+    let v: Value = serde_json::from_str(line).ok()?;
+    let event = v["event"].as_str()?.to_string();
+    let wait = v["wait"].as_str()?.to_string();
+    let us = v["us"].as_u64()?;
+    Some((event, wait, i128::from(us) * 1_000))
 }
 
 /// The realtime clock now, ns since the epoch (what the log timestamps read).
@@ -184,6 +210,7 @@ pub struct Hub {
     pub index: usize,
     pub pid: u32,
     pub log: Log,
+    pub timing: Timing,
     token: String,
 }
 
@@ -192,6 +219,7 @@ impl Hub {
     pub fn start(bin: &Path, home: &Path, procs: &mut Procs) -> anyhow::Result<Hub> {
         let token = format!("bench-{:x}", now_ns());
         let (log, stderr) = Log::create(home.with_extension("log"))?;
+        let timing = Timing::new(home.with_extension("timing.jsonl"));
         let mut cmd = Command::new(bin);
         cmd.arg("--home")
             .arg(home)
@@ -200,8 +228,10 @@ impl Hub {
             .stdout(Stdio::null())
             .stderr(stderr);
         clean_env(&mut cmd);
+        // The remote waits' info lines stay on, as on a hub run with the defaults.
         cmd.env("CORTEX_WEBHOOK_TOKEN", &token)
-            .env("RUST_LOG", "warn,cortex_hub::mesh::waits=debug");
+            .env("CORTEX_TIMING_FILE", timing.path())
+            .env("RUST_LOG", "warn,cortex_hub::mesh::waits=info");
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
@@ -222,6 +252,7 @@ impl Hub {
             index,
             pid,
             log,
+            timing,
             token,
         };
         poll(Duration::from_secs(10), "the hub's /healthz", || {
@@ -279,6 +310,7 @@ pub struct Agent {
     pub index: usize,
     pub pid: u32,
     pub log: Log,
+    pub timing: Timing,
 }
 
 impl Agent {
@@ -300,6 +332,7 @@ impl Agent {
             .with_context(|| format!("creating {}", token_file.display()))?;
         writeln!(f, "{token}").with_context(|| format!("writing {}", token_file.display()))?;
         let (log, stderr) = Log::create(dir.join("agent.log"))?;
+        let timing = Timing::new(dir.join("agent-timing.jsonl"));
         let mut cmd = Command::new(bin);
         cmd.args(["--hub", &hub.mesh_url, "--name", name])
             .arg("--token-file")
@@ -310,13 +343,19 @@ impl Agent {
             .stdout(Stdio::null())
             .stderr(stderr);
         clean_env(&mut cmd);
-        cmd.env("RUST_LOG", "warn,cortex_device_agent::agent::waits=info");
+        cmd.env("CORTEX_TIMING_FILE", timing.path())
+            .env("RUST_LOG", "warn,cortex_device_agent::agent::waits=info");
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let pid = child.id();
         let index = procs.add("cortex-device-agent", child);
-        let agent = Agent { index, pid, log };
+        let agent = Agent {
+            index,
+            pid,
+            log,
+            timing,
+        };
         poll(Duration::from_secs(20), "the device online", || {
             procs
                 .check_alive(index)
@@ -337,26 +376,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn log_times_parse_to_the_microsecond() {
-        let t = line_time("2026-11-30T06:13:59.123456Z  INFO x: remote wait ended wait=wp_1")
-            .expect("time");
-        // 2026-11-30 is day 20,787 since the epoch.
-        let want = (20_787i128 * 86_400 + 6 * 3600 + 13 * 60 + 59) * 1_000_000_000 + 123_456_000;
-        assert_eq!(t, want);
-        assert_eq!(field("a wait=wp_1 outcome=x", "wait="), Some("wp_1"));
-        assert_eq!(line_time("garbage"), None);
-    }
-
-    #[test]
-    fn a_receipt_line_is_timed_by_its_received_field() {
-        let line = "2026-11-30T06:13:59.999999Z DEBUG x: remote wait outcome received device=d wait=wp_1 received_us=1764483239123456";
-        assert_eq!(mark_time(line), Some(1_764_483_239_123_456_000));
-        let plain = "2026-11-30T06:13:59.123456Z  INFO x: remote wait ended wait=wp_1";
-        assert_eq!(mark_time(plain), line_time(plain));
+    fn records_are_read_by_event_and_wait_once_each() {
+        let path = std::env::temp_dir().join(format!(
+            "xtask-timing-{}-{}.jsonl",
+            std::process::id(),
+            now_ns()
+        ));
+        let t = Timing::new(path.clone());
         assert_eq!(
-            mark_time("2026-11-30T06:13:59.1Z x received_us=soon"),
+            t.take(HUB_RECORDED, "wp_1").expect("read"),
             None,
-            "a field that is not a number times nothing"
+            "no file yet"
         );
+        let mut f = File::create(&path).expect("create");
+        write!(
+            f,
+            "{{\"event\":\"remote_wait_recorded\",\"wait\":\"wp_1\",\"us\":1764483239123456}}\n{{\"event\":\"remote_wait_rec"
+        )
+        .expect("write");
+        assert_eq!(
+            t.take(HUB_RECORDED, "wp_1").expect("read"),
+            Some(1_764_483_239_123_456_000)
+        );
+        assert_eq!(t.take(HUB_RECORDED, "wp_1").expect("read"), None, "once");
+        // The rest of a line written in two parts.
+        writeln!(f, "eived\",\"wait\":\"wp_2\",\"us\":7}}").expect("write");
+        assert_eq!(t.take(HUB_RECEIVED, "wp_2").expect("read"), Some(7_000));
+        assert_eq!(record("not json"), None);
+        assert_eq!(record("{\"event\":\"x\",\"us\":1}"), None, "no wait");
+        let _ = std::fs::remove_file(&path);
     }
 }

@@ -26,7 +26,7 @@ use std::time::Duration;
 use anyhow::{Context, bail, ensure};
 use serde_json::json;
 
-use super::daemons::{Agent, Hub, now_ns};
+use super::daemons::{AGENT_ENDED, Agent, HUB_RECEIVED, HUB_RECORDED, Hub, now_ns};
 use crate::bench_kit::http;
 use crate::bench_kit::procs::poll_every;
 
@@ -245,18 +245,17 @@ pub fn cortex_once(hub: &Hub, agent: &Agent, device: &str) -> anyhow::Result<Sam
             .any(|e| e["kind"] == "wake" && e["reason"] == "fired")
     });
     ensure!(woke, "the long poll answered without a fired wake: {page}");
-    let logged = |log: &super::daemons::Log, what: &'static str, who: &str| {
+    let timed = |timing: &super::daemons::Timing, what: &str, who: &str| {
         poll_every(
             Duration::from_millis(2),
             Duration::from_secs(5),
-            &format!("the {who}'s \"{what}\" line for {wp}"),
-            || log.take(what, &wp),
+            &format!("the {who}'s {what} record for {wp}"),
+            || timing.take(what, &wp),
         )
     };
-    let [ended, received] = super::daemons::MARKS;
-    let t_record = logged(&hub.log, ended, "hub")?;
-    let t_received = logged(&hub.log, received, "hub")?;
-    let t_agent = logged(&agent.log, ended, "agent")?;
+    let t_record = timed(&hub.timing, HUB_RECORDED, "hub")?;
+    let t_received = timed(&hub.timing, HUB_RECEIVED, "hub")?;
+    let t_agent = timed(&agent.timing, AGENT_ENDED, "agent")?;
     let us = |t: i128| (t - t_exit) as f64 / 1_000.0;
     Ok(Sample {
         agent_us: us(t_agent),

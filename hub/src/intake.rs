@@ -1,0 +1,323 @@
+//! Where signals come in. A signal arrives four ways: the HTTP route, the hub's own spool,
+//! a device's spool file (a `File` frame) and a remote wait's outcome. [`SignalSource`]
+//! names the way, and owns what depends on it: the `source` stored with the signal, its
+//! dedupe key (the body's `key`, else one made from the file's name or the wait's id),
+//! and what the store's outcome becomes for that way in (an HTTP code, a device's ack,
+//! the spool file deleted or parked under `bad/` with a reason).
+//!
+//! The strings here are stored: a signal's key must be the same after an upgrade, or a
+//! file sent again would count twice. Change none of them.
+
+use std::collections::VecDeque;
+use std::fmt::Display;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use cortex_protocol::SignalRequest;
+use cortex_protocol::mesh::FileOutcome;
+use cortex_protocol::signal::{ErrorBody, SignalAccepted, SignalResult};
+
+use crate::engine::Refusal;
+use crate::store::{SignalIn, SignalOutcome};
+
+/// The device name whose files cannot use the `file:DEVICE:NAME` form: the hub's own
+/// spool files are `file:local:NAME`.
+pub const LOCAL: &str = "local";
+
+/// How a signal came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalSource<'a> {
+    /// `POST /webhook/signal`.
+    Http,
+    /// A file in the hub's own spool (`$CORTEX_HOME/tmp/signals/`).
+    Spool { file: &'a str },
+    /// A file from a device's spool, sent over its link.
+    DeviceFile { device: &'a str, file: &'a str },
+    /// A remote wait's outcome (the wait's id is its waitpoint's).
+    DeviceWait { wait: &'a str },
+}
+
+/// What the HTTP route answers.
+#[derive(Debug, PartialEq)]
+pub enum HttpAnswer {
+    /// 202.
+    Accepted(SignalAccepted),
+    Error(StatusCode, ErrorBody),
+}
+
+/// What happens to a file of the hub's own spool.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SpoolAction {
+    /// Taken (recorded, a duplicate, or its waitpoint already resolved).
+    Delete,
+    /// Refused for good: parked under `bad/` with this reason.
+    Park(String),
+    /// The store failed: left for the next rescan.
+    Keep,
+}
+
+impl SignalSource<'_> {
+    /// The `source` stored with the signal.
+    pub fn source(&self) -> String {
+        match self {
+            SignalSource::Http => "http".into(),
+            SignalSource::Spool { .. } => "spool".into(),
+            SignalSource::DeviceFile { device, .. } => format!("device:{device}"),
+            SignalSource::DeviceWait { .. } => "device-wait".into(),
+        }
+    }
+
+    /// The identity the store de-duplicates on: the body's `key` (cortex-signal's, shared
+    /// with its HTTP attempt) when it has one, else the file's (device and name) or the
+    /// wait's. A device named `local` gets `device-file:local:NAME`, so its files never
+    /// meet the hub's own (`file:local:NAME`); every other device keeps
+    /// `file:DEVICE:NAME`. A device name has no ':', so no two devices' forms meet.
+    pub fn dedupe(&self, req: &SignalRequest) -> Option<String> {
+        match self {
+            SignalSource::DeviceWait { wait } => Some(format!("device-wait:{wait}")),
+            _ if req.key.is_some() => req.key.clone(),
+            SignalSource::Http => None,
+            SignalSource::Spool { file } => Some(format!("file:{LOCAL}:{file}")),
+            SignalSource::DeviceFile { device, file } if *device == LOCAL => {
+                Some(format!("device-file:{LOCAL}:{file}"))
+            }
+            SignalSource::DeviceFile { device, file } => Some(format!("file:{device}:{file}")),
+        }
+    }
+
+    /// The store's input for `req` coming in this way.
+    pub fn signal_in(&self, req: SignalRequest) -> SignalIn {
+        SignalIn {
+            dedupe: self.dedupe(&req),
+            source: self.source(),
+            req,
+        }
+    }
+
+    /// The HTTP route's answer: the contract's codes. Unknown ids and wrong secrets spend
+    /// `misses`; once it is spent they are answered 429.
+    pub fn http_answer(
+        &self,
+        req: &SignalRequest,
+        outcome: Result<SignalOutcome, impl Display>,
+        misses: &MissBudget,
+    ) -> HttpAnswer {
+        let error = |status, code: &str, message: String| {
+            HttpAnswer::Error(
+                status,
+                ErrorBody {
+                    error: code.to_string(),
+                    message,
+                    members: None,
+                },
+            )
+        };
+        let accepted = |result, st: crate::engine::State| {
+            HttpAnswer::Accepted(SignalAccepted {
+                result,
+                waitpoint: req.id.clone(),
+                state: st.as_str().to_string(),
+            })
+        };
+        let via = self.source();
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::error!(error = %e, "store failure");
+                return error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    "the hub could not write to its store; nothing was recorded, retry shortly (cortex-signal spools the signal by itself)".into(),
+                );
+            }
+        };
+        match outcome {
+            SignalOutcome::Accepted { state } => accepted(SignalResult::Accepted, state),
+            SignalOutcome::Duplicate { state } => accepted(SignalResult::Duplicate, state),
+            SignalOutcome::Unknown | SignalOutcome::WrongSecret => {
+                let unknown = matches!(outcome, SignalOutcome::Unknown);
+                if !misses.spend(Instant::now()) {
+                    return error(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "miss_budget_spent",
+                        format!(
+                            "more than {MISS_BUDGET} unknown ids or wrong secrets in the last minute; check the id and secret your job was given, then retry in a minute"
+                        ),
+                    );
+                }
+                if unknown {
+                    tracing::warn!(waitpoint = %req.id, via, "signal for an unknown waitpoint id (a typo, or a waitpoint resolved more than 3 days ago)");
+                    error(
+                        StatusCode::NOT_FOUND,
+                        "unknown_waitpoint",
+                        format!(
+                            "no waitpoint {:?}; check the id (CORTEX_SIGNAL_ID) your job was given; a resolved waitpoint is forgotten after 3 days",
+                            req.id
+                        ),
+                    )
+                } else {
+                    tracing::warn!(waitpoint = %req.id, via, "signal with a wrong secret");
+                    error(
+                        StatusCode::UNAUTHORIZED,
+                        "wrong_secret",
+                        format!(
+                            "the secret does not match waitpoint {}; use the secret handed out when it was armed (CORTEX_SIGNAL_SECRET)",
+                            req.id
+                        ),
+                    )
+                }
+            }
+            SignalOutcome::Refused(r) => {
+                let msg = r.to_string();
+                match r {
+                    Refusal::Gone { .. } => error(
+                        StatusCode::GONE,
+                        "already_resolved",
+                        format!("{msg}; this is not an error for the job"),
+                    ),
+                    Refusal::MemberMissing { members }
+                    | Refusal::MemberUnlisted { members, .. } => {
+                        let message = format!("{msg}; expected one of: {}", members.join(", "));
+                        HttpAnswer::Error(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            ErrorBody {
+                                error: "bad_member".into(),
+                                message,
+                                members: Some(members),
+                            },
+                        )
+                    }
+                }
+            }
+        }
+    }
+
+    /// A device's ack for its file.
+    pub fn file_ack(
+        &self,
+        req: &SignalRequest,
+        outcome: Result<SignalOutcome, impl Display>,
+    ) -> FileOutcome {
+        let (device, file) = match self {
+            SignalSource::DeviceFile { device, file } => (*device, *file),
+            _ => ("-", "-"),
+        };
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::error!(device, file, error = %e, "store failure; the device keeps the file and sends it again");
+                return FileOutcome::Retry {
+                    reason:
+                        "the hub could not write to its store; keep the file and send it again later"
+                            .into(),
+                };
+            }
+        };
+        match outcome {
+            SignalOutcome::Accepted { .. } => FileOutcome::Accepted,
+            SignalOutcome::Duplicate { .. } => FileOutcome::Duplicate,
+            SignalOutcome::Refused(Refusal::Gone { .. }) => FileOutcome::Resolved,
+            o => {
+                let reason = refusal_reason(req, &o).unwrap_or_else(|| "refused".into());
+                tracing::warn!(device, file, waitpoint = %req.id, reason = %reason, "device spool file refused");
+                FileOutcome::Refused {
+                    reason: cut(&reason, MAX_REASON_CHARS),
+                }
+            }
+        }
+    }
+
+    /// What becomes of a file of the hub's own spool.
+    pub fn spool_action(
+        &self,
+        req: &SignalRequest,
+        outcome: Result<SignalOutcome, impl Display>,
+    ) -> SpoolAction {
+        let file = match self {
+            SignalSource::Spool { file } => *file,
+            _ => "-",
+        };
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::error!(file, error = %e, "store failure; the spool file stays for the next rescan");
+                return SpoolAction::Keep;
+            }
+        };
+        match refusal_reason(req, &outcome) {
+            None => SpoolAction::Delete,
+            Some(reason) => {
+                tracing::warn!(file, waitpoint = %req.id, reason = %reason, "spool file refused");
+                SpoolAction::Park(reason)
+            }
+        }
+    }
+}
+
+/// How long a refusal's reason may be in a device's ack.
+pub const MAX_REASON_CHARS: usize = 1_000;
+
+/// `s`, cut to at most `max` characters.
+pub fn cut(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => s[..i].to_string(),
+        None => s.to_string(),
+    }
+}
+
+/// Unknown ids and wrong secrets share this many misses a minute; then 429.
+pub const MISS_BUDGET: usize = 60;
+const MISS_WINDOW: Duration = Duration::from_secs(60);
+
+/// The sliding minute of misses.
+#[derive(Default)]
+pub struct MissBudget {
+    times: Mutex<VecDeque<Instant>>,
+}
+
+impl MissBudget {
+    /// Records a miss; false when the budget was already spent.
+    pub fn spend(&self, now: Instant) -> bool {
+        let mut t = self.times.lock().unwrap_or_else(|e| e.into_inner());
+        while t
+            .front()
+            .is_some_and(|&f| now.duration_since(f) >= MISS_WINDOW)
+        {
+            t.pop_front();
+        }
+        if t.len() >= MISS_BUDGET {
+            return false;
+        }
+        t.push_back(now);
+        true
+    }
+}
+
+/// Why a signal from a file (local or a device's) was refused, in words that tell its
+/// writer what to fix; `None` when the file was taken (accepted, duplicate, or its
+/// waitpoint already resolved).
+fn refusal_reason(req: &SignalRequest, outcome: &SignalOutcome) -> Option<String> {
+    match outcome {
+        SignalOutcome::Accepted { .. }
+        | SignalOutcome::Duplicate { .. }
+        | SignalOutcome::Refused(Refusal::Gone { .. }) => None,
+        SignalOutcome::Unknown => Some(format!(
+            "no waitpoint {:?}: check the id; a resolved waitpoint is forgotten after 3 days",
+            req.id
+        )),
+        SignalOutcome::WrongSecret => Some(format!(
+            "wrong secret for waitpoint {}: use the secret handed out when it was armed",
+            req.id
+        )),
+        SignalOutcome::Refused(
+            r @ (Refusal::MemberMissing { members } | Refusal::MemberUnlisted { members, .. }),
+        ) => Some(format!(
+            "{r}; add \"member\":\"NAME\" with one of: {}",
+            members.join(", ")
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+use super::*;
+use crate::engine::State;
+
+fn req(key: Option<&str>) -> SignalRequest {
+    SignalRequest {
+        id: "wp_1".into(),
+        secret: "s".into(),
+        status: None,
+        message: None,
+        member: None,
+        data: None,
+        key: key.map(String::from),
+    }
+}
+
+fn keys(src: SignalSource) -> (String, Option<String>) {
+    let input = src.signal_in(req(None));
+    (input.source, input.dedupe)
+}
+
+#[test]
+fn sources_and_keys_are_the_stored_ones() {
+    // These strings are on disk in every hub: any change makes a file sent again count twice.
+    assert_eq!(keys(SignalSource::Http), ("http".into(), None));
+    assert_eq!(
+        keys(SignalSource::Spool { file: "a.json" }),
+        ("spool".into(), Some("file:local:a.json".into()))
+    );
+    assert_eq!(
+        keys(SignalSource::DeviceFile {
+            device: "gpu1",
+            file: "a.json"
+        }),
+        ("device:gpu1".into(), Some("file:gpu1:a.json".into()))
+    );
+    assert_eq!(
+        keys(SignalSource::DeviceWait { wait: "wp_1" }),
+        ("device-wait".into(), Some("device-wait:wp_1".into()))
+    );
+    // The store records a remote wait's outcome under the same key.
+    assert_eq!(
+        SignalSource::DeviceWait { wait: "wp_1" }.dedupe(&req(None)),
+        Some(crate::store::device_waits::dedupe_key("wp_1"))
+    );
+}
+
+#[test]
+fn the_body_key_wins_except_for_a_remote_wait() {
+    let keyed = req(Some("k1"));
+    for src in [
+        SignalSource::Http,
+        SignalSource::Spool { file: "a" },
+        SignalSource::DeviceFile {
+            device: "gpu1",
+            file: "a",
+        },
+        SignalSource::DeviceFile {
+            device: "local",
+            file: "a",
+        },
+    ] {
+        assert_eq!(src.dedupe(&keyed).as_deref(), Some("k1"), "{src:?}");
+    }
+    assert_eq!(
+        SignalSource::DeviceWait { wait: "wp_1" }
+            .dedupe(&keyed)
+            .as_deref(),
+        Some("device-wait:wp_1")
+    );
+}
+
+#[test]
+fn a_device_named_local_never_shares_the_hubs_spool_keys() {
+    let hub = SignalSource::Spool { file: "a.json" }.dedupe(&req(None));
+    let dev = SignalSource::DeviceFile {
+        device: LOCAL,
+        file: "a.json",
+    }
+    .dedupe(&req(None));
+    assert_ne!(hub, dev);
+    assert_eq!(dev.as_deref(), Some("device-file:local:a.json"));
+    // Nor another device's, whatever its files are called (a device name has no ':').
+    let other = SignalSource::DeviceFile {
+        device: "device-file",
+        file: "local:a.json",
+    }
+    .dedupe(&req(None));
+    assert_eq!(other.as_deref(), Some("file:device-file:local:a.json"));
+    assert_ne!(other, dev);
+}
+
+fn gone() -> SignalOutcome {
+    SignalOutcome::Refused(Refusal::Gone {
+        id: "wp_1".into(),
+        state: "resolved",
+    })
+}
+
+fn ok(o: SignalOutcome) -> Out {
+    Ok(o)
+}
+
+fn unlisted() -> SignalOutcome {
+    SignalOutcome::Refused(Refusal::MemberUnlisted {
+        member: "x".into(),
+        members: vec!["a".into(), "b".into()],
+    })
+}
+
+type Out = Result<SignalOutcome, &'static str>;
+
+#[test]
+fn http_codes() {
+    let misses = MissBudget::default();
+    let code = |o: Out| match SignalSource::Http.http_answer(&req(None), o, &misses) {
+        HttpAnswer::Accepted(a) => (202, a.state),
+        HttpAnswer::Error(s, b) => (s.as_u16(), b.error),
+    };
+    let armed = SignalOutcome::Accepted {
+        state: State::Armed,
+    };
+    assert_eq!(code(Ok(armed)), (202, "armed".into()));
+    assert_eq!(
+        code(Ok(SignalOutcome::Duplicate {
+            state: State::Resolved
+        })),
+        (202, "resolved".into())
+    );
+    assert_eq!(code(ok(gone())), (410, "already_resolved".into()));
+    assert_eq!(code(ok(unlisted())), (422, "bad_member".into()));
+    assert_eq!(code(Err("disk")), (503, "store_unavailable".into()));
+    assert_eq!(
+        code(ok(SignalOutcome::Unknown)),
+        (404, "unknown_waitpoint".into())
+    );
+    assert_eq!(
+        code(Ok(SignalOutcome::WrongSecret)),
+        (401, "wrong_secret".into())
+    );
+    for _ in 2..MISS_BUDGET {
+        code(ok(SignalOutcome::Unknown));
+    }
+    assert_eq!(
+        code(Ok(SignalOutcome::WrongSecret)),
+        (429, "miss_budget_spent".into())
+    );
+}
+
+#[test]
+fn device_acks_and_spool_actions() {
+    let dev = SignalSource::DeviceFile {
+        device: "gpu1",
+        file: "a.json",
+    };
+    let spool = SignalSource::Spool { file: "a.json" };
+    let r = req(None);
+    let accepted = || -> Out {
+        Ok(SignalOutcome::Accepted {
+            state: State::Armed,
+        })
+    };
+    assert_eq!(dev.file_ack(&r, accepted()), FileOutcome::Accepted);
+    assert_eq!(spool.spool_action(&r, accepted()), SpoolAction::Delete);
+    let dup = || -> Out {
+        Ok(SignalOutcome::Duplicate {
+            state: State::Armed,
+        })
+    };
+    assert_eq!(dev.file_ack(&r, dup()), FileOutcome::Duplicate);
+    assert_eq!(spool.spool_action(&r, dup()), SpoolAction::Delete);
+    assert_eq!(dev.file_ack(&r, ok(gone())), FileOutcome::Resolved);
+    assert_eq!(spool.spool_action(&r, ok(gone())), SpoolAction::Delete);
+    assert!(matches!(
+        dev.file_ack(&r, Err("disk")),
+        FileOutcome::Retry { .. }
+    ));
+    assert_eq!(spool.spool_action(&r, Err("disk")), SpoolAction::Keep);
+    let why = "no waitpoint \"wp_1\": check the id; a resolved waitpoint is forgotten after 3 days";
+    assert_eq!(
+        dev.file_ack(&r, ok(SignalOutcome::Unknown)),
+        FileOutcome::Refused { reason: why.into() }
+    );
+    assert_eq!(
+        spool.spool_action(&r, ok(SignalOutcome::Unknown)),
+        SpoolAction::Park(why.into())
+    );
+    let SpoolAction::Park(why) = spool.spool_action(&r, ok(unlisted())) else {
+        panic!("parked");
+    };
+    assert!(
+        why.ends_with("; add \"member\":\"NAME\" with one of: a, b"),
+        "{why}"
+    );
+}

@@ -1,0 +1,77 @@
+//! What every part of the running hub shares: its configuration ([`Config`]), the stop
+//! flag ([`Shutdown`]) and the handles the routes, the mesh and the background tasks
+//! hold ([`AppState`]: the store, the device registry, the miss budget, the URLs).
+//!
+//! It sits below `server` and `mesh` and imports neither, so both can hold it without
+//! importing each other.
+
+use std::ops::Deref;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::config::HubSettings;
+use crate::intake::MissBudget;
+use crate::registry::Registry;
+use crate::store::Store;
+
+/// What `server::run` needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub home: PathBuf,
+    pub settings: HubSettings,
+    pub token: String,
+}
+
+/// A shutdown flag every task can wait on.
+#[derive(Clone)]
+pub struct Shutdown(watch::Sender<bool>);
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Shutdown(watch::channel(false).0)
+    }
+}
+
+impl Shutdown {
+    pub fn cancel(&self) {
+        self.0.send_replace(true);
+    }
+
+    pub async fn cancelled(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|v| *v).await;
+    }
+}
+
+pub struct Inner {
+    pub store: Store,
+    pub token_hash: [u8; 32],
+    /// The signal route's budget of unknown ids and wrong secrets.
+    pub misses: MissBudget,
+    /// The signal route's URL, for `how_to_signal`.
+    pub signal_url: String,
+    pub shutdown: Shutdown,
+    /// Devices allowed to connect and their live links.
+    pub devices: Registry,
+    /// The mesh's URL for agents (`None` with `--mesh-listen off`).
+    pub mesh_url: Option<String>,
+}
+
+/// The shared state, cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+impl AppState {
+    pub fn new(inner: Inner) -> Self {
+        AppState(Arc::new(inner))
+    }
+}
+
+impl Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
