@@ -24,7 +24,7 @@ use cortex_protocol::mesh::{MAX_WAITS_PER_DEVICE, WaitEnd, WaitSpec};
 use cortex_protocol::signal::{MAX_DATA_CHARS, MAX_MESSAGE_CHARS};
 use serde::{Deserialize, Serialize};
 
-use super::StoreError;
+use super::kernel::error::StoreError;
 use super::ops::{CreateOutcome, SignalIn, SignalOutcome};
 use super::tables::{DEVICE_WAITS, TIMER_DEVICE_WAIT, Tx, decode, encode};
 use crate::engine::{CreateParams, HOUR_MS, State, Waitpoint};

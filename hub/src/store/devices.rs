@@ -11,7 +11,7 @@ use cortex_protocol::api::{HubEvent, HubEventBody};
 use cortex_protocol::mesh::{HostFacts, SpoolCounts};
 use serde::{Deserialize, Serialize};
 
-use super::StoreError;
+use super::kernel::error::StoreError;
 use super::tables::{DEVICES, HUB_EVENTS, Tx, decode, encode};
 
 /// How many hub events are kept; older ones are dropped as new ones arrive.

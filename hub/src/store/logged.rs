@@ -8,8 +8,8 @@
 use cortex_protocol::SignalRequest;
 use serde::{Deserialize, Serialize};
 
-use super::StoreError;
 use super::device_waits::DeviceWaitDone;
+use super::kernel::error::StoreError;
 use super::ops::SignalIn;
 use super::tables::{Tx, decode};
 

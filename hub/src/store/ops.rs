@@ -8,7 +8,7 @@ use cortex_protocol::api::{
     Wake, WakeView, When,
 };
 
-use super::StoreError;
+use super::kernel::error::StoreError;
 use super::tables::{
     DEADLINES, EVENTS, MESSAGE_KEYS, SESSION_WPS, SESSIONS, SIGNAL_KEYS, STATE, SessionRecord,
     TIMER_WAKE, Tx, WAITPOINTS, decode, encode,

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::StoreError;
+use super::kernel::error::StoreError;
 use super::kernel::{AnyTable, Table, TableSpec};
 use crate::engine::{Settings, Waitpoint};
 

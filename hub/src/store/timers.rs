@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use super::StoreError;
+use super::kernel::error::StoreError;
 use super::ops::PASS_LIMIT;
 use super::tables::{TIMER_DEVICE_WAIT, TIMER_WAKE, Tx};
 

@@ -12,8 +12,8 @@ use std::sync::mpsc as std_mpsc;
 use redb::Database;
 use tokio::sync::mpsc;
 
+use super::error::StoreError;
 use super::table::{AnyTable, Overlay, TableSpec};
-use crate::store::StoreError;
 
 /// The kernel's own table: name → number.
 pub const META: TableSpec<&str, u64> = TableSpec::new(0, "meta");

@@ -6,8 +6,8 @@
 
 use std::collections::BTreeSet;
 
+use super::error::StoreError;
 use super::table::{AnyTable, Overlay, RawKey, Undo};
-use crate::store::StoreError;
 
 /// The first byte of every change record.
 pub const TAG: u8 = 0xC1;

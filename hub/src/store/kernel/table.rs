@@ -18,7 +18,7 @@ use std::ops::{Bound, RangeBounds};
 
 use redb::{Key, ReadTransaction, ReadableTableMetadata, TableDefinition, Value};
 
-use super::super::StoreError;
+use super::error::StoreError;
 
 /// A table of the hub: its redb definition and its position in the registry.
 pub struct TableSpec<K: Key + 'static, V: Value + 'static> {

@@ -7,9 +7,9 @@
 //! the state it belongs to. When one falls due, the timer loop asks for the due entries
 //! ([`Tx::due_timers`]) and hands each to its kind's handler, which removes or moves it.
 
-use super::Tx;
+use super::error::StoreError;
 use super::table::TableSpec;
-use crate::store::StoreError;
+use super::tx::Tx;
 
 /// The queue: (due time in ms, kind, id) → ().
 pub const TIMER_QUEUE: TableSpec<(u64, &str, &str), ()> = TableSpec::new(1, "timer_queue");

@@ -22,10 +22,12 @@ use redb::{Database, ReadableDatabase};
 use tokio::sync::{mpsc, watch};
 
 use super::checkpoint::{Checkpointer, Landed};
+use super::delta;
+use super::error::StoreError;
 use super::journal::Journal;
+use super::notice::{Notices, Notifier};
 use super::table::{AnyTable, Overlay, Snapshot, Undo, rollback};
-use super::{Notices, Notifier, Tx, delta};
-use crate::store::StoreError;
+use super::tx::Tx;
 
 /// How many jobs one batch takes at most.
 const MAX_BATCH: usize = 1024;
