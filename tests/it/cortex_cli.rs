@@ -1,5 +1,5 @@
 //! `cortex`: sessions and waitpoints from the command line, and `cortex wait for` with
-//! seed 004's contract (0 fired, 1 timed out or expired, 2 broke; one line on stderr when
+//! the wait contract (0 fired, 1 timed out or expired, 2 broke; one line on stderr when
 //! armed, the wake as one JSON object on stdout).
 
 use cortex_tests::{Hub, bin, body, run};

@@ -1,4 +1,4 @@
-//! `cortex wait pid|file|flock` on this machine, no hub: seed 004's contract from the outside
+//! `cortex wait pid|file|flock` on this machine, no hub: the wait contract from the outside
 //! (one line on stderr when armed, silence, one JSON object on stdout; exit 0 fired, 1 timed
 //! out, 2 broke), with real processes, files and util-linux `flock` holders.
 

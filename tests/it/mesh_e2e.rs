@@ -1,4 +1,4 @@
-//! The real `cortex-device-agent` against the real `cortex-hub`: seed 000's file-drop line on
+//! The real `cortex-device-agent` against the real `cortex-hub`: the documented file-drop line on
 //! a device wakes a session; 20,000 files are each recorded once and deleted; a SIGKILL of
 //! the agent in the middle of a burst loses nothing and counts nothing twice; a frozen hub
 //! (SIGSTOP) is noticed within two ping intervals and the files written meanwhile go once
@@ -42,7 +42,7 @@ fn wait_online(hub: &Hub, agent: &Agent) -> Value {
     })
 }
 
-/// A spool file as the seed's shell line writes it: a `.tmp`, then a rename.
+/// A spool file as the documented shell line writes it: a `.tmp`, then a rename.
 fn drop_file(dir: &Path, name: &str, body: &str) {
     let tmp = dir.join(format!("{name}.tmp"));
     std::fs::write(&tmp, body).expect("write");
@@ -280,7 +280,7 @@ fn fifty_files_dropped_while_the_hub_is_down_are_each_delivered_once_after_it_re
     );
 }
 
-/// Moves a prepared entry into the spool the seed's way (a same-directory rename).
+/// Moves a prepared entry into the spool the documented way (a same-directory rename).
 fn rename_in(spool: &Path, name: &str) {
     std::fs::rename(
         spool.join(format!("{name}.tmp")),

@@ -429,7 +429,7 @@ fn a_bound_passing_while_the_device_is_offline_breaks_the_wait() {
     let _agent = Agent::new(&hub, "gpu1", &token);
     let sleep = Sleep::start();
     // Offline, so nobody can say whether the process ended: broke (2), not timed out,
-    // which would claim nothing happened (seed 004).
+    // which would claim nothing happened.
     let (code, stdout, stderr) = cortex(
         &hub,
         &[

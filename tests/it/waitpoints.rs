@@ -1,4 +1,4 @@
-//! Seed 000's rules through the real hub: barriers, quorum, fail_fast, heartbeats,
+//! The waitpoint rules through the real hub: barriers, quorum, fail_fast, heartbeats,
 //! monitors, the hourly cap, and the expiry notices.
 
 use std::time::{Duration, Instant};

@@ -29,7 +29,8 @@ pub const MAX_LABEL_CHARS: usize = 200;
 pub const MAX_INTENT_CHARS: usize = 4_000;
 pub const MAX_MEMBER_CHARS: usize = 64;
 
-/// The rules' numbers, from settings.json or the environment (seed 000, Housekeeping).
+/// The rules' numbers, from `settings.json` or the environment (`waitpointTtlMs`,
+/// `waitpointMaxWakesPerHour`, …; see `config.rs`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
     /// Default lifetime (`waitpointTtlMs`, 7 days).
@@ -184,7 +185,8 @@ pub struct WakeRecord {
     pub event_seq: u64,
 }
 
-/// What the expiry notice says (seed 000: nobody reported / only some / only heartbeats).
+/// What the expiry notice says: nobody reported, only some members did, or only
+/// heartbeats arrived.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ExpiryNotice {
     NobodyReported,
@@ -531,7 +533,7 @@ impl Waitpoint {
         let expiring = now >= self.expires_at;
         if let Some(p) = self.pending.clone() {
             // At the deadline a one-shot's decided wake still resolves it; a monitor's
-            // unheard reports ride on its deadline notice instead (seed 000).
+            // unheard reports ride on its deadline notice instead.
             let deliver = if expiring {
                 !self.is_monitor()
             } else {

@@ -1,4 +1,5 @@
-//! Remote waits (seed 004 on a device): the durable half.
+//! Remote waits (a pid, a file or a lock on a device, watched by its agent): the
+//! durable half.
 //!
 //! A device wait is a waitpoint bound to a device plus a record here, keyed
 //! (device, waitpoint id), created in the same transaction as the waitpoint. The record
