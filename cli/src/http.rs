@@ -245,11 +245,17 @@ impl<'a> Request<'a> {
         }
         let agent = self.agent(&url)?;
         let answer = match self.body {
-            Some(body) => agent.run(
-                req.header(http::header::CONTENT_TYPE, "application/json")
-                    .body(body)
-                    .map_err(invalid)?,
-            ),
+            Some(body) => {
+                req = req.header(http::header::CONTENT_TYPE, "application/json");
+                // A body that takes more than one write waits for the server's go-ahead:
+                // a server that refuses it by its length alone (the hub's 413 over 64 KB)
+                // answers at once, and that answer is read instead of the write failing
+                // on a closed connection. ureq sends the body anyway after a second.
+                if body.len() > BUFFER_BYTES {
+                    req = req.header(http::header::EXPECT, "100-continue");
+                }
+                agent.run(req.body(body).map_err(invalid)?)
+            }
             None => agent.run(req.body(()).map_err(invalid)?),
         };
         let fail = |phase, e| self.classify(&url, phase, e);

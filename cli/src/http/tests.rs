@@ -114,6 +114,41 @@ fn a_redirect_is_an_answer_not_followed() {
 }
 
 #[test]
+fn a_large_body_refused_by_its_length_gets_the_refusal() {
+    // Like the hub over 64 KB: the answer comes from the head alone, and the connection
+    // closes without the body being read.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = thread::spawn(move || {
+        let (mut stream, _) = listener.accept().expect("accept");
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+            head.push(byte[0]);
+        }
+        let body = r#"{"error":"too_large","message":"over 64 KB"}"#;
+        let _ = write!(
+            stream,
+            "HTTP/1.1 413 Payload Too Large\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        String::from_utf8_lossy(&head).into_owned()
+    });
+    let big = vec![b'x'; 70_000];
+    let resp = Request::new(Method::Post, &format!("http://{addr}/webhook/signal"))
+        .json(&big)
+        .send()
+        .expect("the refusal, not a failed write");
+    assert_eq!(resp.status, 413);
+    assert!(resp.text().contains("too_large"), "{}", resp.text());
+    let head = server.join().expect("server");
+    assert!(
+        head.to_ascii_lowercase().contains("expect: 100-continue"),
+        "{head}"
+    );
+}
+
+#[test]
 fn no_body_for_204() {
     let server = TestServer::canned(vec![b"HTTP/1.1 204 No Content\r\n\r\n".to_vec()]);
     let resp = Request::new(Method::Delete, &server.url("/x"))
