@@ -1,38 +1,46 @@
-//! A tiny blocking HTTP/1.1 client over `std::net::TcpStream`: one request per connection.
+//! The blocking HTTP client both binaries use: one request per connection over `ureq`, so no
+//! async runtime (`cortex-signal` starts in about a millisecond), with rustls (the *ring*
+//! provider) for `https://`, trusting this machine's CA store (loaded only for an `https`
+//! URL). No proxies and no redirects: the hub is asked exactly where the URL says.
 //!
-//! It exists so `cortex-signal` starts in about a millisecond. It speaks `http://` only and
-//! must stay small: no TLS, no redirects, no keep-alive, no proxies. Its errors say whether
-//! the server could not be reached at all (the caller may spool and retry) or answered
-//! something that is not HTTP.
+//! Its errors tell apart what the callers act on: the server could not be reached (the
+//! signal is spooled, `cortex wait for` asks again), TLS failed, or something answered that
+//! is not HTTP; and a URL that cannot be used, before anything is sent.
 
-use std::borrow::Cow;
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
 
-/// How long to wait for the TCP connection.
+use ureq::http::{self, Uri};
+use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
+use ureq::{Agent, Timeout};
+
+/// How long to wait for the connection (TCP, and TLS if `https`).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long the whole exchange may take once connected.
+/// How long each step of the exchange may take once connected.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Status line and headers larger than this are refused.
-const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Bodies larger than this are refused.
-const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
-const READ_CHUNK: usize = 16 * 1024;
+const MAX_BODY_BYTES: u64 = 64 * 1024 * 1024;
+/// Each of the connection's read and write buffers, and the most an answer's head may take.
+const BUFFER_BYTES: usize = 16 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
     /// The URL is not one this client can use; nothing was sent.
     #[error("bad URL {url:?}: {reason}")]
     InvalidUrl { url: String, reason: String },
-    /// A header name or value that cannot be sent; nothing was sent.
-    #[error("bad header {name:?}: {reason}")]
-    InvalidHeader { name: String, reason: String },
+    /// The request cannot be built (a header value with a line break); nothing was sent.
+    #[error("bad request: {reason}")]
+    InvalidRequest { reason: String },
     /// Nothing answered: name resolution, connect, or the connection ended (or went
     /// silent) before a status line arrived. The request may or may not have been seen.
     #[error("cannot reach {addr}: {reason}")]
     Unreachable { addr: String, reason: String },
+    /// The TLS handshake failed (most often: this machine does not trust the server's
+    /// certificate, or the server does not speak TLS). Nothing was sent.
+    #[error("TLS with {addr} failed: {reason}")]
+    Tls { addr: String, reason: String },
     /// Something answered, but not with a well-formed HTTP response.
     #[error("bad answer from {addr}: {reason}")]
     Protocol { addr: String, reason: String },
@@ -59,15 +67,22 @@ impl Method {
             Method::Delete => "DELETE",
         }
     }
+
+    fn http(self) -> http::Method {
+        match self {
+            Method::Get => http::Method::GET,
+            Method::Post => http::Method::POST,
+            Method::Delete => http::Method::DELETE,
+        }
+    }
 }
 
-/// An `http://host[:port][/path][?query]` URL.
+/// An `http://` or `https://` URL with a host, checked before anything is sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Url {
-    pub host: String,
-    pub port: u16,
-    /// Path and query, always starting with `/`.
-    pub path: String,
+    uri: Uri,
+    /// `host:port` as written in the URL (for messages).
+    pub authority: String,
 }
 
 impl Url {
@@ -76,91 +91,60 @@ impl Url {
             url: url.to_string(),
             reason: reason.to_string(),
         };
-        if strip_prefix_ci(url, "https://").is_some() {
-            return Err(bad(
-                "https is not supported: the hub serves plain http on loopback; use http://host:port",
-            ));
+        // A fragment is never sent.
+        let without_fragment = url.split('#').next().unwrap_or_default();
+        let uri: Uri = without_fragment.parse().map_err(|e: http::uri::InvalidUri| {
+            if without_fragment.contains("://") {
+                bad(&format!(
+                    "{e}; percent-encode spaces and control characters, and put an IPv6 address in brackets"
+                ))
+            } else {
+                bad("only http:// and https:// URLs are supported, e.g. http://127.0.0.1:3001")
+            }
+        })?;
+        match uri.scheme_str() {
+            Some(s) if s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https") => {}
+            _ => {
+                return Err(bad(
+                    "only http:// and https:// URLs are supported, e.g. http://127.0.0.1:3001",
+                ));
+            }
         }
-        let rest = strip_prefix_ci(url, "http://")
-            .ok_or_else(|| bad("only http://host:port/path URLs are supported"))?;
-        let (authority, path) = match rest.find(['/', '?', '#']) {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        let path = path.split('#').next().unwrap_or_default();
-        let path = if path.starts_with('/') {
-            path.to_string()
-        } else {
-            format!("/{path}")
-        };
-        if path.bytes().any(|b| b <= b' ' || b == 0x7f) {
-            return Err(bad(
-                "the path contains spaces or control characters; percent-encode them",
-            ));
-        }
-        if authority.contains('@') {
+        let authority = uri.authority().ok_or_else(|| bad("no host"))?;
+        if authority.as_str().contains('@') {
             return Err(bad("user info in the URL is not supported"));
         }
-        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            let (host, after) = v6
-                .split_once(']')
-                .ok_or_else(|| bad("unclosed [ in the host"))?;
-            match after {
-                "" => (host, None),
-                _ => match after.strip_prefix(':') {
-                    Some(p) => (host, Some(p)),
-                    None => return Err(bad("unexpected characters after ]")),
-                },
-            }
-        } else {
-            match authority.split_once(':') {
-                Some((h, p)) if !p.contains(':') => (h, Some(p)),
-                Some(_) => {
-                    return Err(bad(
-                        "an IPv6 address must be in brackets, e.g. http://[::1]:3001",
-                    ));
-                }
-                None => (authority, None),
-            }
-        };
-        if host.is_empty() {
+        if authority.host().is_empty() {
             return Err(bad("no host"));
         }
-        let port = match port {
-            None | Some("") => 80,
-            Some(p) => match p.parse::<u16>() {
-                Ok(0) | Err(_) => return Err(bad("the port must be a number from 1 to 65535")),
-                Ok(p) => p,
-            },
-        };
-        Ok(Url {
-            host: host.to_string(),
-            port,
-            path,
-        })
+        // After the host (an IPv6 host is in brackets): `:port`, which must fit.
+        let after_host = authority.as_str().rsplit(']').next().unwrap_or_default();
+        if after_host.contains(':') && !matches!(authority.port_u16(), Some(1..)) {
+            return Err(bad("the port must be a number from 1 to 65535"));
+        }
+        let authority = authority.to_string();
+        Ok(Url { uri, authority })
     }
 
-    /// `host:port` as written in a `Host` header (IPv6 in brackets).
-    pub fn authority(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
+    pub fn is_https(&self) -> bool {
+        self.uri
+            .scheme_str()
+            .is_some_and(|s| s.eq_ignore_ascii_case("https"))
+    }
+
+    /// Path and query, always starting with `/`.
+    pub fn path(&self) -> String {
+        match self.uri.query() {
+            Some(q) => format!("{}?{q}", self.uri.path()),
+            None => self.uri.path().to_string(),
         }
     }
-}
-
-fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
-    let head = s.get(..prefix.len())?;
-    head.eq_ignore_ascii_case(prefix)
-        .then(|| &s[prefix.len()..])
 }
 
 /// A response, read to its end.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response {
     pub status: u16,
-    pub reason: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
@@ -178,9 +162,20 @@ impl Response {
         (200..300).contains(&self.status)
     }
 
-    pub fn text(&self) -> Cow<'_, str> {
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
         String::from_utf8_lossy(&self.body)
     }
+}
+
+/// Which CAs an `https` request trusts.
+#[derive(Debug, Clone, Default)]
+pub enum Trust {
+    /// This machine's CA store (`rustls-native-certs`: the system's bundle, or the PEM
+    /// file `SSL_CERT_FILE` names, or the directory `SSL_CERT_DIR` names).
+    #[default]
+    Native,
+    /// Only these DER certificates (tests, with a CA of their own).
+    Only(Arc<Vec<Vec<u8>>>),
 }
 
 /// One request; build it, then [`Request::send`].
@@ -192,6 +187,7 @@ pub struct Request<'a> {
     body: Option<&'a [u8]>,
     connect_timeout: Duration,
     timeout: Duration,
+    trust: Trust,
 }
 
 impl<'a> Request<'a> {
@@ -203,6 +199,7 @@ impl<'a> Request<'a> {
             body: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             timeout: DEFAULT_TIMEOUT,
+            trust: Trust::Native,
         }
     }
 
@@ -222,116 +219,234 @@ impl<'a> Request<'a> {
         self
     }
 
-    /// Bound on the whole exchange after the connection is made (write and read).
+    /// Bound on each step after the connection is made: sending the request, sending the
+    /// body, waiting for the answer's head, reading its body.
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = d;
         self
     }
 
-    pub fn send(&self) -> Result<Response, HttpError> {
-        let url = Url::parse(self.url)?;
-        let head = self.head(&url)?;
-        let addr = url.authority();
-        let stream = connect(&url, self.connect_timeout)?;
-        let deadline = Instant::now() + self.timeout;
-        let mut conn = Conn {
-            stream,
-            buf: Vec::new(),
-            pos: 0,
-            deadline,
-            timeout: self.timeout,
-        };
-
-        let mut wire = head.into_bytes();
-        if let Some(body) = self.body {
-            wire.extend_from_slice(body);
-        }
-        conn.write_all(&wire).map_err(|e| HttpError::Unreachable {
-            addr: addr.clone(),
-            reason: format!("sending the request failed: {}", describe(&e, self.timeout)),
-        })?;
-        read_response(&mut conn, &addr)
+    pub fn trust(mut self, trust: Trust) -> Self {
+        self.trust = trust;
+        self
     }
 
-    fn head(&self, url: &Url) -> Result<String, HttpError> {
-        let mut head = format!(
-            "{} {} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nUser-Agent: cortex/{}\r\nAccept: application/json\r\n",
-            self.method.as_str(),
-            url.path,
-            url.authority(),
-            env!("CARGO_PKG_VERSION"),
-        );
+    pub fn send(&self) -> Result<Response, HttpError> {
+        let url = Url::parse(self.url)?;
+        let invalid = |e: http::Error| HttpError::InvalidRequest {
+            reason: e.to_string(),
+        };
+        let mut req = http::Request::builder()
+            .method(self.method.http())
+            .uri(url.uri.clone())
+            .header(http::header::ACCEPT, "application/json");
         for (name, value) in &self.headers {
-            let bad = |reason: &str| HttpError::InvalidHeader {
-                name: name.to_string(),
-                reason: reason.to_string(),
-            };
-            if name.is_empty() || name.bytes().any(|b| !(b.is_ascii_graphic() && b != b':')) {
-                return Err(bad("not a valid header name"));
-            }
-            if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
-                return Err(bad("the value contains a line break"));
-            }
-            head.push_str(&format!("{name}: {value}\r\n"));
+            req = req.header(*name, *value);
         }
-        match self.body {
-            Some(body) => head.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                body.len()
+        let agent = self.agent(&url)?;
+        let answer = match self.body {
+            Some(body) => {
+                req = req.header(http::header::CONTENT_TYPE, "application/json");
+                // A body that takes more than one write waits for the server's go-ahead:
+                // a server that refuses it by its length alone (the hub's 413 over 64 KB)
+                // answers at once, and that answer is read instead of the write failing
+                // on a closed connection. ureq sends the body anyway after a second.
+                if body.len() > BUFFER_BYTES {
+                    req = req.header(http::header::EXPECT, "100-continue");
+                }
+                agent.run(req.body(body).map_err(invalid)?)
+            }
+            None => agent.run(req.body(()).map_err(invalid)?),
+        };
+        let fail = |phase, e| self.classify(&url, phase, e);
+        let (parts, mut body) = answer.map_err(|e| fail(Phase::Exchange, e))?.into_parts();
+        let body = body
+            .with_config()
+            .limit(MAX_BODY_BYTES)
+            .read_to_vec()
+            .map_err(|e| fail(Phase::Body, e))?;
+        Ok(Response {
+            status: parts.status.as_u16(),
+            headers: parts
+                .headers
+                .iter()
+                .map(|(k, v)| {
+                    let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+                    (k.as_str().to_string(), v)
+                })
+                .collect(),
+            body,
+        })
+    }
+
+    fn agent(&self, url: &Url) -> Result<Agent, HttpError> {
+        let mut config = Agent::config_builder()
+            // Statuses are answers the callers read, not errors.
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .proxy(None)
+            .max_idle_connections(0)
+            // Smaller than ureq's 128 KiB each: a fresh buffer costs page faults, and
+            // `cortex-signal` pays them on every run. Heads here are small; a body passes
+            // through in pieces.
+            .input_buffer_size(BUFFER_BYTES)
+            .output_buffer_size(BUFFER_BYTES)
+            .max_response_header_size(BUFFER_BYTES)
+            .user_agent(format!("cortex/{}", env!("CARGO_PKG_VERSION")))
+            // Each step has its own bound. No bound on name resolution, and none on the
+            // whole call: either makes ureq resolve on a thread of its own, which costs
+            // `cortex-signal` a third of its time; the system's resolver has its own
+            // timeouts.
+            .timeout_connect(Some(self.connect_timeout))
+            .timeout_send_request(Some(self.timeout))
+            .timeout_send_body(Some(self.timeout))
+            .timeout_recv_response(Some(self.timeout))
+            .timeout_recv_body(Some(self.timeout));
+        if url.is_https() {
+            config = config.tls_config(tls_config(&self.trust, &url.authority)?);
+        }
+        Ok(config.build().new_agent())
+    }
+
+    /// What a failure means for the caller; `phase` says whether the answer's head had
+    /// arrived (a failure in the body is a bad answer, not an unreachable server).
+    fn classify(&self, url: &Url, phase: Phase, e: ureq::Error) -> HttpError {
+        let addr = url.authority.clone();
+        let unreachable = |reason: String| HttpError::Unreachable {
+            addr: addr.clone(),
+            reason,
+        };
+        let protocol = |reason: String| match phase {
+            Phase::Exchange => HttpError::Protocol {
+                addr: addr.clone(),
+                reason,
+            },
+            Phase::Body => HttpError::Protocol {
+                addr: addr.clone(),
+                reason: format!("reading the body: {reason}"),
+            },
+        };
+        let waited = |reason: String| match phase {
+            Phase::Exchange => unreachable(reason),
+            Phase::Body => protocol(reason),
+        };
+        match e {
+            ureq::Error::HostNotFound => unreachable(format!(
+                "cannot resolve {}",
+                url.uri.host().unwrap_or_default()
             )),
-            None if self.method == Method::Post => head.push_str("Content-Length: 0\r\n"),
-            None => {}
+            ureq::Error::ConnectionFailed => unreachable("connection failed".to_string()),
+            ureq::Error::Timeout(Timeout::Connect) => unreachable(format!(
+                "connect timed out after {}",
+                human_duration(self.connect_timeout)
+            )),
+            ureq::Error::Timeout(_) => {
+                waited(format!("no answer within {}", human_duration(self.timeout)))
+            }
+            ureq::Error::Io(e) => match rustls_error(&e) {
+                Some(tls) => HttpError::Tls {
+                    addr,
+                    reason: describe_tls(tls),
+                },
+                None if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    waited("the connection closed before an answer".to_string())
+                }
+                None => waited(describe(&e)),
+            },
+            ureq::Error::Rustls(tls) => HttpError::Tls {
+                addr,
+                reason: describe_tls(&tls),
+            },
+            ureq::Error::Tls(reason) => HttpError::Tls {
+                addr,
+                reason: reason.to_string(),
+            },
+            ureq::Error::Http(e) => HttpError::InvalidRequest {
+                reason: e.to_string(),
+            },
+            ureq::Error::BadUri(reason) => HttpError::InvalidUrl {
+                url: self.url.to_string(),
+                reason,
+            },
+            ureq::Error::BodyExceedsLimit(_) => protocol(format!(
+                "the body is larger than {} MiB",
+                MAX_BODY_BYTES / 1024 / 1024
+            )),
+            other => protocol(other.to_string()),
         }
-        head.push_str("\r\n");
-        Ok(head)
     }
 }
 
-fn connect(url: &Url, timeout: Duration) -> Result<TcpStream, HttpError> {
-    let addr = url.authority();
-    let addrs: Vec<SocketAddr> = (url.host.as_str(), url.port)
-        .to_socket_addrs()
-        .map_err(|e| HttpError::Unreachable {
-            addr: addr.clone(),
-            reason: format!("cannot resolve {}: {e}", url.host),
-        })?
-        .collect();
-    let mut last = None;
-    for a in &addrs {
-        match TcpStream::connect_timeout(a, timeout) {
-            Ok(s) => {
-                // Small requests: send them now rather than wait for an ACK.
-                let _ = s.set_nodelay(true);
-                return Ok(s);
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Connecting, sending, waiting for the status line and headers.
+    Exchange,
+    /// Reading the body after the head arrived.
+    Body,
+}
+
+/// The TLS settings for an `https` URL: rustls with *ring* (installed as the process's
+/// provider, as the hub and the agent do; never aws-lc-rs) and the CAs `trust` names.
+fn tls_config(trust: &Trust, addr: &str) -> Result<TlsConfig, HttpError> {
+    // Already installed (by an earlier request in this process) is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let roots: Vec<Certificate<'static>> = match trust {
+        Trust::Native => {
+            let found = rustls_native_certs::load_native_certs();
+            if found.certs.is_empty() {
+                let why = found
+                    .errors
+                    .first()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default();
+                return Err(HttpError::Tls {
+                    addr: addr.to_string(),
+                    reason: format!(
+                        "no trusted CA certificates found on this machine{why}; install the ca-certificates package or set SSL_CERT_FILE"
+                    ),
+                });
             }
-            Err(e) => last = Some(e),
+            found
+                .certs
+                .iter()
+                .map(|c| Certificate::from_der(c.as_ref()).to_owned())
+                .collect()
         }
-    }
-    let reason = match last {
-        Some(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-            ) =>
-        {
-            format!("connect timed out after {}", human_duration(timeout))
-        }
-        Some(e) => describe(&e, timeout),
-        None => format!("{} resolves to no address", url.host),
+        Trust::Only(ders) => ders
+            .iter()
+            .map(|d| Certificate::from_der(d).to_owned())
+            .collect(),
     };
-    Err(HttpError::Unreachable { addr, reason })
+    Ok(TlsConfig::builder()
+        .provider(TlsProvider::Rustls)
+        .root_certs(RootCerts::Specific(Arc::new(roots)))
+        .build())
+}
+
+/// The rustls error inside an I/O error from the handshake, if that is what it is.
+fn rustls_error(e: &io::Error) -> Option<&rustls::Error> {
+    e.get_ref()?.downcast_ref::<rustls::Error>()
+}
+
+fn describe_tls(e: &rustls::Error) -> String {
+    match e {
+        rustls::Error::InvalidCertificate(_) => format!(
+            "{e}; the hub's certificate must chain to a CA this machine trusts (its CA store, or the PEM file SSL_CERT_FILE names)"
+        ),
+        rustls::Error::InvalidMessage(_) => {
+            format!("{e}; is the server speaking TLS (or should the URL be http://)?")
+        }
+        e => e.to_string(),
+    }
 }
 
 /// A short, stable description of an I/O error for messages.
-fn describe(e: &io::Error, timeout: Duration) -> String {
+fn describe(e: &io::Error) -> String {
     match e.kind() {
         io::ErrorKind::ConnectionRefused => "connection refused".to_string(),
         io::ErrorKind::ConnectionReset => "connection reset".to_string(),
         io::ErrorKind::ConnectionAborted => "connection aborted".to_string(),
         io::ErrorKind::BrokenPipe => "connection closed while sending".to_string(),
-        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => {
-            format!("no answer within {}", human_duration(timeout))
-        }
         _ => e.to_string(),
     }
 }
@@ -344,426 +459,5 @@ fn human_duration(d: Duration) -> String {
     }
 }
 
-/// The connection with a read buffer and one deadline for the whole exchange.
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    pos: usize,
-    deadline: Instant,
-    timeout: Duration,
-}
-
-/// Why a read stopped.
-enum ReadErr {
-    Io(io::Error),
-    Eof,
-    TooLong,
-}
-
-impl Conn {
-    fn remaining(&self) -> io::Result<Duration> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"))
-        } else {
-            Ok(left)
-        }
-    }
-
-    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
-        let left = self.remaining()?;
-        self.stream.set_write_timeout(Some(left))?;
-        self.stream.write_all(bytes)?;
-        self.stream.flush()
-    }
-
-    /// Reads more bytes into the buffer; `Eof` when the peer closed.
-    fn fill(&mut self) -> Result<(), ReadErr> {
-        if self.pos > 0 && self.pos == self.buf.len() {
-            self.buf.clear();
-            self.pos = 0;
-        }
-        let mut chunk = [0u8; READ_CHUNK];
-        loop {
-            let left = self.remaining().map_err(ReadErr::Io)?;
-            self.stream
-                .set_read_timeout(Some(left))
-                .map_err(ReadErr::Io)?;
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return Err(ReadErr::Eof),
-                Ok(n) => {
-                    self.buf.extend_from_slice(&chunk[..n]);
-                    return Ok(());
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(ReadErr::Io(e)),
-            }
-        }
-    }
-
-    /// One line without its `\r\n` (a bare `\n` is accepted too).
-    fn read_line(&mut self, limit: usize) -> Result<Vec<u8>, ReadErr> {
-        loop {
-            if let Some(i) = self.buf[self.pos..].iter().position(|&b| b == b'\n') {
-                let mut line = self.buf[self.pos..self.pos + i].to_vec();
-                self.pos += i + 1;
-                if line.last() == Some(&b'\r') {
-                    line.pop();
-                }
-                return Ok(line);
-            }
-            if self.buf.len() - self.pos > limit {
-                return Err(ReadErr::TooLong);
-            }
-            self.fill()?;
-        }
-    }
-
-    fn read_exact_into(&mut self, mut n: usize, out: &mut Vec<u8>) -> Result<(), ReadErr> {
-        loop {
-            let take = (self.buf.len() - self.pos).min(n);
-            out.extend_from_slice(&self.buf[self.pos..self.pos + take]);
-            self.pos += take;
-            n -= take;
-            if n == 0 {
-                return Ok(());
-            }
-            self.fill()?;
-        }
-    }
-
-    fn read_to_end_into(&mut self, out: &mut Vec<u8>, limit: usize) -> Result<(), ReadErr> {
-        loop {
-            out.extend_from_slice(&self.buf[self.pos..]);
-            self.pos = self.buf.len();
-            if out.len() > limit {
-                return Err(ReadErr::TooLong);
-            }
-            match self.fill() {
-                Ok(()) => {}
-                Err(ReadErr::Eof) => return Ok(()),
-                Err(e) => return Err(e),
-            }
-        }
-    }
-}
-
-fn read_response(conn: &mut Conn, addr: &str) -> Result<Response, HttpError> {
-    let timeout = conn.timeout;
-    let unreachable = |e: ReadErr| HttpError::Unreachable {
-        addr: addr.to_string(),
-        reason: match e {
-            ReadErr::Io(e) => describe(&e, timeout),
-            ReadErr::Eof => "the connection closed before an answer".to_string(),
-            ReadErr::TooLong => "the status line is too long".to_string(),
-        },
-    };
-    let protocol = |reason: String| HttpError::Protocol {
-        addr: addr.to_string(),
-        reason,
-    };
-    let midway = |what: &str, e: ReadErr| {
-        protocol(match e {
-            ReadErr::Io(e) => format!("{what}: {}", describe(&e, timeout)),
-            ReadErr::Eof => format!("{what}: the connection closed early"),
-            ReadErr::TooLong => format!("{what}: too large"),
-        })
-    };
-
-    loop {
-        let line = conn.read_line(MAX_HEAD_BYTES).map_err(unreachable)?;
-        let (status, reason) = parse_status_line(&line).ok_or_else(|| {
-            protocol(format!(
-                "not an HTTP status line: {:?}",
-                String::from_utf8_lossy(&line)
-            ))
-        })?;
-
-        let mut headers = Vec::new();
-        let mut head_bytes = line.len();
-        loop {
-            let line = conn
-                .read_line(MAX_HEAD_BYTES)
-                .map_err(|e| midway("reading the headers", e))?;
-            if line.is_empty() {
-                break;
-            }
-            head_bytes += line.len();
-            if head_bytes > MAX_HEAD_BYTES {
-                return Err(protocol("the headers are too large".to_string()));
-            }
-            let line = String::from_utf8_lossy(&line);
-            let (k, v) = line
-                .split_once(':')
-                .ok_or_else(|| protocol(format!("not a header line: {line:?}")))?;
-            headers.push((k.trim().to_string(), v.trim().to_string()));
-        }
-
-        // Interim answers (100 Continue and the like) precede the real one.
-        if (100..200).contains(&status) && status != 101 {
-            continue;
-        }
-
-        let mut resp = Response {
-            status,
-            reason,
-            headers,
-            body: Vec::new(),
-        };
-        let no_body = (100..200).contains(&status) || status == 204 || status == 304;
-        if no_body {
-            return Ok(resp);
-        }
-        let chunked = resp
-            .header("transfer-encoding")
-            .and_then(|te| te.rsplit(',').next())
-            .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-        if chunked {
-            read_chunked(conn, &mut resp.body).map_err(|e| match e {
-                ChunkErr::Read(e) => midway("reading a chunked body", e),
-                ChunkErr::Bad(reason) => protocol(reason),
-            })?;
-        } else if let Some(len) = resp.header("content-length") {
-            let len: usize = len
-                .trim()
-                .parse()
-                .map_err(|_| protocol(format!("bad Content-Length {len:?}")))?;
-            if len > MAX_BODY_BYTES {
-                return Err(protocol(format!("the body is too large ({len} bytes)")));
-            }
-            conn.read_exact_into(len, &mut resp.body)
-                .map_err(|e| midway("reading the body", e))?;
-        } else {
-            conn.read_to_end_into(&mut resp.body, MAX_BODY_BYTES)
-                .map_err(|e| midway("reading the body", e))?;
-        }
-        return Ok(resp);
-    }
-}
-
-fn parse_status_line(line: &[u8]) -> Option<(u16, String)> {
-    let line = std::str::from_utf8(line).ok()?;
-    let rest = line.strip_prefix("HTTP/1.")?;
-    let mut parts = rest.splitn(3, ' ');
-    let _minor = parts
-        .next()
-        .filter(|m| m.len() == 1 && m.bytes().all(|b| b.is_ascii_digit()))?;
-    let code = parts.next()?;
-    if code.len() != 3 || !code.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let status = code.parse().ok()?;
-    Some((status, parts.next().unwrap_or_default().to_string()))
-}
-
-enum ChunkErr {
-    Read(ReadErr),
-    Bad(String),
-}
-
-fn read_chunked(conn: &mut Conn, out: &mut Vec<u8>) -> Result<(), ChunkErr> {
-    loop {
-        let line = conn.read_line(1024).map_err(ChunkErr::Read)?;
-        let line = String::from_utf8_lossy(&line);
-        let size = line.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size, 16)
-            .map_err(|_| ChunkErr::Bad(format!("bad chunk size {size:?}")))?;
-        if size == 0 {
-            // Trailers, up to the empty line; a server that closes here instead is fine.
-            loop {
-                match conn.read_line(MAX_HEAD_BYTES) {
-                    Ok(l) if l.is_empty() => return Ok(()),
-                    Ok(_) => {}
-                    Err(ReadErr::Eof) => return Ok(()),
-                    Err(e) => return Err(ChunkErr::Read(e)),
-                }
-            }
-        }
-        if out.len().saturating_add(size) > MAX_BODY_BYTES {
-            return Err(ChunkErr::Bad("the body is too large".to_string()));
-        }
-        conn.read_exact_into(size, out).map_err(ChunkErr::Read)?;
-        let end = conn.read_line(2).map_err(ChunkErr::Read)?;
-        if !end.is_empty() {
-            return Err(ChunkErr::Bad("a chunk is longer than its size".to_string()));
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testserver::{TestServer, refused_addr};
-
-    fn get(url: &str) -> Result<Response, HttpError> {
-        Request::new(Method::Get, url).send()
-    }
-
-    #[test]
-    fn parses_urls() {
-        let u = Url::parse("http://127.0.0.1:3001/webhook/signal").expect("url");
-        assert_eq!(
-            u,
-            Url {
-                host: "127.0.0.1".into(),
-                port: 3001,
-                path: "/webhook/signal".into()
-            }
-        );
-        let u = Url::parse("HTTP://localhost").expect("url");
-        assert_eq!((u.port, u.path.as_str()), (80, "/"));
-        let u = Url::parse("http://[::1]:9/a?b=c#frag").expect("url");
-        assert_eq!(
-            (u.host.as_str(), u.port, u.path.as_str()),
-            ("::1", 9, "/a?b=c")
-        );
-        assert_eq!(u.authority(), "[::1]:9");
-        let u = Url::parse("http://h:1?x=1").expect("url");
-        assert_eq!(u.path, "/?x=1");
-    }
-
-    #[test]
-    fn refuses_https_and_junk_urls() {
-        let e = Url::parse("https://127.0.0.1:3001/").expect_err("https");
-        assert!(e.to_string().contains("https is not supported"), "{e}");
-        for bad in [
-            "ftp://x",
-            "127.0.0.1:3001",
-            "http://",
-            "http://h:0/",
-            "http://h:99999/",
-            "http://u@h/",
-            "http://::1/",
-            "http://h/a b",
-        ] {
-            assert!(
-                matches!(Url::parse(bad), Err(HttpError::InvalidUrl { .. })),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn reads_a_content_length_body_and_sends_the_request() {
-        let server = TestServer::canned(vec![
-            b"HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: 21\r\n\r\n{\"result\":\"accepted\"}".to_vec(),
-        ]);
-        let url = server.url("/webhook/signal");
-        let resp = Request::new(Method::Post, &url)
-            .header("Authorization", "Bearer tok")
-            .json(br#"{"id":"wp_1"}"#)
-            .send()
-            .expect("send");
-        assert_eq!(resp.status, 202);
-        assert_eq!(resp.reason, "Accepted");
-        assert_eq!(resp.header("content-type"), Some("application/json"));
-        assert_eq!(resp.body, br#"{"result":"accepted"}"#);
-
-        let req = server.next_request();
-        assert_eq!(req.method, "POST");
-        assert_eq!(req.path, "/webhook/signal");
-        assert_eq!(req.header("authorization"), Some("Bearer tok"));
-        assert_eq!(req.header("content-type"), Some("application/json"));
-        assert_eq!(req.header("connection"), Some("close"));
-        assert_eq!(req.header("host"), Some(server.addr.to_string().as_str()));
-        assert_eq!(req.body, br#"{"id":"wp_1"}"#);
-    }
-
-    #[test]
-    fn reads_a_chunked_body() {
-        let server = TestServer::canned(vec![
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nX-Trailer: 1\r\n\r\n".to_vec(),
-        ]);
-        let resp = get(&server.url("/")).expect("send");
-        assert_eq!(resp.status, 200);
-        assert_eq!(resp.body, b"hello, world");
-    }
-
-    #[test]
-    fn reads_a_close_delimited_body_after_an_interim_answer() {
-        let server = TestServer::canned(vec![
-            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 404 Not Found\r\n\r\n{\"error\":\"x\"}\nmore"
-                .to_vec(),
-        ]);
-        let resp = get(&server.url("/")).expect("send");
-        assert_eq!(resp.status, 404);
-        assert_eq!(resp.text(), "{\"error\":\"x\"}\nmore");
-    }
-
-    #[test]
-    fn reads_bodies_larger_than_a_read() {
-        let big: Vec<u8> = (0..200_000u32).map(|i| b'a' + (i % 26) as u8).collect();
-        let mut fixed =
-            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", big.len()).into_bytes();
-        fixed.extend_from_slice(&big);
-        let mut chunked = format!(
-            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
-            big.len()
-        )
-        .into_bytes();
-        chunked.extend_from_slice(&big);
-        chunked.extend_from_slice(b"\r\n0\r\n\r\n");
-        let server = TestServer::canned(vec![fixed, chunked]);
-        assert_eq!(get(&server.url("/")).expect("fixed").body, big);
-        assert_eq!(get(&server.url("/")).expect("chunked").body, big);
-    }
-
-    #[test]
-    fn no_body_for_204() {
-        let server = TestServer::canned(vec![b"HTTP/1.1 204 No Content\r\n\r\n".to_vec()]);
-        let resp = Request::new(Method::Delete, &server.url("/x"))
-            .send()
-            .expect("send");
-        assert_eq!(resp.status, 204);
-        assert!(resp.body.is_empty());
-        assert_eq!(server.next_request().method, "DELETE");
-    }
-
-    #[test]
-    fn connection_refused_is_unreachable() {
-        let url = format!("http://{}/", refused_addr());
-        let e = get(&url).expect_err("refused");
-        assert!(e.is_unreachable(), "{e}");
-        assert!(e.to_string().contains("connection refused"), "{e}");
-    }
-
-    #[test]
-    fn close_before_a_status_line_is_unreachable() {
-        let server = TestServer::canned(vec![Vec::new()]);
-        let e = get(&server.url("/")).expect_err("closed");
-        assert!(e.is_unreachable(), "{e}");
-    }
-
-    #[test]
-    fn silence_before_a_status_line_is_unreachable() {
-        let server = TestServer::silent();
-        let e = Request::new(Method::Get, &server.url("/"))
-            .timeout(Duration::from_millis(100))
-            .send()
-            .expect_err("silent");
-        assert!(e.is_unreachable(), "{e}");
-        assert!(e.to_string().contains("no answer within 100ms"), "{e}");
-    }
-
-    #[test]
-    fn garbage_and_short_bodies_are_protocol_errors() {
-        let server = TestServer::canned(vec![
-            b"SSH-2.0-OpenSSH\r\n".to_vec(),
-            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc".to_vec(),
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n".to_vec(),
-        ]);
-        for _ in 0..3 {
-            let e = get(&server.url("/")).expect_err("protocol");
-            assert!(matches!(e, HttpError::Protocol { .. }), "{e}");
-        }
-    }
-
-    #[test]
-    fn refuses_header_injection() {
-        let e = Request::new(Method::Get, "http://127.0.0.1:1/")
-            .header("X-A", "a\r\nX-B: b")
-            .send()
-            .expect_err("injection");
-        assert!(matches!(e, HttpError::InvalidHeader { .. }), "{e}");
-    }
-}
+mod tests;

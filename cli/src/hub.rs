@@ -1,5 +1,5 @@
 //! The operator API client: JSON requests to the hub's `/api/...` with the bearer token, over
-//! [`crate::http`], and the operator token's lookup. It maps answers onto typed errors whose
+//! [`crate::http`] (`http://` or `https://`), and the operator token's lookup. It maps answers onto typed errors whose
 //! messages say what to do next; it prints nothing.
 
 use std::path::PathBuf;
@@ -29,6 +29,10 @@ pub enum HubError {
         error: Option<String>,
         message: String,
     },
+    #[error(
+        "TLS with the hub at {base} failed ({reason}); check that --hub / CORTEX_HUB names the hub's https address, and that this machine trusts its certificate"
+    )]
+    Tls { base: String, reason: String },
     #[error(
         "unexpected answer from the hub to {what}: {reason}; are the hub and this cortex the same version?"
     )]
@@ -181,6 +185,10 @@ impl Hub {
                 base: self.base.clone(),
                 reason,
             },
+            HttpError::Tls { reason, .. } => HubError::Tls {
+                base: self.base.clone(),
+                reason,
+            },
             e => HubError::Request(e),
         })?;
         if resp.is_success() {
@@ -239,7 +247,7 @@ pub fn segment(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testserver::{TestServer, json, refused_addr};
+    use crate::testserver::{TestServer, json, refused_addr, tls_server};
 
     #[test]
     fn sends_the_token_and_maps_errors() {
@@ -278,7 +286,21 @@ mod tests {
         let e = hub.get("/api/sessions").expect_err("refused");
         assert!(e.is_transient());
         assert!(e.to_string().contains("start cortex-hub"), "{e}");
-        assert!(Hub::new("https://x", "t").is_err());
+        assert!(Hub::new("https://hub.example:3001", "t").is_ok());
+        assert!(Hub::new("ftp://x", "t").is_err());
+    }
+
+    #[test]
+    fn an_https_hub_is_asked_and_a_tls_failure_says_what_to_check() {
+        let (port, _) = tls_server();
+        let hub = Hub::new(&format!("https://localhost:{port}"), "tok").expect("hub");
+        let e = hub.get("/api/sessions").expect_err("untrusted");
+        assert!(matches!(e, HubError::Tls { .. }), "{e}");
+        assert!(
+            !e.is_transient(),
+            "a certificate problem does not pass by itself"
+        );
+        assert!(e.to_string().contains("trusts its certificate"), "{e}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The `cortex-signal` and `cortex` command lines, as a library so their logic is testable.
 //!
-//! Layout: [`http`] is the tiny blocking HTTP client both binaries use; [`signal`] is all of
+//! Layout: [`http`] is the blocking HTTP client both binaries use (ureq, rustls); [`signal`] is all of
 //! `cortex-signal` (flags, caps, sending) and [`spool`] writes the file it falls back to;
 //! [`home`] knows where cortex's files are. [`cmd`] is all of `cortex` (one module per
 //! command family) over [`hub`], the operator API client; [`timefmt`] turns times into text.

@@ -28,7 +28,7 @@ Examples:
   cortex-signal --exit-code $? --member arm2 --data @train.log
   cortex-signal --status progress --message \"still alive at step 12000\"
 
-If the hub cannot be reached (or answers 5xx), the signal is written to
+If the hub cannot be reached (or answers 5xx, or TLS fails), the signal is written to
 $CORTEX_HOME/tmp/signals/ (CORTEX_HOME defaults to ~/.cortex) and the hub delivers it
 when it drains the spool; each signal carries a fresh key, so it counts once.
 
@@ -459,6 +459,9 @@ fn missed(sent: &Result<Response, HttpError>, url: &str, secret: &str) -> String
         Err(HttpError::Protocol { reason, .. }) => {
             format!("hub at {url} gave an unreadable answer ({reason})")
         }
+        Err(HttpError::Tls { reason, .. }) => {
+            format!("TLS with the hub at {url} failed ({reason})")
+        }
         Err(e) => format!("hub at {url} not asked ({e})"),
         Ok(r) => match serde_json::from_slice::<ErrorBody>(&r.body) {
             Ok(b) => format!(
@@ -490,7 +493,11 @@ pub fn conclude(
             return Outcome::AlreadyResolved;
         }
         Ok(r) if r.status < 500 => return refused(r, prepared, stderr),
-        Ok(_) | Err(HttpError::Unreachable { .. } | HttpError::Protocol { .. }) => {}
+        // Not taken, though it might have been: kept in the spool (a TLS failure too: the
+        // signal is safer on disk than lost to a certificate problem).
+        Ok(_)
+        | Err(HttpError::Unreachable { .. } | HttpError::Tls { .. } | HttpError::Protocol { .. }) =>
+            {}
         // The URL was checked in `prepare`; anything else here is a usage error too.
         Err(e) => {
             let _ = writeln!(stderr, "cortex-signal: {e}");

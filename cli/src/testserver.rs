@@ -1,8 +1,10 @@
 //! Test-only HTTP servers on loopback port 0: canned answers, a handler, or silence, each
-//! recording the requests that arrived so tests can look at exactly what was sent.
+//! recording the requests that arrived so tests can look at exactly what was sent; and an
+//! HTTPS one with a certificate made for the test.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread;
 use std::time::Duration;
@@ -165,4 +167,54 @@ fn read_request(stream: &mut TcpStream) -> Option<Recorded> {
         headers,
         body,
     })
+}
+
+/// A one-connection-at-a-time HTTPS server with a certificate for `localhost` and
+/// 127.0.0.1, answering every request 200 with `{"ok":true}`; returns its port and the
+/// certificate (DER) a client must trust.
+pub fn tls_server() -> (u16, Vec<u8>) {
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let made = rcgen::generate_simple_self_signed(names).expect("certificate");
+    let cert_der = made.cert.der().to_vec();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(made.signing_key.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_no_client_auth()
+    .with_single_cert(vec![cert_der.clone().into()], key)
+    .expect("server config");
+    let config = Arc::new(config);
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let Ok(conn) = rustls::ServerConnection::new(config.clone()) else {
+                continue;
+            };
+            let mut tls = rustls::StreamOwned::new(conn, stream);
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match tls.read(&mut byte) {
+                    Ok(1) => head.push(byte[0]),
+                    _ => break,
+                }
+            }
+            if head.ends_with(b"\r\n\r\n") {
+                let body = r#"{"ok":true}"#;
+                let _ = write!(
+                    tls,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.flush();
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+            }
+        }
+    });
+    (port, cert_der)
 }

@@ -4,6 +4,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use time::OffsetDateTime;
+use time::macros::format_description;
+
 /// Milliseconds since the Unix epoch, as the hub counts time.
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -61,31 +64,16 @@ pub fn relative(at_ms: u64, now_ms: u64) -> String {
     }
 }
 
-/// `2026-08-13 10:04:05Z`.
+/// `2026-08-13 10:04:05Z` (UTC, whole seconds). Past 9999-12-31 23:59:59Z, that.
 pub fn utc(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86400, secs % 86400);
-    let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+    // The last second a four-digit year can write.
+    const LAST_SECOND: i64 = 253_402_300_799;
+    let secs = i64::try_from(ms / 1000).map_or(LAST_SECOND, |s| s.min(LAST_SECOND));
+    let at = OffsetDateTime::from_unix_timestamp(secs).unwrap_or(OffsetDateTime::UNIX_EPOCH);
+    at.format(format_description!(
+        "[year]-[month]-[day] [hour]:[minute]:[second]Z"
+    ))
+    .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -114,6 +102,9 @@ mod tests {
         assert_eq!(utc(0), "1970-01-01 00:00:00Z");
         assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00Z");
         assert_eq!(utc(1_786_615_445_000), "2026-08-13 10:04:05Z");
+        assert_eq!(utc(1_786_615_445_999), "2026-08-13 10:04:05Z");
+        assert_eq!(utc(4_107_542_400_000), "2100-03-01 00:00:00Z");
+        assert_eq!(utc(u64::MAX), "9999-12-31 23:59:59Z");
         assert_eq!(
             relative(10_000 + 3 * 3_600_000 + 120_000, 10_000),
             "in 3h 2m"

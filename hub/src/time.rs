@@ -3,6 +3,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use ::time::OffsetDateTime;
+use ::time::macros::format_description;
+
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -18,32 +21,19 @@ pub fn now_us() -> u64 {
         .unwrap_or(0)
 }
 
-/// `2026-11-30T05:12:03Z` (UTC, seconds precision).
+/// `2026-11-30T05:12:03Z` (UTC, seconds precision). Past 9999-12-31T23:59:59Z, that.
 pub fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    let layout = format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
+    utc(ms).format(&layout).unwrap_or_default()
 }
 
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's method).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
+/// The last second RFC 3339's four-digit year can write.
+const LAST_SECOND: i64 = 253_402_300_799;
+
+/// `ms` since the epoch as a UTC date and time, whole seconds.
+fn utc(ms: u64) -> OffsetDateTime {
+    let secs = i64::try_from(ms / 1000).map_or(LAST_SECOND, |s| s.min(LAST_SECOND));
+    OffsetDateTime::from_unix_timestamp(secs).unwrap_or(OffsetDateTime::UNIX_EPOCH)
 }
 
 /// `3.2s`, `4m 10s`, `6h 2m`, `2d 3h`.
@@ -76,6 +66,9 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339(1_796_012_345_678), "2026-11-30T04:19:05Z");
+        assert_eq!(rfc3339(4_107_542_399_999), "2100-02-28T23:59:59Z");
+        assert_eq!(rfc3339(4_107_542_400_000), "2100-03-01T00:00:00Z");
+        assert_eq!(rfc3339(u64::MAX), "9999-12-31T23:59:59Z");
     }
 
     #[test]

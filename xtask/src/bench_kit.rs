@@ -1,18 +1,79 @@
 //! What the benches share: the machine's CPU accounting and quiet-machine waiting
-//! ([`cpu`]), a small blocking HTTP client ([`http`]), process and scratch-directory guards
-//! ([`procs`]), a release hub on loopback ([`hub`]), the report's facts and number formats
-//! ([`report`]), and finding and building the release binaries and tools (here).
+//! ([`cpu`]), process and scratch-directory guards ([`procs`]), a release hub on loopback
+//! ([`hub`]), the report's facts and number formats ([`report`]), and (here) one blocking
+//! HTTP request over `ureq` for the benches' setup and checks (never on a measured path),
+//! and finding and building the release binaries and tools.
 
 pub mod cpu;
-pub mod http;
 pub mod hub;
 pub mod procs;
 pub mod report;
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{Context, ensure};
+
+/// Bound on one setup request (a long poll included).
+const HTTP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// An answer: the status code and the body.
+pub struct Reply {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The body as JSON; `what` names the request in the error.
+    pub fn json(&self, what: &str) -> anyhow::Result<serde_json::Value> {
+        serde_json::from_slice(&self.body)
+            .with_context(|| format!("{what}: the answer is not JSON: {}", self.text()))
+    }
+}
+
+/// One request to `http://ADDR/PATH` (JSON body, bearer token if given); any status is an
+/// answer. No proxy and no redirects: the benches talk only to their own loopback servers.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    body: Option<&[u8]>,
+) -> anyhow::Result<Reply> {
+    let url = format!("http://{addr}{path}");
+    let what = || format!("{method} {url}");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .proxy(None)
+        .timeout_global(Some(HTTP_TIMEOUT))
+        .build()
+        .into();
+    let mut req = ureq::http::Request::builder().method(method).uri(&url);
+    if let Some(t) = bearer {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    let answer = match body {
+        Some(b) => agent.run(
+            req.header("Content-Type", "application/json")
+                .body(b)
+                .with_context(what)?,
+        ),
+        None => agent.run(req.body(()).with_context(what)?),
+    };
+    let (parts, mut body) = answer.with_context(what)?.into_parts();
+    let body = body.read_to_vec().with_context(what)?;
+    Ok(Reply {
+        status: parts.status.as_u16(),
+        body,
+    })
+}
 
 /// A bench's flags (everything after `cargo xtask bench NAME`), parsed by clap: an
 /// unknown flag, a missing value or one out of range is an error that names it and lists
@@ -81,5 +142,43 @@ pub fn version(cmd: &str, flag: &str) -> String {
                 .to_string()
         }
         Err(_) => "?".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    use super::*;
+
+    #[test]
+    fn request_sends_the_token_and_body_and_reads_any_status() -> anyhow::Result<()> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let server = std::thread::spawn(move || -> anyhow::Result<String> {
+            let (mut s, _) = listener.accept()?;
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&got).contains("{\"a\":1}") {
+                let n = s.read(&mut buf)?;
+                ensure!(n > 0, "closed early");
+                got.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(b"HTTP/1.1 409 Conflict\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")?;
+            Ok(String::from_utf8_lossy(&got).into_owned())
+        });
+        let r = request(addr, "POST", "/api/x", Some("tok"), Some(b"{\"a\":1}"))?;
+        assert_eq!((r.status, r.text().as_str()), (409, "abcde"));
+        let sent = server
+            .join()
+            .map_err(|_| anyhow::anyhow!("server panicked"))??;
+        assert!(sent.starts_with("POST /api/x HTTP/1.1\r\n"), "{sent}");
+        assert!(
+            sent.to_ascii_lowercase()
+                .contains("authorization: bearer tok"),
+            "{sent}"
+        );
+        Ok(())
     }
 }

@@ -1,5 +1,6 @@
 //! `cargo xtask test`: the project's one test command (README; `.ci/run` calls it).
-//! Checks formatting, builds every binary (the end-to-end tests in `tests/` start the real
+//! Checks formatting, lints every crate and target with clippy (the workspace lints; any
+//! warning fails), builds every binary (the end-to-end tests in `tests/` start the real
 //! ones), then runs every test of the workspace. Extra arguments go to `cargo test`.
 
 use anyhow::{Context, bail};
@@ -20,6 +21,16 @@ fn cargo(args: &[&str]) -> anyhow::Result<()> {
 
 pub fn run(extra: &[&str]) -> anyhow::Result<()> {
     cargo(&["fmt", "--all", "--check"]).context("formatting differs: run `cargo fmt --all`")?;
+    // `--workspace`: the root's default members leave out xtask itself.
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])
+    .context("clippy warns: fix them (see above)")?;
     cargo(&["build", "--workspace", "--bins"])?;
     let mut args = vec!["test", "--workspace"];
     args.extend_from_slice(extra);

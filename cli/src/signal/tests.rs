@@ -2,7 +2,7 @@
 //! local servers on port 0 with a temp CORTEX_HOME.
 
 use super::*;
-use crate::testserver::{TestServer, json, refused_addr};
+use crate::testserver::{TestServer, json, refused_addr, tls_server};
 
 const SECRET: &str = "5ec12e7";
 
@@ -173,13 +173,17 @@ fn url_from_webhook_port_or_flag() {
         prepare(&args(&[]), &e, &mut io::empty()).err(),
         Some(UsageError::BadPort("http".into()))
     );
-    let err = prepare(
-        &args(&["--url", "https://hub/webhook/signal"]),
+    let p = prepare(
+        &args(&["--url", "https://hub.example/webhook/signal"]),
         &env(),
         &mut io::empty(),
     )
-    .expect_err("https");
-    assert!(matches!(err, UsageError::BadUrl(_)), "{err}");
+    .expect("https is a URL like any other");
+    assert_eq!(p.url, "https://hub.example/webhook/signal");
+    for bad in ["ftp://hub/webhook/signal", "hub:3001/webhook/signal"] {
+        let err = prepare(&args(&["--url", bad]), &env(), &mut io::empty()).expect_err(bad);
+        assert!(matches!(err, UsageError::BadUrl(_)), "{err}");
+    }
     assert_eq!(Outcome::Usage.exit_code(), 2);
 }
 
@@ -477,6 +481,29 @@ fn server_errors_and_garbled_answers_spool_the_body_that_was_sent() {
         );
     }
     assert_eq!(spooled_files(home.path()).len(), 2);
+}
+
+#[test]
+fn an_https_hub_is_asked_and_a_tls_failure_spools() {
+    // The test's certificate is in no CA store on this machine: the handshake fails, and
+    // says so, rather than the URL being refused.
+    let home = tempfile::tempdir().expect("tempdir");
+    let (port, _) = tls_server();
+    let url = format!("https://localhost:{port}/webhook/signal");
+    let (outcome, err) = run_at(&url, &["--exit-code", "0"], home.path());
+    let Outcome::Spooled(path) = &outcome else {
+        panic!("expected spooled, got {outcome:?}: {err}")
+    };
+    assert_eq!(spooled_files(home.path()), vec![path.clone()]);
+    assert!(
+        err.contains("TLS with the hub at") && err.contains(&url),
+        "{err}"
+    );
+    assert!(!err.contains("bad URL"), "{err}");
+
+    let (outcome, err) = run_at(&url, &["--no-spool"], home.path());
+    assert_eq!(outcome, Outcome::NotDelivered);
+    assert!(err.contains("TLS"), "{err}");
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! A release `cortex-hub` for a bench: its own home, the HTTP listener on port 0, the mesh
 //! off or on port 0, found from its start line; its operator API (sessions, monitors,
-//! devices, counts) through the small HTTP client. Loopback only.
+//! devices, counts) through `super::request`. Loopback only.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, bail, ensure};
 use serde_json::json;
 
-use super::http::{self, Reply};
 use super::procs::{LogTail, Procs, poll};
+use super::{Reply, request};
 
 /// The HTTP address and, when the mesh is on, its URL from the hub's start line
 /// (`listening on http://ADDR (…), mesh ws://127.0.0.1:PORT/mesh/v1, home DIR`, or
@@ -123,7 +123,7 @@ impl Hub {
         };
         poll(Duration::from_secs(10), "the hub's /healthz", || {
             procs.check_alive(index)?;
-            Ok(http::request(addr, "GET", "/healthz", None, None)
+            Ok(request(addr, "GET", "/healthz", None, None)
                 .ok()
                 .filter(|r| r.status == 200))
         })?;
@@ -146,7 +146,7 @@ impl Hub {
         body: Option<serde_json::Value>,
     ) -> anyhow::Result<Reply> {
         let bytes = body.map(|b| b.to_string().into_bytes());
-        http::request(self.addr, method, path, Some(&self.token), bytes.as_deref())
+        request(self.addr, method, path, Some(&self.token), bytes.as_deref())
     }
 
     /// One operator API call that must answer `want`; returns the JSON body.

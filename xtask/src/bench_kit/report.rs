@@ -2,7 +2,9 @@
 //! a path; and how numbers are written (thousands separators, us/ms).
 
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
+
+use time::OffsetDateTime;
+use time::macros::format_description;
 
 /// `nproc 2 (AMD EPYC …), 23.5 GiB, Linux 6.x`.
 pub fn machine() -> String {
@@ -83,30 +85,15 @@ pub fn ms(s: f64) -> String {
 
 /// Now as `YYYY-MM-DD HH:MM UTC`.
 pub fn utc_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    let rem = secs % 86_400;
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        rem / 3600,
-        rem / 60 % 60
-    )
+    utc_minutes(OffsetDateTime::now_utc())
 }
 
-/// Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+/// `YYYY-MM-DD HH:MM UTC`.
+fn utc_minutes(at: OffsetDateTime) -> String {
+    at.format(format_description!(
+        "[year]-[month]-[day] [hour]:[minute] UTC"
+    ))
+    .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -119,8 +106,12 @@ mod tests {
         assert_eq!(thousands(999.0), "999");
         assert_eq!(us(140.4), "140 us");
         assert_eq!(us(1_270.0), "1.27 ms");
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(20_513), (2026, 3, 1));
+        let at = |secs| OffsetDateTime::from_unix_timestamp(secs).expect("in range");
+        assert_eq!(utc_minutes(at(0)), "1970-01-01 00:00 UTC");
+        assert_eq!(
+            utc_minutes(at(20_513 * 86_400 + 3_599)),
+            "2026-03-01 00:59 UTC"
+        );
     }
 
     #[test]

@@ -9,9 +9,9 @@ use std::time::Duration;
 use anyhow::{Context, ensure};
 use serde_json::json;
 
-use crate::bench_kit::http::{self, Reply};
 use crate::bench_kit::hub::signal_body;
 use crate::bench_kit::procs::{Procs, free_port, poll};
+use crate::bench_kit::{Reply, request};
 
 /// A running adnanh/webhook with hooks `check` and `true`.
 pub struct Webhook {
@@ -82,7 +82,7 @@ impl Webhook {
 
     fn post(&self, hook: &str, secret: &str) -> anyhow::Result<Reply> {
         let body = signal_body("wp_bench", secret);
-        http::request(
+        request(
             self.addr,
             "POST",
             &format!("/hooks/{hook}"),

@@ -23,8 +23,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, ensure};
 use serde_json::Value;
 
-use crate::bench_kit::http;
 use crate::bench_kit::procs::{Procs, poll};
+use crate::bench_kit::request;
 
 /// The agent's record: its loop reported the wait's outcome.
 pub const AGENT_ENDED: &str = "remote_wait_ended";
@@ -257,7 +257,7 @@ impl Hub {
         };
         poll(Duration::from_secs(10), "the hub's /healthz", || {
             procs.check_alive(index)?;
-            Ok(http::request(addr, "GET", "/healthz", None, None)
+            Ok(request(addr, "GET", "/healthz", None, None)
                 .ok()
                 .filter(|r| r.status == 200))
         })?;
@@ -282,7 +282,7 @@ impl Hub {
         want: u16,
     ) -> anyhow::Result<Value> {
         let bytes = body.map(|b| b.to_string().into_bytes());
-        let r = http::request(self.addr, method, path, Some(&self.token), bytes.as_deref())?;
+        let r = request(self.addr, method, path, Some(&self.token), bytes.as_deref())?;
         let what = format!("{method} {path}");
         ensure!(
             r.status == want,

@@ -27,8 +27,8 @@ use anyhow::{Context, bail, ensure};
 use serde_json::json;
 
 use super::daemons::{AGENT_ENDED, Agent, HUB_RECEIVED, HUB_RECORDED, Hub, now_ns};
-use crate::bench_kit::http;
 use crate::bench_kit::procs::poll_every;
+use crate::bench_kit::request;
 
 /// The exit child's source: wait for a byte on stdin, read the realtime clock, write it
 /// to stdout, exit. Nothing else, so its exit is as quick as a process's can be: the
@@ -228,7 +228,7 @@ pub fn cortex_once(hub: &Hub, agent: &Agent, device: &str) -> anyhow::Result<Sam
     );
     let token = hub.token().to_string();
     let poller = std::thread::spawn(move || -> anyhow::Result<(i128, serde_json::Value)> {
-        let r = http::request(addr, "GET", &path, Some(&token), None)?;
+        let r = request(addr, "GET", &path, Some(&token), None)?;
         let t = now_ns();
         Ok((t, r.json("the long poll")?))
     });
