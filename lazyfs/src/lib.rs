@@ -155,6 +155,36 @@ impl LazyFs {
         self.with("the cut", |sh| sh.model.cut(&mut sh.backing, how))
     }
 
+    /// The power cut at the first moment within `within` when some change is not yet
+    /// durable (a program between its write and its fsync), or at the end of `within`.
+    /// A cut at a random moment mostly finds a program that synced everything: this one
+    /// aims at the windows a missing or misplaced fsync leaves open.
+    pub fn cut_when_unsynced(
+        &self,
+        how: Cut,
+        within: std::time::Duration,
+    ) -> Result<CutReport, Error> {
+        let end = std::time::Instant::now() + within;
+        loop {
+            {
+                let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+                if sh.model.unsynced() || std::time::Instant::now() >= end {
+                    let sh = &mut *sh;
+                    return sh
+                        .model
+                        .cut(&mut sh.backing, how)
+                        .map_err(|errno| Error::Model {
+                            what: "the cut",
+                            errno,
+                        });
+                }
+            }
+            // Long enough to let the FUSE thread take the lock, short enough to land
+            // inside a write-to-fsync window of a few requests.
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+
     /// `sync(2)`: everything becomes durable.
     pub fn sync_all(&self) -> Result<(), Error> {
         self.with("sync", |sh| sh.model.sync_all(&mut sh.backing))

@@ -298,6 +298,14 @@ impl Model {
         self.names
     }
 
+    /// True while some change is not durable (a write, a size change or a name change).
+    pub fn unsynced(&self) -> bool {
+        self.nodes.values().any(|n| match &n.body {
+            Body::File(f) => !f.pending.is_empty(),
+            Body::Dir(d) => !d.pending.is_empty(),
+        })
+    }
+
     /// True once [`Model::cut`] ran.
     pub fn is_cut(&self) -> bool {
         self.cut

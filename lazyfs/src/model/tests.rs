@@ -62,9 +62,12 @@ fn writes_without_fsync_are_lost_and_fsynced_ones_kept() {
 fn fdatasync_after_writes_keeps_them_all() {
     let mut m = fresh(Names::Strict);
     let f = durable_file(&mut m, ROOT, "f", b"");
+    assert!(!m.unsynced());
     m.write(f, 0, b"one ").expect("write");
     m.write(f, 4, b"two").expect("write");
+    assert!(m.unsynced());
     m.fsync(&mut NoMirror, f).expect("fsync");
+    assert!(!m.unsynced());
     m.set_len(f, 0).expect("truncate after the sync");
     let tree = after(m, Cut::Whole);
     assert_eq!(file(&tree, "f").as_deref(), Some(&b"one two"[..]));
