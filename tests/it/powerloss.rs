@@ -38,12 +38,14 @@ use lazyfs::{Cut, CutReport, LazyFs, Names};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(60);
-const PER_KIND: usize = 30;
+const PER_KIND: usize = 60;
 const CLIENTS: usize = 3;
 /// Signals one waitpoint gets at most (its view lists its latest 1,000).
 const BUDGET: u32 = 300;
 const RESEND_ONE_IN: u64 = 16;
 const RETRY_LIMIT: Duration = Duration::from_secs(60);
+/// A client's pause between two signals, so the budgets last through 30 cuts.
+const PACE: Duration = Duration::from_millis(5);
 
 /// The cuts per test and the run's seed, printed so a run can be repeated.
 fn params(what: &str) -> Option<(usize, u64)> {
@@ -286,6 +288,7 @@ fn client(sh: Arc<Shared>, n: usize, seed: u64) {
         if outcome == Outcome::Gone {
             wp.gone.store(true, Ordering::Relaxed);
         }
+        std::thread::sleep(PACE);
         let resend = outcome == Outcome::Accepted && rng.below(RESEND_ONE_IN) == 0;
         if let Some(s) = sh.ledger().get_mut(&key) {
             s.outcome = outcome;
@@ -417,7 +420,16 @@ impl Logs {
     fn check(&mut self, sh: &Shared, hub: &Hub, when: &str) -> usize {
         let mut wakes = 0;
         for (sid, seen) in self.sids.iter().zip(self.events.iter_mut()) {
-            let now = hub.events(sid, 0);
+            // The whole log, page after page.
+            let mut now: Vec<Value> = Vec::new();
+            loop {
+                let after = now.last().and_then(|e| e["seq"].as_u64()).unwrap_or(0);
+                let page = hub.events(sid, after);
+                if page.is_empty() {
+                    break;
+                }
+                now.extend(page);
+            }
             if now.len() < seen.len() || now[..seen.len()] != seen[..] {
                 sh.violation(format!(
                     "{when}: session {sid}: {} events seen before, {} now, or changed",
