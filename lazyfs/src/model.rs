@@ -238,6 +238,9 @@ pub struct CutReport {
     /// Un-synced name changes kept and dropped.
     pub names_kept: usize,
     pub names_dropped: usize,
+    /// Per file with un-synced changes: a name of it (its current one, else a durable
+    /// one, else `?`), and the changes kept and dropped.
+    pub per_file: Vec<(PathBuf, usize, usize)>,
 }
 
 /// splitmix64: the prefix cut's choices, replayable from the seed.
@@ -788,6 +791,18 @@ impl Model {
         Ok(())
     }
 
+    /// One current name of file `ino`, if it has any.
+    fn current_path(&self, ino: Ino) -> Result<Option<PathBuf>, Errno> {
+        for (dir, n) in &self.nodes {
+            if let Body::Dir(d) = &n.body
+                && let Some((name, _)) = d.current.iter().find(|(_, i)| **i == ino)
+            {
+                return Ok(Some(self.dir_path(*dir)?.join(name)));
+            }
+        }
+        Ok(None)
+    }
+
     /// One durable name of file `ino`, if it has any.
     fn durable_path(&self, ino: Ino) -> Result<Option<PathBuf>, Errno> {
         let f = self.file(ino)?;
@@ -900,6 +915,13 @@ impl Model {
             let keep = rng.as_mut().map_or(0, |r| r.upto(n));
             report.changes_kept += keep;
             report.changes_dropped += n - keep;
+            let name = match self.current_path(ino)? {
+                Some(p) => p,
+                None => self
+                    .durable_path(ino)?
+                    .unwrap_or_else(|| PathBuf::from("?")),
+            };
+            report.per_file.push((name, keep, n - keep));
             self.commit_file(m, ino, keep)?;
         }
         for dir in self.sorted(Kind::Dir) {

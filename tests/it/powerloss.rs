@@ -153,6 +153,19 @@ impl Disk {
     }
 }
 
+/// `[hub/hub.journal: kept 1, dropped 2]`: which files the cut found un-synced.
+fn per_file(r: &CutReport) -> String {
+    let files: Vec<String> = r
+        .per_file
+        .iter()
+        .map(|(p, k, d)| format!("{}: kept {k}, dropped {d}", p.display()))
+        .collect();
+    if files.is_empty() {
+        return String::new();
+    }
+    format!("[{}]", files.join("; "))
+}
+
 // ---------------------------------------------------------------------------------------
 // The hub
 // ---------------------------------------------------------------------------------------
@@ -555,10 +568,11 @@ fn powerloss_the_hubs_acked_signals_and_wakes_survive_power_cuts() {
         logs.check(&sh, &hub, &when);
         let (tally, _) = check_signals(&sh, &hub, &snapshot, &when);
         eprintln!(
-            "cut {:>2}/{cuts} ({how:?}): dropped {} un-synced writes in {} files and {} name changes (kept {} and {}); {} acked before it: {} recorded once, {} lost, {} doubled",
+            "cut {:>2}/{cuts} ({how:?}): dropped {} un-synced writes in {} files {} and {} name changes (kept {} and {}); {} acked before it: {} recorded once, {} lost, {} doubled",
             c + 1,
             report.changes_dropped,
             report.files,
+            per_file(&report),
             report.names_dropped,
             report.changes_kept,
             report.names_kept,
@@ -827,9 +841,10 @@ fn powerloss_the_device_agents_spool_and_waits_survive_power_cuts() {
             });
         }
         eprintln!(
-            "cut {:>2}/{cuts} ({how:?}): dropped {} un-synced writes and {} name changes (kept {} and {}); {back} acknowledged spool files came back; {} waits armed again",
+            "cut {:>2}/{cuts} ({how:?}): dropped {} un-synced writes {} and {} name changes (kept {} and {}); {back} acknowledged spool files came back; {} waits armed again",
             c + 1,
             report.changes_dropped,
+            per_file(&report),
             report.names_dropped,
             report.changes_kept,
             report.names_kept,

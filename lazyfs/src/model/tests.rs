@@ -253,6 +253,7 @@ fn a_cut_reports_what_it_dropped() {
             changes_dropped: 2,
             names_kept: 0,
             names_dropped: 1,
+            per_file: vec![(PathBuf::from("f"), 0, 2)],
         }
     );
 }
