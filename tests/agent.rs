@@ -31,8 +31,14 @@ impl Agent {
 
     /// An agent ready to start, not started (a device that is offline when asked).
     pub fn new(hub: &Hub, name: &str, token: &str) -> Agent {
+        Agent::new_at(hub, name, token, None)
+    }
+
+    /// Like [`Agent::new`], with the home at `home` when given (its log and token file
+    /// stay in a temp dir of their own).
+    pub fn new_at(hub: &Hub, name: &str, token: &str, home: Option<&std::path::Path>) -> Agent {
         let tmp = tempfile::tempdir().expect("tmp");
-        let home = tmp.path().join("home");
+        let home = home.map_or_else(|| tmp.path().join("home"), |h| h.to_path_buf());
         let token_file = tmp.path().join("device-token");
         std::fs::write(&token_file, format!("{token}\n")).expect("token file");
         Agent {
@@ -46,7 +52,7 @@ impl Agent {
     }
 
     fn log_path(&self) -> PathBuf {
-        self.home.parent().expect("tmp").join("agent.log")
+        self._tmp.path().join("agent.log")
     }
 
     /// Starts the process (again) on the same home.

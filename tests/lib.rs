@@ -58,6 +58,7 @@ pub fn wait_until<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<
 pub struct Hub {
     pub home: PathBuf,
     _tmp: Option<tempfile::TempDir>,
+    log_file: PathBuf,
     child: Option<Child>,
     /// `127.0.0.1:PORT`.
     pub addr: String,
@@ -84,9 +85,20 @@ impl Hub {
     /// replaces the default `127.0.0.1:0`).
     pub fn start_with_args(env: &[(&str, &str)], args: &[&str]) -> Hub {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut hub = Hub {
-            home: tmp.path().to_path_buf(),
-            _tmp: Some(tmp),
+        let home = tmp.path().to_path_buf();
+        let mut hub = Hub::at(&home, &home.join("hub.log"), env, args);
+        hub._tmp = Some(tmp);
+        hub.spawn();
+        hub
+    }
+
+    /// A hub on a given home, its log in `log` (off the home: the power-cut tests put the
+    /// home on a filesystem that loses un-synced writes); not started.
+    pub fn at(home: &Path, log: &Path, env: &[(&str, &str)], args: &[&str]) -> Hub {
+        Hub {
+            home: home.to_path_buf(),
+            _tmp: None,
+            log_file: log.to_path_buf(),
             child: None,
             addr: String::new(),
             mesh_url: String::new(),
@@ -97,13 +109,11 @@ impl Hub {
                 .collect(),
             args: args.iter().map(|a| a.to_string()).collect(),
             starts: 0,
-        };
-        hub.spawn();
-        hub
+        }
     }
 
     fn log_path(&self) -> PathBuf {
-        self.home.join("hub.log")
+        self.log_file.clone()
     }
 
     /// Starts the hub process (again) on the same home and a new port.

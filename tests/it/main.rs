@@ -7,6 +7,7 @@ mod local_waits;
 mod mesh_e2e;
 mod mesh_hub;
 mod packaging;
+mod powerloss;
 mod remote_waits;
 mod signal_cli;
 mod signal_route;

@@ -5,6 +5,7 @@ mod bench_kit;
 mod bench_mesh;
 mod bench_signals;
 mod bench_waits;
+mod powerloss;
 mod test;
 
 use std::process::ExitCode;
@@ -18,6 +19,10 @@ tasks:
       (ARGS go to cargo test)
   torture [CYCLES]
       the crash torture test at full length (default 30 SIGKILL cycles) on release binaries
+  powerloss [CUTS] [--strict]
+      the power-loss torture at full length (default 30 power cuts each for the hub and a
+      device agent, their homes on lazyfs) on release binaries; --strict: names durable
+      only with their directory's fsync
   bench signals [--duration SECS] [--warmup SECS] [--runs N] [--monitors N]
                 [--threads N] [--quiet-wait SECS] [--no-build]
       the durable signal route against adnanh/webhook 2.8 (wrk), the disk's raw
@@ -40,6 +45,7 @@ fn main() -> ExitCode {
     let result = match words.as_slice() {
         ["test", rest @ ..] => test::run(rest),
         ["torture", rest @ ..] => test::torture(rest),
+        ["powerloss", rest @ ..] => powerloss::run(rest),
         ["bench", "signals", rest @ ..] => bench_signals::run(rest),
         ["bench", "mesh", rest @ ..] => bench_mesh::run(rest),
         ["bench", "waits", rest @ ..] => bench_waits::run(rest),
