@@ -15,10 +15,10 @@
 //! file whose deletion did not survive comes back, and the hub answers it as a duplicate)
 //! or not; the remote waits it held are armed again after the cut and each fires once.
 //!
-//! lazyfs runs with `Names::Journaled` (a name change is durable with any later fsync, as
-//! on ext4 or XFS); `CORTEX_POWERLOSS_NAMES=strict` asks for POSIX's promise alone (a name
-//! is durable only with its directory's fsync), which the hub does not meet yet: see
-//! [`powerloss_strict_a_fresh_hubs_store_survives_a_cut`]. `CORTEX_POWERLOSS_CUTS` sets the cuts per test (default 2, so
+//! lazyfs runs with `Names::Strict` (POSIX's promise alone: a name is durable only with
+//! its directory's fsync; see [`powerloss_strict_a_fresh_hubs_store_survives_a_cut`]);
+//! `CORTEX_POWERLOSS_NAMES=journaled` makes any fsync commit earlier names, as on ext4 or
+//! XFS. `CORTEX_POWERLOSS_CUTS` sets the cuts per test (default 2, so
 //! `cargo test` stays fast); `cargo xtask powerloss` runs 30. `CORTEX_POWERLOSS_SEED`
 //! replays a run's choices (the seed is printed; when the cut lands is the OS's).
 //! Skipped, saying why, where `/dev/fuse` or `fusermount3` is missing.
@@ -90,12 +90,13 @@ impl Rng {
     }
 }
 
-/// `CORTEX_POWERLOSS_NAMES=strict` makes a name change durable only with its
-/// directory's fsync (POSIX's promise alone); the default is `journaled`.
+/// The default, `strict`, makes a name change durable only with its directory's fsync
+/// (POSIX's promise alone); `CORTEX_POWERLOSS_NAMES=journaled` makes any fsync commit
+/// every earlier name change, as ext4 or XFS would.
 fn names() -> Names {
     match std::env::var("CORTEX_POWERLOSS_NAMES").as_deref() {
-        Ok("strict") => Names::Strict,
-        Ok("journaled") | Err(_) => Names::Journaled,
+        Ok("strict") | Err(_) => Names::Strict,
+        Ok("journaled") => Names::Journaled,
         Ok(other) => panic!("CORTEX_POWERLOSS_NAMES is strict or journaled, not {other:?}"),
     }
 }
@@ -942,21 +943,13 @@ fn durable_files(dir: &Path) -> Vec<String> {
     out
 }
 
-/// KNOWN LOSS under POSIX's promise alone (a name is durable only with its directory's
-/// fsync): a fresh hub creates `hub/hub.redb`, `hub/hub.journal` and `hub/token` (the
-/// last by a rename) and never fsyncs `$CORTEX_HOME/hub/`, so a power cut after a 202 can
-/// take the whole store with it, the acknowledged signal included. On ext4 or XFS any
-/// later fsync commits those names (the torture's default model), so it does not show
-/// there. Runs only with `CORTEX_POWERLOSS_NAMES=strict` (`cargo xtask powerloss
-/// --strict`) until the store fsyncs its directory; it fails today.
+/// Under POSIX's promise alone (a name is durable only with its directory's fsync): a
+/// fresh hub creates `hub/hub.redb`, `hub/hub.journal` and `hub/token` (the last by a
+/// rename), and a power cut right after its first 202 must leave all of them. It did not
+/// while the store never fsynced `$CORTEX_HOME/hub/` (on ext4 or XFS any later fsync
+/// commits those names, so it did not show there).
 #[test]
 fn powerloss_strict_a_fresh_hubs_store_survives_a_cut() {
-    if names() != Names::Strict {
-        eprintln!(
-            "powerloss strict: skipped: a known loss under strict POSIX names; run `cargo xtask powerloss --strict`"
-        );
-        return;
-    }
     if let Err(why) = lazyfs::available() {
         eprintln!("powerloss strict: skipped: {why}");
         return;

@@ -19,10 +19,10 @@ tasks:
       (ARGS go to cargo test)
   torture [CYCLES]
       the crash torture test at full length (default 30 SIGKILL cycles) on release binaries
-  powerloss [CUTS] [--strict]
+  powerloss [CUTS] [--journaled]
       the power-loss torture at full length (default 30 power cuts each for the hub and a
-      device agent, their homes on lazyfs) on release binaries; --strict: names durable
-      only with their directory's fsync
+      device agent, their homes on lazyfs; names durable only with their directory's
+      fsync) on release binaries; --journaled: any fsync commits earlier names
   bench signals [--duration SECS] [--warmup SECS] [--runs N] [--monitors N]
                 [--threads N] [--quiet-wait SECS] [--no-build]
       the durable signal route against adnanh/webhook 2.8 (wrk), the disk's raw

@@ -141,6 +141,10 @@ impl Store {
         let (j1, r1) = open_journal(&paths[1])?;
         records.extend(r1);
         let mut journals = [j0, j1];
+        // The files' names are durable only once their directory is synced (and the
+        // directory's own name once its parent is): without it a power cut after the first
+        // acknowledgement can take the whole store.
+        sync_dirs(path)?;
         // Records an older hub wrote are operations, replayed with the settings that hub
         // ran with.
         let legacy_ctx = ctx_of(&Arc::new(stored.unwrap_or_else(|| (*settings).clone())));
@@ -429,6 +433,25 @@ impl Store {
             unreadable_bytes,
         })
     }
+}
+
+/// Syncs the directory holding the store's files, and its parent.
+fn sync_dirs(db: &Path) -> Result<(), StoreError> {
+    let dir = db.parent().unwrap_or(Path::new("."));
+    for d in [Some(dir), dir.parent()].into_iter().flatten() {
+        let d = if d.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            d
+        };
+        std::fs::File::open(d)
+            .and_then(|f| f.sync_all())
+            .map_err(|source| StoreError::Journal {
+                path: d.display().to_string(),
+                source,
+            })?;
+    }
+    Ok(())
 }
 
 fn ctx_of(settings: &Arc<Settings>) -> Ctx {
