@@ -52,7 +52,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
-    cortex_device_agent::daemon::main("cortex-device-agent", || real_main(Args::parse()))
+    cortex_host::daemon::main("cortex-device-agent", || real_main(Args::parse()))
 }
 
 fn real_main(args: Args) -> anyhow::Result<()> {

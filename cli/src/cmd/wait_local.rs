@@ -1,5 +1,5 @@
 //! `cortex wait pid|file|flock`: seed 004's waits on this machine, no hub involved. The
-//! waiting itself is `cortex_device_agent::wait`, the same code the device agent runs for
+//! waiting itself is `cortex_host::wait`, the same code the device agent runs for
 //! remote waits; this module owns only the command line around it: the flags, the one
 //! "armed" line on stderr, the payload on stdout, the exit status (0 fired, 1 timed out,
 //! 2 broke), and the `--cursor` file of a file wait. With `--device NAME` the same
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use cortex_device_agent::wait::{
+use cortex_host::wait::{
     Captured, FileCursor, Gone, PidMethod, WaitOptions, WaitOutcome, WaitSpec, Waits,
 };
 use serde::{Deserialize, Serialize};

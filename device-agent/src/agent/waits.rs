@@ -1,5 +1,5 @@
 //! Remote waits on the device: the hub's `WaitArm` run through the wait library
-//! ([`crate::wait`]), one task per armed wait, their outcomes kept until the hub
+//! ([`cortex_host::wait`]), one task per armed wait, their outcomes kept until the hub
 //! acknowledges them, and all of it persisted so a restarted agent re-arms what it held.
 //!
 //! The daemon loop owns a [`RemoteWaits`] and drives it from its one `handle`: a hub frame
@@ -34,7 +34,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::wait::{Captured, FileCursor, Gone, WaitOptions, WaitOutcome, WaitSpec, Waits};
+use cortex_host::wait::{Captured, FileCursor, Gone, WaitOptions, WaitOutcome, WaitSpec, Waits};
 
 /// The file's format version.
 const FILE_VERSION: u32 = 1;
