@@ -5,7 +5,7 @@
 //!   the files jobs drop into it without following links or blocking, parking refused ones
 //!   under `bad/` with a reason, and an inotify watcher that says when to look. The hub's
 //!   local spool and the device agent's run the same code.
-//! - [`wait`]: seed 004's waits on this machine (a pid exiting, a file written, a lock
+//! - [`wait`]: the waits on this machine (a pid exiting, a file written, a lock
 //!   free), with its exit-code contract; `cortex wait pid|file|flock` and the agent's remote
 //!   waits run it.
 //! - [`daemon`]: the logging and error exit both daemons' `main` share.

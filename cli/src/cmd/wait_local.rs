@@ -140,9 +140,9 @@ pub fn pid(args: &PidArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
 }
 
 pub fn file(args: &FileArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
-    let prepared = absolute(&args.path).and_then(|path| {
+    let prepared = spec_path(&args.path).and_then(|path| {
         let cursor = match &args.cursor {
-            Some(f) => Some(CursorStore::open(f, &path)?),
+            Some(f) => Some(CursorStore::open(f, Path::new(&path))?),
             None => None,
         };
         Ok((path, cursor))
@@ -159,7 +159,7 @@ pub fn file(args: &FileArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
 }
 
 pub fn flock(args: &FlockArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
-    match absolute(&args.path) {
+    match spec_path(&args.path) {
         Ok(path) => wait(WaitSpec::Flock { path }, &args.bound, None, out, err),
         Err(e) => broke(err, &e),
     }
@@ -173,6 +173,16 @@ fn broke(err: &mut dyn Write, e: &anyhow::Error) -> u8 {
 /// Absolute without resolving links: the payload names the path the user meant.
 fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
     std::path::absolute(path).with_context(|| format!("cannot make {} absolute", path.display()))
+}
+
+/// The path a wait's spec carries: absolute, and UTF-8 (the same spec a remote wait sends).
+fn spec_path(path: &Path) -> anyhow::Result<String> {
+    absolute(path)?.into_os_string().into_string().map_err(|p| {
+        anyhow::anyhow!(
+            "{} is not a UTF-8 path; cortex waits only for UTF-8 paths",
+            Path::new(&p).display()
+        )
+    })
 }
 
 fn wait(
