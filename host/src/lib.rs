@@ -8,11 +8,15 @@
 //! - [`wait`]: the waits on this machine (a pid exiting, a file written, a lock
 //!   free), with its exit-code contract; `cortex wait pid|file|flock` and the agent's remote
 //!   waits run it.
-//! - [`daemon`]: the logging and error exit both daemons' `main` share.
+//! - [`daemon`]: the logging and error exit both daemons' `main` share, and the one wait
+//!   for SIGTERM/SIGINT ([`daemon::shutdown_signal`]).
+//! - [`atomic`]: replacing a file atomically and durably (temp file, fsync, rename, fsync
+//!   of the directory), the one way cortex writes a file others read.
 //!
 //! The spool module touches only the filesystem and inotify: forwarding a file and deciding
 //! when it was acknowledged belong to the caller.
 
+pub mod atomic;
 pub mod daemon;
 pub mod spool;
 pub mod wait;

@@ -227,7 +227,7 @@ fn wait(
         }
         let outcome = tokio::select! {
             o = armed.wait(&opts) => o,
-            why = stop_signal() => {
+            why = cortex_host::daemon::shutdown_signal() => {
                 let _ = writeln!(err, "cortex: cancelled by {why}; nothing fired");
                 return BROKE;
             }
@@ -413,50 +413,14 @@ impl CursorStore {
         })
     }
 
-    /// Replaces the cursor file atomically and durably: a temp file beside it, fsync,
-    /// rename, fsync of the directory.
+    /// Replaces the cursor file atomically and durably (`cortex_host::atomic`).
     fn save(&self, cursor: &FileCursor) -> anyhow::Result<()> {
-        let body = serde_json::to_vec(&CursorFile {
+        let mut body = serde_json::to_vec(&CursorFile {
             path: self.path.clone(),
             cursor: *cursor,
         })?;
-        let ctx = || format!("cannot write the cursor file {}", self.file.display());
-        let dir = self.file.parent().unwrap_or(Path::new("/"));
-        let name = self
-            .file
-            .file_name()
-            .context("the cursor file names no file")?;
-        let tmp = dir.join(format!(
-            ".{}.{}.tmp",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
-        let write = || -> io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&body)?;
-            f.write_all(b"\n")?;
-            f.sync_all()?;
-            fs::rename(&tmp, &self.file)?;
-            fs::File::open(dir)?.sync_all()
-        };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            anyhow::Error::new(e).context(ctx())
-        })
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM with the signal's name; never, if neither can be caught.
-async fn stop_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => "SIGINT",
-        _ = term.recv() => "SIGTERM",
+        body.push(b'\n');
+        cortex_host::atomic::write_file(&self.file, &body, 0o666)
+            .with_context(|| format!("cannot write the cursor file {}", self.file.display()))
     }
 }

@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -154,7 +154,7 @@ impl WaitsStore {
         )
     }
 
-    /// Replaces the file atomically and durably.
+    /// Replaces the file atomically and durably (`cortex_host::atomic`).
     pub fn save(&self, file: &WaitsFile) -> Result<(), StoreError> {
         let err = |action: &'static str, path: &Path| {
             let path = path.to_owned();
@@ -169,19 +169,9 @@ impl WaitsStore {
         let body = serde_json::to_vec(file)
             .map_err(|e| io::Error::other(e.to_string()))
             .map_err(err("encode", &self.path))?;
-        let tmp = dir.join(format!(".waits.json.{}.tmp", std::process::id()));
-        let write = || -> io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&body)?;
-            f.write_all(b"\n")?;
-            f.sync_all()?;
-            fs::rename(&tmp, &self.path)?;
-            fs::File::open(dir)?.sync_all()
-        };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            err("write", &self.path)(e)
-        })
+        let mut body = body;
+        body.push(b'\n');
+        cortex_host::atomic::write_file(&self.path, &body, 0o666).map_err(err("write", &self.path))
     }
 }
 
