@@ -13,10 +13,14 @@
 //! - [`atomic`]: replacing a file atomically and durably (temp file, fsync, rename, fsync
 //!   of the directory), the one way cortex writes a file others read.
 //!
+//! - [`connection`]: the device mesh's connection: one [`connection::ws_config`] and a
+//!   [`connection::Connection`] that sends and reads protocol's frames over a WebSocket.
+//!
 //! The spool module touches only the filesystem and inotify: forwarding a file and deciding
 //! when it was acknowledged belong to the caller.
 
 pub mod atomic;
+pub mod connection;
 pub mod daemon;
 pub mod spool;
 pub mod wait;
