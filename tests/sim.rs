@@ -2,23 +2,24 @@
 //! tests and, later, to stand in for thousands of devices in a benchmark. One tokio task
 //! per device owns its WebSocket: it keeps reading (so pings are answered), pings at the
 //! interval the hub's welcome sets, notices a hub that went silent for two intervals, and
-//! hands every frame to the test through a channel. No spool, no files on disk.
+//! hands every frame to the test through a channel. No spool, no files on disk. The socket
+//! is the agent's: `cortex_host::connection` (its limits, its frames).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cortex_host::connection::{Connection, ConnectionError, Incoming, ws_config};
 use cortex_protocol::mesh::{
     AgentFrame, CloseReason, DEVICE_HEADER, FileOutcome, Frame, Hello, HostFacts, HubFrame,
-    MAX_MESSAGE_BYTES, MESH_VERSION, SpoolCounts,
+    MESH_VERSION, SpoolCounts,
 };
-use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::protocol::frame::CloseFrame;
 use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
@@ -116,15 +117,6 @@ pub struct SimDevice {
     events: mpsc::UnboundedReceiver<SimEvent>,
 }
 
-fn client_config() -> WebSocketConfig {
-    WebSocketConfig::default()
-        .read_buffer_size(16 * 1024)
-        .write_buffer_size(0)
-        .max_write_buffer_size(2 * MAX_MESSAGE_BYTES + 64 * 1024)
-        .max_message_size(Some(MAX_MESSAGE_BYTES))
-        .max_frame_size(Some(MAX_MESSAGE_BYTES))
-}
-
 fn connector(ca_pem: Option<&[u8]>) -> Result<Option<Connector>, SimError> {
     let Some(pem) = ca_pem else {
         return Ok(None);
@@ -177,7 +169,7 @@ pub async fn open(o: &Options) -> Result<Ws, SimError> {
             .await
             .map_err(|e| SimError::Io(e.to_string()))?;
         let _ = tcp.set_nodelay(true);
-        tokio_tungstenite::client_async_tls_with_config(req, tcp, Some(client_config()), connector)
+        tokio_tungstenite::client_async_tls_with_config(req, tcp, Some(ws_config()), connector)
             .await
             .map(|(ws, _)| ws)
             .map_err(|e| match e {
@@ -199,50 +191,54 @@ pub async fn open(o: &Options) -> Result<Ws, SimError> {
 /// The reason in a close frame, as the hub writes it (JSON [`CloseReason`]).
 pub fn close_reason(m: &Message) -> Option<CloseReason> {
     match m {
-        Message::Close(Some(f)) => serde_json::from_str(f.reason.as_str()).ok(),
+        Message::Close(f) => reason_of(f.as_ref()),
         _ => None,
     }
+}
+
+fn reason_of(f: Option<&CloseFrame>) -> Option<CloseReason> {
+    f.and_then(|f| serde_json::from_str(f.reason.as_str()).ok())
 }
 
 impl SimDevice {
     /// Connects, says hello and waits for the welcome.
     pub async fn connect(o: &Options) -> Result<SimDevice, SimError> {
-        let mut ws = open(o).await?;
-        let hello = o.hello.clone().unwrap_or_else(|| hello(&o.name));
-        let bytes = AgentFrame::Hello(hello)
-            .encode()
-            .map_err(|e| SimError::Io(e.to_string()))?;
-        ws.send(Message::Binary(bytes.into()))
+        let mut conn = Connection::new(open(o).await?);
+        let hello = AgentFrame::Hello(o.hello.clone().unwrap_or_else(|| hello(&o.name)));
+        conn.send(&hello)
             .await
             .map_err(|e| SimError::Io(e.to_string()))?;
         let welcome = tokio::time::timeout(CONNECT_TIMEOUT, async {
             loop {
-                match ws.next().await {
-                    None => return Err(SimError::Closed(None)),
-                    Some(Err(e)) => return Err(SimError::Io(e.to_string())),
-                    Some(Ok(m @ Message::Close(_))) => {
-                        return Err(SimError::Closed(close_reason(&m)));
+                match conn.next::<HubFrame>().await {
+                    Ok(None) => return Err(SimError::Closed(None)),
+                    Err(e @ ConnectionError::Ws(_)) => return Err(SimError::Io(e.to_string())),
+                    Ok(Some(Incoming::Closed(f))) => {
+                        return Err(SimError::Closed(reason_of(f.as_ref())));
                     }
-                    Some(Ok(Message::Binary(b))) => match HubFrame::decode(&b) {
-                        Ok(HubFrame::Welcome {
+                    Ok(Some(Incoming::Frame(HubFrame::Welcome {
+                        version,
+                        ping_interval_ms,
+                        window,
+                        max_message_bytes,
+                        ..
+                    }))) => {
+                        return Ok(Welcome {
                             version,
                             ping_interval_ms,
                             window,
                             max_message_bytes,
-                            ..
-                        }) => {
-                            return Ok(Welcome {
-                                version,
-                                ping_interval_ms,
-                                window,
-                                max_message_bytes,
-                            });
-                        }
-                        other => {
-                            return Err(SimError::Io(format!("expected a welcome, got {other:?}")));
-                        }
-                    },
-                    Some(Ok(_)) => {}
+                        });
+                    }
+                    Ok(Some(Incoming::Frame(other))) => {
+                        return Err(SimError::Io(format!("expected a welcome, got {other:?}")));
+                    }
+                    // The hub sends none; a simulated device skips one, as it always did.
+                    Err(ConnectionError::Text) => {}
+                    Err(e) => {
+                        return Err(SimError::Io(format!("expected a welcome, got {e}")));
+                    }
+                    Ok(Some(Incoming::Alive)) => {}
                 }
             }
         })
@@ -251,7 +247,7 @@ impl SimDevice {
         let (cmds, cmd_rx) = mpsc::channel(256);
         let (ev_tx, events) = mpsc::unbounded_channel();
         tokio::spawn(run(
-            ws,
+            conn,
             Duration::from_millis(welcome.ping_interval_ms.max(1)),
             cmd_rx,
             ev_tx,
@@ -330,7 +326,7 @@ impl SimDevice {
 
 /// The device's one task: owns the socket until the link ends.
 async fn run(
-    mut ws: Ws,
+    mut conn: Connection<MaybeTlsStream<TcpStream>>,
     ping: Duration,
     mut cmds: mpsc::Receiver<Cmd>,
     events: mpsc::UnboundedSender<SimEvent>,
@@ -343,36 +339,36 @@ async fn run(
         tokio::select! {
             cmd = cmds.recv() => match cmd {
                 Some(Cmd::Send(m)) => {
-                    if let Err(e) = ws.send(m).await {
+                    if let Err(e) = conn.send_message(m).await {
                         break SimError::Io(e.to_string());
                     }
                 }
                 Some(Cmd::Silence) => silent = true,
                 Some(Cmd::Close) | None => {
-                    let _ = ws.close(None).await;
+                    let _ = conn.close(None).await;
                     // Read the hub's answer to our close, then stop.
                     let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                        while let Some(Ok(_)) = ws.next().await {}
+                        while let Ok(Some(_)) = conn.next::<HubFrame>().await {}
                     })
                     .await;
                     break SimError::Closed(None);
                 }
             },
-            msg = ws.next(), if !silent => {
+            msg = conn.next::<HubFrame>(), if !silent => {
                 last_rx = Instant::now();
                 match msg {
-                    None => break SimError::Closed(None),
-                    Some(Err(e)) => break SimError::Io(e.to_string()),
-                    Some(Ok(m @ Message::Close(_))) => break SimError::Closed(close_reason(&m)),
-                    Some(Ok(Message::Binary(b))) => match HubFrame::decode(&b) {
-                        Ok(f) => { let _ = events.send(SimEvent::Frame(f)); }
-                        Err(e) => break SimError::Io(format!("bad frame from the hub: {e}")),
-                    },
-                    Some(Ok(_)) => {}
+                    Ok(None) => break SimError::Closed(None),
+                    Err(ConnectionError::Ws(e)) => break SimError::Io(e.to_string()),
+                    // The hub sends none; a simulated device skips one, as it always did.
+                    Err(ConnectionError::Text) => {}
+                    Err(e) => break SimError::Io(format!("bad frame from the hub: {e}")),
+                    Ok(Some(Incoming::Closed(f))) => break SimError::Closed(reason_of(f.as_ref())),
+                    Ok(Some(Incoming::Frame(f))) => { let _ = events.send(SimEvent::Frame(f)); }
+                    Ok(Some(Incoming::Alive)) => {}
                 }
             }
             _ = pinger.tick(), if !silent => {
-                if let Err(e) = ws.send(Message::Ping(Bytes::new())).await {
+                if let Err(e) = conn.send_message(Message::Ping(Bytes::new())).await {
                     break SimError::Io(e.to_string());
                 }
             }

@@ -2,11 +2,13 @@
 //! device agent) to collect: `<unix_nanos>-<pid>-<rand>.tmp` created exclusively with mode
 //! 0600, fsynced, renamed to `.json`, and the directory fsynced. It never reads the spool.
 
-use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs::DirBuilder;
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use cortex_host::atomic::TempFile;
 
 #[derive(Debug, thiserror::Error)]
 #[error("cannot write the spool file in {dir}: {source}")]
@@ -30,32 +32,16 @@ pub fn write(dir: &Path, body: &[u8]) -> Result<PathBuf, SpoolError> {
         .map_err(err)?;
     // A fresh name each time: the collector treats the name as the signal's identity.
     let mut attempts = 0;
-    let (tmp, mut file) = loop {
-        let tmp = dir.join(format!("{}.tmp", file_stem()));
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-        {
-            Ok(f) => break (tmp, f),
+    let file = loop {
+        match TempFile::create_new(dir.join(format!("{}.tmp", file_stem())), 0o600) {
+            Ok(f) => break f,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempts < 8 => attempts += 1,
             Err(e) => return Err(err(e)),
         }
     };
-    let done = tmp.with_extension("json");
-    let result = file
-        .write_all(body)
-        .and_then(|()| file.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, &done))
-        .and_then(|()| File::open(dir)?.sync_all());
-    match result {
-        Ok(()) => Ok(done),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(err(e))
-        }
-    }
+    let done = file.path().with_extension("json");
+    file.commit(body, &done).map_err(err)?;
+    Ok(done)
 }
 
 fn file_stem() -> String {

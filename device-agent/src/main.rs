@@ -52,7 +52,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
-    cortex_device_agent::daemon::main("cortex-device-agent", || real_main(Args::parse()))
+    cortex_host::daemon::main("cortex-device-agent", || real_main(Args::parse()))
 }
 
 fn real_main(args: Args) -> anyhow::Result<()> {
@@ -91,22 +91,9 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    rt.block_on(agent::run(config, shutdown_signal()))
-        .context("the device agent could not start")
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM");
-            std::future::pending::<()>().await;
-            return;
-        }
+    let shutdown = async {
+        cortex_host::daemon::shutdown_signal().await;
     };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-    }
+    rt.block_on(agent::run(config, shutdown))
+        .context("the device agent could not start")
 }

@@ -183,20 +183,8 @@ pub fn operator_token(home: &Path, from_env: Option<String>) -> Result<String, C
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(e)),
     }
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let token = crate::secret::random_hex(32);
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io)?;
-    f.write_all(format!("{token}\n").as_bytes()).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, &path).map_err(io)?;
+    cortex_host::atomic::write_file(&path, format!("{token}\n").as_bytes(), 0o600).map_err(io)?;
     Ok(token)
 }
 

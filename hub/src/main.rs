@@ -42,7 +42,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
-    cortex_device_agent::daemon::main("cortex-hub", || real_main(Args::parse()))
+    cortex_host::daemon::main("cortex-hub", || real_main(Args::parse()))
 }
 
 /// `--recover-journal`: see [`Args`].
@@ -136,7 +136,10 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         );
         let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         let config = cortex_hub::server::Config { home, settings, token };
-        cortex_hub::server::run_with_mesh(config, listener, mesh, shutdown_signal()).await
+        let shutdown = async {
+            cortex_host::daemon::shutdown_signal().await;
+        };
+        cortex_hub::server::run_with_mesh(config, listener, mesh, shutdown).await
     })
 }
 
@@ -173,20 +176,4 @@ fn mesh_setup(
         };
     }
     Ok(Some(m))
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM");
-            std::future::pending::<()>().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-    }
 }

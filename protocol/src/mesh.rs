@@ -105,8 +105,8 @@ pub enum AgentFrame {
     },
 }
 
-/// What a remote wait waits for: the wire form of the wait library's spec
-/// (`cortex_device_agent::wait::WaitSpec`, seed 004), converted at each edge.
+/// What a wait waits for: a remote wait's spec on the wire, what the agent persists in its
+/// `waits.json`, and what the wait library (`cortex_host::wait`) arms, local or remote.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WaitSpec {
@@ -157,7 +157,9 @@ impl WaitSpec {
     }
 }
 
-/// A file wait's position: what the file was when the wait was armed (seed 004's cursor).
+/// A file wait's position: what the file was when the wait was armed. Compared whole;
+/// `exists: false` (all else zero) for a file that was not there. Persisted by the agent
+/// (`waits.json`) and by `cortex wait file --cursor`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileCursor {
     pub exists: bool,
@@ -170,6 +172,19 @@ pub struct FileCursor {
     /// Modification time, nanoseconds since the epoch.
     #[serde(default)]
     pub mtime_ns: i64,
+}
+
+impl FileCursor {
+    /// The cursor of a file that is not there.
+    pub fn absent() -> Self {
+        FileCursor::default()
+    }
+
+    /// Has the file been written (or created, or replaced) since `old`? A file that went
+    /// away is not a write: a deleted file reports nothing until it is back.
+    pub fn changed_since(&self, old: &FileCursor) -> bool {
+        self.exists && self != old
+    }
 }
 
 /// How a remote wait ended: seed 004's exit codes 0, 1 and 2.

@@ -1,5 +1,5 @@
 //! `cortex wait pid|file|flock`: seed 004's waits on this machine, no hub involved. The
-//! waiting itself is `cortex_device_agent::wait`, the same code the device agent runs for
+//! waiting itself is `cortex_host::wait`, the same code the device agent runs for
 //! remote waits; this module owns only the command line around it: the flags, the one
 //! "armed" line on stderr, the payload on stdout, the exit status (0 fired, 1 timed out,
 //! 2 broke), and the `--cursor` file of a file wait. With `--device NAME` the same
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use cortex_device_agent::wait::{
+use cortex_host::wait::{
     Captured, FileCursor, Gone, PidMethod, WaitOptions, WaitOutcome, WaitSpec, Waits,
 };
 use serde::{Deserialize, Serialize};
@@ -140,9 +140,9 @@ pub fn pid(args: &PidArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
 }
 
 pub fn file(args: &FileArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
-    let prepared = absolute(&args.path).and_then(|path| {
+    let prepared = spec_path(&args.path).and_then(|path| {
         let cursor = match &args.cursor {
-            Some(f) => Some(CursorStore::open(f, &path)?),
+            Some(f) => Some(CursorStore::open(f, Path::new(&path))?),
             None => None,
         };
         Ok((path, cursor))
@@ -159,7 +159,7 @@ pub fn file(args: &FileArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
 }
 
 pub fn flock(args: &FlockArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
-    match absolute(&args.path) {
+    match spec_path(&args.path) {
         Ok(path) => wait(WaitSpec::Flock { path }, &args.bound, None, out, err),
         Err(e) => broke(err, &e),
     }
@@ -173,6 +173,16 @@ fn broke(err: &mut dyn Write, e: &anyhow::Error) -> u8 {
 /// Absolute without resolving links: the payload names the path the user meant.
 fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
     std::path::absolute(path).with_context(|| format!("cannot make {} absolute", path.display()))
+}
+
+/// The path a wait's spec carries: absolute, and UTF-8 (the same spec a remote wait sends).
+fn spec_path(path: &Path) -> anyhow::Result<String> {
+    absolute(path)?.into_os_string().into_string().map_err(|p| {
+        anyhow::anyhow!(
+            "{} is not a UTF-8 path; cortex waits only for UTF-8 paths",
+            Path::new(&p).display()
+        )
+    })
 }
 
 fn wait(
@@ -217,7 +227,7 @@ fn wait(
         }
         let outcome = tokio::select! {
             o = armed.wait(&opts) => o,
-            why = stop_signal() => {
+            why = cortex_host::daemon::shutdown_signal() => {
                 let _ = writeln!(err, "cortex: cancelled by {why}; nothing fired");
                 return BROKE;
             }
@@ -403,50 +413,14 @@ impl CursorStore {
         })
     }
 
-    /// Replaces the cursor file atomically and durably: a temp file beside it, fsync,
-    /// rename, fsync of the directory.
+    /// Replaces the cursor file atomically and durably (`cortex_host::atomic`).
     fn save(&self, cursor: &FileCursor) -> anyhow::Result<()> {
-        let body = serde_json::to_vec(&CursorFile {
+        let mut body = serde_json::to_vec(&CursorFile {
             path: self.path.clone(),
             cursor: *cursor,
         })?;
-        let ctx = || format!("cannot write the cursor file {}", self.file.display());
-        let dir = self.file.parent().unwrap_or(Path::new("/"));
-        let name = self
-            .file
-            .file_name()
-            .context("the cursor file names no file")?;
-        let tmp = dir.join(format!(
-            ".{}.{}.tmp",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
-        let write = || -> io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&body)?;
-            f.write_all(b"\n")?;
-            f.sync_all()?;
-            fs::rename(&tmp, &self.file)?;
-            fs::File::open(dir)?.sync_all()
-        };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            anyhow::Error::new(e).context(ctx())
-        })
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM with the signal's name; never, if neither can be caught.
-async fn stop_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => "SIGINT",
-        _ = term.recv() => "SIGTERM",
+        body.push(b'\n');
+        cortex_host::atomic::write_file(&self.file, &body, 0o666)
+            .with_context(|| format!("cannot write the cursor file {}", self.file.display()))
     }
 }

@@ -25,7 +25,7 @@ use cortex_protocol::SignalRequest;
 use cortex_protocol::mesh::{AgentFrame, FileOutcome, Frame};
 use tokio::time::Instant;
 
-use crate::spool::{InFlight, Refusal, Spool};
+use cortex_host::spool::{InFlight, Refusal, Spool};
 
 /// Names queued in memory at most; beyond, the spool is listed again once the queue drains.
 pub const QUEUE_CAP: usize = 4096;

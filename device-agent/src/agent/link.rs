@@ -1,5 +1,6 @@
 //! The link to the hub: one WebSocket on `/mesh/v1`, MessagePack frames in binary messages
-//! (`cortex_protocol::mesh`).
+//! (`cortex_protocol::mesh`), through `cortex_host::connection` (its limits and its
+//! frame-speaking [`Connection`]).
 //!
 //! [`Dialer::dial`] does the connect (TCP, TLS, upgrade with the bearer token and the device
 //! header, all under one timeout), sends the hello and waits, bounded, for the welcome.
@@ -19,28 +20,29 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cortex_protocol::mesh::{
-    AgentFrame, CloseReason, DEVICE_HEADER, Frame, HUB_CAP_WAITS, Hello, HubFrame,
-    MAX_MESSAGE_BYTES, MESH_VERSION,
+use cortex_host::connection::{
+    Connection, ConnectionError, FrameSink, FrameStream, Incoming, ws_config,
 };
-use futures_util::stream::{SplitSink, SplitStream};
-use futures_util::{SinkExt, StreamExt};
+use cortex_protocol::mesh::{
+    AgentFrame, CloseReason, DEVICE_HEADER, HUB_CAP_WAITS, Hello, HubFrame, MAX_MESSAGE_BYTES,
+    MESH_VERSION,
+};
 use rustls::ClientConfig;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
+use tokio_tungstenite::tungstenite;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::{HeaderValue, header};
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::protocol::frame::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::{self, Bytes, Message};
-use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{Connector, MaybeTlsStream};
 
 use super::config::{HubUrl, Token};
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+/// The socket under the WebSocket: TCP, or TLS over TCP for `wss://`.
+type Socket = MaybeTlsStream<TcpStream>;
 
 /// How long a closing link may take to send its close frame before its writer is stopped.
 pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(2);
@@ -317,7 +319,7 @@ impl fmt::Debug for Dialer {
 
 /// A dialed link, welcomed, not yet started.
 pub struct Connected {
-    ws: Ws,
+    conn: Connection<Socket>,
     pub params: Params,
 }
 
@@ -362,18 +364,16 @@ impl Dialer {
             true,
             connector,
         );
-        let mut ws = match tokio::time::timeout(self.connect_timeout, connect).await {
+        let mut conn = match tokio::time::timeout(self.connect_timeout, connect).await {
             Err(_) => return Err(ConnectError::Timeout(self.connect_timeout)),
             Ok(Err(e)) => return Err(self.classify(e)),
-            Ok(Ok((ws, _response))) => ws,
+            Ok(Ok((ws, _response))) => Connection::new(ws),
         };
-        let hello = AgentFrame::Hello(hello)
-            .encode()
-            .map_err(|e| ConnectError::Protocol(format!("cannot encode the hello: {e}")))?;
-        match tokio::time::timeout(self.welcome_timeout, welcome(&mut ws, hello)).await {
+        let hello = AgentFrame::Hello(hello);
+        match tokio::time::timeout(self.welcome_timeout, welcome(&mut conn, &hello)).await {
             Err(_) => Err(ConnectError::WelcomeTimeout(self.welcome_timeout)),
             Ok(Err(e)) => Err(e),
-            Ok(Ok(params)) => Ok(Connected { ws, params }),
+            Ok(Ok(params)) => Ok(Connected { conn, params }),
         }
     }
 
@@ -448,54 +448,52 @@ pub(crate) fn tls_hint(error: &str) -> &'static str {
 }
 
 /// Send the hello and read up to the welcome; pings in between are fine.
-async fn welcome(ws: &mut Ws, hello: Vec<u8>) -> Result<Params, ConnectError> {
-    ws.send(Message::Binary(hello.into()))
-        .await
-        .map_err(|e| ConnectError::Io(format!("sending the hello: {e}")))?;
+async fn welcome(
+    conn: &mut Connection<Socket>,
+    hello: &AgentFrame,
+) -> Result<Params, ConnectError> {
+    conn.send(hello).await.map_err(|e| match e {
+        ConnectionError::Frame(e) => {
+            ConnectError::Protocol(format!("cannot encode the hello: {e}"))
+        }
+        e => ConnectError::Io(format!("sending the hello: {e}")),
+    })?;
     loop {
-        let msg = match ws.next().await {
-            None => return Err(ConnectError::Closed(CloseInfo::from_frame(None))),
-            Some(Err(e)) => return Err(ConnectError::Io(format!("reading the welcome: {e}"))),
-            Some(Ok(m)) => m,
-        };
-        match msg {
-            Message::Binary(b) => {
-                return match HubFrame::decode(&b) {
-                    Ok(HubFrame::Welcome {
-                        version,
-                        ping_interval_ms,
-                        window,
-                        max_message_bytes,
-                        capabilities,
-                    }) => {
-                        if version != MESH_VERSION {
-                            return Err(ConnectError::Version {
-                                hub: version,
-                                ours: MESH_VERSION,
-                            });
-                        }
-                        let mut params =
-                            Params::from_welcome(ping_interval_ms, window, max_message_bytes);
-                        params.hub_waits = capabilities.iter().any(|c| c == HUB_CAP_WAITS);
-                        Ok(params)
-                    }
-                    Ok(other) => Err(ConnectError::Protocol(format!(
-                        "expected a welcome, got {}",
-                        frame_kind(&other)
-                    ))),
-                    Err(e) => Err(ConnectError::Protocol(e.to_string())),
-                };
-            }
-            Message::Close(frame) => {
+        let frame = match conn.next::<HubFrame>().await {
+            Ok(None) => return Err(ConnectError::Closed(CloseInfo::from_frame(None))),
+            Ok(Some(Incoming::Alive)) => continue,
+            Ok(Some(Incoming::Closed(frame))) => {
                 return Err(ConnectError::Closed(CloseInfo::from_frame(frame.as_ref())));
             }
-            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
-            Message::Text(_) => {
-                return Err(ConnectError::Protocol(
-                    "a text message; the mesh speaks binary MessagePack frames".into(),
-                ));
+            Ok(Some(Incoming::Frame(f))) => f,
+            Err(ConnectionError::Ws(e)) => {
+                return Err(ConnectError::Io(format!("reading the welcome: {e}")));
             }
-        }
+            Err(e) => return Err(ConnectError::Protocol(e.to_string())),
+        };
+        return match frame {
+            HubFrame::Welcome {
+                version,
+                ping_interval_ms,
+                window,
+                max_message_bytes,
+                capabilities,
+            } => {
+                if version != MESH_VERSION {
+                    return Err(ConnectError::Version {
+                        hub: version,
+                        ours: MESH_VERSION,
+                    });
+                }
+                let mut params = Params::from_welcome(ping_interval_ms, window, max_message_bytes);
+                params.hub_waits = capabilities.iter().any(|c| c == HUB_CAP_WAITS);
+                Ok(params)
+            }
+            other => Err(ConnectError::Protocol(format!(
+                "expected a welcome, got {}",
+                frame_kind(&other)
+            ))),
+        };
     }
 }
 
@@ -508,17 +506,6 @@ fn frame_kind(f: &HubFrame) -> &'static str {
         HubFrame::WaitCancel { .. } => "wait_cancel",
         HubFrame::WaitAck { .. } => "wait_ack",
     }
-}
-
-/// Caps on what the hub may send us, and a bounded write buffer.
-fn ws_config() -> WebSocketConfig {
-    const WRITE_BUFFER: usize = 64 * 1024;
-    WebSocketConfig::default()
-        .max_message_size(Some(MAX_MESSAGE_BYTES))
-        .max_frame_size(Some(MAX_MESSAGE_BYTES))
-        .write_buffer_size(WRITE_BUFFER)
-        // At least the buffer plus one whole message, as tungstenite asks.
-        .max_write_buffer_size(WRITE_BUFFER + 2 * MAX_MESSAGE_BYTES)
 }
 
 /// A running link: its reader and writer tasks and the writer's channel. Dropping it stops
@@ -535,8 +522,8 @@ pub struct Link {
 impl Link {
     /// Start the reader and writer for a welcomed link.
     pub fn start(connected: Connected, generation: u64, events: mpsc::Sender<LinkMsg>) -> Link {
-        let Connected { ws, params } = connected;
-        let (sink, stream) = ws.split();
+        let Connected { conn, params } = connected;
+        let (sink, stream) = conn.split();
         let (tx, rx) = mpsc::channel(params.window + CHANNEL_SLACK);
         let reader = tokio::spawn(read_loop(
             stream,
@@ -603,39 +590,30 @@ impl Drop for Link {
 }
 
 async fn read_loop(
-    mut stream: SplitStream<Ws>,
+    mut stream: FrameStream<Socket>,
     silence: Duration,
     generation: u64,
     events: mpsc::Sender<LinkMsg>,
 ) {
     let down = loop {
-        let msg = match tokio::time::timeout(silence, stream.next()).await {
+        let frame = match tokio::time::timeout(silence, stream.next::<HubFrame>()).await {
             Err(_) => break Down::Silent(silence),
-            Ok(None) => break Down::Eof,
-            Ok(Some(Err(e))) => break Down::Read(e.to_string()),
-            Ok(Some(Ok(m))) => m,
-        };
-        match msg {
-            Message::Binary(b) => match HubFrame::decode(&b) {
-                Ok(frame) => {
-                    let m = LinkMsg {
-                        generation,
-                        kind: LinkMsgKind::Frame(frame),
-                    };
-                    if events.send(m).await.is_err() {
-                        return;
-                    }
-                }
-                Err(e) => break Down::BadFrame(e.to_string()),
-            },
+            Ok(Ok(None)) => break Down::Eof,
+            Ok(Err(ConnectionError::Ws(e))) => break Down::Read(e.to_string()),
+            Ok(Err(e)) => break Down::BadFrame(e.to_string()),
             // Liveness only: tungstenite queues the pong for a ping by itself.
-            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
-            Message::Close(frame) => break Down::Closed(CloseInfo::from_frame(frame.as_ref())),
-            Message::Text(_) => {
-                break Down::BadFrame(
-                    "a text message; the mesh speaks binary MessagePack frames".into(),
-                );
+            Ok(Ok(Some(Incoming::Alive))) => continue,
+            Ok(Ok(Some(Incoming::Closed(frame)))) => {
+                break Down::Closed(CloseInfo::from_frame(frame.as_ref()));
             }
+            Ok(Ok(Some(Incoming::Frame(frame)))) => frame,
+        };
+        let m = LinkMsg {
+            generation,
+            kind: LinkMsgKind::Frame(frame),
+        };
+        if events.send(m).await.is_err() {
+            return;
         }
     };
     let _ = events
@@ -647,7 +625,7 @@ async fn read_loop(
 }
 
 async fn write_loop(
-    mut sink: SplitSink<Ws, Message>,
+    mut sink: FrameSink<Socket>,
     mut rx: mpsc::Receiver<Outgoing>,
     ping_every: Duration,
     generation: u64,
@@ -668,12 +646,12 @@ async fn write_loop(
                     return;
                 }
                 None => {
-                    let _ = sink.close().await;
+                    sink.close(None).await;
                     return;
                 }
             },
             _ = ping.tick() => {
-                if let Err(e) = sink.send(Message::Ping(Bytes::new())).await {
+                if let Err(e) = sink.ping().await {
                     break WriteEnd::Failed(Down::Write(e.to_string()));
                 }
             }
@@ -701,20 +679,15 @@ enum WriteEnd {
 /// Feed `first` and whatever else is already queued, then flush once: one syscall for a
 /// burst instead of one per file.
 async fn write_batch(
-    sink: &mut SplitSink<Ws, Message>,
+    sink: &mut FrameSink<Socket>,
     rx: &mut mpsc::Receiver<Outgoing>,
     first: Vec<u8>,
 ) -> Result<(), WriteEnd> {
-    let failed = |e: tungstenite::Error| WriteEnd::Failed(Down::Write(e.to_string()));
-    sink.feed(Message::Binary(first.into()))
-        .await
-        .map_err(failed)?;
+    let failed = |e: ConnectionError| WriteEnd::Failed(Down::Write(e.to_string()));
+    sink.feed(first).await.map_err(failed)?;
     while let Ok(next) = rx.try_recv() {
         match next {
-            Outgoing::Frame(bytes) => sink
-                .feed(Message::Binary(bytes.into()))
-                .await
-                .map_err(failed)?,
+            Outgoing::Frame(bytes) => sink.feed(bytes).await.map_err(failed)?,
             Outgoing::Close(reason) => {
                 send_close(sink, &reason).await;
                 return Err(WriteEnd::Closed);
@@ -724,13 +697,12 @@ async fn write_batch(
     sink.flush().await.map_err(failed)
 }
 
-async fn send_close(sink: &mut SplitSink<Ws, Message>, reason: &CloseReason) {
-    let frame = CloseFrame {
+async fn send_close(sink: &mut FrameSink<Socket>, reason: &CloseReason) {
+    sink.close(Some(CloseFrame {
         code: CloseCode::Normal,
         reason: close_text(reason).into(),
-    };
-    let _ = sink.send(Message::Close(Some(frame))).await;
-    let _ = sink.close().await;
+    }))
+    .await;
 }
 
 /// The reason as JSON, shortened to fit a close frame.

@@ -7,7 +7,7 @@
 //! - the current link's reader and writer tasks ([`link`]): hub frames, and why the link
 //!   died;
 //! - the dial in progress, and the reconnect timer;
-//! - the spool watcher ([`crate::spool::SpoolWatcher`]), polled at all times: its inotify
+//! - the spool watcher ([`cortex_host::spool::SpoolWatcher`]), polled at all times: its inotify
 //!   instance is also the remote file and flock waits' (one instance per agent), whose
 //!   events it routes; a file it announces while the forwarding queue is full only makes
 //!   the forwarder list the spool again once there is room;
@@ -51,8 +51,8 @@ use cortex_protocol::mesh::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::spool::{Spool, SpoolError, SpoolEvent, SpoolWatcher};
 use backoff::Backoff;
+use cortex_host::spool::{Spool, SpoolError, SpoolEvent, SpoolWatcher};
 use forward::{Forwarder, Outbox};
 use link::{ConnectError, Connected, Dialer, Down, Link, LinkMsg, LinkMsgKind, Outgoing};
 use notify::Notifier;
@@ -210,7 +210,7 @@ struct Daemon {
     wait_rx: mpsc::Receiver<waits::Finished>,
     /// The link part of the systemd status line.
     link_line: String,
-    counts: Option<crate::spool::SpoolCounts>,
+    counts: Option<cortex_host::spool::SpoolCounts>,
     /// What the hub was last told (hello or status frame) on the current link.
     counts_sent: Option<mesh::SpoolCounts>,
     last_counts_at: Option<Instant>,
@@ -469,7 +469,7 @@ impl Daemon {
         }
     }
 
-    fn read_counts(&mut self) -> Option<crate::spool::SpoolCounts> {
+    fn read_counts(&mut self) -> Option<cortex_host::spool::SpoolCounts> {
         match self.spool.counts() {
             Ok(c) => self.counts = Some(c),
             Err(e) => tracing::warn!(error = %e, "cannot count the spool"),
@@ -588,7 +588,7 @@ fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
 }
 
-fn to_wire(c: crate::spool::SpoolCounts) -> mesh::SpoolCounts {
+fn to_wire(c: cortex_host::spool::SpoolCounts) -> mesh::SpoolCounts {
     mesh::SpoolCounts {
         pending: u32::try_from(c.pending).unwrap_or(u32::MAX),
         bad: u32::try_from(c.bad).unwrap_or(u32::MAX),

@@ -1,5 +1,5 @@
 //! Remote waits on the device: the hub's `WaitArm` run through the wait library
-//! ([`crate::wait`]), one task per armed wait, their outcomes kept until the hub
+//! ([`cortex_host::wait`]), one task per armed wait, their outcomes kept until the hub
 //! acknowledges them, and all of it persisted so a restarted agent re-arms what it held.
 //!
 //! The daemon loop owns a [`RemoteWaits`] and drives it from its one `handle`: a hub frame
@@ -24,17 +24,17 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cortex_protocol::mesh::{self, AgentFrame, Frame, MAX_WAITS_PER_DEVICE, WaitEnd};
+use cortex_protocol::mesh::{AgentFrame, Frame, MAX_WAITS_PER_DEVICE, WaitEnd};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::wait::{Captured, FileCursor, Gone, WaitOptions, WaitOutcome, WaitSpec, Waits};
+use cortex_host::wait::{Captured, Gone, WaitOptions, WaitOutcome, WaitSpec, Waits};
 
 /// The file's format version.
 const FILE_VERSION: u32 = 1;
@@ -54,7 +54,7 @@ pub struct Finished {
 pub struct HeldWait {
     pub id: String,
     /// The resume spec (see the module docs).
-    pub spec: mesh::WaitSpec,
+    pub spec: WaitSpec,
     /// The bound on this machine's clock, ms since the epoch.
     pub deadline_ms: u64,
     pub armed_at_ms: u64,
@@ -154,7 +154,7 @@ impl WaitsStore {
         )
     }
 
-    /// Replaces the file atomically and durably.
+    /// Replaces the file atomically and durably (`cortex_host::atomic`).
     pub fn save(&self, file: &WaitsFile) -> Result<(), StoreError> {
         let err = |action: &'static str, path: &Path| {
             let path = path.to_owned();
@@ -169,19 +169,9 @@ impl WaitsStore {
         let body = serde_json::to_vec(file)
             .map_err(|e| io::Error::other(e.to_string()))
             .map_err(err("encode", &self.path))?;
-        let tmp = dir.join(format!(".waits.json.{}.tmp", std::process::id()));
-        let write = || -> io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&body)?;
-            f.write_all(b"\n")?;
-            f.sync_all()?;
-            fs::rename(&tmp, &self.path)?;
-            fs::File::open(dir)?.sync_all()
-        };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            err("write", &self.path)(e)
-        })
+        let mut body = body;
+        body.push(b'\n');
+        cortex_host::atomic::write_file(&self.path, &body, 0o666).map_err(err("write", &self.path))
     }
 }
 
@@ -311,7 +301,7 @@ impl RemoteWaits {
     }
 
     /// The hub's `WaitArm`.
-    pub fn arm(&mut self, id: String, spec: &mesh::WaitSpec, timeout: Duration) {
+    pub fn arm(&mut self, id: String, spec: &WaitSpec, timeout: Duration) {
         if let Some(l) = self.live.get(&id) {
             // Already armed: say so again, arm nothing new.
             let frame = armed_frame(&l.held);
@@ -340,21 +330,12 @@ impl RemoteWaits {
 
     /// Arms `spec` and starts its task; `restored` is the persisted record of a wait armed
     /// before a restart (its deadline and first arm time are kept).
-    fn start(
-        &mut self,
-        id: String,
-        spec: &mesh::WaitSpec,
-        left: Duration,
-        restored: Option<HeldWait>,
-    ) {
-        let local = match from_wire(spec) {
-            Ok(s) => s,
-            Err(why) => {
-                self.end(id, WaitEnd::Broke, json!({}), why);
-                return;
-            }
-        };
-        let armed = match self.waits.arm(&local) {
+    fn start(&mut self, id: String, spec: &WaitSpec, left: Duration, restored: Option<HeldWait>) {
+        if let Err(why) = check_absolute(spec) {
+            self.end(id, WaitEnd::Broke, json!({}), why);
+            return;
+        }
+        let armed = match self.waits.arm(spec) {
             Ok(a) => a,
             Err(e) => {
                 let msg = format!("cannot wait for {}: {e}", spec.describe());
@@ -365,7 +346,7 @@ impl RemoteWaits {
         let now = now_ms();
         let held = HeldWait {
             id: id.clone(),
-            spec: to_wire(&armed.resume_spec()),
+            spec: armed.resume_spec(),
             deadline_ms: restored
                 .as_ref()
                 .map_or_else(|| now.saturating_add(ms(left)), |r| r.deadline_ms),
@@ -419,7 +400,7 @@ impl RemoteWaits {
     /// hub would otherwise wait for.
     pub fn log_ended(&mut self) {
         for (id, end, message) in self.ended_unlogged.drain(..) {
-            crate::timing::record("remote_wait_ended", &id, None);
+            cortex_host::timing::record("remote_wait_ended", &id, None);
             tracing::info!(wait = %id, outcome = end, message = %message, "remote wait ended");
         }
     }
@@ -582,58 +563,20 @@ fn encode(f: &AgentFrame) -> Option<Vec<u8>> {
     }
 }
 
-/// The wire spec as the wait library's. Paths must be absolute: a relative path means
-/// nothing to a daemon whose working directory is not the asker's.
-pub fn from_wire(spec: &mesh::WaitSpec) -> Result<WaitSpec, String> {
-    let abs = |p: &str| {
-        let path = PathBuf::from(p);
-        if path.is_absolute() {
-            Ok(path)
-        } else {
-            Err(format!(
-                "{p:?} is not an absolute path; a remote wait names a path on the device from /"
-            ))
-        }
-    };
-    Ok(match spec {
-        mesh::WaitSpec::Pid { pid, start_time } => WaitSpec::Pid {
-            pid: *pid,
-            start_time: *start_time,
-        },
-        mesh::WaitSpec::File { path, cursor } => WaitSpec::File {
-            path: abs(path)?,
-            cursor: cursor.map(|c| FileCursor {
-                exists: c.exists,
-                dev: c.dev,
-                ino: c.ino,
-                size: c.size,
-                mtime_ns: c.mtime_ns,
-            }),
-        },
-        mesh::WaitSpec::Flock { path } => WaitSpec::Flock { path: abs(path)? },
-    })
-}
-
-/// The wait library's spec on the wire.
-pub fn to_wire(spec: &WaitSpec) -> mesh::WaitSpec {
+/// Refuses a spec whose path is relative: it means nothing to a daemon whose working
+/// directory is not the asker's.
+pub fn check_absolute(spec: &WaitSpec) -> Result<(), String> {
     match spec {
-        WaitSpec::Pid { pid, start_time } => mesh::WaitSpec::Pid {
-            pid: *pid,
-            start_time: *start_time,
-        },
-        WaitSpec::File { path, cursor } => mesh::WaitSpec::File {
-            path: path.to_string_lossy().into_owned(),
-            cursor: cursor.map(|c| mesh::FileCursor {
-                exists: c.exists,
-                dev: c.dev,
-                ino: c.ino,
-                size: c.size,
-                mtime_ns: c.mtime_ns,
-            }),
-        },
-        WaitSpec::Flock { path } => mesh::WaitSpec::Flock {
-            path: path.to_string_lossy().into_owned(),
-        },
+        WaitSpec::Pid { .. } => Ok(()),
+        WaitSpec::File { path, .. } | WaitSpec::Flock { path } => {
+            if Path::new(path).is_absolute() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{path:?} is not an absolute path; a remote wait names a path on the device from /"
+                ))
+            }
+        }
     }
 }
 
@@ -677,24 +620,24 @@ fn describe(h: &HeldWait, outcome: WaitOutcome) -> (WaitEnd, Value, String) {
             let note = fire.payload["note"].as_str().map(str::to_owned);
             let message = match (&h.spec, note) {
                 (_, Some(note)) => note,
-                (mesh::WaitSpec::Pid { pid, .. }, None) => match captured["comm"].as_str() {
+                (WaitSpec::Pid { pid, .. }, None) => match captured["comm"].as_str() {
                     Some(comm) => format!("pid {pid} ({comm}) exited"),
                     None => format!("pid {pid} exited"),
                 },
-                (mesh::WaitSpec::File { path, .. }, None) => {
+                (WaitSpec::File { path, .. }, None) => {
                     let ev = fire.payload["event"].as_str().unwrap_or("written");
                     format!("{path} was written ({ev})")
                 }
-                (mesh::WaitSpec::Flock { path }, None) => format!("the lock on {path} is free"),
+                (WaitSpec::Flock { path }, None) => format!("the lock on {path} is free"),
             };
             (WaitEnd::Fired, fire.payload, message)
         }
         WaitOutcome::TimedOut => {
             let bound = human(h.deadline_ms.saturating_sub(h.armed_at_ms));
             let state = match &h.spec {
-                mesh::WaitSpec::Pid { pid, .. } => format!("pid {pid} is still running"),
-                mesh::WaitSpec::File { path, .. } => format!("no write to {path}"),
-                mesh::WaitSpec::Flock { path } => format!("the lock on {path} is still held"),
+                WaitSpec::Pid { pid, .. } => format!("pid {pid} is still running"),
+                WaitSpec::File { path, .. } => format!("no write to {path}"),
+                WaitSpec::Flock { path } => format!("the lock on {path} is still held"),
             };
             (
                 WaitEnd::TimedOut,

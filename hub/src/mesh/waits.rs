@@ -19,7 +19,7 @@
 
 use std::collections::HashSet;
 
-use cortex_device_agent::timing;
+use cortex_host::timing;
 use cortex_protocol::mesh::{HubFrame, MAX_WAITS_PER_DEVICE, WaitEnd, WaitSpec};
 use tokio::sync::{mpsc, watch};
 

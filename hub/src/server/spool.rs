@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use cortex_device_agent::spool::{Refusal as ReadRefusal, Spool, SpoolEvent, SpoolWatcher};
+use cortex_host::spool::{Refusal as ReadRefusal, Spool, SpoolEvent, SpoolWatcher};
 use cortex_protocol::SignalRequest;
 use tokio::sync::Semaphore;
 

@@ -1,5 +1,5 @@
 //! The release hub and agent of the waits bench. Each writes timing records (JSON lines,
-//! `CORTEX_TIMING_FILE`, see `cortex_device_agent::timing`) to a file the bench names: the
+//! `CORTEX_TIMING_FILE`, see `cortex_host::timing`) to a file the bench names: the
 //! agent's `remote_wait_ended` when its loop reported a wait's outcome, the hub's
 //! `remote_wait_received` (the moment its link read the `WaitDone` frame) and
 //! `remote_wait_recorded` (the moment the record holding the outcome was durable). Their

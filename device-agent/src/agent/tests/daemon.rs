@@ -90,7 +90,7 @@ impl Drop for Agent {
 /// The spool dir, created 0700 before the agent starts (so files can be dropped first).
 fn spool_in(home: &Path) -> PathBuf {
     let dir = home.join("tmp").join("signals");
-    crate::spool::Spool::open(&dir).expect("spool");
+    cortex_host::spool::Spool::open(&dir).expect("spool");
     dir
 }
 

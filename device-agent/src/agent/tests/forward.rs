@@ -9,7 +9,7 @@ use cortex_protocol::mesh::{AgentFrame, FileOutcome, Frame, MAX_MESSAGE_BYTES};
 use tokio::time::Instant;
 
 use crate::agent::forward::{Forwarder, Outbox, QUEUE_CAP};
-use crate::spool::Spool;
+use cortex_host::spool::Spool;
 
 /// Collects frames; `room` is how many it takes before reporting itself full.
 struct FakeOut {

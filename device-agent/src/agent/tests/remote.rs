@@ -1,12 +1,13 @@
 //! Remote waits through the whole daemon against the in-test hub: arm, fire, ack; the same
 //! id armed twice arms once; cancel; the bound; an outcome sent again on every link until
 //! acknowledged; the saved state re-armed after a restart (a pid that exited meanwhile
-//! fires at once, once); a relative path refused; the waits file's round trip.
+//! fires at once, once); a relative path refused; the waits file's round trip, and a file
+//! of an earlier agent read and written back unchanged.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use cortex_protocol::mesh::{AgentFrame, HubFrame, WaitEnd, WaitSpec};
+use cortex_protocol::mesh::{AgentFrame, FileCursor, HubFrame, WaitEnd, WaitSpec};
 
 use super::daemon::{Agent, config, eventually};
 use super::fake_hub::{FakeHub, LIMIT};
@@ -378,6 +379,96 @@ fn the_waits_file_round_trips_and_a_bad_one_is_moved_aside() {
         "reported"
     );
     assert!(!store.path().exists(), "moved aside, not deleted");
+}
+
+/// A `waits.json` as the agent wrote it before the wait types were unified (one of each
+/// kind, a file cursor, an outcome): read as it was, and written back byte for byte.
+#[test]
+fn a_waits_file_of_an_earlier_agent_reads_and_writes_back_unchanged() {
+    const OLD: &str = concat!(
+        r#"{"version":1,"waits":["#,
+        r#"{"id":"wp_p","spec":{"kind":"pid","pid":4242,"start_time":987654},"deadline_ms":1700000060000,"armed_at_ms":1700000000000,"captured":"{\"kind\":\"pid\",\"pid\":4242}"},"#,
+        r#"{"id":"wp_f","spec":{"kind":"file","path":"/data/run/out.log","cursor":{"exists":true,"dev":2049,"ino":131,"size":10,"mtime_ns":1700000000123456789}},"deadline_ms":2,"armed_at_ms":1,"captured":"{}"},"#,
+        r#"{"id":"wp_a","spec":{"kind":"file","path":"/data/new.log","cursor":{"exists":false,"dev":0,"ino":0,"size":0,"mtime_ns":0}},"deadline_ms":2,"armed_at_ms":1,"captured":"{}"},"#,
+        r#"{"id":"wp_l","spec":{"kind":"flock","path":"/tmp/train.lock"},"deadline_ms":2,"armed_at_ms":1,"captured":"{}"}"#,
+        r#"],"outbox":[{"id":"wp_d","outcome":"timed_out","payload":"{}","message":"pid 7 is still running"}]}"#,
+        "\n"
+    );
+    let home = tempfile::tempdir().expect("tmp");
+    let store = WaitsStore::under(home.path());
+    std::fs::create_dir_all(home.path().join("agent")).expect("mkdir");
+    std::fs::write(store.path(), OLD).expect("write");
+    let file = saved(home.path());
+    let held = |id: &str, spec, deadline_ms, armed_at_ms, captured: &str| HeldWait {
+        id: id.into(),
+        spec,
+        deadline_ms,
+        armed_at_ms,
+        captured: captured.into(),
+    };
+    let expected = WaitsFile {
+        version: 1,
+        waits: vec![
+            held(
+                "wp_p",
+                WaitSpec::Pid {
+                    pid: 4242,
+                    start_time: Some(987_654),
+                },
+                1_700_000_060_000,
+                1_700_000_000_000,
+                r#"{"kind":"pid","pid":4242}"#,
+            ),
+            held(
+                "wp_f",
+                WaitSpec::File {
+                    path: "/data/run/out.log".into(),
+                    cursor: Some(FileCursor {
+                        exists: true,
+                        dev: 2049,
+                        ino: 131,
+                        size: 10,
+                        mtime_ns: 1_700_000_000_123_456_789,
+                    }),
+                },
+                2,
+                1,
+                "{}",
+            ),
+            held(
+                "wp_a",
+                WaitSpec::File {
+                    path: "/data/new.log".into(),
+                    cursor: Some(FileCursor::absent()),
+                },
+                2,
+                1,
+                "{}",
+            ),
+            held(
+                "wp_l",
+                WaitSpec::Flock {
+                    path: "/tmp/train.lock".into(),
+                },
+                2,
+                1,
+                "{}",
+            ),
+        ],
+        outbox: vec![DoneWait {
+            id: "wp_d".into(),
+            outcome: WaitEnd::TimedOut,
+            payload: "{}".into(),
+            message: "pid 7 is still running".into(),
+        }],
+    };
+    assert_eq!(file, expected);
+    store.save(&file).expect("save");
+    assert_eq!(
+        std::fs::read_to_string(store.path()).expect("read"),
+        OLD,
+        "written back in the same bytes"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@
 //! 100 ms doubling to 1 s, for a holder that unlocks with `LOCK_UN` and keeps the file open.
 //!
 //! Measured on this project's 2 vCPU VM (ext4 on virtio, kernel 6.18, other builds running:
-//! load average 3.8), with `cargo run --release -p cortex-device-agent --example
+//! load average 3.8), with `cargo run --release -p cortex-host --example
 //! flock_probe`, two runs agreeing:
 //!
 //! | what | p50 | p99 | p99.99 | max |

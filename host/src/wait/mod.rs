@@ -2,13 +2,13 @@
 //! being written, a lock coming free. `cortex wait pid|file|flock` runs it in the CLI; the
 //! device agent runs the same code for remote waits.
 //!
-//! Shape: a [`WaitSpec`] (serde: it travels to devices and is persisted) is armed by
+//! Shape: a [`WaitSpec`] (protocol's: it travels to devices and is persisted) is armed by
 //! [`Waits::arm`], which does the arm-time work synchronously (opens the pidfd and reads the
 //! start time, adds the inotify watches and captures the file's cursor, opens the lock file
 //! and probes it) and returns an [`Armed`] whose [`Armed::captured`] the caller prints as its
 //! one "armed" line. [`Armed::wait`] then blocks, bounded by [`WaitOptions::timeout`],
 //! touching the heartbeat file if asked, and returns a [`WaitOutcome`]: `Fired` (a small JSON
-//! payload), `TimedOut` or `Broke`, seed 004's exit codes 0, 1 and 2.
+//! payload), `TimedOut` or `Broke`, exit codes 0, 1 and 2 of `cortex wait`.
 //!
 //! A condition already true at arm time (the pid gone or reused, the file changed since the
 //! cursor, the lock free) fires at once, and the payload says so.
@@ -29,44 +29,24 @@ mod pid;
 mod watches;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use file::{FileCaptured, FileCursor};
+/// What to wait for, and a file wait's position: the wire's types, armed here as they
+/// travel and are persisted.
+pub use cortex_protocol::mesh::{FileCursor, WaitSpec};
+pub use file::{FileCaptured, cursor_of, read_cursor};
 pub use flock::{FlockCaptured, open_lock_file, probe, proc_locks_held};
 pub use pid::{Gone, Identity, PidCaptured, PidMethod, ProcStat, identify, parse_stat, read_stat};
 pub use watches::{Delivery, FileWatches, Subscription};
 
 /// How often the heartbeat file is touched unless told otherwise.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
-
-/// What to wait for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum WaitSpec {
-    /// The process `pid` exits. With `start_time` (field 22 of `/proc/<pid>/stat`), only the
-    /// process that started then: another one at the same pid means it is already gone.
-    Pid {
-        pid: i32,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        start_time: Option<u64>,
-    },
-    /// The file at `path` is written (closed after writing, moved into place, or created).
-    /// With `cursor`, fires at once if the file changed since it.
-    File {
-        path: PathBuf,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        cursor: Option<FileCursor>,
-    },
-    /// The `flock(2)` lock on the file at `path` is free.
-    Flock { path: PathBuf },
-}
 
 /// Why a wait cannot be armed, or cannot go on. Each message says what is wrong with what.
 #[derive(Debug, thiserror::Error)]
@@ -147,7 +127,7 @@ pub struct Fire {
     pub cursor: Option<FileCursor>,
 }
 
-/// How a wait ended: seed 004's exit codes 0, 1, 2.
+/// How a wait ended: the exit codes 0, 1, 2 of `cortex wait`.
 #[derive(Debug)]
 pub enum WaitOutcome {
     Fired(Fire),
@@ -156,7 +136,7 @@ pub enum WaitOutcome {
 }
 
 impl WaitOutcome {
-    /// The process exit status of seed 004: 0 fired, 1 timed out, 2 broke.
+    /// The process exit status of `cortex wait`: 0 fired, 1 timed out, 2 broke.
     pub fn exit_code(&self) -> u8 {
         match self {
             WaitOutcome::Fired(_) => 0,
@@ -169,7 +149,7 @@ impl WaitOutcome {
 /// The bound and the liveness signal of one wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WaitOptions {
-    /// Every wait is bounded (seed 004): after this, [`WaitOutcome::TimedOut`].
+    /// Every wait is bounded: after this, [`WaitOutcome::TimedOut`].
     pub timeout: Duration,
     /// Touched (created if missing, its mtime set to now) when the wait starts and every
     /// `heartbeat_every` while it waits, so a dead wait and a quiet one can be told apart.
@@ -265,9 +245,9 @@ impl Waits {
                 Inner::Pid(pid::arm(*pid, *start_time, self.force_pid_poll)?)
             }
             WaitSpec::File { path, cursor } => {
-                Inner::File(file::arm(&self.watches, path, *cursor)?)
+                Inner::File(file::arm(&self.watches, Path::new(path), *cursor)?)
             }
-            WaitSpec::Flock { path } => Inner::Flock(flock::arm(&self.watches, path)?),
+            WaitSpec::Flock { path } => Inner::Flock(flock::arm(&self.watches, Path::new(path))?),
         };
         Ok(Armed { inner })
     }
@@ -314,12 +294,13 @@ impl Armed {
                 pid: w.captured().pid,
                 start_time: w.resume_start_time(),
             },
+            // Armed from a `String`, so the path is UTF-8 and nothing is lost here.
             Inner::File(w) => WaitSpec::File {
-                path: w.captured().path.clone(),
+                path: w.captured().path.to_string_lossy().into_owned(),
                 cursor: Some(w.resume_cursor()),
             },
             Inner::Flock(w) => WaitSpec::Flock {
-                path: w.captured().path.clone(),
+                path: w.captured().path.to_string_lossy().into_owned(),
             },
         }
     }

@@ -1,11 +1,11 @@
 //! Measures the two ways a flock wait can tell that a lock is free, for the numbers in
-//! `device-agent/src/wait/flock.rs`:
+//! `host/src/wait/flock.rs`:
 //! - probing (`LOCK_EX|LOCK_NB`, then `LOCK_UN` at once): how long the lock is held per
 //!   probe that finds it free, what a probe costs while it is held, and how often a job
 //!   hammering `flock -n` fails because of a prober;
 //! - reading `/proc/locks`: what one read and parse costs, with few locks and with 1,000.
 //!
-//! `cargo run --release -p cortex-device-agent --example flock_probe`. About 5 s. Nothing
+//! `cargo run --release -p cortex-host --example flock_probe`. About 5 s. Nothing
 //! is left behind: the files live in a temp directory removed at the end.
 
 use std::fs::File;
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use cortex_device_agent::wait::{open_lock_file, probe, proc_locks_held};
+use cortex_host::wait::{open_lock_file, probe, proc_locks_held};
 use rustix::fs::{FlockOperation, flock};
 
 fn main() -> anyhow::Result<()> {

@@ -1,5 +1,6 @@
 //! The signal spool: a directory other processes drop `<name>.json` signal files into
-//! (seed 000, "On another machine": `printf … > "$f.tmp" && mv "$f.tmp" "$f.json"`).
+//! (a job writes `$f.tmp`, then renames it into place:
+//! `printf … > "$f.tmp" && mv "$f.tmp" "$f.json"`).
 //!
 //! This module owns the directory's safety: it opens the spool once, keeps directory handles
 //! (`O_DIRECTORY | O_NOFOLLOW`) for it and for `bad/`, and does every file operation relative

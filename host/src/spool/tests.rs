@@ -832,7 +832,7 @@ async fn a_file_wait_in_the_spool_shares_its_descriptor_and_leaves_it_in_place()
     let target = f.dir.join("result.txt");
     let armed = waits
         .arm(&WaitSpec::File {
-            path: target.clone(),
+            path: crate::wait::tests::utf8(&target),
             cursor: None,
         })
         .expect("arm");
@@ -874,7 +874,7 @@ async fn re_watching_a_recreated_spool_keeps_a_waits_mask_on_the_shared_parent()
     let target = parent.join("done.flag");
     let armed = waits
         .arm(&WaitSpec::File {
-            path: target.clone(),
+            path: crate::wait::tests::utf8(&target),
             cursor: None,
         })
         .expect("arm");

@@ -477,9 +477,14 @@ async fn a_cancelled_pid_wait_closes_its_pidfd() {
 
 // ---- file ----
 
+/// A path as a spec holds it (temp paths are UTF-8).
+pub(crate) fn utf8(path: &Path) -> String {
+    path.to_str().expect("a UTF-8 temp path").to_owned()
+}
+
 fn file_spec(path: &Path) -> WaitSpec {
     WaitSpec::File {
-        path: path.to_owned(),
+        path: utf8(path),
         cursor: None,
     }
 }
@@ -657,7 +662,7 @@ async fn a_cursor_reports_what_happened_while_no_wait_was_armed_and_nothing_twic
     drop(armed);
     // Re-armed from it, unchanged: it waits.
     let spec = |c| WaitSpec::File {
-        path: f.clone(),
+        path: utf8(&f),
         cursor: Some(c),
     };
     let armed = waits.arm(&spec(c0)).expect("arm");
@@ -682,14 +687,14 @@ async fn a_cursor_reports_what_happened_while_no_wait_was_armed_and_nothing_twic
     fs::write(&g, "x").expect("write");
     let armed = waits
         .arm(&WaitSpec::File {
-            path: g.clone(),
+            path: utf8(&g),
             cursor: Some(FileCursor::absent()),
         })
         .expect("arm");
     assert!(armed.fired_at_arm().is_some());
     let armed = waits
         .arm(&WaitSpec::File {
-            path: dir.path().join("gone"),
+            path: utf8(&dir.path().join("gone")),
             cursor: Some(c1),
         })
         .expect("arm");
@@ -834,7 +839,7 @@ async fn a_flock_wait_fires_when_a_held_flock_is_released() {
     eventually("flock(1) to take the lock", || held_per_proc_locks(&lock)).await;
     let waits = Waits::new();
     let armed = waits
-        .arm(&WaitSpec::Flock { path: lock.clone() })
+        .arm(&WaitSpec::Flock { path: utf8(&lock) })
         .expect("arm");
     let Captured::Flock(c) = armed.captured() else {
         panic!("not a flock wait")
@@ -858,7 +863,7 @@ async fn a_lock_released_without_a_close_is_found_by_the_timer() {
     let other = open_lock_file(&lock).expect("open");
     rustix::fs::flock(&other, FlockOperation::LockExclusive).expect("lock");
     let armed = Waits::new()
-        .arm(&WaitSpec::Flock { path: lock.clone() })
+        .arm(&WaitSpec::Flock { path: utf8(&lock) })
         .expect("arm");
     assert!(armed.fired_at_arm().is_none());
     let task = tokio::spawn(async move { armed.wait(&opts(BOUND)).await });
@@ -876,7 +881,7 @@ async fn a_free_lock_fires_at_once_and_is_not_kept() {
     fs::write(&lock, "").expect("create");
     let waits = Waits::new();
     let armed = waits
-        .arm(&WaitSpec::Flock { path: lock.clone() })
+        .arm(&WaitSpec::Flock { path: utf8(&lock) })
         .expect("arm");
     let f = armed.fired_at_arm().expect("fired at arm");
     assert_eq!(f.payload["already_free"], true);
@@ -899,7 +904,7 @@ async fn a_flock_wait_refuses_a_missing_file_and_creates_nothing() {
     let dir = tmp();
     let lock = dir.path().join("nope.lock");
     let e = Waits::new()
-        .arm(&WaitSpec::Flock { path: lock.clone() })
+        .arm(&WaitSpec::Flock { path: utf8(&lock) })
         .expect_err("missing");
     assert!(e.to_string().contains("does not exist"), "{e}");
     assert!(!lock.exists());
@@ -914,7 +919,7 @@ async fn a_timed_out_flock_wait_holds_nothing() {
     rustix::fs::flock(&other, FlockOperation::LockExclusive).expect("lock");
     let waits = Waits::new();
     let armed = waits
-        .arm(&WaitSpec::Flock { path: lock.clone() })
+        .arm(&WaitSpec::Flock { path: utf8(&lock) })
         .expect("arm");
     let out = armed.wait(&opts(Duration::from_millis(150))).await;
     assert!(matches!(out, WaitOutcome::TimedOut), "{out:?}");

@@ -11,7 +11,7 @@
 //!   replaced by `rename(2)` is a new inode that a watch on the old one would never see.
 //! - the file itself, when it exists, for writes through another name (a hard link).
 //!
-//! A cursor ([`FileCursor`]: device, inode, size, mtime) is seed 004's "cursor, persisted":
+//! A cursor ([`FileCursor`]: device, inode, size, mtime), persisted by the caller:
 //! armed with one, the wait fires at once if the file changed since (so a write made while
 //! no wait was armed is not missed), and otherwise waits; the payload carries the cursor as
 //! of the fire, for the caller to store. Limit: two writes of the same size within one tick
@@ -29,61 +29,34 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use cortex_protocol::mesh::FileCursor;
 use inotify::{EventMask, WatchMask};
 use rustix::io::Errno;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::watches::{Delivery, FileWatches, Subscription};
 use super::{Fire, WaitError, watch_error};
 
-/// The position a file wait is armed at: what the file was then. Compared whole; `exists:
-/// false` (all else zero) for a file that was not there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct FileCursor {
-    pub exists: bool,
-    #[serde(default)]
-    pub dev: u64,
-    #[serde(default)]
-    pub ino: u64,
-    #[serde(default)]
-    pub size: u64,
-    /// Modification time, nanoseconds since the epoch.
-    #[serde(default)]
-    pub mtime_ns: i64,
+/// The cursor of a file from its metadata (`fstat`/`stat`): device, inode, size, mtime.
+pub fn cursor_of(meta: &fs::Metadata) -> FileCursor {
+    FileCursor {
+        exists: true,
+        dev: meta.dev(),
+        ino: meta.ino(),
+        size: meta.size(),
+        mtime_ns: meta
+            .mtime()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(meta.mtime_nsec()),
+    }
 }
 
-impl FileCursor {
-    pub fn absent() -> Self {
-        FileCursor::default()
-    }
-
-    pub fn of(meta: &fs::Metadata) -> Self {
-        FileCursor {
-            exists: true,
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime_ns: meta
-                .mtime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(meta.mtime_nsec()),
-        }
-    }
-
-    /// The file at `path` now (following links), or absent.
-    pub fn read(path: &Path) -> io::Result<Self> {
-        match fs::metadata(path) {
-            Ok(m) => Ok(FileCursor::of(&m)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(FileCursor::absent()),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Has the file been written (or created, or replaced) since `old`? A file that went
-    /// away is not a write: a deleted file reports nothing until it is back.
-    pub fn changed_since(&self, old: &FileCursor) -> bool {
-        self.exists && self != old
+/// The cursor of the file at `path` now (following links), or [`FileCursor::absent`].
+pub fn read_cursor(path: &Path) -> io::Result<FileCursor> {
+    match fs::metadata(path) {
+        Ok(m) => Ok(cursor_of(&m)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(FileCursor::absent()),
+        Err(e) => Err(e),
     }
 }
 
@@ -224,7 +197,7 @@ pub(crate) fn arm(
     // to it, or if it vanished in between, the parent's watch still covers the name.
     let watching_file = meta.is_some() && sub.add(path, FILE_MASK, FILE).is_ok();
     // Looked at only now that both watches are in place.
-    let now = FileCursor::read(path).map_err(|source| WaitError::Path {
+    let now = read_cursor(path).map_err(|source| WaitError::Path {
         path: path.to_owned(),
         action: "look at",
         source,
@@ -323,7 +296,7 @@ impl FileWait {
     }
 
     fn look(&self, path: &Path) -> Result<FileCursor, WaitError> {
-        FileCursor::read(path).map_err(|source| WaitError::Path {
+        read_cursor(path).map_err(|source| WaitError::Path {
             path: path.to_owned(),
             action: "look at",
             source,

@@ -1,0 +1,29 @@
+//! What cortex's programs share on one machine: the hub, the CLI and the device agent
+//! each link this crate, and none of them links another.
+//!
+//! - [`spool`]: the signal spool (`$CORTEX_HOME/tmp/signals/`): opening it safely, reading
+//!   the files jobs drop into it without following links or blocking, parking refused ones
+//!   under `bad/` with a reason, and an inotify watcher that says when to look. The hub's
+//!   local spool and the device agent's run the same code.
+//! - [`wait`]: the waits on this machine (a pid exiting, a file written, a lock
+//!   free), with its exit-code contract; `cortex wait pid|file|flock` and the agent's remote
+//!   waits run it.
+//! - [`daemon`]: the logging and error exit both daemons' `main` share, and the one wait
+//!   for SIGTERM/SIGINT ([`daemon::shutdown_signal`]).
+//! - [`timing`]: the benchmarks' timing records (`CORTEX_TIMING_FILE`), off and free
+//!   without the variable.
+//! - [`atomic`]: replacing a file atomically and durably (temp file, fsync, rename, fsync
+//!   of the directory), the one way cortex writes a file others read.
+//!
+//! - [`connection`]: the device mesh's connection: one [`connection::ws_config`] and a
+//!   [`connection::Connection`] that sends and reads protocol's frames over a WebSocket.
+//!
+//! The spool module touches only the filesystem and inotify: forwarding a file and deciding
+//! when it was acknowledged belong to the caller.
+
+pub mod atomic;
+pub mod connection;
+pub mod daemon;
+pub mod spool;
+pub mod timing;
+pub mod wait;
