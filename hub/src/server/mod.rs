@@ -153,11 +153,37 @@ pub async fn run_with_mesh(
     }
 }
 
-fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
+/// Creates `dir` (and its parents) mode 0700, and makes an existing one and every file in
+/// it private (0700, 0600): a hub that ran before under a wider umask leaves its store
+/// readable to others otherwise.
+pub fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .with_context(|| format!("creating {}", dir.display()))
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let tighten = |path: &std::path::Path, mode: u32| -> anyhow::Result<()> {
+        let meta = std::fs::symlink_metadata(path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if !meta.file_type().is_symlink() && meta.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+                .with_context(|| format!("making {} private", path.display()))?;
+        }
+        Ok(())
+    };
+    tighten(dir, 0o700)?;
+    let entries = std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+        let kind = entry
+            .file_type()
+            .with_context(|| format!("reading {}", entry.path().display()))?;
+        if kind.is_file() {
+            tighten(&entry.path(), 0o600)?;
+        } else if kind.is_dir() {
+            tighten(&entry.path(), 0o700)?;
+        }
+    }
+    Ok(())
 }
