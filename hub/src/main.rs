@@ -82,6 +82,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
     // Everything the hub creates (its directory, the store, the journal, the token, parked
     // spool files) is the operator's alone, whatever umask the shell or unit gave it.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    raise_nofile();
     let home = args.home.unwrap_or_else(config::default_home);
     let settings = config::load_settings(&home)?;
     if args.recover_journal {
@@ -175,6 +176,23 @@ fn mesh_setup(
         };
     }
     Ok(Some(m))
+}
+
+/// Raises the soft descriptor limit to the hard one: the API's connection cap is derived
+/// from it (`server::http::connection_cap`), and a low soft limit (1,024 is common) would
+/// make that cap small for no reason.
+fn raise_nofile() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current != lim.maximum {
+        let raised = rustix::process::Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(error = %e, "cannot raise the descriptor limit to the hard limit");
+        }
+    }
 }
 
 async fn shutdown_signal() {

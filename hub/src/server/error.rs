@@ -36,6 +36,16 @@ impl ApiError {
         )
     }
 
+    /// The JSON body, for an answer written outside the router (`server::http`).
+    pub fn body_bytes(&self) -> Vec<u8> {
+        let body = ErrorBody {
+            error: self.code.to_string(),
+            message: self.message.clone(),
+            members: self.members.clone(),
+        };
+        serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec())
+    }
+
     pub fn store(e: impl std::fmt::Display) -> Self {
         tracing::error!(error = %e, "store failure");
         Self::new(

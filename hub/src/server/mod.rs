@@ -6,6 +6,7 @@
 pub mod api;
 pub mod devices;
 pub mod error;
+pub mod http;
 pub mod log;
 pub mod signal;
 pub(crate) mod spool;
@@ -65,6 +66,7 @@ pub fn router(state: AppState) -> Router {
         .route("/webhook/signal", post(signal::route))
         .nest("/api", api)
         .fallback(api::not_found)
+        .layer(axum::middleware::from_fn(http::edge))
         .with_state(state)
 }
 
@@ -130,15 +132,22 @@ pub async fn run_with_mesh(
     let app = router(state.clone());
     let stop = state.shutdown.clone();
     let mut fatal = state.store.fatal.clone();
-    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let stopping = async move {
         tokio::select! {
             () = shutdown => {}
             () = stop.cancelled() => {}
             _ = fatal.wait_for(Option::is_some) => {}
         }
         stop.cancel();
-    });
-    let served = serve.await.context("serving HTTP");
+    };
+    let cap = http::connection_cap();
+    tracing::info!(
+        cap,
+        header_timeout_s = http::HEADER_TIMEOUT.as_secs(),
+        body_timeout_s = http::BODY_TIMEOUT.as_secs(),
+        "API connections"
+    );
+    http::serve(listener, app, cap, stopping, state.shutdown.clone()).await;
     state.shutdown.cancel();
     let fatal = state.store.fatal.borrow().clone();
     while tasks.join_next().await.is_some() {}
@@ -149,7 +158,7 @@ pub async fn run_with_mesh(
         .ok();
     match fatal {
         Some(why) => Err(anyhow::anyhow!("the store stopped working: {why}")),
-        None => served,
+        None => Ok(()),
     }
 }
 
