@@ -314,3 +314,108 @@ fn thousands_of_idle_connections_do_not_crowd_out_a_signal_or_the_spool() {
         hub.log()
     );
 }
+
+#[test]
+fn every_stored_field_has_a_cap_and_over_it_is_a_413_naming_it() {
+    use cortex_cli::http::Method;
+    let hub = Hub::start();
+    let refused = |path: &str, body: Value, field: &str, cap: &str| {
+        let (st, v) = hub.api(Method::Post, path, Some(&body));
+        assert_eq!(
+            (st, v["error"].as_str()),
+            (413, Some("too_large")),
+            "{field}: {v}"
+        );
+        let m = v["message"].as_str().expect("message");
+        assert!(m.contains(field) && m.contains(cap), "{field}: {m}");
+    };
+    // At the cap is fine; one over is refused.
+    let (st, v) = hub.api(
+        Method::Post,
+        "/api/sessions",
+        Some(&json!({"title": "t".repeat(200)})),
+    );
+    assert_eq!(st, 201, "{v}");
+    refused(
+        "/api/sessions",
+        json!({"title": "t".repeat(201)}),
+        "title",
+        "200",
+    );
+    refused(
+        "/api/sessions",
+        json!({"title": "t".repeat(500_000)}),
+        "title",
+        "200",
+    );
+    // 2 MB is over any body's cap before its fields are read.
+    refused(
+        "/api/sessions",
+        json!({"title": "t".repeat(2_000_000)}),
+        "body",
+        "1048576",
+    );
+
+    let sid = hub.session();
+    let msgs = format!("/api/sessions/{sid}/messages");
+    let (st, v) = hub.api(
+        Method::Post,
+        &msgs,
+        Some(&json!({"text": "m".repeat(65_536)})),
+    );
+    assert_eq!(st, 201, "{v}");
+    refused(&msgs, json!({"text": "m".repeat(65_537)}), "text", "65536");
+    refused(
+        &msgs,
+        json!({"text": "hi", "dedupe_key": "k".repeat(201)}),
+        "dedupe_key",
+        "200",
+    );
+
+    let wps = format!("/api/sessions/{sid}/waitpoints");
+    let wp = |extra: Value| {
+        let mut b = json!({"label": "l", "intent": "i"});
+        for (k, v) in extra.as_object().expect("object") {
+            b[k] = v.clone();
+        }
+        b
+    };
+    refused(&wps, wp(json!({"label": "l".repeat(201)})), "label", "200");
+    refused(
+        &wps,
+        wp(json!({"intent": "i".repeat(4_001)})),
+        "intent",
+        "4000",
+    );
+    let many: Vec<String> = (0..257).map(|i| format!("m{i}")).collect();
+    refused(&wps, wp(json!({"members": many})), "members", "256");
+    refused(
+        &wps,
+        wp(json!({"members": ["a".repeat(65)]})),
+        "member name",
+        "64",
+    );
+    refused(&wps, wp(json!({"device": "d".repeat(65)})), "device", "64");
+
+    refused(
+        "/api/devices",
+        json!({"name": "d".repeat(65)}),
+        "name",
+        "64",
+    );
+    let (st, v) = hub.api(Method::Post, "/api/devices", Some(&json!({"name": "gpu1"})));
+    assert_eq!(st, 201, "{v}");
+    let waits = "/api/devices/gpu1/waits";
+    refused(
+        waits,
+        json!({"kind": "pid", "pid": 1, "label": "l".repeat(201)}),
+        "label",
+        "200",
+    );
+    refused(
+        waits,
+        json!({"kind": "pid", "pid": 1, "intent": "i".repeat(4_001)}),
+        "intent",
+        "4000",
+    );
+}

@@ -28,6 +28,25 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
     }
 
+    /// 413 for a field over its cap, naming both: `title is 2000000 characters, over
+    /// the cap of 200`.
+    pub fn too_long(field: &str, len: usize, max: usize, unit: &str) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("{field} is {len} {unit}, over the cap of {max}; shorten it"),
+        )
+    }
+
+    /// [`ApiError::too_long`] when `value` has more than `max` characters.
+    pub fn cap_chars(field: &str, value: &str, max: usize) -> Result<(), Self> {
+        let n = value.chars().count();
+        if n > max {
+            return Err(Self::too_long(field, n, max, "characters"));
+        }
+        Ok(())
+    }
+
     pub fn not_found(what: &str, id: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
