@@ -419,3 +419,72 @@ fn every_stored_field_has_a_cap_and_over_it_is_a_413_naming_it() {
         "4000",
     );
 }
+
+#[test]
+fn a_devices_wrong_secrets_past_the_budget_are_held_back_and_logged_once() {
+    use cortex_cli::http::Method;
+    use cortex_protocol::mesh::FileOutcome;
+    use cortex_tests::sim::{Options, SimDevice, file_body};
+    let hub = Hub::start();
+    let (st, v) = hub.api(
+        Method::Post,
+        "/api/devices",
+        Some(&json!({"name": "rogue"})),
+    );
+    assert_eq!(st, 201, "{v}");
+    let token = v["token"].as_str().expect("token").to_string();
+    let sid = hub.session();
+    let wp = hub.waitpoint(&sid, json!({"label": "l", "intent": "i", "max_signals": 5}));
+    let id = wp["id"].as_str().expect("id");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (mut refused, mut held) = (0, 0);
+    rt.block_on(async {
+        let mut dev = SimDevice::connect(&Options::new(&hub.mesh_url, "rogue", &token))
+            .await
+            .expect("connect");
+        let wrong = file_body(id, &"0".repeat(64), &[]);
+        // In rounds under the window (64 unacknowledged files).
+        for round in 0..5 {
+            for i in 0..40 {
+                dev.send_file(&format!("bad-{round}-{i}.json"), &wrong)
+                    .await;
+            }
+            for _ in 0..40 {
+                match dev.ack(Duration::from_secs(20)).await.1 {
+                    FileOutcome::Refused { .. } => refused += 1,
+                    FileOutcome::Retry { reason } => {
+                        assert!(reason.contains("sent again later"), "{reason}");
+                        held += 1;
+                    }
+                    other => panic!("a wrong secret answered {other:?}"),
+                }
+            }
+        }
+        // The right secret still goes through at once.
+        let good = file_body(
+            id,
+            wp["secret"].as_str().expect("secret"),
+            &[("status", "progress")],
+        );
+        dev.send_file("good.json", &good).await;
+        assert_eq!(
+            dev.ack(Duration::from_secs(20)).await.1,
+            FileOutcome::Accepted
+        );
+    });
+    assert_eq!(
+        (refused, held),
+        (60, 140),
+        "60 parked, the rest kept for later"
+    );
+    let lines = hub.log().matches("device spool file refused").count();
+    assert_eq!(
+        lines,
+        1,
+        "one warning line for 200 wrong secrets:\n{}",
+        hub.log()
+    );
+}

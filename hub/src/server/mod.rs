@@ -103,6 +103,7 @@ pub async fn run_with_mesh(
         store,
         token_hash: crate::secret::hash(&config.token),
         misses: crate::intake::MissBudget::default(),
+        device_misses: crate::intake::DeviceMisses::default(),
         signal_url: format!("http://{addr}/webhook/signal"),
         shutdown: Shutdown::default(),
         devices: crate::registry::Registry::default(),
