@@ -69,6 +69,8 @@ pub struct Hub {
     env: Vec<(String, String)>,
     args: Vec<String>,
     starts: usize,
+    /// `RLIMIT_NOFILE` (soft and hard) the hub starts under, when set.
+    nofile: Option<u64>,
 }
 
 impl Hub {
@@ -84,11 +86,16 @@ impl Hub {
     /// Starts a hub with extra environment and flags (a `--mesh-listen` given here
     /// replaces the default `127.0.0.1:0`).
     pub fn start_with_args(env: &[(&str, &str)], args: &[&str]) -> Hub {
+        let mut hub = Hub::unstarted(env, args);
+        hub.spawn();
+        hub
+    }
+
+    fn unstarted(env: &[(&str, &str)], args: &[&str]) -> Hub {
         let tmp = tempfile::tempdir().expect("tempdir");
         let home = tmp.path().to_path_buf();
         let mut hub = Hub::at(&home, &home.join("hub.log"), env, args);
         hub._tmp = Some(tmp);
-        hub.spawn();
         hub
     }
 
@@ -109,7 +116,17 @@ impl Hub {
                 .collect(),
             args: args.iter().map(|a| a.to_string()).collect(),
             starts: 0,
+            nofile: None,
         }
+    }
+
+    /// Starts a hub whose descriptor limit (soft and hard) is `limit`, through `sh`'s
+    /// `ulimit`, which `exec`s the hub (its pid is the child's).
+    pub fn start_with_nofile(limit: u64) -> Hub {
+        let mut hub = Hub::unstarted(&[], &[]);
+        hub.nofile = Some(limit);
+        hub.spawn();
+        hub
     }
 
     fn log_path(&self) -> PathBuf {
@@ -124,7 +141,15 @@ impl Hub {
             .append(true)
             .open(self.log_path())
             .expect("log");
-        let mut cmd = Command::new(bin("cortex-hub"));
+        let mut cmd = match self.nofile {
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.args(["-c", "ulimit -n \"$0\" && exec \"$@\"", &n.to_string()])
+                    .arg(bin("cortex-hub"));
+                c
+            }
+            None => Command::new(bin("cortex-hub")),
+        };
         cmd.arg("--home")
             .arg(&self.home)
             .args(["--listen", "127.0.0.1:0"])

@@ -3,12 +3,14 @@
 //! names the way, and owns what depends on it: the `source` stored with the signal, its
 //! dedupe key (the body's `key`, else one made from the file's name or the wait's id),
 //! and what the store's outcome becomes for that way in (an HTTP code, a device's ack,
-//! the spool file deleted or parked under `bad/` with a reason).
+//! the spool file deleted or parked under `bad/` with a reason). Also the miss budgets:
+//! the signal route's, shared ([`MissBudget`]), and each device's ([`DeviceMisses`]),
+//! which also keeps a device's refusal warnings to one line a minute.
 //!
 //! The strings here are stored: a signal's key must be the same after an upgrade, or a
 //! file sent again would count twice. Change none of them.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt::Display;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -193,11 +195,14 @@ impl SignalSource<'_> {
         }
     }
 
-    /// A device's ack for its file.
+    /// A device's ack for its file. Past the device's miss budget an unknown id or a wrong
+    /// secret is answered `Retry` (the file stays in its spool and comes again later)
+    /// instead of `Refused` (parked in `bad/`), and the warnings are one line a minute.
     pub fn file_ack(
         &self,
         req: &SignalRequest,
         outcome: Result<SignalOutcome, impl Display>,
+        misses: &DeviceMisses,
     ) -> FileOutcome {
         let (device, file) = match self {
             SignalSource::DeviceFile { device, file } => (*device, *file),
@@ -219,8 +224,15 @@ impl SignalSource<'_> {
             SignalOutcome::Duplicate { .. } => FileOutcome::Duplicate,
             SignalOutcome::Refused(Refusal::Gone { .. }) => FileOutcome::Resolved,
             o => {
+                let miss = matches!(o, SignalOutcome::Unknown | SignalOutcome::WrongSecret);
                 let reason = refusal_reason(req, &o).unwrap_or_else(|| "refused".into());
-                tracing::warn!(device, file, waitpoint = %req.id, reason = %reason, "device spool file refused");
+                if !misses.refused(device, file, &req.id, &reason, miss, Instant::now()) {
+                    return FileOutcome::Retry {
+                        reason: format!(
+                            "more than {MISS_BUDGET} unknown ids or wrong secrets from this device in the last minute; the file stays and is sent again later"
+                        ),
+                    };
+                }
                 FileOutcome::Refused {
                     reason: cut(&reason, MAX_REASON_CHARS),
                 }
@@ -321,3 +333,134 @@ fn refusal_reason(req: &SignalRequest, outcome: &SignalOutcome) -> Option<String
 
 #[cfg(test)]
 mod tests;
+
+/// Each device's miss budget (the signal route's numbers, per device: one device's typos
+/// never hold back another's files) and the throttle of its refusal warnings: the first
+/// refusal in a minute is a line of its own, the ones after it are counted, and the next
+/// line (a minute later at the soonest) says how many were kept quiet.
+#[derive(Default)]
+pub struct DeviceMisses {
+    devices: Mutex<HashMap<String, DeviceRefusals>>,
+}
+
+#[derive(Default)]
+struct DeviceRefusals {
+    misses: VecDeque<Instant>,
+    /// When the last warning line went out.
+    warned: Option<Instant>,
+    /// Refusals since that line, not logged; of them, held back past the budget.
+    quiet: u64,
+    held: u64,
+}
+
+/// What one refusal of a device's file comes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// False past the budget: answer `Retry`, not `Refused`.
+    pub within_budget: bool,
+    pub log: LogLine,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLine {
+    /// A warning for this refusal (the first in a minute).
+    This,
+    /// A warning for this refusal that also counts the quiet ones since the last line.
+    Summary { quiet: u64, held: u64 },
+    /// Counted, not logged.
+    Quiet,
+}
+
+impl DeviceMisses {
+    /// The rule: records a refusal of `device`'s file (`miss`: an unknown id or a wrong
+    /// secret, which spends the budget) and says what it comes to.
+    pub fn verdict(&self, device: &str, miss: bool, now: Instant) -> Verdict {
+        let mut all = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        if !all.contains_key(device) {
+            all.insert(device.to_string(), DeviceRefusals::default());
+        }
+        let Some(d) = all.get_mut(device) else {
+            return Verdict {
+                within_budget: true,
+                log: LogLine::This,
+            };
+        };
+        let within_budget = if miss {
+            while d
+                .misses
+                .front()
+                .is_some_and(|&f| now.duration_since(f) >= MISS_WINDOW)
+            {
+                d.misses.pop_front();
+            }
+            let room = d.misses.len() < MISS_BUDGET;
+            if room {
+                d.misses.push_back(now);
+            }
+            room
+        } else {
+            true
+        };
+        let log = match d.warned {
+            Some(t) if now.duration_since(t) < MISS_WINDOW => {
+                d.quiet += 1;
+                d.held += u64::from(!within_budget);
+                LogLine::Quiet
+            }
+            _ => {
+                d.warned = Some(now);
+                let (quiet, held) = (std::mem::take(&mut d.quiet), std::mem::take(&mut d.held));
+                if quiet == 0 {
+                    LogLine::This
+                } else {
+                    LogLine::Summary { quiet, held }
+                }
+            }
+        };
+        Verdict { within_budget, log }
+    }
+
+    /// [`DeviceMisses::verdict`], and its warning line if one is due; true while within
+    /// the budget.
+    pub fn refused(
+        &self,
+        device: &str,
+        file: &str,
+        waitpoint: &str,
+        reason: &str,
+        miss: bool,
+        now: Instant,
+    ) -> bool {
+        let v = self.verdict(device, miss, now);
+        let held = !v.within_budget;
+        match v.log {
+            LogLine::This => {
+                tracing::warn!(
+                    device,
+                    file,
+                    waitpoint,
+                    reason,
+                    held,
+                    "device spool file refused"
+                );
+            }
+            LogLine::Summary {
+                quiet,
+                held: quiet_held,
+            } => {
+                tracing::warn!(
+                    device,
+                    file,
+                    waitpoint,
+                    reason,
+                    held,
+                    quiet,
+                    quiet_held,
+                    "device spool file refused; {quiet} more refused since the last line ({quiet_held} held back past the miss budget, kept in the device's spool), one line a minute per device"
+                );
+            }
+            LogLine::Quiet => {}
+        }
+        v.within_budget
+    }
+}

@@ -79,6 +79,10 @@ fn recover_journal(home: &std::path::Path, settings: config::HubSettings) -> any
 }
 
 fn real_main(args: Args) -> anyhow::Result<()> {
+    // Everything the hub creates (its directory, the store, the journal, the token, parked
+    // spool files) is the operator's alone, whatever umask the shell or unit gave it.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    raise_nofile();
     let home = args.home.unwrap_or_else(config::default_home);
     let settings = config::load_settings(&home)?;
     if args.recover_journal {
@@ -107,8 +111,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         // Refused before anything starts, with the reason.
         m.check()?;
     }
-    std::fs::create_dir_all(home.join("hub"))
-        .with_context(|| format!("creating {}", home.join("hub").display()))?;
+    cortex_hub::server::create_private_dir(&home.join("hub"))?;
     let token = config::operator_token(&home, std::env::var("CORTEX_WEBHOOK_TOKEN").ok())?;
     // Before any TLS: tokio-tungstenite's rustls features leave rustls without a provider.
     cortex_hub::mesh::tls::install_provider();
@@ -176,4 +179,21 @@ fn mesh_setup(
         };
     }
     Ok(Some(m))
+}
+
+/// Raises the soft descriptor limit to the hard one: the API's connection cap is derived
+/// from it (`server::http::connection_cap`), and a low soft limit (1,024 is common) would
+/// make that cap small for no reason.
+fn raise_nofile() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current != lim.maximum {
+        let raised = rustix::process::Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(error = %e, "cannot raise the descriptor limit to the hard limit");
+        }
+    }
 }

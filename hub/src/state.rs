@@ -1,6 +1,6 @@
 //! What every part of the running hub shares: its configuration ([`Config`]), the stop
 //! flag ([`Shutdown`]) and the handles the routes, the mesh and the background tasks
-//! hold ([`AppState`]: the store, the device registry, the miss budget, the URLs).
+//! hold ([`AppState`]: the store, the device registry, the miss budgets, the URLs).
 //!
 //! It sits below `server` and `mesh` and imports neither, so both can hold it without
 //! importing each other.
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::config::HubSettings;
-use crate::intake::MissBudget;
+use crate::intake::{DeviceMisses, MissBudget};
 use crate::registry::Registry;
 use crate::store::Store;
 
@@ -50,6 +50,8 @@ pub struct Inner {
     pub token_hash: [u8; 32],
     /// The signal route's budget of unknown ids and wrong secrets.
     pub misses: MissBudget,
+    /// Each device's budget of unknown ids and wrong secrets in its files.
+    pub device_misses: DeviceMisses,
     /// The signal route's URL, for `how_to_signal`.
     pub signal_url: String,
     pub shutdown: Shutdown,

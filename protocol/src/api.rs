@@ -6,6 +6,13 @@ use crate::signal::SignalStatus;
 
 // ---------------------------------------------------------------- sessions
 
+/// A session's `title`, at most (characters).
+pub const MAX_TITLE_CHARS: usize = 200;
+/// A message's `text`, at most (bytes of UTF-8).
+pub const MAX_TEXT_BYTES: usize = 64 * 1024;
+/// A message's `dedupe_key`, at most (characters).
+pub const MAX_DEDUPE_KEY_CHARS: usize = 200;
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {

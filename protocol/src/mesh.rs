@@ -240,7 +240,8 @@ pub enum FileOutcome {
     /// Refused for good (malformed, unknown id, wrong secret, missing or unlisted member):
     /// park it under `bad/` with this reason.
     Refused { reason: String },
-    /// The hub could not take it now (its store failed): keep it, send it again later.
+    /// The hub could not take it now (its store failed, or the device's miss budget is
+    /// spent): keep it, send it again later.
     Retry { reason: String },
 }
 

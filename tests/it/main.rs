@@ -3,6 +3,7 @@
 
 mod cortex_cli;
 mod durability;
+mod hostile;
 mod local_waits;
 mod mesh_e2e;
 mod mesh_hub;

@@ -154,30 +154,31 @@ fn device_acks_and_spool_actions() {
     };
     let spool = SignalSource::Spool { file: "a.json" };
     let r = req(None);
+    let m = DeviceMisses::default();
     let accepted = || -> Out {
         Ok(SignalOutcome::Accepted {
             state: State::Armed,
         })
     };
-    assert_eq!(dev.file_ack(&r, accepted()), FileOutcome::Accepted);
+    assert_eq!(dev.file_ack(&r, accepted(), &m), FileOutcome::Accepted);
     assert_eq!(spool.spool_action(&r, accepted()), SpoolAction::Delete);
     let dup = || -> Out {
         Ok(SignalOutcome::Duplicate {
             state: State::Armed,
         })
     };
-    assert_eq!(dev.file_ack(&r, dup()), FileOutcome::Duplicate);
+    assert_eq!(dev.file_ack(&r, dup(), &m), FileOutcome::Duplicate);
     assert_eq!(spool.spool_action(&r, dup()), SpoolAction::Delete);
-    assert_eq!(dev.file_ack(&r, ok(gone())), FileOutcome::Resolved);
+    assert_eq!(dev.file_ack(&r, ok(gone()), &m), FileOutcome::Resolved);
     assert_eq!(spool.spool_action(&r, ok(gone())), SpoolAction::Delete);
     assert!(matches!(
-        dev.file_ack(&r, Err("disk")),
+        dev.file_ack(&r, Err("disk"), &m),
         FileOutcome::Retry { .. }
     ));
     assert_eq!(spool.spool_action(&r, Err("disk")), SpoolAction::Keep);
     let why = "no waitpoint \"wp_1\": check the id; a resolved waitpoint is forgotten after 3 days";
     assert_eq!(
-        dev.file_ack(&r, ok(SignalOutcome::Unknown)),
+        dev.file_ack(&r, ok(SignalOutcome::Unknown), &m),
         FileOutcome::Refused { reason: why.into() }
     );
     assert_eq!(
@@ -190,5 +191,90 @@ fn device_acks_and_spool_actions() {
     assert!(
         why.ends_with("; add \"member\":\"NAME\" with one of: a, b"),
         "{why}"
+    );
+}
+
+#[test]
+fn a_devices_misses_past_its_budget_are_held_back_and_logged_once_a_minute() {
+    let m = DeviceMisses::default();
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    // The first refusal is a line; the rest of the minute is quiet.
+    let v = m.verdict("gpu1", true, at(0));
+    assert_eq!(
+        v,
+        Verdict {
+            within_budget: true,
+            log: LogLine::This
+        }
+    );
+    for i in 1..MISS_BUDGET as u64 {
+        let v = m.verdict("gpu1", true, at(i));
+        assert_eq!(
+            v,
+            Verdict {
+                within_budget: true,
+                log: LogLine::Quiet
+            },
+            "miss {i}"
+        );
+    }
+    // Past the budget: held back (Retry), still quiet; a refusal that is not a miss (a
+    // bad member) is never held back.
+    for i in 0..5_000u64 {
+        assert!(!m.verdict("gpu1", true, at(100 + i / 100)).within_budget);
+    }
+    assert!(m.verdict("gpu1", false, at(200)).within_budget);
+    // Another device has its own budget and its own line.
+    let v = m.verdict("gpu2", true, at(300));
+    assert_eq!(
+        v,
+        Verdict {
+            within_budget: true,
+            log: LogLine::This
+        }
+    );
+    // A minute after the first line: the budget is back, and the line counts the quiet ones.
+    let v = m.verdict("gpu1", true, at(60_000));
+    assert_eq!(
+        v,
+        Verdict {
+            within_budget: true,
+            log: LogLine::Summary {
+                quiet: 5_060,
+                held: 5_000
+            }
+        }
+    );
+}
+
+#[test]
+fn a_miss_past_the_devices_budget_is_a_retry_not_a_refusal() {
+    let m = DeviceMisses::default();
+    let dev = SignalSource::DeviceFile {
+        device: "gpu1",
+        file: "a.json",
+    };
+    let r = req(None);
+    for _ in 0..MISS_BUDGET {
+        assert!(matches!(
+            dev.file_ack(&r, ok(SignalOutcome::WrongSecret), &m),
+            FileOutcome::Refused { .. }
+        ));
+    }
+    let FileOutcome::Retry { reason } = dev.file_ack(&r, ok(SignalOutcome::WrongSecret), &m) else {
+        panic!("held back");
+    };
+    assert!(reason.contains("60"), "{reason}");
+    // A file with the right secret is never held back.
+    assert_eq!(
+        dev.file_ack(
+            &r,
+            ok(SignalOutcome::Accepted {
+                state: State::Armed
+            }),
+            &m
+        ),
+        FileOutcome::Accepted
     );
 }

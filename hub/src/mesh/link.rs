@@ -888,11 +888,20 @@ pub async fn take_file(state: &AppState, device: &str, name: &str, body: &str) -
     let req = match SignalRequest::parse(body.as_bytes()) {
         Ok(r) => r,
         Err(e) => {
-            tracing::warn!(device, file = name, error = %e, "device spool file refused");
-            return refused(e.to_string());
+            let reason = e.to_string();
+            // Counted against nothing, but its warning shares the device's one line a minute.
+            state.device_misses.refused(
+                device,
+                name,
+                "-",
+                &reason,
+                false,
+                std::time::Instant::now(),
+            );
+            return refused(reason);
         }
     };
     let src = SignalSource::DeviceFile { device, file: name };
     let outcome = state.store.signal(src.signal_in(req.clone())).await;
-    src.file_ack(&req, outcome)
+    src.file_ack(&req, outcome, &state.device_misses)
 }

@@ -8,7 +8,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use cortex_protocol::api::{
-    CreateSession, CreateWaitpoint, PostMessage, WaitpointCreated, WaitpointList,
+    CreateSession, CreateWaitpoint, MAX_DEDUPE_KEY_CHARS, MAX_TEXT_BYTES, MAX_TITLE_CHARS,
+    PostMessage, WaitpointCreated, WaitpointList,
 };
 use serde::Deserialize;
 
@@ -54,6 +55,9 @@ pub async fn create_session(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: CreateSession = json_or_empty(&body)?;
+    if let Some(t) = &req.title {
+        ApiError::cap_chars("title", t, MAX_TITLE_CHARS)?;
+    }
     let view = state
         .store
         .exec(move |t| t.create_session(req.title, now_ms()))
@@ -114,6 +118,17 @@ pub async fn post_message(
     if req.text.trim().is_empty() {
         return Err(ApiError::bad_request("text is empty; say something"));
     }
+    if req.text.len() > MAX_TEXT_BYTES {
+        return Err(ApiError::too_long(
+            "text",
+            req.text.len(),
+            MAX_TEXT_BYTES,
+            "bytes",
+        ));
+    }
+    if let Some(k) = &req.dedupe_key {
+        ApiError::cap_chars("dedupe_key", k, MAX_DEDUPE_KEY_CHARS)?;
+    }
     let s = sid.clone();
     let posted = state
         .store
@@ -165,6 +180,7 @@ pub async fn create_waitpoint(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: CreateWaitpoint = parse_json(&body)?;
+    cap_waitpoint(&req)?;
     let params = CreateParams {
         label: req.label,
         intent: req.intent,
@@ -196,6 +212,31 @@ pub async fn create_waitpoint(
     };
     let reply = created(&state, &wp, secret);
     Ok((StatusCode::CREATED, Json(reply)).into_response())
+}
+
+/// The length caps of a waitpoint's stored fields, as 413s naming the field; the engine
+/// checks the same numbers (and everything else) as 400s.
+fn cap_waitpoint(req: &CreateWaitpoint) -> Result<(), ApiError> {
+    use crate::engine::{MAX_INTENT_CHARS, MAX_LABEL_CHARS, MAX_MEMBER_CHARS, MAX_MEMBERS};
+    ApiError::cap_chars("label", req.label.trim(), MAX_LABEL_CHARS)?;
+    ApiError::cap_chars("intent", req.intent.trim(), MAX_INTENT_CHARS)?;
+    if let Some(members) = &req.members {
+        if members.len() > MAX_MEMBERS {
+            return Err(ApiError::too_long(
+                "members",
+                members.len(),
+                MAX_MEMBERS,
+                "names",
+            ));
+        }
+        for m in members {
+            ApiError::cap_chars("a member name", m, MAX_MEMBER_CHARS)?;
+        }
+    }
+    if let Some(d) = &req.device {
+        ApiError::cap_chars("device", d, MAX_MEMBER_CHARS)?;
+    }
+    Ok(())
 }
 
 /// The answer to a waitpoint's creation (also a remote wait's): the only time its secret

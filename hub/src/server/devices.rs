@@ -65,6 +65,7 @@ pub async fn create_device(
 ) -> Result<Response, ApiError> {
     let req: CreateDevice = parse_json(&body)?;
     let name = req.name.trim().to_string();
+    ApiError::cap_chars("name", &name, MAX_DEVICE_CHARS)?;
     if !valid_device_name(&name) {
         return Err(ApiError::bad_request(format!(
             "device name {name:?} is not usable; use 1-{MAX_DEVICE_CHARS} letters, digits, '.', '_' or '-' (not starting with '.' or '-')"
@@ -313,6 +314,12 @@ pub async fn create_wait(
         return Err(no_device(&name));
     }
     let req: CreateDeviceWait = parse_json(&body)?;
+    if let Some(l) = &req.label {
+        ApiError::cap_chars("label", l.trim(), crate::engine::MAX_LABEL_CHARS)?;
+    }
+    if let Some(i) = &req.intent {
+        ApiError::cap_chars("intent", i.trim(), crate::engine::MAX_INTENT_CHARS)?;
+    }
     let max = max_timeout_ms(&state);
     let (spec, timeout_ms) = parse_wait(&req, state.store.settings.default_ttl_ms, max)?;
     if let Some(link) = state.devices.link(&name) {

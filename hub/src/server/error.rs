@@ -28,12 +28,41 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
     }
 
+    /// 413 for a field over its cap, naming both: `title is 2000000 characters, over
+    /// the cap of 200`.
+    pub fn too_long(field: &str, len: usize, max: usize, unit: &str) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("{field} is {len} {unit}, over the cap of {max}; shorten it"),
+        )
+    }
+
+    /// [`ApiError::too_long`] when `value` has more than `max` characters.
+    pub fn cap_chars(field: &str, value: &str, max: usize) -> Result<(), Self> {
+        let n = value.chars().count();
+        if n > max {
+            return Err(Self::too_long(field, n, max, "characters"));
+        }
+        Ok(())
+    }
+
     pub fn not_found(what: &str, id: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
             "not_found",
             format!("no {what} {id:?}; list them with `cortex sessions` or `cortex wait check`"),
         )
+    }
+
+    /// The JSON body, for an answer written outside the router (`server::http`).
+    pub fn body_bytes(&self) -> Vec<u8> {
+        let body = ErrorBody {
+            error: self.code.to_string(),
+            message: self.message.clone(),
+            members: self.members.clone(),
+        };
+        serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec())
     }
 
     pub fn store(e: impl std::fmt::Display) -> Self {

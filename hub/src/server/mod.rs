@@ -6,6 +6,7 @@
 pub mod api;
 pub mod devices;
 pub mod error;
+pub mod http;
 pub mod log;
 pub mod signal;
 pub(crate) mod spool;
@@ -65,6 +66,7 @@ pub fn router(state: AppState) -> Router {
         .route("/webhook/signal", post(signal::route))
         .nest("/api", api)
         .fallback(api::not_found)
+        .layer(axum::middleware::from_fn(http::edge))
         .with_state(state)
 }
 
@@ -101,6 +103,7 @@ pub async fn run_with_mesh(
         store,
         token_hash: crate::secret::hash(&config.token),
         misses: crate::intake::MissBudget::default(),
+        device_misses: crate::intake::DeviceMisses::default(),
         signal_url: format!("http://{addr}/webhook/signal"),
         shutdown: Shutdown::default(),
         devices: crate::registry::Registry::default(),
@@ -130,15 +133,22 @@ pub async fn run_with_mesh(
     let app = router(state.clone());
     let stop = state.shutdown.clone();
     let mut fatal = state.store.fatal.clone();
-    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let stopping = async move {
         tokio::select! {
             () = shutdown => {}
             () = stop.cancelled() => {}
             _ = fatal.wait_for(Option::is_some) => {}
         }
         stop.cancel();
-    });
-    let served = serve.await.context("serving HTTP");
+    };
+    let cap = http::connection_cap();
+    tracing::info!(
+        cap,
+        header_timeout_s = http::HEADER_TIMEOUT.as_secs(),
+        body_timeout_s = http::BODY_TIMEOUT.as_secs(),
+        "API connections"
+    );
+    http::serve(listener, app, cap, stopping, state.shutdown.clone()).await;
     state.shutdown.cancel();
     let fatal = state.store.fatal.borrow().clone();
     while tasks.join_next().await.is_some() {}
@@ -149,15 +159,41 @@ pub async fn run_with_mesh(
         .ok();
     match fatal {
         Some(why) => Err(anyhow::anyhow!("the store stopped working: {why}")),
-        None => served,
+        None => Ok(()),
     }
 }
 
-fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
+/// Creates `dir` (and its parents) mode 0700, and makes an existing one and every file in
+/// it private (0700, 0600): a hub that ran before under a wider umask leaves its store
+/// readable to others otherwise.
+pub fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .with_context(|| format!("creating {}", dir.display()))
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let tighten = |path: &std::path::Path, mode: u32| -> anyhow::Result<()> {
+        let meta = std::fs::symlink_metadata(path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if !meta.file_type().is_symlink() && meta.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+                .with_context(|| format!("making {} private", path.display()))?;
+        }
+        Ok(())
+    };
+    tighten(dir, 0o700)?;
+    let entries = std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+        let kind = entry
+            .file_type()
+            .with_context(|| format!("reading {}", entry.path().display()))?;
+        if kind.is_file() {
+            tighten(&entry.path(), 0o600)?;
+        } else if kind.is_dir() {
+            tighten(&entry.path(), 0o700)?;
+        }
+    }
+    Ok(())
 }
