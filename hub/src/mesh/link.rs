@@ -43,8 +43,8 @@ use tokio_tungstenite::tungstenite::handshake::server::{
     Callback, ErrorResponse, Request, Response,
 };
 use tokio_tungstenite::tungstenite::http::{StatusCode, header};
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
 
 use super::waits::{LinkWaits, Written};
@@ -73,18 +73,6 @@ const RETRY_FORBIDDEN_MS: u64 = 60_000;
 const RETRY_REPLACED_MS: u64 = 30_000;
 /// Reconnect delay asked when the hub stops (it is usually back at once).
 const RETRY_SHUTDOWN_MS: u64 = 1_000;
-
-/// The WebSocket limits of a device link: frames and messages capped at the protocol's
-/// cap, small eager buffers (thousands of links share the hub's memory), a bounded write
-/// buffer.
-pub fn ws_config() -> WebSocketConfig {
-    WebSocketConfig::default()
-        .read_buffer_size(16 * 1024)
-        .write_buffer_size(0)
-        .max_write_buffer_size(2 * MAX_MESSAGE_BYTES + 64 * 1024)
-        .max_message_size(Some(MAX_MESSAGE_BYTES))
-        .max_frame_size(Some(MAX_MESSAGE_BYTES))
-}
 
 /// `code` + `message` as a close frame reason: JSON, cut to fit the 123-byte limit.
 pub fn close_frame(code: CloseCode, reason: &CloseReason) -> CloseFrame {
@@ -317,8 +305,11 @@ where
         authed: authed.clone(),
         peer,
     };
-    let upgrade =
-        tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config()));
+    let upgrade = tokio_tungstenite::accept_hdr_async_with_config(
+        stream,
+        callback,
+        Some(cortex_host::connection::ws_config()),
+    );
     let ws = tokio::select! {
         r = tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade) => r,
         () = state.shutdown.cancelled() => return,
