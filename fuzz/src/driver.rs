@@ -13,7 +13,7 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use proptest::strategy::Strategy;
-use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
+use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
 
 /// One case running longer than this is a hang: the parsers here take microseconds, a
 /// store open with its journal well under a second even in a debug build.
@@ -145,13 +145,20 @@ where
     let known = RefCell::new(known.into_iter().collect::<HashSet<String>>());
     let mut out = Outcome::default();
     let spent = || start.elapsed() >= budget.time || cases.get() >= budget.max_cases;
+    let mut batch = 0u64;
     while !spent() && out.failures.len() < MAX_NEW_FAILURES {
-        let config = Config {
+        let mut config = Config {
             cases: BATCH,
             failure_persistence: None,
             max_shrink_time: SHRINK_MS,
             ..Config::default()
         };
+        // A fresh random seed per batch; with PROPTEST_RNG_SEED=n, batch b uses n + b, so
+        // a run can be repeated.
+        if let RngSeed::Fixed(n) = config.rng_seed {
+            config.rng_seed = RngSeed::Fixed(n.wrapping_add(batch));
+        }
+        batch += 1;
         let mut runner = TestRunner::new(config);
         shrinking.set(false);
         let result = runner.run(&strategy, |v| {

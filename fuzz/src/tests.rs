@@ -73,6 +73,10 @@ fn failures_of_one_kind_share_a_signature() {
         "panicked: called `Result::unwrap()` on an `Err` value: Utf8Error { valid_up_to: 3 } at /x/redb/src/types.rs:803",
     );
     assert_eq!(a, b);
+    assert_eq!(
+        a,
+        driver::signature("panicked: slice index at /x/redb/src/types.rs:998")
+    );
     assert_ne!(
         a,
         driver::signature("panicked: index out of bounds at /x/y.rs:1")
