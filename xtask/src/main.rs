@@ -5,6 +5,7 @@ mod bench_kit;
 mod bench_mesh;
 mod bench_signals;
 mod bench_waits;
+mod fuzz;
 mod powerloss;
 mod test;
 
@@ -23,6 +24,11 @@ tasks:
       the power-loss torture at full length (default 30 power cuts each for the hub and a
       device agent, their homes on lazyfs; names durable only with their directory's
       fsync) on release binaries; --journaled: any fsync commits earlier names
+  fuzz [--seconds N] [TARGET…]
+      property-based fuzzing on stable Rust (fuzz/, proptest): each target (signal, frames,
+      spool, journal; default all) replays its corpus, then runs generated cases for N
+      seconds (default 600); prints cases and failures per target, saves failures in
+      fuzz/corpus/<target>/
   bench signals [--duration SECS] [--warmup SECS] [--runs N] [--monitors N]
                 [--threads N] [--quiet-wait SECS] [--no-build]
       the durable signal route against adnanh/webhook 2.8 (wrk), the disk's raw
@@ -46,6 +52,7 @@ fn main() -> ExitCode {
         ["test", rest @ ..] => test::run(rest),
         ["torture", rest @ ..] => test::torture(rest),
         ["powerloss", rest @ ..] => powerloss::run(rest),
+        ["fuzz", rest @ ..] => fuzz::run(rest),
         ["bench", "signals", rest @ ..] => bench_signals::run(rest),
         ["bench", "mesh", rest @ ..] => bench_mesh::run(rest),
         ["bench", "waits", rest @ ..] => bench_waits::run(rest),
