@@ -71,6 +71,11 @@ pub fn decode(registry: &[&'static dyn AnyTable], b: &[u8]) -> Result<Vec<Change
             }
             _ => return Err(bad("value flag")),
         };
+        if !registry[t].valid(&key, value.as_deref()) {
+            return Err(StoreError::Decode(format!(
+                "a journal change record holds a key or value that is not well-formed for table {name:?}"
+            )));
+        }
         out.push((t, key, value));
     }
     if r.at != b.len() {

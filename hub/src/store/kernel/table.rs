@@ -49,6 +49,9 @@ pub trait AnyTable: Sync {
     fn open(&self, rtx: &ReadTransaction) -> Result<Box<dyn SnapTable>, StoreError>;
     /// Writes `changes` into redb.
     fn apply(&self, wtx: &redb::WriteTransaction, changes: &Changes) -> Result<(), StoreError>;
+    /// Whether `key` (and `value`, if any) are well-formed for this table's types: what a
+    /// journal record holds is read back only if they are.
+    fn valid(&self, key: &[u8], value: Option<&[u8]>) -> bool;
 }
 
 impl<K: Key + Send + Sync + 'static, V: Value + Send + Sync + 'static> AnyTable
@@ -78,6 +81,22 @@ impl<K: Key + Send + Sync + 'static, V: Value + Send + Sync + 'static> AnyTable
             Err(redb::TableError::TableDoesNotExist(_)) => Ok(Box::new(Empty)),
             Err(e) => Err(e.into()),
         }
+    }
+
+    fn valid(&self, key: &[u8], value: Option<&[u8]>) -> bool {
+        // redb's decoders assume well-formed bytes and panic otherwise; a journal record
+        // whose checksum holds can still be forged or written by a broken build, so its
+        // bytes are decoded here, where a panic is caught and becomes a refusal.
+        std::panic::catch_unwind(|| {
+            let k = K::from_bytes(key);
+            K::as_bytes(&k).as_ref() == key
+                && K::compare(key, key) == Ordering::Equal
+                && value.is_none_or(|v| {
+                    let x = V::from_bytes(v);
+                    V::as_bytes(&x).as_ref() == v
+                })
+        })
+        .unwrap_or(false)
     }
 
     fn apply(&self, wtx: &redb::WriteTransaction, changes: &Changes) -> Result<(), StoreError> {

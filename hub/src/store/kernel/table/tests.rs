@@ -189,3 +189,17 @@ fn a_change_record_round_trips_and_refuses_damage() {
         );
     }
 }
+
+#[test]
+fn a_change_record_with_ill_formed_bytes_for_its_table_is_refused() {
+    // A record whose checksum holds but whose key is too short for `(&str, u64)`: redb's
+    // decoder would panic on it; the record is refused instead.
+    let mut rec = vec![super::super::delta::TAG];
+    rec.extend_from_slice(&1u32.to_le_bytes());
+    rec.extend_from_slice(&1u16.to_le_bytes());
+    rec.extend_from_slice(b"t");
+    rec.extend_from_slice(&2u32.to_le_bytes());
+    rec.extend_from_slice(&[9, 9]);
+    rec.push(0);
+    assert!(super::super::delta::decode(&REG, &rec).is_err());
+}
