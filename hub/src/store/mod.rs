@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use kernel::journal::Journal;
 use kernel::table::{Overlay, Snapshot};
-use kernel::{Completion, Job, Notices, Writer, WriterParts};
+use kernel::{Completion, Job, Writer, WriterParts};
 use tables::{Ctx, REGISTRY, TOPIC_HUB};
 
 use crate::engine::Settings;
@@ -487,18 +487,7 @@ fn read_now<R>(
 ) -> Result<R, StoreError> {
     let snap = Snapshot::open(&db.begin_read()?, &REGISTRY)?;
     let mut cur = Overlay::new(REGISTRY.len());
-    let mut undo = Vec::new();
-    let mut notices = Notices::new();
-    let t = Tx::new(
-        &REGISTRY,
-        &snap,
-        None,
-        &mut cur,
-        &mut undo,
-        &mut notices,
-        ctx,
-    );
-    f(&t)
+    kernel::tx::outside_writer(&REGISTRY, &snap, &mut cur, ctx, |t| f(t))
 }
 
 /// Runs a write straight into redb, before the writer starts (at open).
@@ -509,31 +498,11 @@ fn run_once(
 ) -> Result<(), StoreError> {
     let snap = Snapshot::open(&db.begin_read()?, &REGISTRY)?;
     let mut cur = Overlay::new(REGISTRY.len());
-    let mut undo = Vec::new();
-    let mut notices = Notices::new();
-    {
-        let mut t = Tx::new(
-            &REGISTRY,
-            &snap,
-            None,
-            &mut cur,
-            &mut undo,
-            &mut notices,
-            ctx,
-        );
-        f(&mut t)?;
-    }
+    kernel::tx::outside_writer(&REGISTRY, &snap, &mut cur, ctx, f)?;
     if cur.is_empty() {
         return Ok(());
     }
-    let wtx = db.begin_write()?;
-    for (t, c) in REGISTRY.iter().zip(&cur.tables) {
-        if !c.is_empty() {
-            t.apply(&wtx, c)?;
-        }
-    }
-    wtx.commit()?;
-    Ok(())
+    kernel::checkpoint::commit(db, &REGISTRY, &cur, None)
 }
 
 fn stored_settings(db: &Database) -> Result<Option<Settings>, StoreError> {

@@ -59,13 +59,25 @@ pub fn write_marked(
     seq: u64,
     clean: bool,
 ) -> Result<(), StoreError> {
+    commit(db, registry, changes, Some((seq, clean)))
+}
+
+/// Writes `changes` into redb in one commit; with `mark`, also the journal number they
+/// reach and, when it says so, that the stop is clean. Without it (before the journal
+/// is in use, at open), the changes carry no journal number.
+pub fn commit(
+    db: &Database,
+    registry: &[&'static dyn AnyTable],
+    changes: &Overlay,
+    mark: Option<(u64, bool)>,
+) -> Result<(), StoreError> {
     let wtx = db.begin_write()?;
     for (t, c) in registry.iter().zip(&changes.tables) {
         if !c.is_empty() {
             t.apply(&wtx, c)?;
         }
     }
-    {
+    if let Some((seq, clean)) = mark {
         let mut meta = wtx.open_table(META.def)?;
         meta.insert(JOURNAL_SEQ, seq)?;
         if clean {

@@ -86,3 +86,18 @@ impl<'a, C> Tx<'a, C> {
         self.notices.insert((kind, key.to_string()), value);
     }
 }
+
+/// Runs `f` on a view of `snap` under `cur`, outside the writer (at open, in a replay, a
+/// direct read): the undo log and notices are thrown away.
+pub fn outside_writer<C, R>(
+    registry: &[&'static dyn AnyTable],
+    snap: &Snapshot,
+    cur: &mut Overlay,
+    ctx: &C,
+    f: impl for<'a> FnOnce(&mut Tx<'a, C>) -> R,
+) -> R {
+    let mut undo = Vec::new();
+    let mut notices = Notices::new();
+    let mut t = Tx::new(registry, snap, None, cur, &mut undo, &mut notices, ctx);
+    f(&mut t)
+}

@@ -27,7 +27,7 @@ use super::error::StoreError;
 use super::journal::Journal;
 use super::notice::{Notices, Notifier};
 use super::table::{AnyTable, Overlay, Snapshot, Undo, rollback};
-use super::tx::Tx;
+use super::tx::{Tx, outside_writer};
 
 /// How many jobs one batch takes at most.
 const MAX_BATCH: usize = 1024;
@@ -486,15 +486,17 @@ pub(crate) fn recover<C>(
     salvage: bool,
 ) -> Result<Replayed, StoreError> {
     let snap = Snapshot::open(&db.begin_read()?, registry)?;
-    let mark = {
-        let mut cur = Overlay::new(registry.len());
-        let mut undo = Vec::new();
-        let mut n = Notices::new();
-        let tx = Tx::new(registry, &snap, None, &mut cur, &mut undo, &mut n, ctx);
-        tx.table(&super::checkpoint::META)
-            .get(super::checkpoint::JOURNAL_SEQ)?
-            .map_or(0, |v| v.value())
-    };
+    let mark = outside_writer(
+        registry,
+        &snap,
+        &mut Overlay::new(registry.len()),
+        ctx,
+        |t| {
+            t.table(&super::checkpoint::META)
+                .get(super::checkpoint::JOURNAL_SEQ)
+                .map(|v| v.map_or(0, |v| v.value()))
+        },
+    )?;
     let mut records: Vec<_> = records.into_iter().filter(|r| r.seq > mark).collect();
     records.sort_by_key(|r| r.seq);
     let mut cur = Overlay::new(registry.len());
@@ -514,15 +516,14 @@ pub(crate) fn recover<C>(
             let changes = delta::decode(registry, &rec.payload)?;
             delta::apply(registry, &mut cur, changes);
         } else {
-            let mut undo = Vec::new();
-            let mut n = Notices::new();
-            let mut tx = Tx::new(registry, &snap, None, &mut cur, &mut undo, &mut n, ctx);
-            legacy(&mut tx, &rec.payload).map_err(|e| {
-                StoreError::Decode(format!(
-                    "journal record {} cannot be replayed ({e}); keep the journal files for a hub version that can",
-                    rec.seq
-                ))
-            })?;
+            outside_writer(registry, &snap, &mut cur, ctx, |t| legacy(t, &rec.payload)).map_err(
+                |e| {
+                    StoreError::Decode(format!(
+                        "journal record {} cannot be replayed ({e}); keep the journal files for a hub version that can",
+                        rec.seq
+                    ))
+                },
+            )?;
         }
         last = rec.seq;
     }
