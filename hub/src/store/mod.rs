@@ -91,7 +91,7 @@ impl Store {
     /// Opens (or creates) the database at `path` and its journal beside it, replays the
     /// journal's records newer than the last checkpoint, and starts the writer thread.
     pub fn open(path: &Path, settings: Settings) -> Result<(Store, WriterGuard), StoreError> {
-        let db = Database::create(path).map_err(|source| StoreError::Open {
+        let db = kernel::paced::open_database(path).map_err(|source| StoreError::Open {
             path: path.display().to_string(),
             source,
         })?;
@@ -365,7 +365,7 @@ impl Store {
     /// reported, the result is checkpointed and the journal files start over. The hub
     /// must not be running.
     pub fn recover_journal(path: &Path, settings: Settings) -> Result<Recovered, StoreError> {
-        let db = Database::create(path).map_err(|source| StoreError::Open {
+        let db = kernel::paced::open_database(path).map_err(|source| StoreError::Open {
             path: path.display().to_string(),
             source,
         })?;

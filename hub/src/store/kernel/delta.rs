@@ -87,7 +87,6 @@ pub fn decode(registry: &[&'static dyn AnyTable], b: &[u8]) -> Result<Vec<Change
 /// Applies decoded changes to `cur` (a replay).
 pub fn apply(registry: &[&'static dyn AnyTable], cur: &mut Overlay, changes: Vec<Change>) {
     for (t, k, v) in changes {
-        cur.bytes += k.len() + v.as_ref().map_or(0, Vec::len) + 16;
         cur.tables[t].insert(RawKey::new(k, registry[t].compare()), v);
     }
 }

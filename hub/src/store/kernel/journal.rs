@@ -1,12 +1,12 @@
-//! The acknowledgement journal: an append-only file of the hot operations (signals, remote
-//! wait outcomes) that were acknowledged but are not yet in a redb commit.
+//! The acknowledgement journal: an append-only file of change records (each batch's keys
+//! and new values, see `delta.rs`) that were acknowledged but are not yet in a redb
+//! checkpoint.
 //!
-//! A redb commit rewrites a handful of scattered pages and fsyncs them; appending one
-//! record to a file whose blocks are already allocated, then `fdatasync`, is one small
-//! sequential write. The writer applies an operation to its open redb transaction, appends
-//! the operation's record here, syncs, and only then answers. redb commits later, in bulk
-//! (see `mod.rs`), and each commit stores the sequence number of the newest record it
-//! holds; the file is then reused from its start.
+//! A redb commit rewrites scattered pages and syncs them; appending one record to a file
+//! whose blocks are already allocated, then `fdatasync`, is one small sequential write.
+//! The writer appends a batch's record here, syncs, and only then answers. Checkpoints
+//! write the changes into redb later, in bulk, and each stores the sequence number of the
+//! newest record it holds; the file is then reused from its start.
 //!
 //! Record: `len u32 LE | crc32c u32 LE | seq u64 LE | payload (len bytes)`, the CRC over
 //! `seq | payload`. Sequence numbers never repeat and grow by one. A scan reads from the

@@ -9,10 +9,12 @@
 //! - a batch of operations (group commit) is one journal record: the keys it changed and
 //!   their new values. It is appended and `fdatasync`ed, and only then are the batch's
 //!   callers answered and its notices published;
-//! - about once a second (or once enough has changed) the writer freezes the changes and
-//!   hands them to the checkpoint thread, which writes them into redb in one commit and
-//!   stores the journal number they reach. The writer goes on answering meanwhile, from
-//!   memory, with a fresh layer on top; the journal switches to its other file;
+//! - once no batch came for a moment (or the journal grew large, or the oldest change got
+//!   old) the writer freezes the changes and hands them to the checkpoint thread, which
+//!   writes them into redb in one commit and stores the journal number they reach. The
+//!   writer goes on answering meanwhile, from memory, with a fresh layer on top; the
+//!   journal switches to its other file. redb's file paces the commit's writeback
+//!   ([`paced`]), so the journal's syncs never queue behind all of it;
 //! - at start, the journal records newer than the last checkpoint are applied again (they
 //!   are the changes themselves, so a replay is exact) and checkpointed.
 
@@ -21,6 +23,7 @@ pub mod delta;
 pub mod error;
 pub mod journal;
 pub mod notice;
+pub mod paced;
 pub mod table;
 pub mod timers;
 pub mod tx;

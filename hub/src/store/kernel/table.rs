@@ -153,15 +153,12 @@ pub type Changes = BTreeMap<RawKey, Option<Vec<u8>>>;
 #[derive(Default)]
 pub struct Overlay {
     pub tables: Vec<Changes>,
-    /// About how many bytes the changes hold.
-    pub bytes: usize,
 }
 
 impl Overlay {
     pub fn new(tables: usize) -> Self {
         Overlay {
             tables: (0..tables).map(|_| Changes::new()).collect(),
-            bytes: 0,
         }
     }
 
@@ -591,7 +588,6 @@ impl<'t, K: Key + 'static, V: Value + 'static> Table<'t, K, V> {
             return Ok(None);
         }
         let rk = RawKey::new(key, K::compare);
-        self.cur.bytes += rk.bytes.len() + value.as_ref().map_or(0, Vec::len) + 16;
         let before = self.cur.tables[self.index].insert(rk.clone(), value);
         self.undo.push((self.index, rk, before));
         Ok(old.map(Guard::new))

@@ -31,10 +31,16 @@ use super::tx::{Tx, outside_writer};
 
 /// How many jobs one batch takes at most.
 const MAX_BATCH: usize = 1024;
-/// Changes are checkpointed at most about this long after the first of them.
-pub(crate) const CHECKPOINT_AFTER: Duration = Duration::from_millis(1000);
-/// ... or once they hold about this much.
-const CHECKPOINT_BYTES: usize = 1 << 20;
+/// Changes are checkpointed once no batch came for this long: nobody waits on the disk
+/// then, so the checkpoint's writes delay no acknowledgement ...
+const CHECKPOINT_IDLE: Duration = Duration::from_millis(200);
+/// ... or, under steady load, once the journal holds this much since the last one: each
+/// checkpoint's writes delay the acknowledgements made while they go out, so fewer,
+/// larger checkpoints (one redb commit for many rewrites of the same keys) disturb fewer
+/// of them. It also bounds what a start replays and what the writer holds in memory ...
+const CHECKPOINT_JOURNAL_BYTES: u64 = 16 << 20;
+/// ... or at the latest this long after the first change not yet checkpointed.
+const CHECKPOINT_MAX_AGE: Duration = Duration::from_secs(30);
 /// A failed checkpoint is tried again after this long.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
 
@@ -121,6 +127,8 @@ pub(crate) struct Writer<C> {
     ticker: Ticker,
     /// When the oldest change not yet frozen was made.
     dirty_since: Option<Instant>,
+    /// When the newest batch with changes was made durable.
+    last_change: Option<Instant>,
     broken: Option<String>,
     /// Test only: the next checkpoint phase freezes whatever there is.
     #[cfg(test)]
@@ -159,6 +167,7 @@ impl<C> Writer<C> {
             checkpointer,
             ticker,
             dirty_since: None,
+            last_change: None,
             broken: None,
             #[cfg(test)]
             force_freeze: false,
@@ -251,9 +260,9 @@ impl<C> Writer<C> {
             match j.append([record.as_slice()]) {
                 Ok(seq) => {
                     self.acked.store(seq, Ordering::Release);
-                    if self.dirty_since.is_none() {
-                        self.dirty_since = Some(Instant::now());
-                    }
+                    let now = Instant::now();
+                    self.dirty_since.get_or_insert(now);
+                    self.last_change = Some(now);
                     return BatchOutcome::Durable;
                 }
                 Err(super::journal::JournalError::Io(source)) => {
@@ -303,11 +312,15 @@ impl<C> Writer<C> {
             }
             return;
         }
+        let idle = self
+            .last_change
+            .is_some_and(|t| t.elapsed() >= CHECKPOINT_IDLE);
+        let large = self.journals[self.active].used() >= CHECKPOINT_JOURNAL_BYTES;
+        let old = self
+            .dirty_since
+            .is_some_and(|t| t.elapsed() >= CHECKPOINT_MAX_AGE);
         #[allow(unused_mut)]
-        let mut due = self.cur.bytes >= CHECKPOINT_BYTES
-            || self
-                .dirty_since
-                .is_some_and(|t| t.elapsed() >= CHECKPOINT_AFTER);
+        let mut due = idle || large || old;
         #[cfg(test)]
         {
             due |= std::mem::take(&mut self.force_freeze);
@@ -413,7 +426,7 @@ impl<C> Drop for Writer<C> {
     }
 }
 
-/// Nudges the writer [`CHECKPOINT_AFTER`] after it is armed, so changes reach redb
+/// Nudges the writer [`CHECKPOINT_IDLE`] after it is armed, so changes reach redb
 /// without the writer waiting on a timer itself: it blocks on its queue alone. Parked
 /// (no wake-ups at all) while nothing waits.
 pub(crate) struct Ticker {
@@ -438,7 +451,7 @@ impl Ticker {
                     if !a.swap(false, Ordering::AcqRel) {
                         continue;
                     }
-                    std::thread::sleep(RETRY_AFTER.min(CHECKPOINT_AFTER));
+                    std::thread::sleep(RETRY_AFTER.min(CHECKPOINT_IDLE));
                     let Some(tx) = jobs.upgrade() else { return };
                     // A full queue means the writer is busy and looks by itself.
                     let _ = tx.try_send(Job::Tick);
