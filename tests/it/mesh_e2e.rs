@@ -61,7 +61,7 @@ fn signal_count(hub: &Hub, wp: &Value) -> u64 {
 }
 
 #[test]
-fn the_seed_file_drop_line_on_a_device_wakes_a_session() {
+fn the_one_line_shell_drop_on_a_device_wakes_a_session() {
     let hub = Hub::start();
     let token = add_device(&hub, "gpu1");
     let mut agent = Agent::start(&hub, "gpu1", &token);
