@@ -355,6 +355,13 @@ impl Hub {
         })
     }
 
+    /// Enrols device `name` (`POST /api/devices`); returns its token.
+    pub fn add_device(&self, name: &str) -> String {
+        let (st, v) = self.api(Method::Post, "/api/devices", Some(&json!({"name": name})));
+        assert_eq!(st, 201, "{v}");
+        v["token"].as_str().expect("token").to_string()
+    }
+
     /// The local spool directory.
     pub fn spool(&self) -> PathBuf {
         self.home.join("tmp/signals")

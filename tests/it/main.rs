@@ -5,6 +5,7 @@ mod cortex_cli;
 mod durability;
 mod hostile;
 mod local_waits;
+mod log_secrets;
 mod mesh_e2e;
 mod mesh_hub;
 mod packaging;
