@@ -3,6 +3,7 @@
 
 mod cortex_cli;
 mod durability;
+mod full_disk;
 mod hostile;
 mod local_waits;
 mod log_secrets;
