@@ -26,14 +26,16 @@ struct Tmpfs {
 
 impl Tmpfs {
     /// Mounting a filesystem needs root (CAP_SYS_ADMIN); CI and the development machine
-    /// run the suite as root. Without it, this test fails and says why instead of
-    /// skipping: a full disk is only real on a filesystem that can fill up, and filling
-    /// the test machine's own disk is not an option.
+    /// run the suite as root, so `id -u` is checked first. Without root this test fails
+    /// and says why instead of skipping: a full disk is only real on a filesystem that can
+    /// fill up, and filling the machine's own disk is not an option. (A user namespace,
+    /// `unshare --user --map-root-user --mount`, could mount one, but the hub, restarted
+    /// on the same home, would have to join that namespace each time; not built.)
     fn mount(mib: u32) -> Tmpfs {
         let uid = rustix::process::getuid().as_raw();
         assert_eq!(
             uid, 0,
-            "the full-disk tests mount a small tmpfs, which needs root; run the suite as root (uid {uid} here)"
+            "the full-disk tests mount a small tmpfs, which needs root, and this is uid {uid}: run the suite as root (a user namespace is not used: the restarted hub would have to join it)"
         );
         let dir = tempfile::tempdir().expect("tempdir");
         let out = Command::new("mount")
