@@ -104,9 +104,10 @@ enum Answer {
 
 /// A hub whose home is on a tmpfs, one waitpoint, and every signal's answer by key.
 struct Run {
+    // Dropped in this order: the hub killed before its filesystem is unmounted.
+    hub: Hub,
     fs: Tmpfs,
     _logs: tempfile::TempDir,
-    hub: Hub,
     wp: Value,
     answers: HashMap<String, Answer>,
     next: usize,
@@ -129,9 +130,9 @@ impl Run {
             json!({"label": "m", "intent": "x", "max_signals": 10000}),
         );
         Run {
+            hub,
             fs,
             _logs: logs,
-            hub,
             wp,
             answers: HashMap::new(),
             next: 0,
