@@ -19,6 +19,8 @@ pub struct Agent {
     pub name: String,
     mesh_url: String,
     token_file: PathBuf,
+    /// Extra environment, set after the defaults (so `RUST_LOG` here wins over `info`).
+    env: Vec<(String, String)>,
 }
 
 impl Agent {
@@ -48,7 +50,13 @@ impl Agent {
             name: name.to_string(),
             mesh_url: hub.mesh_url.clone(),
             token_file,
+            env: Vec::new(),
         }
+    }
+
+    /// Sets `key=value` in the environment of every later start (e.g. `RUST_LOG`).
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.push((key.to_string(), value.to_string()));
     }
 
     fn log_path(&self) -> PathBuf {
@@ -63,8 +71,8 @@ impl Agent {
             .append(true)
             .open(self.log_path())
             .expect("log");
-        let child = Command::new(bin("cortex-device-agent"))
-            .args(["--hub", &self.mesh_url, "--name", &self.name])
+        let mut cmd = Command::new(bin("cortex-device-agent"));
+        cmd.args(["--hub", &self.mesh_url, "--name", &self.name])
             .arg("--token-file")
             .arg(&self.token_file)
             .arg("--home")
@@ -75,10 +83,11 @@ impl Agent {
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn cortex-device-agent");
-        self.child = Some(child);
+            .stderr(log);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("spawn cortex-device-agent"));
     }
 
     pub fn log(&self) -> String {

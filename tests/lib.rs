@@ -229,6 +229,13 @@ impl Hub {
         )
     }
 
+    /// The exit status, once the hub exited by itself (`None` while it runs).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        let st = self.child.as_mut()?.try_wait().ok().flatten()?;
+        self.child = None;
+        Some(st)
+    }
+
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
@@ -265,6 +272,20 @@ impl Hub {
             .expect("signal");
         let v = serde_json::from_slice(&resp.body).unwrap_or_else(|_| json!({"raw": resp.text()}));
         (resp.status, v)
+    }
+
+    /// POST /webhook/signal; `Err` (the reason) when no answer came: the hub is gone, or
+    /// it went away with the request in flight (which it may or may not have recorded).
+    pub fn try_signal(&self, body: &Value) -> Result<(u16, Value), String> {
+        let url = self.url("/webhook/signal");
+        let bytes = serde_json::to_vec(body).expect("json");
+        let resp = Request::new(Method::Post, &url)
+            .json(&bytes)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .map_err(|e| e.to_string())?;
+        let v = serde_json::from_slice(&resp.body).unwrap_or_else(|_| json!({"raw": resp.text()}));
+        Ok((resp.status, v))
     }
 
     pub fn signal(&self, body: &Value) -> (u16, Value) {
@@ -353,6 +374,13 @@ impl Hub {
                 false
             }
         })
+    }
+
+    /// Enrols device `name` (`POST /api/devices`); returns its token.
+    pub fn add_device(&self, name: &str) -> String {
+        let (st, v) = self.api(Method::Post, "/api/devices", Some(&json!({"name": name})));
+        assert_eq!(st, 201, "{v}");
+        v["token"].as_str().expect("token").to_string()
     }
 
     /// The local spool directory.

@@ -1,4 +1,4 @@
-//! All of `cortex-signal`: its flags (seed 000's table), the signal body within the caps,
+//! All of `cortex-signal`: its flags (docs/waitpoints.md lists them), the signal body within the caps,
 //! sending it, falling back to the spool, and the exit status. The binary only parses the
 //! command line and calls [`run`]; the environment comes in as a [`SignalEnv`].
 //!

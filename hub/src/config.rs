@@ -1,5 +1,6 @@
-//! The hub's configuration: `$CORTEX_HOME`, settings.json with its environment fallbacks
-//! (seed 000, Housekeeping), the operator token, and the listen address rule.
+//! The hub's configuration: `$CORTEX_HOME`, settings.json (`waitpointTtlMs`, `waitpointSweepMs`,
+//! …; a key missing there falls back to its `CORTEX_…` environment variable, then to its
+//! default), the operator token, and the listen address rule.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

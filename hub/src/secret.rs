@@ -63,7 +63,7 @@ mod tests {
     }
 
     #[test]
-    fn ids_look_like_the_seed() {
+    fn ids_are_a_prefix_and_twelve_hex_digits() {
         let id = new_id("wp");
         assert_eq!(id.len(), 15);
         assert!(id.starts_with("wp_"));

@@ -68,7 +68,7 @@ pub struct Event {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum EventBody {
-    /// A message for the agent (seed 002 Say).
+    /// A message for the agent (`POST /api/sessions/{sid}/messages`).
     Message {
         text: String,
         when: When,
@@ -342,7 +342,8 @@ pub struct DeviceView {
     pub wait_list: Option<Vec<DeviceWaitView>>,
 }
 
-/// `POST /api/devices/{name}/waits`: a remote wait (seed 004) on that device, answered
+/// `POST /api/devices/{name}/waits`: a remote wait (a pid exiting, a file written, a
+/// lock coming free) on that device, answered
 /// with a waitpoint bound to it that the device's agent signals.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

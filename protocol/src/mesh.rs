@@ -187,7 +187,8 @@ impl FileCursor {
     }
 }
 
-/// How a remote wait ended: seed 004's exit codes 0, 1 and 2.
+/// How a remote wait ended; a `cortex wait` exits 0 when it fired, 1 when it timed out,
+/// 2 when it broke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WaitEnd {
@@ -208,7 +209,7 @@ impl WaitEnd {
         }
     }
 
-    /// Seed 004's exit status: 0, 1, 2.
+    /// The exit status of a `cortex wait` that ended so: 0 fired, 1 timed out, 2 broke.
     pub fn exit_code(self) -> u8 {
         match self {
             WaitEnd::Fired => 0,

@@ -1,4 +1,5 @@
-//! The body of `POST /webhook/signal` and of a spool file, and its caps (seed 000).
+//! The body of `POST /webhook/signal` and of a spool file, and its caps (the
+//! body's bytes, the message's and the data's characters, the names' characters).
 
 use serde::{Deserialize, Serialize};
 

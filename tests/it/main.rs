@@ -3,8 +3,10 @@
 
 mod cortex_cli;
 mod durability;
+mod full_disk;
 mod hostile;
 mod local_waits;
+mod log_secrets;
 mod mesh_e2e;
 mod mesh_hub;
 mod packaging;

@@ -21,12 +21,6 @@ use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(20);
 
-fn add_device(hub: &Hub, name: &str) -> String {
-    let (st, v) = hub.api(Method::Post, "/api/devices", Some(&json!({"name": name})));
-    assert_eq!(st, 201, "{v}");
-    v["token"].as_str().expect("token").to_string()
-}
-
 fn device(hub: &Hub, name: &str) -> Value {
     let (st, v) = hub.api(Method::Get, "/api/devices", None);
     assert_eq!(st, 200, "{v}");
@@ -61,9 +55,9 @@ fn signal_count(hub: &Hub, wp: &Value) -> u64 {
 }
 
 #[test]
-fn the_seed_file_drop_line_on_a_device_wakes_a_session() {
+fn the_one_line_shell_drop_on_a_device_wakes_a_session() {
     let hub = Hub::start();
-    let token = add_device(&hub, "gpu1");
+    let token = hub.add_device("gpu1");
     let mut agent = Agent::start(&hub, "gpu1", &token);
     let d = wait_online(&hub, &agent);
     assert_eq!(d["agent_version"], env!("CARGO_PKG_VERSION"), "{d}");
@@ -125,7 +119,7 @@ fn the_seed_file_drop_line_on_a_device_wakes_a_session() {
 fn twenty_thousand_files_are_each_recorded_once_and_deleted() {
     const N: usize = 20_000;
     let hub = Hub::start();
-    let token = add_device(&hub, "burst");
+    let token = hub.add_device("burst");
     let sid = hub.session();
     let wp = hub.waitpoint(&sid, json!({"label": "m", "intent": "i", "max_signals": 5}));
     let agent = Agent::start(&hub, "burst", &token);
@@ -155,7 +149,7 @@ fn twenty_thousand_files_are_each_recorded_once_and_deleted() {
 fn a_sigkill_in_a_burst_loses_nothing_and_counts_nothing_twice() {
     const N: usize = 10_000;
     let hub = Hub::start();
-    let token = add_device(&hub, "crashy");
+    let token = hub.add_device("crashy");
     let sid = hub.session();
     let wp = hub.waitpoint(&sid, json!({"label": "m", "intent": "i", "max_signals": 5}));
     let mut agent = Agent::start(&hub, "crashy", &token);
@@ -190,7 +184,7 @@ fn a_sigkill_in_a_burst_loses_nothing_and_counts_nothing_twice() {
 #[test]
 fn a_frozen_hub_is_noticed_within_two_ping_intervals_and_files_wait_for_it() {
     let hub = Hub::start_with(&[("CORTEX_MESH_PING_MS", "500")]);
-    let token = add_device(&hub, "watcher");
+    let token = hub.add_device("watcher");
     let sid = hub.session();
     let wp = hub.waitpoint(&sid, json!({"label": "m", "intent": "i", "max_signals": 5}));
     let agent = Agent::start(&hub, "watcher", &token);
@@ -226,7 +220,7 @@ fn a_frozen_hub_is_noticed_within_two_ping_intervals_and_files_wait_for_it() {
 #[test]
 fn a_revoked_device_is_told_why() {
     let hub = Hub::start();
-    let token = add_device(&hub, "old");
+    let token = hub.add_device("old");
     let agent = Agent::start(&hub, "old", &token);
     wait_online(&hub, &agent);
     let (st, v) = hub.api(Method::Delete, "/api/devices/old", None);
@@ -243,7 +237,7 @@ fn fifty_files_dropped_while_the_hub_is_down_are_each_delivered_once_after_it_re
     // The hub comes back on the same mesh address, chosen at run time.
     let mesh = format!("127.0.0.1:{}", cortex_tests::dead_port());
     let mut hub = Hub::start_with_args(&[], &["--mesh-listen", &mesh]);
-    let token = add_device(&hub, "gpu2");
+    let token = hub.add_device("gpu2");
     let sid = hub.session();
     let wp = hub.waitpoint(
         &sid,
@@ -292,7 +286,7 @@ fn rename_in(spool: &Path, name: &str) {
 #[test]
 fn bad_files_on_a_device_are_parked_with_reasons_and_links_are_never_followed() {
     let hub = Hub::start();
-    let token = add_device(&hub, "gpu3");
+    let token = hub.add_device("gpu3");
     let sid = hub.session();
     let wp = hub.waitpoint(&sid, json!({"label": "b", "intent": "i", "members": ["a"]}));
     let agent = Agent::start(&hub, "gpu3", &token);

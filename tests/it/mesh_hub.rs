@@ -26,13 +26,6 @@ fn rt() -> Runtime {
         .expect("runtime")
 }
 
-/// Enrols `name`; returns its token.
-fn add_device(hub: &Hub, name: &str) -> String {
-    let (st, v) = hub.api(Method::Post, "/api/devices", Some(&json!({"name": name})));
-    assert_eq!(st, 201, "{v}");
-    v["token"].as_str().expect("token").to_string()
-}
-
 fn devices(hub: &Hub) -> Vec<Value> {
     let (st, v) = hub.api(Method::Get, "/api/devices", None);
     assert_eq!(st, 200, "{v}");
@@ -182,7 +175,7 @@ fn enrol_connect_and_a_file_wakes_a_session_once() {
 #[test]
 fn a_device_named_local_keeps_its_files_apart_from_the_hubs_spool() {
     let hub = Hub::start();
-    let token = add_device(&hub, "local");
+    let token = hub.add_device("local");
     let sid = hub.session();
     let wp = hub.waitpoint(&sid, json!({"label": "l", "intent": "i", "max_signals": 5}));
     let (id, secret) = (wp["id"].as_str().unwrap(), wp["secret"].as_str().unwrap());
@@ -226,7 +219,7 @@ fn a_device_named_local_keeps_its_files_apart_from_the_hubs_spool() {
 #[test]
 fn refused_files_say_what_to_fix_and_the_link_stays_up() {
     let hub = Hub::start();
-    let token = add_device(&hub, "box");
+    let token = hub.add_device("box");
     let sid = hub.session();
     let wp = hub.waitpoint(
         &sid,
@@ -289,7 +282,7 @@ fn refused_files_say_what_to_fix_and_the_link_stays_up() {
 #[test]
 fn a_burst_of_files_is_acked_once_each() {
     let hub = Hub::start();
-    let token = add_device(&hub, "burst");
+    let token = hub.add_device("burst");
     let sid = hub.session();
     let wp = hub.waitpoint(
         &sid,
@@ -321,7 +314,7 @@ fn a_burst_of_files_is_acked_once_each() {
 #[test]
 fn bad_tokens_are_refused_and_revoking_drops_the_link_at_once() {
     let hub = Hub::start();
-    let token = add_device(&hub, "gpu2");
+    let token = hub.add_device("gpu2");
     let rt = rt();
     let url = hub.mesh_url.clone();
     let try_open = |name: &str, token: &str, url: &str| match rt
@@ -386,7 +379,7 @@ fn bad_tokens_are_refused_and_revoking_drops_the_link_at_once() {
     );
     assert_eq!(events[3]["reason"], "revoked");
     // Enrolled again, it gets a new token; the old one stays dead.
-    let token2 = add_device(&hub, "gpu2");
+    let token2 = hub.add_device("gpu2");
     assert_ne!(token, token2);
     assert_eq!(refused_code(&try_open("gpu2", &token, &url)).0, 403);
     connect(&rt, &hub, "gpu2", &token2);
@@ -396,8 +389,8 @@ fn bad_tokens_are_refused_and_revoking_drops_the_link_at_once() {
 fn a_silent_agent_is_dropped_within_two_ping_intervals() {
     let ping_ms = 500;
     let hub = Hub::start_with(&[("CORTEX_MESH_PING_MS", "500")]);
-    let quiet = add_device(&hub, "quiet");
-    let chatty = add_device(&hub, "chatty");
+    let quiet = hub.add_device("quiet");
+    let chatty = hub.add_device("chatty");
     let rt = rt();
     let dev = connect(&rt, &hub, "quiet", &quiet);
     let mut live = connect(&rt, &hub, "chatty", &chatty);
@@ -424,7 +417,7 @@ fn a_silent_agent_is_dropped_within_two_ping_intervals() {
 #[test]
 fn a_device_notices_a_frozen_hub_within_two_ping_intervals() {
     let hub = Hub::start_with(&[("CORTEX_MESH_PING_MS", "500")]);
-    let token = add_device(&hub, "watcher");
+    let token = hub.add_device("watcher");
     let rt = rt();
     let mut dev = connect(&rt, &hub, "watcher", &token);
     let pid = rustix::process::Pid::from_raw(hub.pid().expect("pid") as i32).expect("pid");
@@ -444,7 +437,7 @@ fn a_device_notices_a_frozen_hub_within_two_ping_intervals() {
 fn bad_frames_close_only_their_link_with_a_reason() {
     let hub = Hub::start();
     let names = ["garbage", "text", "huge", "hello2", "good"];
-    let tokens: Vec<String> = names.iter().map(|n| add_device(&hub, n)).collect();
+    let tokens: Vec<String> = names.iter().map(|n| hub.add_device(n)).collect();
     let rt = rt();
     let mut devs: Vec<SimDevice> = names
         .iter()
@@ -513,7 +506,7 @@ fn bad_frames_close_only_their_link_with_a_reason() {
 #[test]
 fn a_second_connection_replaces_the_first() {
     let hub = Hub::start();
-    let token = add_device(&hub, "twin");
+    let token = hub.add_device("twin");
     let rt = rt();
     let mut first = connect(&rt, &hub, "twin", &token);
     let mut second = connect(&rt, &hub, "twin", &token);
@@ -603,7 +596,7 @@ fn wss_with_a_private_ca() {
         hub.mesh_url
     );
     let url = hub.mesh_url.replace("127.0.0.1", "localhost");
-    let token = add_device(&hub, "secure");
+    let token = hub.add_device("secure");
     let (_, v) = hub.api(
         Method::Post,
         "/api/devices",
@@ -638,7 +631,7 @@ fn wss_with_a_private_ca() {
 #[test]
 fn restart_and_shutdown_keep_devices_and_say_why() {
     let mut hub = Hub::start_with(&[("CORTEX_WAITPOINT_SWEEP_MS", "300")]);
-    let token = add_device(&hub, "keep");
+    let token = hub.add_device("keep");
     let rt = rt();
     let mut dev = connect(&rt, &hub, "keep", &token);
     // The sweep asks every connected agent to rescan.
@@ -727,7 +720,7 @@ fn cortex_devices_and_device_add_revoke() {
 fn a_connection_cut_without_a_close_reads_as_lost() {
     use futures_util::{SinkExt, StreamExt};
     let hub = Hub::start();
-    let token = add_device(&hub, "cut");
+    let token = hub.add_device("cut");
     let rt = rt();
     rt.block_on(async {
         let mut ws = sim::open(&Options::new(&hub.mesh_url, "cut", &token))

@@ -51,12 +51,6 @@ impl Drop for Sleep {
     }
 }
 
-fn add_device(hub: &Hub, name: &str) -> String {
-    let (st, v) = hub.api(Method::Post, "/api/devices", Some(&json!({"name": name})));
-    assert_eq!(st, 201, "{v}");
-    v["token"].as_str().unwrap().to_string()
-}
-
 fn device(hub: &Hub, name: &str) -> Value {
     let (st, v) = hub.api(Method::Get, &format!("/api/devices/{name}"), None);
     assert_eq!(st, 200, "{v}");
@@ -145,7 +139,7 @@ fn cortex(hub: &Hub, args: &[&str]) -> (i32, String, String) {
 #[test]
 fn a_remote_pid_wait_fires_when_its_process_is_killed_and_wakes_the_session() {
     let hub = Hub::start();
-    let token = add_device(&hub, "gpu1");
+    let token = hub.add_device("gpu1");
     let agent = Agent::start(&hub, "gpu1", &token);
     wait_online(&hub, "gpu1");
     let d = device(&hub, "gpu1");
@@ -197,7 +191,7 @@ fn a_remote_pid_wait_fires_when_its_process_is_killed_and_wakes_the_session() {
 #[test]
 fn cortex_wait_pid_device_exits_0_on_the_exit_and_1_on_its_timeout() {
     let hub = Hub::start();
-    let token = add_device(&hub, "gpu1");
+    let token = hub.add_device("gpu1");
     let _agent = Agent::start(&hub, "gpu1", &token);
     wait_online(&hub, "gpu1");
     let url = format!("http://{}", hub.addr);
@@ -283,7 +277,7 @@ fn cortex_wait_pid_device_exits_0_on_the_exit_and_1_on_its_timeout() {
 #[test]
 fn the_agent_killed_mid_wait_re_arms_and_the_wait_fires_once() {
     let hub = Hub::start();
-    let token = add_device(&hub, "gpu1");
+    let token = hub.add_device("gpu1");
     let mut agent = Agent::start(&hub, "gpu1", &token);
     wait_online(&hub, "gpu1");
 
@@ -352,7 +346,7 @@ fn the_hub_killed_while_outcomes_arrive_records_each_once_after_it_returns() {
     // The hub comes back on the same mesh address, chosen at run time.
     let mesh = format!("127.0.0.1:{}", cortex_tests::dead_port());
     let mut hub = Hub::start_with_args(&[], &["--mesh-listen", &mesh]);
-    let token = add_device(&hub, "gpu1");
+    let token = hub.add_device("gpu1");
     let agent = Agent::start(&hub, "gpu1", &token);
     wait_online(&hub, "gpu1");
     let mut sleeps: Vec<Sleep> = (0..40).map(|_| Sleep::start()).collect();
@@ -397,7 +391,7 @@ fn the_hub_killed_while_outcomes_arrive_records_each_once_after_it_returns() {
 #[test]
 fn a_wait_asked_of_an_offline_device_fires_after_it_connects() {
     let hub = Hub::start();
-    let token = add_device(&hub, "gpu1");
+    let token = hub.add_device("gpu1");
     let mut agent = Agent::new(&hub, "gpu1", &token);
 
     let mut sleep = Sleep::start();
@@ -425,7 +419,7 @@ fn a_wait_asked_of_an_offline_device_fires_after_it_connects() {
 #[test]
 fn a_bound_passing_while_the_device_is_offline_breaks_the_wait() {
     let hub = Hub::start();
-    let token = add_device(&hub, "gpu1");
+    let token = hub.add_device("gpu1");
     let _agent = Agent::new(&hub, "gpu1", &token);
     let sleep = Sleep::start();
     // Offline, so nobody can say whether the process ended: broke (2), not timed out,
@@ -459,7 +453,7 @@ fn a_bound_passing_while_the_device_is_offline_breaks_the_wait() {
 #[test]
 fn cancelling_the_waitpoint_cancels_the_agents_wait() {
     let hub = Hub::start();
-    let token = add_device(&hub, "gpu1");
+    let token = hub.add_device("gpu1");
     let agent = Agent::start(&hub, "gpu1", &token);
     wait_online(&hub, "gpu1");
     let mut sleep = Sleep::start();
@@ -492,7 +486,7 @@ fn cancelling_the_waitpoint_cancels_the_agents_wait() {
 #[test]
 fn refusals_say_why() {
     let hub = Hub::start();
-    let token = add_device(&hub, "old");
+    let token = hub.add_device("old");
     let post = |name: &str, body: Value| {
         hub.api(
             Method::Post,

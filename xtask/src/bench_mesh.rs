@@ -1,6 +1,6 @@
 //! `cargo xtask bench mesh`: the device mesh as a job on a device sees it. A release hub
-//! and a release `cortex-device-agent` on loopback; the bench drops spool files the seed's
-//! way (`NAME.tmp`, then a rename to `NAME.json`) and times each until the agent deletes
+//! and a release `cortex-device-agent` on loopback; the bench drops spool files the way
+//! the one-line shell drop does (`NAME.tmp`, then a rename to `NAME.json`) and times each until the agent deletes
 //! it, which it does only after the hub's ack, sent after the durable commit: drop to
 //! accepted, p50/p99/max for bodies of ~100 B to ~64 KB, one file in flight. Then a burst
 //! of files as fast as they can be written (files/s, each recorded once); the idle agent's

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use cortex_cli::signal::{self, SignalArgs, SignalEnv};
 
 fn main() -> ExitCode {
-    // Seed 000: run with no arguments, it prints its help and sends nothing (a usage error).
+    // Run with no arguments, it prints its help and sends nothing (a usage error).
     if std::env::args_os().len() <= 1 {
         let _ = write!(std::io::stderr(), "{}", signal::help());
         return ExitCode::from(2);

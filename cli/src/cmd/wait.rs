@@ -1,5 +1,5 @@
-//! `cortex wait create|check|cancel`: seed 000's waitpoint tools from the command line. The
-//! secret is printed by `create` only: it is the one place it is handed out.
+//! `cortex wait create|check|cancel`: the waitpoint tools (arm, look, cancel) from the command
+//! line. The secret is printed by `create` only: it is the one place it is handed out.
 
 use std::io::Write;
 

@@ -1,5 +1,5 @@
-//! `cortex wait for WP_ID`: blocks until that waitpoint's next wake, under seed 004's
-//! contract: one line on stderr when armed, silence while waiting, the wake as one JSON
+//! `cortex wait for WP_ID`: blocks until that waitpoint's next wake, under the contract
+//! every `cortex wait` keeps: one line on stderr when armed, silence while waiting, the wake as one JSON
 //! object on stdout; exit 0 fired, 1 timed out (or expired), 2 broke.
 //!
 //! It reads the session's event log by long polls from a cursor taken before the waitpoint's

@@ -1,4 +1,4 @@
-//! `cortex wait pid|file|flock`: seed 004's waits on this machine, no hub involved. The
+//! `cortex wait pid|file|flock`: waits on this machine, no hub involved. The
 //! waiting itself is `cortex_host::wait`, the same code the device agent runs for
 //! remote waits; this module owns only the command line around it: the flags, the one
 //! "armed" line on stderr, the payload on stdout, the exit status (0 fired, 1 timed out,

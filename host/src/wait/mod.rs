@@ -1,4 +1,4 @@
-//! Seed 004's wait primitive for conditions on this machine: a process exiting, a file
+//! The wait primitive for conditions on this machine: a process exiting, a file
 //! being written, a lock coming free. `cortex wait pid|file|flock` runs it in the CLI; the
 //! device agent runs the same code for remote waits.
 //!

@@ -153,14 +153,58 @@ pub async fn run_with_mesh(
     let fatal = state.store.fatal.borrow().clone();
     while tasks.join_next().await.is_some() {}
     drop(state);
-    // Every handle is gone: the writer commits what it holds and ends.
-    tokio::task::spawn_blocking(move || writer.join())
-        .await
-        .ok();
+    // Every handle is gone: the writer commits what it holds and ends. Waited for with a
+    // bound: a writer that cannot finish (its last checkpoint cannot be written, as after
+    // redb's I/O error on a full disk) must not keep the process up, or the service
+    // manager never restarts it. Leaving it is a crash at worst, which the journal is for:
+    // every acknowledged change is in it, and the next start applies it.
+    let bound = if fatal.is_some() {
+        WRITER_BOUND_AFTER_FAILURE
+    } else {
+        WRITER_BOUND
+    };
+    if !join_writer(writer, bound).await {
+        tracing::error!(
+            bound_s = bound.as_secs(),
+            "the store's writer did not finish its last checkpoint in time; stopping without it (the journal holds every acknowledged change, and the next start applies it)"
+        );
+        if fatal.is_none() {
+            anyhow::bail!(
+                "the store could not finish its last checkpoint within {} s; the next start applies the journal",
+                bound.as_secs()
+            );
+        }
+    }
     match fatal {
         Some(why) => Err(anyhow::anyhow!("the store stopped working: {why}")),
         None => Ok(()),
     }
+}
+
+/// How long a stop waits for the store's writer to checkpoint what it holds: a checkpoint
+/// is at most a few MiB of changes, seconds on the slowest disk.
+const WRITER_BOUND: Duration = Duration::from_secs(60);
+/// ... and after the store failed, when a last checkpoint is not expected to work.
+const WRITER_BOUND_AFTER_FAILURE: Duration = Duration::from_secs(5);
+
+/// Joins the store's writer on a thread of its own, waiting at most `bound`; false if it
+/// had not ended by then (the thread is left; the process ends without it). Not
+/// `spawn_blocking`: the runtime's drop would wait for that task without a bound.
+async fn join_writer(writer: crate::store::WriterGuard, bound: Duration) -> bool {
+    let (done, ended) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("store-join".into())
+        .spawn(move || {
+            writer.join();
+            let _ = done.send(());
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start a thread to wait for the store's writer");
+        return false;
+    }
+    tokio::time::timeout(bound, ended)
+        .await
+        .is_ok_and(|r| r.is_ok())
 }
 
 /// Creates `dir` (and its parents) mode 0700, and makes an existing one and every file in

@@ -96,7 +96,7 @@ pub const INOTIFYWAIT: &str = "inotifywait";
 pub const INSTALL: &str = "apt-get update && apt-get install -y inotify-tools";
 
 /// Starts `inotifywait -m -q -e close_write,moved_to DIR` (the smallest watcher that
-/// would see the seed's drops) and waits until its watch is set up.
+/// would see a shell drop: the `.tmp` written, then renamed) and waits until its watch is set up.
 pub fn start_inotifywait(dir: &Path, procs: &mut Procs) -> anyhow::Result<(usize, u32)> {
     let mut child = Command::new(INOTIFYWAIT)
         .args(["-m", "-e", "close_write,moved_to"])

@@ -1,5 +1,5 @@
-//! The device's side of a drop: spool files written the seed's way (`NAME.tmp`, then a
-//! rename to `NAME.json` in the same directory), bodies of a chosen size, and the bench's
+//! The device's side of a drop: spool files written as the one-line shell drop writes them
+//! (`NAME.tmp`, then a rename to `NAME.json` in the same directory), bodies of a chosen size, and the bench's
 //! own inotify watch that sees the agent delete a file (it does so only after the hub's
 //! ack). Blocking, one thread; the burst's watch runs on a thread of its own.
 

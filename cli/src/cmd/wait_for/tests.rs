@@ -1,5 +1,5 @@
-//! Tests of `cortex wait for` against a fake hub on port 0: every exit of seed 004's
-//! contract, and the requests it makes (cursor first, then state, then long polls).
+//! Tests of `cortex wait for` against a fake hub on port 0: every exit a `cortex wait`
+//! can take (0 fired, 1 timed out or expired, 2 broke), and the requests it makes (cursor first, then state, then long polls).
 
 use std::collections::VecDeque;
 

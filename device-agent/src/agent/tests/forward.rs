@@ -52,7 +52,7 @@ pub(super) fn signal(n: usize) -> String {
     format!(r#"{{"id":"wp_{n}","secret":"s3cret","status":"ok","message":"exit=0"}}"#)
 }
 
-/// Writes `name` the way seed 000's shell line does: a `.tmp`, then a rename.
+/// Writes `name` the way the one-line shell drop does: a `.tmp`, then a rename.
 pub(super) fn drop_file(dir: &Path, name: &str, body: &str) {
     let tmp = dir.join(format!(".{name}.tmp"));
     std::fs::write(&tmp, body).expect("write");
