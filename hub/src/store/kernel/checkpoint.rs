@@ -37,7 +37,9 @@ struct Work {
 /// The checkpoint thread's handle.
 pub struct Checkpointer {
     work: Option<std_mpsc::Sender<Work>>,
-    pub(super) done: std_mpsc::Receiver<Landed>,
+    done: std_mpsc::Receiver<Landed>,
+    /// Checkpoints handed over whose outcome was not taken yet.
+    in_flight: usize,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -116,16 +118,37 @@ impl Checkpointer {
         Ok(Checkpointer {
             work: Some(work_tx),
             done,
+            in_flight: 0,
             thread: Some(thread),
         })
     }
 
     /// Hands `changes` (reaching journal record `seq`) to the thread.
-    pub fn send(&self, changes: Arc<Overlay>, seq: u64) -> Result<(), StoreError> {
+    pub fn send(&mut self, changes: Arc<Overlay>, seq: u64) -> Result<(), StoreError> {
         self.work
             .as_ref()
             .and_then(|w| w.send(Work { changes, seq }).ok())
-            .ok_or(StoreError::Closed)
+            .ok_or(StoreError::Closed)?;
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// A finished checkpoint's outcome, if one is ready.
+    pub fn finished(&mut self) -> Option<Landed> {
+        let l = self.done.try_recv().ok()?;
+        self.in_flight -= 1;
+        Some(l)
+    }
+
+    /// Waits for the checkpoint in flight, if there is one (none after a failed one that
+    /// was not handed over again).
+    pub fn wait(&mut self) -> Option<Landed> {
+        if self.in_flight == 0 {
+            return None;
+        }
+        let l = self.done.recv().ok()?;
+        self.in_flight -= 1;
+        Some(l)
     }
 
     /// Stops the thread once it finished what it was given.

@@ -298,7 +298,7 @@ impl<C> Writer<C> {
 
     /// Phase 4: takes in a finished checkpoint, and starts the next once it is due.
     fn checkpoint(&mut self) {
-        while let Ok(l) = self.checkpointer.done.try_recv() {
+        while let Some(l) = self.checkpointer.finished() {
             self.landed(l);
         }
         if let Some((changes, seq)) = &self.frozen {
@@ -391,11 +391,9 @@ impl<C> Writer<C> {
 
     /// Every handle is gone: the last changes are checkpointed before the thread ends.
     fn close(mut self) {
-        if self.frozen.is_some() {
-            match self.checkpointer.done.recv() {
-                Ok(l) => self.landed(l),
-                Err(_) => return,
-            }
+        // Only a checkpoint in flight is waited for: after a failed one nothing may be.
+        if let Some(l) = self.checkpointer.wait() {
+            self.landed(l);
         }
         if self.broken.is_some() || self.frozen.is_some() {
             return;
