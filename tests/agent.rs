@@ -19,6 +19,8 @@ pub struct Agent {
     pub name: String,
     mesh_url: String,
     token_file: PathBuf,
+    /// `RUST_LOG` for the next spawn (`info` unless a test wants more).
+    pub rust_log: String,
 }
 
 impl Agent {
@@ -48,6 +50,7 @@ impl Agent {
             name: name.to_string(),
             mesh_url: hub.mesh_url.clone(),
             token_file,
+            rust_log: "info".to_string(),
         }
     }
 
@@ -63,16 +66,8 @@ impl Agent {
             .append(true)
             .open(self.log_path())
             .expect("log");
-        let child = Command::new(bin("cortex-device-agent"))
-            .args(["--hub", &self.mesh_url, "--name", &self.name])
-            .arg("--token-file")
-            .arg(&self.token_file)
-            .arg("--home")
-            .arg(&self.home)
-            .env_remove("CORTEX_DEVICE_TOKEN")
-            .env_remove("CREDENTIALS_DIRECTORY")
-            .env_remove("NOTIFY_SOCKET")
-            .env("RUST_LOG", "info")
+        let child = self
+            .command()
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -83,6 +78,21 @@ impl Agent {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The command line [`Agent::spawn`] runs, for a test that runs it itself.
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(bin("cortex-device-agent"));
+        cmd.args(["--hub", &self.mesh_url, "--name", &self.name])
+            .arg("--token-file")
+            .arg(&self.token_file)
+            .arg("--home")
+            .arg(&self.home)
+            .env_remove("CORTEX_DEVICE_TOKEN")
+            .env_remove("CREDENTIALS_DIRECTORY")
+            .env_remove("NOTIFY_SOCKET")
+            .env("RUST_LOG", &self.rust_log);
+        cmd
     }
 
     pub fn pid(&self) -> Option<u32> {
