@@ -479,7 +479,7 @@ impl Spool {
                 self.log_odd_once(name, || {
                     tracing::warn!(
                         spool = %self.path.display(),
-                        name = %shown,
+                        name = ?shown,
                         "ignoring a spool entry that is not a signal file: a signal file's name ends in .json (NAME.tmp and dotfiles are a writer's temporaries); logged once"
                     );
                 });
@@ -499,14 +499,14 @@ impl Spool {
         match self.park_entry(OsStr::from_bytes(name), &dest, &reason) {
             Ok(Some(parked)) => tracing::warn!(
                 spool = %self.path.display(),
-                name = %shown,
+                name = ?shown,
                 parked = %parked,
                 reason = %reason,
                 "spool entry parked under bad/"
             ),
             Ok(None) => {}
             Err(e) => self.log_odd_once(name, || {
-                tracing::error!(name = %shown, error = %e, "cannot park a spool entry that can never be delivered; logged once");
+                tracing::error!(name = ?shown, error = %e, "cannot park a spool entry that can never be delivered; logged once");
             }),
         }
     }
