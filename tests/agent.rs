@@ -71,6 +71,22 @@ impl Agent {
             .append(true)
             .open(self.log_path())
             .expect("log");
+        let child = self
+            .command()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn cortex-device-agent");
+        self.child = Some(child);
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The command line [`Agent::spawn`] runs, for a test that runs it itself.
+    pub fn command(&self) -> Command {
         let mut cmd = Command::new(bin("cortex-device-agent"));
         cmd.args(["--hub", &self.mesh_url, "--name", &self.name])
             .arg("--token-file")
@@ -80,18 +96,11 @@ impl Agent {
             .env_remove("CORTEX_DEVICE_TOKEN")
             .env_remove("CREDENTIALS_DIRECTORY")
             .env_remove("NOTIFY_SOCKET")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
+            .env("RUST_LOG", "info");
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
-        self.child = Some(cmd.spawn().expect("spawn cortex-device-agent"));
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+        cmd
     }
 
     pub fn pid(&self) -> Option<u32> {

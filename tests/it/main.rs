@@ -14,5 +14,6 @@ mod powerloss;
 mod remote_waits;
 mod signal_cli;
 mod signal_route;
+mod spool_collect;
 mod torture;
 mod waitpoints;

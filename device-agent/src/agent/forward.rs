@@ -11,8 +11,11 @@
 //!   backlog of any size costs no memory: the disk holds it.
 //! - Each file is checked here before it is sent ([`SignalRequest::parse`]: JSON of the
 //!   right shape, fields within their caps); a malformed one is parked under `bad/` with the
-//!   parse error as its reason, except one a listing found still fresh, which may be being
-//!   written in place (its close event, or the next rescan, brings it back).
+//!   parse error as its reason once it stopped changing ([`Spool::settled`]: nobody holds
+//!   it open for writing, and, found by a listing, two looks agree); until then it stays,
+//!   and its close event, or the next rescan, brings it back.
+//! - Once another process took the spool's collector lock ([`Forwarder::stop`]), nothing
+//!   more is listed or sent; acks of files already sent still remove them.
 //! - Accepted, duplicate and resolved remove the file; refused parks it with the hub's
 //!   reason; retry keeps it and sends it again after a delay. Nothing else deletes a file,
 //!   so a crash between send and remove only means the hub answers "duplicate" later.
@@ -72,6 +75,8 @@ pub struct Forwarder {
     max_frame: usize,
     /// The spool's counts may have changed since they were last read.
     dirty: bool,
+    /// Another process collects the spool now: send nothing more.
+    stopped: bool,
 }
 
 impl Forwarder {
@@ -88,6 +93,7 @@ impl Forwarder {
             window: 0,
             max_frame: 0,
             dirty: true,
+            stopped: false,
         }
     }
 
@@ -109,14 +115,28 @@ impl Forwarder {
         self.relist = true;
     }
 
+    /// Another process took the spool: list and send nothing more, forget what is queued.
+    pub fn stop(&mut self) {
+        self.stopped = true;
+        self.queue.clear();
+        self.queued.clear();
+        self.relist = false;
+    }
+
     /// inotify announced a complete file.
     pub fn file(&mut self, name: String) {
+        if self.stopped {
+            return;
+        }
         self.dirty = true;
         self.enqueue(name, false);
     }
 
     /// List the whole spool when there is room (the watcher's or the hub's rescan).
     pub fn rescan(&mut self) {
+        if self.stopped {
+            return;
+        }
         self.dirty = true;
         self.relist = true;
     }
@@ -205,7 +225,7 @@ impl Forwarder {
         });
         for name in due.into_iter().rev() {
             self.inflight.finish(&name);
-            if self.queued.insert(name.clone()) {
+            if !self.stopped && self.queued.insert(name.clone()) {
                 self.queue.push_front(Queued {
                     name,
                     listed: false,
@@ -216,7 +236,7 @@ impl Forwarder {
 
     /// Send what the window allows.
     pub fn pump(&mut self, out: &mut impl Outbox, now: Instant) {
-        if self.window == 0 {
+        if self.window == 0 || self.stopped {
             return;
         }
         while self.sent.len() < self.window {
@@ -293,7 +313,11 @@ impl Forwarder {
             }
         };
         if let Err(e) = SignalRequest::parse(&bytes) {
-            if q.listed && self.spool.recently_written(name) {
+            if !self.spool.settled(name, !q.listed) {
+                tracing::debug!(
+                    file = name,
+                    "a spool file that does not parse is still being written; left for later"
+                );
                 return Prepared::Nothing;
             }
             self.park(name, &e.to_string());

@@ -114,6 +114,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         None
     };
     let spool = Arc::new(Spool::open(&config.spool_dir())?);
+    // One collector per spool: refused, naming the holder, when the hub or another agent
+    // on this home collects it.
+    spool.claim(&cortex_host::spool::Collector::new(
+        "cortex-device-agent",
+        Some(&config.name),
+    ))?;
     // Watch first, then list: the watcher's first event is the listing.
     let mut watcher = SpoolWatcher::new(spool.clone(), Some(config.timing.rescan))?;
     let mut notifier = Notifier::from_env();
@@ -284,6 +290,11 @@ impl Daemon {
             Event::Spool(Ok(SpoolEvent::Rescan(why))) => {
                 tracing::debug!(reason = %why, "spool rescan");
                 self.forward.rescan();
+            }
+            Event::Spool(Err(e @ SpoolError::LockLost { .. })) => {
+                // Remote waits go on; the spool's files are another collector's now.
+                tracing::error!(error = %e, "the device agent stopped forwarding its spool");
+                self.forward.stop();
             }
             Event::Spool(Err(e)) => {
                 // The watcher retries by itself, with its own backoff.

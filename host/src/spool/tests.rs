@@ -43,7 +43,7 @@ fn mode(path: &Path) -> u32 {
     fs::symlink_metadata(path).expect("stat").mode() & 0o7777
 }
 
-/// The seed's exact line, run by a real shell: printf into `$f.tmp`, then mv to `$f.json`.
+/// The one-line shell drop, run by a real shell: printf into `$f.tmp`, then mv to `$f.json`.
 fn seed_drop(dir: &Path, stem: &str) -> String {
     let status = std::process::Command::new("sh")
         .arg("-c")
@@ -171,7 +171,7 @@ fn open_refuses_a_file_and_a_bad_symlink() {
 // ---- list ----
 
 #[test]
-fn list_gives_candidates_sorted_and_skips_directories() {
+fn list_gives_candidates_sorted_and_parks_directories() {
     let f = fixture();
     for name in [
         "200.json",
@@ -194,9 +194,18 @@ fn list_gives_candidates_sorted_and_skips_directories() {
     assert_eq!(
         f.spool.list().expect("list"),
         ["100.json", "120.json", "150.json", "200.json"],
-        "non-regular entries are listed so read() refuses them; directories are not"
+        "non-regular entries are listed so read() refuses them; a directory is parked"
     );
-    assert_eq!(f.spool.counts().expect("counts").pending, 4);
+    assert!(f.dir.join("bad/dir.json").is_dir(), "the directory parked");
+    let reason = fs::read_to_string(f.dir.join("bad/dir.json.reason")).expect("reason");
+    assert!(reason.contains("a directory"), "{reason}");
+    assert_eq!(
+        f.spool.counts().expect("counts"),
+        SpoolCounts { pending: 4, bad: 1 }
+    );
+    for untouched in [".hidden.json", "x.tmp", "300.json.tmp", "notes"] {
+        assert!(f.dir.join(untouched).exists(), "{untouched} left alone");
+    }
 }
 
 #[test]
@@ -901,20 +910,415 @@ async fn re_watching_a_recreated_spool_keeps_a_waits_mask_on_the_shared_parent()
     }
 }
 
-#[test]
-fn recently_written_tells_a_fresh_file_from_a_settled_one() {
-    let f = fixture();
-    fs::write(f.dir.join("fresh.json"), b"{half").expect("write");
-    assert!(f.spool.recently_written("fresh.json"));
-    let old = f.dir.join("old.json");
-    fs::write(&old, b"{half").expect("write");
-    let file = fs::File::options().write(true).open(&old).expect("open");
-    file.set_modified(SystemTime::now() - Spool::SETTLE - Duration::from_secs(1))
+// ---- a file that does not parse: park it only once it stopped changing ----
+
+/// Sets `name`'s mtime `ago` in the past.
+fn age(dir: &Path, name: &str, ago: Duration) {
+    let file = fs::File::options()
+        .write(true)
+        .open(dir.join(name))
+        .expect("open");
+    file.set_modified(SystemTime::now() - ago)
         .expect("set mtime");
-    assert!(!f.spool.recently_written("old.json"));
-    assert!(!f.spool.recently_written("missing.json"));
+}
+
+#[test]
+fn a_listed_file_is_settled_only_after_two_agreeing_looks_past_the_settle_time() {
+    let f = fixture();
+    fs::write(f.dir.join("x.json"), b"{half").expect("write");
+    assert!(!f.spool.settled("x.json", false), "the first look");
     assert!(
-        !f.spool.recently_written("../escape.json"),
+        !f.spool.settled("x.json", false),
+        "two looks agree, but it was written just now"
+    );
+    age(&f.dir, "x.json", Spool::SETTLE + Duration::from_secs(1));
+    assert!(
+        !f.spool.settled("x.json", false),
+        "its mtime moved since the last look"
+    );
+    assert!(
+        f.spool.settled("x.json", false),
+        "the same twice and quiet for longer than the settle time"
+    );
+    assert!(!f.spool.settled("missing.json", false));
+    assert!(
+        !f.spool.settled("../escape.json", true),
         "names are checked"
     );
+}
+
+#[test]
+fn a_listed_file_that_grows_or_is_replaced_between_looks_is_not_settled() {
+    let f = fixture();
+    let old = Spool::SETTLE + Duration::from_secs(1);
+    fs::write(f.dir.join("grow.json"), b"{half").expect("write");
+    age(&f.dir, "grow.json", old);
+    assert!(!f.spool.settled("grow.json", false));
+    // Appended, then the mtime put back: the size still tells.
+    fs::File::options()
+        .append(true)
+        .open(f.dir.join("grow.json"))
+        .expect("open")
+        .write_all(b" more")
+        .expect("append");
+    age(&f.dir, "grow.json", old);
+    assert!(!f.spool.settled("grow.json", false), "the size moved");
+
+    fs::write(f.dir.join("swap.json"), b"{half").expect("write");
+    age(&f.dir, "swap.json", old);
+    assert!(!f.spool.settled("swap.json", false));
+    // Another file of the same size and mtime renamed over it: a new inode.
+    fs::write(f.dir.join("swap.tmp"), b"{half").expect("write");
+    age(&f.dir, "swap.tmp", old);
+    let mtime = fs::metadata(f.dir.join("swap.json"))
+        .expect("stat")
+        .modified()
+        .expect("mtime");
+    fs::File::options()
+        .write(true)
+        .open(f.dir.join("swap.tmp"))
+        .expect("open")
+        .set_modified(mtime)
+        .expect("set mtime");
+    fs::rename(f.dir.join("swap.tmp"), f.dir.join("swap.json")).expect("rename");
+    assert!(!f.spool.settled("swap.json", false), "the inode moved");
+}
+
+#[test]
+fn a_file_open_for_writing_is_never_settled_and_a_closed_one_at_once() {
+    let f = fixture();
+    let mut w = fs::File::create(f.dir.join("x.json")).expect("create");
+    w.write_all(b"{\"id\":").expect("write");
+    age(&f.dir, "x.json", Spool::SETTLE * 2);
+    for _ in 0..3 {
+        assert!(!f.spool.settled("x.json", false), "held open: listed");
+        assert!(!f.spool.settled("x.json", true), "held open: announced");
+    }
+    drop(w);
+    assert!(
+        f.spool.settled("x.json", true),
+        "closed after writing (IN_CLOSE_WRITE): parked at once"
+    );
+}
+
+#[tokio::test]
+async fn a_file_written_in_place_slowly_is_never_parked_by_a_rescan() {
+    // The hub's and the agent's rule: on a listing, park a malformed file only when settled.
+    let f = fixture();
+    let mut w = started(&f.spool, None).await;
+    let mut file = fs::File::create(f.dir.join("slow.json")).expect("create");
+    file.write_all(b"{\"id\":\"wp_1a2b3c4d5e6f\",")
+        .expect("write");
+    age(&f.dir, "slow.json", Spool::SETTLE * 2);
+    for _ in 0..3 {
+        let names = f.spool.list().expect("list");
+        assert_eq!(names, ["slow.json"]);
+        let body = f.spool.read("slow.json").expect("read");
+        assert!(cortex_protocol::SignalRequest::parse(&body).is_err());
+        assert!(!f.spool.settled("slow.json", false));
+    }
+    file.write_all(br#""secret":"s"}"#).expect("write");
+    drop(file);
+    assert_eq!(
+        next(&mut w).await,
+        SpoolEvent::File("slow.json".into()),
+        "its close announces it"
+    );
+    let body = f.spool.read("slow.json").expect("read");
+    assert!(cortex_protocol::SignalRequest::parse(&body).is_ok());
+    assert_eq!(f.spool.counts().expect("counts").bad, 0);
+}
+
+// ---- one collector per spool ----
+
+fn hub() -> Collector {
+    Collector::new("cortex-hub", None)
+}
+
+fn agent(name: &str) -> Collector {
+    Collector::new("cortex-device-agent", Some(name))
+}
+
+fn held_by(e: SpoolError) -> String {
+    match e {
+        SpoolError::Held { holder, .. } => holder,
+        other => panic!("expected Held, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_second_collector_is_refused_and_told_who_holds_the_spool() {
+    let f = fixture();
+    f.spool.claim(&agent("gpu1")).expect("claim");
+    f.spool
+        .claim(&agent("gpu1"))
+        .expect("claiming twice is harmless");
+    let second = Spool::open(&f.dir).expect("open");
+    let e = second.claim(&hub()).expect_err("refused");
+    let text = e.to_string();
+    let pid = std::process::id();
+    assert!(
+        text.contains(&format!(
+            "is already collected by cortex-device-agent pid {pid} on host "
+        )),
+        "{text}"
+    );
+    assert!(text.contains("(device gpu1) since 20"), "{text}");
+    assert!(
+        text.contains(&f.dir.display().to_string()) && text.contains("another --home"),
+        "{text}"
+    );
+    // The lock file is a dotfile: never a candidate, never parked, never counted.
+    assert!(f.dir.join(LOCK_FILE).is_file());
+    assert_eq!(f.spool.list().expect("list"), Vec::<String>::new());
+    assert_eq!(
+        f.spool.counts().expect("counts"),
+        SpoolCounts { pending: 0, bad: 0 }
+    );
+    assert_eq!(mode(&f.dir.join(LOCK_FILE)), 0o600);
+    // Once the holder is gone, the lock is free.
+    drop(f.spool);
+    second.claim(&hub()).expect("free once the first is gone");
+    let third = Spool::open(&f.dir).expect("open");
+    assert!(held_by(third.claim(&agent("x")).expect_err("refused")).starts_with("cortex-hub pid"));
+}
+
+#[test]
+fn an_unclaimed_spool_takes_no_lock() {
+    let f = fixture();
+    seed_drop(&f.dir, "1");
+    assert_eq!(f.spool.list().expect("list"), ["1.json"]);
+    assert!(!f.dir.join(LOCK_FILE).exists());
+    Spool::open(&f.dir)
+        .expect("open")
+        .claim(&hub())
+        .expect("nobody holds it");
+}
+
+#[test]
+fn the_lock_is_taken_again_on_a_recreated_spool_and_kept_across_a_reopen() {
+    let f = fixture();
+    f.spool.claim(&hub()).expect("claim");
+    // bad/ removed: park reopens the same directory, and must keep its own lock.
+    fs::remove_dir(f.dir.join("bad")).expect("rm bad");
+    fs::write(f.dir.join("x.json"), b"nope").expect("write");
+    f.spool.park("x.json", "test").expect("park");
+    let other = Spool::open(&f.dir).expect("open");
+    held_by(other.claim(&agent("a")).expect_err("still ours"));
+    drop(other);
+
+    fs::remove_dir_all(&f.dir).expect("rm -rf");
+    f.spool.reopen().expect("recreated, lock taken again");
+    assert!(f.dir.join(LOCK_FILE).is_file());
+    let other = Spool::open(&f.dir).expect("open");
+    held_by(
+        other
+            .claim(&agent("a"))
+            .expect_err("ours on the new directory"),
+    );
+}
+
+#[test]
+fn a_recreated_spool_another_collector_took_is_lost_for_good() {
+    let f = fixture();
+    f.spool.claim(&hub()).expect("claim");
+    fs::remove_dir_all(&f.dir).expect("rm -rf");
+    let thief = Spool::open(&f.dir).expect("recreate");
+    thief
+        .claim(&agent("gpu2"))
+        .expect("the new directory is free");
+    let e = f.spool.reopen().expect_err("lost");
+    let text = e.to_string();
+    assert!(matches!(e, SpoolError::LockLost { .. }), "{e:?}");
+    assert!(
+        text.contains("(device gpu2)") && text.contains("stopped collecting"),
+        "{text}"
+    );
+    seed_drop(&f.dir, "1");
+    assert!(matches!(f.spool.list(), Err(SpoolError::LockLost { .. })));
+    // Lost for good, even once the thief is gone: a restart decides again.
+    drop(thief);
+    assert!(matches!(
+        f.spool.check_lock(),
+        Err(SpoolError::LockLost { .. })
+    ));
+}
+
+#[test]
+fn a_removed_lock_file_is_taken_again_by_its_collector() {
+    let f = fixture();
+    f.spool.claim(&hub()).expect("claim");
+    fs::remove_file(f.dir.join(LOCK_FILE)).expect("rm lock");
+    f.spool.check_lock().expect("taken again");
+    let other = Spool::open(&f.dir).expect("open");
+    held_by(other.claim(&agent("a")).expect_err("ours again"));
+    // A replaced one, with someone else holding it, is lost.
+    drop(other);
+    fs::remove_file(f.dir.join(LOCK_FILE)).expect("rm lock");
+    let thief = Spool::open(&f.dir).expect("open");
+    thief.claim(&agent("b")).expect("the new lock file is free");
+    assert!(matches!(
+        f.spool.check_lock(),
+        Err(SpoolError::LockLost { .. })
+    ));
+}
+
+#[tokio::test]
+async fn the_watcher_reports_a_lost_lock_once_and_keeps_watching() {
+    let f = fixture();
+    f.spool.claim(&hub()).expect("claim");
+    let mut w = started(&f.spool, None).await;
+    fs::remove_dir_all(&f.dir).expect("rm -rf");
+    // The thief recreates the spool before the watcher hears of it.
+    let thief = Spool::open(&f.dir).expect("recreate");
+    thief.claim(&agent("gpu3")).expect("claim");
+    let e = tokio::time::timeout(BOUND, w.next())
+        .await
+        .expect("within the bound")
+        .expect_err("the loss");
+    assert!(matches!(e, SpoolError::LockLost { .. }), "{e:?}");
+    assert_eq!(
+        next(&mut w).await,
+        SpoolEvent::Rescan(RescanReason::Recreated)
+    );
+    let name = seed_drop(&f.dir, "after");
+    assert_eq!(next(&mut w).await, SpoolEvent::File(name), "still watching");
+}
+
+// ---- entries that are never delivered ----
+
+/// Undoes [`escape_name`].
+fn unescape(s: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && b.get(i + 1) == Some(&b'\\') {
+            out.push(b'\\');
+            i += 2;
+        } else if b[i] == b'\\' && b.get(i + 1) == Some(&b'x') {
+            out.push(u8::from_str_radix(&s[i + 2..i + 4], 16).expect("hex"));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn escaped_names_are_lossless() {
+    for name in [
+        &b"plain.json"[..],
+        b"caf\xc3\xa9.json",
+        b"\xff\xfe.json",
+        b"back\\slash\\x41.json",
+        b"\\xff\xff",
+        b"\xe2\x82",
+    ] {
+        let e = escape_name(name);
+        assert_eq!(unescape(&e), name, "{e}");
+    }
+    assert_eq!(escape_name(b"a\xffb\\"), "a\\xffb\\\\");
+}
+
+#[test]
+fn a_name_that_is_not_utf8_is_parked_under_its_escape() {
+    let f = fixture();
+    let raw = OsStr::from_bytes(b"sig\xff\\.json");
+    fs::write(f.dir.join(raw), b"{}").expect("write");
+    let long: Vec<u8> = std::iter::repeat_n(0xfeu8, 120).collect();
+    fs::write(f.dir.join(OsStr::from_bytes(&long)), b"{}").expect("write");
+    // A writer's temporaries, even with such names, are left alone.
+    fs::write(f.dir.join(OsStr::from_bytes(b"t\xff.tmp")), b"{").expect("write");
+    fs::write(f.dir.join(OsStr::from_bytes(b".\xffdot")), b"{").expect("write");
+    assert_eq!(f.spool.list().expect("list"), Vec::<String>::new());
+    let parked = f.dir.join("bad/sig\\xff\\\\.json");
+    assert_eq!(fs::read(&parked).expect("parked under its escape"), b"{}");
+    let reason = fs::read_to_string(f.dir.join("bad/sig\\xff\\\\.json.reason")).expect("reason");
+    assert!(
+        reason.contains("not UTF-8") && reason.contains("sig\\xff\\\\.json"),
+        "{reason}"
+    );
+    // The long one: cut in its parked name, whole in its reason.
+    let escaped = escape_name(&long);
+    let cut = &escaped[..MAX_PARKED_NAME];
+    assert!(f.dir.join("bad").join(cut).is_file());
+    let reason =
+        fs::read_to_string(f.dir.join("bad").join(format!("{cut}.reason"))).expect("reason");
+    assert!(reason.contains(&escaped), "{reason}");
+    assert!(f.dir.join(OsStr::from_bytes(b"t\xff.tmp")).exists());
+    assert!(f.dir.join(OsStr::from_bytes(b".\xffdot")).exists());
+    assert_eq!(f.spool.counts().expect("counts").bad, 2);
+}
+
+#[test]
+fn temporaries_and_the_lock_are_never_touched() {
+    let f = fixture();
+    f.spool.claim(&hub()).expect("claim");
+    for name in [".x.json", "x.json.tmp", ".hidden"] {
+        fs::write(f.dir.join(name), b"{").expect("write");
+    }
+    fs::create_dir(f.dir.join(".dotdir.json")).expect("mkdir");
+    for _ in 0..2 {
+        assert_eq!(f.spool.list().expect("list"), Vec::<String>::new());
+    }
+    for name in [
+        LOCK_FILE,
+        ".x.json",
+        "x.json.tmp",
+        ".hidden",
+        ".dotdir.json",
+    ] {
+        assert!(f.dir.join(name).exists(), "{name} left alone");
+    }
+    assert_eq!(f.spool.counts().expect("counts").bad, 0);
+}
+
+/// A `MakeWriter` that keeps what the subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+#[test]
+fn other_odd_names_are_logged_once_per_process() {
+    let f = fixture();
+    fs::write(f.dir.join("notes.txt"), b"x").expect("write");
+    fs::create_dir(f.dir.join("subdir")).expect("mkdir");
+    let out = Captured::default();
+    let sub = tracing_subscriber::fmt()
+        .with_writer(out.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(sub, || {
+        for _ in 0..3 {
+            assert_eq!(f.spool.list().expect("list"), Vec::<String>::new());
+        }
+    });
+    let text = String::from_utf8(out.0.lock().expect("lock").clone()).expect("utf8");
+    assert_eq!(text.matches("notes.txt").count(), 1, "{text}");
+    assert_eq!(text.matches("subdir").count(), 1, "{text}");
+    assert!(
+        !text.contains("name=bad"),
+        "bad/ itself is no odd name:\n{text}"
+    );
+    assert!(f.dir.join("notes.txt").exists() && f.dir.join("subdir").is_dir());
+    assert_eq!(f.spool.counts().expect("counts").bad, 0);
 }

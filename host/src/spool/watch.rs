@@ -4,14 +4,20 @@
 //! limited per user, so file waits will share it) and yields [`SpoolEvent`]s:
 //! - `Rescan(Start)` first, always: the watch is added before the caller can list, so a file
 //!   dropped between the two cannot be missed (inotify-tools issue 126);
-//! - `File(name)` on `IN_MOVED_TO` (the seed's `mv "$f.tmp" "$f.json"`) and on
+//! - `File(name)` on `IN_MOVED_TO` (the shell drop's `mv "$f.tmp" "$f.json"`) and on
 //!   `IN_CLOSE_WRITE` (a `.json` written in place) of a candidate name; never on `IN_CREATE`,
 //!   when the file is still empty; `.tmp` names and dotfiles are ignored;
 //! - `Rescan(Overflow)` on `IN_Q_OVERFLOW`: events were dropped;
 //! - `Rescan(Recreated)` after the directory was deleted, moved or unmounted, once it is
-//!   recreated (0700, with `bad/`), the [`Spool`]'s handles are reopened and the watch re-added;
+//!   recreated (0700, with `bad/`), the [`Spool`]'s handles are reopened (a claimed spool
+//!   takes its collector lock on the new directory) and the watch re-added;
 //! - `Rescan(Periodic)` on an optional slow timer, since inotify never sees writes made on
-//!   another host of a network filesystem, nor through mmap (inotify(7)).
+//!   another host of a network filesystem, nor through mmap (inotify(7)); the tick also
+//!   checks that the collector lock file is still the one locked.
+//!
+//! A claimed spool that another process took (its lock, after a recreate or a removed lock
+//! file) is reported once as `Err(`[`SpoolError::LockLost`]`)`: the caller must stop
+//! collecting. The watcher goes on watching (the device agent's waits share it).
 //!
 //! While nothing happens the task sleeps in the kernel: no timer runs except the optional
 //! periodic rescan and, after an error, the retry delay.
@@ -198,6 +204,10 @@ pub struct SpoolWatcher {
     retry_delay: Duration,
     /// The waits sharing this instance, once [`SpoolWatcher::waits`] was called.
     files: Option<FileWatches>,
+    /// An error to hand out before anything else: the collector lock was lost.
+    failed: Option<SpoolError>,
+    /// The loss was reported; it is reported once.
+    told_lost: bool,
 }
 
 impl fmt::Debug for SpoolWatcher {
@@ -247,6 +257,8 @@ impl SpoolWatcher {
             retry_at: None,
             retry_delay: RETRY_MIN,
             files: None,
+            failed: None,
+            told_lost: false,
         };
         watcher.attach(false)?;
         watcher
@@ -294,7 +306,8 @@ impl SpoolWatcher {
         }
         let result = self.next_inner().await;
         match &result {
-            Ok(_) => self.retry_delay = RETRY_MIN,
+            // Not a failure of the watch: it goes on.
+            Ok(_) | Err(SpoolError::LockLost { .. }) => self.retry_delay = RETRY_MIN,
             Err(_) => {
                 self.retry_at = Some(Instant::now() + self.retry_delay);
                 self.retry_delay = (self.retry_delay * 2).min(RETRY_MAX);
@@ -305,6 +318,9 @@ impl SpoolWatcher {
 
     async fn next_inner(&mut self) -> Result<SpoolEvent, SpoolError> {
         loop {
+            if let Some(e) = self.failed.take() {
+                return Err(e);
+            }
             if let Some(event) = self.queue.pop_front() {
                 return Ok(event);
             }
@@ -371,6 +387,11 @@ impl SpoolWatcher {
     }
 
     fn on_tick(&mut self) {
+        match self.spool.check_lock() {
+            Ok(()) => {}
+            Err(e @ SpoolError::LockLost { .. }) => self.lost(e),
+            Err(e) => tracing::warn!(error = %e, "cannot check the spool's collector lock"),
+        }
         // A moved parent directory gives the spool no event of its own; the periodic check
         // is where that is noticed.
         match self.spool.path_matches() {
@@ -386,6 +407,14 @@ impl SpoolWatcher {
                 tracing::warn!(error = %e, "cannot check the spool path; rescanning anyway");
                 self.push_rescan(RescanReason::Periodic);
             }
+        }
+    }
+
+    /// Report a lost collector lock, once.
+    fn lost(&mut self, e: SpoolError) {
+        if !self.told_lost {
+            self.told_lost = true;
+            self.failed = Some(e);
         }
     }
 
@@ -416,7 +445,12 @@ impl SpoolWatcher {
         let path = self.spool.path().to_owned();
         for attempt in 0..ATTACH_TRIES {
             if reopen_first || attempt > 0 {
-                self.spool.reopen()?;
+                match self.spool.reopen() {
+                    Ok(()) => {}
+                    // The handles are fresh all the same: watch them, and say it once.
+                    Err(e @ SpoolError::LockLost { .. }) => self.lost(e),
+                    Err(e) => return Err(e),
+                }
             }
             if let Some(parent) = path.parent() {
                 let wd = self

@@ -91,8 +91,7 @@ pub async fn run_with_mesh(
     let hub_dir = config.home.join("hub");
     create_private_dir(&hub_dir)?;
     let spool_dir = config.home.join("tmp").join("signals");
-    let spool = cortex_host::spool::Spool::open(&spool_dir)
-        .with_context(|| format!("opening the local spool {}", spool_dir.display()))?;
+    let spool = spool::open(&spool_dir)?;
     let db_path = hub_dir.join("hub.redb");
     let (store, writer) = Store::open(&db_path, config.settings.engine.clone())
         .with_context(|| format!("opening the store {}", db_path.display()))?;

@@ -2,12 +2,21 @@
 //! as they land (inotify), each handled like a signal from the route. A file is deleted
 //! only after its signal is durable (or was a duplicate, or its waitpoint already ended);
 //! a file the hub refuses is parked under `bad/` with the reason beside it. A file whose
-//! handling failed on the store stays for the next rescan.
+//! handling failed on the store stays for the next rescan; one that does not parse stays
+//! while it is still being written ([`Spool::settled`]).
+//!
+//! The hub is the spool's one collector: [`open`] takes the spool's collector lock, and a
+//! hub whose spool another collector holds (a device agent on the same home, another hub)
+//! refuses to start, naming it. Should another process take the lock after the directory
+//! was recreated, the collector stops, and says so.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use cortex_host::spool::{Refusal as ReadRefusal, Spool, SpoolEvent, SpoolWatcher};
+use anyhow::Context;
+use cortex_host::spool::{
+    Collector, Refusal as ReadRefusal, Spool, SpoolError, SpoolEvent, SpoolWatcher,
+};
 use cortex_protocol::SignalRequest;
 use tokio::sync::Semaphore;
 
@@ -16,6 +25,15 @@ use crate::state::AppState;
 
 /// Files handled at once: enough to fill a group commit.
 const IN_FLIGHT: usize = 256;
+
+/// Opens the local spool at `dir` and claims it as its collector; refused, naming the
+/// holder, when another process collects it.
+pub fn open(dir: &std::path::Path) -> anyhow::Result<Spool> {
+    let spool =
+        Spool::open(dir).with_context(|| format!("opening the local spool {}", dir.display()))?;
+    spool.claim(&Collector::new("cortex-hub", None))?;
+    Ok(spool)
+}
 
 pub async fn collect(state: AppState, spool: Arc<Spool>, rescan: Option<std::time::Duration>) {
     let mut watcher = match SpoolWatcher::new(spool.clone(), rescan) {
@@ -47,6 +65,10 @@ pub async fn collect(state: AppState, spool: Arc<Spool>, rescan: Option<std::tim
                     continue;
                 }
             },
+            Err(e @ SpoolError::LockLost { .. }) => {
+                tracing::error!(error = %e, "the hub stopped collecting its local spool");
+                break;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "the local spool watch failed; retrying");
                 continue;
@@ -90,7 +112,13 @@ async fn take(state: &AppState, spool: &Spool, name: &str, listed: bool) {
     };
     let req = match SignalRequest::parse(&bytes) {
         Ok(r) => r,
-        Err(_) if listed && spool.recently_written(name) => return,
+        Err(_) if !spool.settled(name, !listed) => {
+            tracing::debug!(
+                file = name,
+                "a spool file that does not parse is still being written; left for later"
+            );
+            return;
+        }
         Err(e) => return park(spool, name, &e.to_string()),
     };
     let src = SignalSource::Spool { file: name };
