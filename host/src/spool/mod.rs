@@ -426,9 +426,9 @@ impl Spool {
     }
 
     /// Names of candidate files (ending in `.json`, not starting with `.`), sorted by name,
-    /// which is arrival order for names that start with the time (`$(date +%s%N)-…`). Entries that are not
-    /// regular files are listed too, so that [`Spool::read`] refuses them and the caller parks
-    /// them. On the way, every entry that can never be delivered is settled as the module
+    /// which is arrival order for names that start with the time (`$(date +%s%N)-…`).
+    /// Entries that are not regular files are listed too, so that [`Spool::read`] refuses
+    /// them and the caller parks them. On the way, every entry that can never be delivered is settled as the module
     /// docs say: a directory named `*.json` and a name that is not UTF-8 are parked, another
     /// odd name is logged (once per process).
     ///
