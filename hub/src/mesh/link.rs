@@ -1,5 +1,7 @@
 //! One device connection, from the TCP accept to the close.
 //!
+//! 0. A place under the mesh's caps ([`Places`]): until its hello, a connection may be
+//!    evicted for a newer one (closed at once), so idle sockets cannot hold the listener.
 //! 1. TLS (when configured) and the WebSocket upgrade, bounded in time. The upgrade is
 //!    refused with 404 (wrong path), 401 (no credentials) or 403 (unknown device or wrong
 //!    token) and a JSON [`CloseReason`] body.
@@ -50,6 +52,7 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use super::waits::{LinkWaits, Written};
+use crate::admission::Admitted;
 use crate::intake::{MAX_REASON_CHARS, SignalSource, cut};
 use crate::registry::{End, Link};
 use crate::state::AppState;
@@ -157,6 +160,32 @@ fn close_for(end: &End) -> CloseFrame {
     close_frame(code, &r)
 }
 
+/// A connection's places under the mesh's two caps: among the connections still in
+/// their handshake (TLS, upgrade, hello) and among all of them. Until the hello either
+/// may evict it; after, it is a link and is never evicted.
+pub struct Places {
+    pub handshake: Admitted,
+    pub link: Admitted,
+}
+
+impl Places {
+    /// Resolves once the connection was evicted for a newer one.
+    async fn evicted(&self) {
+        tokio::select! {
+            () = self.handshake.evict.notified() => {}
+            () = self.link.evict.notified() => {}
+        }
+    }
+
+    /// The hello arrived: the handshake's place is freed and the link's is kept, busy.
+    fn hello_done(self) -> Admitted {
+        let Places { handshake, link } = self;
+        drop(handshake);
+        link.busy.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        link
+    }
+}
+
 /// Handles one accepted TCP connection until it closes.
 pub async fn connection(
     state: AppState,
@@ -164,21 +193,29 @@ pub async fn connection(
     tcp: TcpStream,
     peer: SocketAddr,
     ping: Duration,
+    places: Places,
 ) {
     match tls {
         Some(acceptor) => {
             let tls = tokio::select! {
                 r = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)) => r,
+                () = places.evicted() => return evicted(peer),
                 () = state.shutdown.cancelled() => return,
             };
             match tls {
-                Ok(Ok(stream)) => serve(state, stream, peer, ping).await,
+                Ok(Ok(stream)) => serve(state, stream, peer, ping, places).await,
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "mesh TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "mesh TLS handshake timed out"),
             }
         }
-        None => serve(state, tcp, peer, ping).await,
+        None => serve(state, tcp, peer, ping, places).await,
     }
+}
+
+/// An evicted connection is dropped (closed) without a word: the cap's own warning
+/// counts them.
+fn evicted(peer: SocketAddr) {
+    tracing::debug!(%peer, "mesh connection evicted before its hello");
 }
 
 /// Who the upgrade request authenticated.
@@ -297,7 +334,7 @@ enum Out {
     Close(CloseFrame),
 }
 
-async fn serve<S>(state: AppState, stream: S, peer: SocketAddr, ping: Duration)
+async fn serve<S>(state: AppState, stream: S, peer: SocketAddr, ping: Duration, places: Places)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -311,6 +348,7 @@ where
         tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config()));
     let ws = tokio::select! {
         r = tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade) => r,
+        () = places.evicted() => return evicted(peer),
         () = state.shutdown.cancelled() => return,
     };
     let conn = match ws {
@@ -327,7 +365,7 @@ where
     let Some(authed) = authed.lock().unwrap_or_else(|e| e.into_inner()).take() else {
         return;
     };
-    run_link(state, conn, authed, peer, ping).await;
+    run_link(state, conn, authed, peer, ping, places).await;
 }
 
 /// Reads the hello; `Err` carries why the link must end before it began.
@@ -433,11 +471,25 @@ async fn run_link<S>(
     authed: Authed,
     peer: SocketAddr,
     ping: Duration,
+    places: Places,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (sink, mut source) = conn.split();
-    let (link, hello) = match open(&state, &mut source, &authed, peer).await {
+    let hello = tokio::select! {
+        h = read_hello(&mut source) => h,
+        () = places.evicted() => return evicted(peer),
+    };
+    // Held until the link ends: its place among all the mesh's connections.
+    let _place = places.hello_done();
+    let opened = match hello {
+        Ok(h) => open(&state, h, &authed, peer).await,
+        Err(end) => {
+            tracing::warn!(%peer, device = authed.device, reason = %end.reason(), "mesh link ended before its hello");
+            Err(end)
+        }
+    };
+    let (link, hello) = match opened {
         Ok(opened) => opened,
         Err(end) => return close_early(sink, source, &end).await,
     };
@@ -483,25 +535,15 @@ async fn run_link<S>(
     live.close(end, peer).await;
 }
 
-/// The hello read and checked, the link registered and recorded online; `Err` carries
-/// why the link ends before it began (its log line written).
-async fn open<S>(
+/// The hello checked, the link registered and recorded online; `Err` carries why the
+/// link ends before it began (its log line written).
+async fn open(
     state: &AppState,
-    source: &mut FrameStream<S>,
+    mut hello: Hello,
     authed: &Authed,
     peer: SocketAddr,
-) -> Result<(Arc<Link>, Hello), End>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+) -> Result<(Arc<Link>, Hello), End> {
     let device = authed.device.clone();
-    let mut hello = match read_hello(source).await {
-        Ok(h) => h,
-        Err(end) => {
-            tracing::warn!(%peer, device, reason = %end.reason(), "mesh link ended before its hello");
-            return Err(end);
-        }
-    };
     if hello.version != MESH_VERSION {
         let end = End::Protocol(format!(
             "this hub speaks mesh v{MESH_VERSION} and the agent v{}; run the same cortex version on both",
