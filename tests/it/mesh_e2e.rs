@@ -386,14 +386,7 @@ fn bad_files_on_a_device_are_parked_with_reasons_and_links_are_never_followed() 
 #[test]
 fn idle_connections_past_the_mesh_cap_keep_no_device_out() {
     // Room for this test's own sockets.
-    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
-    let _ = rustix::process::setrlimit(
-        rustix::process::Resource::Nofile,
-        rustix::process::Rlimit {
-            current: lim.maximum,
-            maximum: lim.maximum,
-        },
-    );
+    cortex_tests::raise_nofile();
     // The hub gets 1,024 descriptors, so its mesh takes at most 192 connections and 48 of
     // them without a hello: far fewer than the idle sockets thrown at it.
     let hub = Hub::start_with_nofile(1024);
