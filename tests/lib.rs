@@ -37,6 +37,19 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// Raises this process's soft descriptor limit to its hard one: room for a test's own
+/// sockets when it floods a hub with connections.
+pub fn raise_nofile() {
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        },
+    );
+}
+
 /// Polls `f` until it returns `Some`, at most `limit`; panics with `what` otherwise.
 pub fn wait_until<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use cortex_host::connection::{Connection, ConnectionError, Incoming, ws_config};
 use cortex_protocol::mesh::{
-    AgentFrame, CloseReason, DEVICE_HEADER, FileOutcome, Frame, Hello, HostFacts, HubFrame,
-    MESH_VERSION, SpoolCounts,
+    AgentFrame, CloseReason, DEVICE_HEADER, FileOutcome, Hello, HostFacts, HubFrame, MESH_VERSION,
+    SpoolCounts,
 };
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::frame::CloseFrame;
-use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -62,6 +62,9 @@ pub enum SimEvent {
 }
 
 enum Cmd {
+    /// A frame, encoded by the connection.
+    Frame(Box<AgentFrame>),
+    /// Any message, as it is (what a frame never is, for the hub's refusals).
     Send(Message),
     /// Stop reading and pinging (a frozen or unplugged agent), keeping the socket open.
     Silence,
@@ -260,8 +263,7 @@ impl SimDevice {
     }
 
     pub async fn send(&self, f: &AgentFrame) {
-        let b = f.encode().expect("encode");
-        self.send_raw(Message::Binary(b.into())).await;
+        let _ = self.cmds.send(Cmd::Frame(Box::new(f.clone()))).await;
     }
 
     pub async fn send_raw(&self, m: Message) {
@@ -338,6 +340,11 @@ async fn run(
         let hub_silent = last_rx + 2 * ping;
         tokio::select! {
             cmd = cmds.recv() => match cmd {
+                Some(Cmd::Frame(f)) => {
+                    if let Err(e) = conn.send(f.as_ref()).await {
+                        break SimError::Io(e.to_string());
+                    }
+                }
                 Some(Cmd::Send(m)) => {
                     if let Err(e) = conn.send_message(m).await {
                         break SimError::Io(e.to_string());
@@ -368,7 +375,7 @@ async fn run(
                 }
             }
             _ = pinger.tick(), if !silent => {
-                if let Err(e) = conn.send_message(Message::Ping(Bytes::new())).await {
+                if let Err(e) = conn.ping().await {
                     break SimError::Io(e.to_string());
                 }
             }

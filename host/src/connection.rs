@@ -94,6 +94,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         incoming(self.ws.next().await)
     }
 
+    /// Sends a ping, flushed.
+    pub async fn ping(&mut self) -> Result<(), ConnectionError> {
+        self.ws.send(Message::Ping(Bytes::new())).await?;
+        Ok(())
+    }
+
     /// Starts the closing handshake with `frame` (`None`: no code, no reason) and flushes.
     pub async fn close(&mut self, frame: Option<CloseFrame>) -> Result<(), ConnectionError> {
         self.ws.close(frame).await?;

@@ -3,7 +3,9 @@
 //! names the way, and owns what depends on it: the `source` stored with the signal, its
 //! dedupe key (the body's `key`, else one made from the file's name or the wait's id),
 //! and what the store's outcome becomes for that way in (an HTTP code, a device's ack,
-//! the spool file deleted or parked under `bad/` with a reason). Also the miss budgets:
+//! the spool file deleted or parked under `bad/` with a reason). A remote wait's outcome
+//! becomes its signal here too ([`wait_outcome_signal`]). [`SignalIn`] is what the store
+//! is handed and [`SignalOutcome`] what it answers, whatever the way. Also the miss budgets:
 //! the signal route's, shared ([`MissBudget`]), and each device's ([`DeviceMisses`]),
 //! which also keeps a device's refusal warnings to one line a minute.
 //!
@@ -17,11 +19,12 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use cortex_protocol::SignalRequest;
-use cortex_protocol::mesh::FileOutcome;
-use cortex_protocol::signal::{ErrorBody, SignalAccepted, SignalResult};
+use cortex_protocol::mesh::{FileOutcome, WaitEnd};
+use cortex_protocol::signal::{
+    ErrorBody, MAX_DATA_CHARS, MAX_MESSAGE_CHARS, SignalAccepted, SignalResult,
+};
 
-use crate::engine::Refusal;
-use crate::store::{SignalIn, SignalOutcome};
+use crate::engine::{Refusal, State};
 
 /// The device name whose files cannot use the `file:DEVICE:NAME` form: the hub's own
 /// spool files are `file:local:NAME`.
@@ -38,6 +41,27 @@ pub enum SignalSource<'a> {
     DeviceFile { device: &'a str, file: &'a str },
     /// A remote wait's outcome (the wait's id is its waitpoint's).
     DeviceWait { wait: &'a str },
+}
+
+/// A signal as the store records it, whatever way it came in (built by
+/// [`SignalSource::signal_in`]).
+#[derive(Debug, Clone)]
+pub struct SignalIn {
+    pub req: SignalRequest,
+    /// [`SignalSource::source`]: `http`, `spool`, `device:<name>`, `device-wait`.
+    pub source: String,
+    /// [`SignalSource::dedupe`]: the identity used for de-duplication.
+    pub dedupe: Option<String>,
+}
+
+/// What the store did with a signal; each way in turns it into its own answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SignalOutcome {
+    Accepted { state: State },
+    Duplicate { state: State },
+    Unknown,
+    WrongSecret,
+    Refused(Refusal),
 }
 
 /// What the HTTP route answers.
@@ -77,7 +101,7 @@ impl SignalSource<'_> {
     /// `file:DEVICE:NAME`. A device name has no ':', so no two devices' forms meet.
     pub fn dedupe(&self, req: &SignalRequest) -> Option<String> {
         match self {
-            SignalSource::DeviceWait { wait } => Some(format!("device-wait:{wait}")),
+            SignalSource::DeviceWait { wait } => Some(wait_key(wait)),
             _ if req.key.is_some() => req.key.clone(),
             SignalSource::Http => None,
             SignalSource::Spool { file } => Some(format!("file:{LOCAL}:{file}")),
@@ -115,7 +139,7 @@ impl SignalSource<'_> {
                 },
             )
         };
-        let accepted = |result, st: crate::engine::State| {
+        let accepted = |result, st: State| {
             HttpAnswer::Accepted(SignalAccepted {
                 result,
                 waitpoint: req.id.clone(),
@@ -265,6 +289,57 @@ impl SignalSource<'_> {
             }
         }
     }
+}
+
+/// The dedupe key (and the body's `key`) of every outcome of the remote wait `wait`.
+fn wait_key(wait: &str) -> String {
+    format!("device-wait:{wait}")
+}
+
+/// What a remote wait ended with, as its agent or the hub's timer reported it.
+#[derive(Debug, Clone, Copy)]
+pub struct WaitOutcome<'a> {
+    /// The wait's id: its waitpoint's.
+    pub wait: &'a str,
+    pub device: &'a str,
+    /// The wait's kind (`pid`, `file`, `flock`).
+    pub kind: &'a str,
+    pub end: WaitEnd,
+    /// The agent's JSON payload (kept as a string when it is not JSON).
+    pub payload: &'a str,
+    pub message: &'a str,
+}
+
+/// The signal a remote wait's outcome is recorded as ([`SignalSource::DeviceWait`]): `ok`
+/// when it fired, `fail` otherwise (`engine::remote::status`); the data is a JSON object
+/// `{outcome, device, kind, payload}` (the payload left out, `payload_omitted: true`, if
+/// the whole would pass the data cap), the message cut to the message cap. The body's
+/// `key` is the dedupe key, so the stored signal shows it.
+pub fn wait_outcome_signal(o: &WaitOutcome<'_>) -> SignalIn {
+    let payload: serde_json::Value = serde_json::from_str(o.payload)
+        .unwrap_or_else(|_| serde_json::Value::String(o.payload.into()));
+    let mut data = serde_json::json!({
+        "outcome": o.end.as_str(),
+        "device": o.device,
+        "kind": o.kind,
+        "payload": payload,
+    });
+    let mut text = data.to_string();
+    if text.chars().count() > MAX_DATA_CHARS {
+        data["payload"] = serde_json::Value::Null;
+        data["payload_omitted"] = serde_json::Value::Bool(true);
+        text = data.to_string();
+    }
+    let message: String = o.message.chars().take(MAX_MESSAGE_CHARS).collect();
+    SignalSource::DeviceWait { wait: o.wait }.signal_in(SignalRequest {
+        id: o.wait.to_string(),
+        secret: String::new(),
+        status: Some(crate::engine::remote::status(o.end)),
+        message: Some(message),
+        member: None,
+        data: Some(text),
+        key: Some(wait_key(o.wait)),
+    })
 }
 
 /// How long a refusal's reason may be in a device's ack.

@@ -7,10 +7,12 @@
 //! - [`state`]: what the running hub shares (`AppState`, `Config`, `Shutdown`).
 //! - [`registry`]: the allowed devices and their live links.
 //! - [`intake`]: what every way a signal comes in shares.
+//! - [`admission`]: the listeners' connection caps (descriptor budget, eviction).
 //! - [`server`]: axum routes, the wake timer, the sweep, the local spool intake.
 //! - [`mesh`]: the device mesh's listener and links (WebSocket, rustls).
 //! - [`text`]: what agents and people read (wake text, how_to_signal).
 
+pub mod admission;
 pub mod config;
 pub mod engine;
 pub mod intake;

@@ -228,14 +228,7 @@ fn idle_and_slowloris_connections_are_closed_but_a_long_poll_is_not() {
 #[test]
 fn thousands_of_idle_connections_do_not_crowd_out_a_signal_or_the_spool() {
     // Room for this test's own sockets.
-    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
-    let _ = rustix::process::setrlimit(
-        rustix::process::Resource::Nofile,
-        rustix::process::Rlimit {
-            current: lim.maximum,
-            maximum: lim.maximum,
-        },
-    );
+    cortex_tests::raise_nofile();
     // The hub gets 1,024 descriptors: far fewer than the connections thrown at it.
     let hub = Hub::start_with_nofile(1024);
     let sid = hub.session();

@@ -13,6 +13,7 @@ mod packaging;
 mod powerloss;
 mod remote_waits;
 mod signal_cli;
+mod signal_load;
 mod signal_route;
 mod spool_collect;
 mod torture;

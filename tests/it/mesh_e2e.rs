@@ -5,11 +5,14 @@
 //! it thaws; a revoked device is told why; 50 files dropped while the hub is down are each
 //! delivered once after it returns; malformed, oversized, member-less and wrong-secret
 //! files, a link and another user's file are parked under `bad/` with reasons, and the
-//! link's target is never touched.
+//! link's target is never touched; idle connections far past the mesh's cap keep no
+//! device out.
 
 // Fields of JSON the hub just answered with; a panic is the test failing.
 #![allow(clippy::unwrap_used)]
 
+use std::io::Read;
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -372,4 +375,70 @@ fn bad_files_on_a_device_are_parked_with_reasons_and_links_are_never_followed() 
     );
     assert_eq!(signal_count(&hub, &wp), 0, "nothing refused was counted");
     assert_eq!(agent.pending(), 0);
+}
+
+#[test]
+fn idle_connections_past_the_mesh_cap_keep_no_device_out() {
+    // Room for this test's own sockets.
+    cortex_tests::raise_nofile();
+    // The hub gets 1,024 descriptors, so its mesh takes at most 192 connections and 48 of
+    // them without a hello: far fewer than the idle sockets thrown at it.
+    let hub = Hub::start_with_nofile(1024);
+    let token = add_device(&hub, "gpu1");
+    let addr: std::net::SocketAddr = hub
+        .mesh_url
+        .trim_start_matches("ws://")
+        .trim_end_matches("/mesh/v1")
+        .parse()
+        .expect("mesh address");
+    let flood = 1_500;
+    let mut socks = Vec::new();
+    let mut refused = 0;
+    let start = Instant::now();
+    for i in 0..flood {
+        // Bounded: a hub that stopped accepting makes every connect wait for its timeout.
+        if refused >= 10 || start.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            Ok(mut s) => {
+                // Every other one starts an upgrade and never finishes it.
+                if i % 2 == 1 {
+                    let _ =
+                        std::io::Write::write_all(&mut s, b"GET /mesh/v1 HTTP/1.1\r\nHost: x\r\n");
+                }
+                socks.push(s);
+            }
+            Err(_) => refused += 1,
+        }
+    }
+    // A real agent still gets its link and forwards a file, while the flood stays open.
+    let agent = Agent::start(&hub, "gpu1", &token);
+    wait_online(&hub, &agent);
+    let sid = hub.session();
+    let wp = hub.waitpoint(
+        &sid,
+        json!({"label": "through the flood", "intent": "a file past idle sockets", "max_signals": 5}),
+    );
+    drop_file(&agent.spool(), "through", &progress_body(&wp, 1));
+    wait_until(T, "the device's file recorded", || {
+        (signal_count(&hub, &wp) == 1).then_some(())
+    });
+    // The API still answers: the mesh took no descriptors it needs.
+    assert_eq!(signal_count(&hub, &wp), 1);
+    let mut closed = 0;
+    for s in &mut socks {
+        s.set_nonblocking(true).expect("nonblocking");
+        closed += usize::from(matches!(s.read(&mut [0u8; 64]), Ok(0)));
+    }
+    eprintln!(
+        "{} idle mesh connections opened ({refused} not connected), {closed} closed by the hub; the agent's link and file went through",
+        socks.len()
+    );
+    let log = hub.log();
+    assert!(log.contains("mesh handshake cap reached"), "{log}");
+    assert!(
+        log.matches("mesh handshake cap reached").count() < 10,
+        "one line per ten seconds, not one per connection: {log}"
+    );
 }

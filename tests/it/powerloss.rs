@@ -31,11 +31,15 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cortex_cli::http::{Method, Request};
+use cortex_cli::http::Method;
 use cortex_tests::agent::Agent;
 use cortex_tests::{Hub, wait_until};
 use lazyfs::{Cut, CutReport, LazyFs, Names};
 use serde_json::{Value, json};
+
+use crate::signal_load::{
+    self, Kind, Outcome, Rng, Until, View, count_from_env, keyed_body, seed_from_env, view,
+};
 
 const T: Duration = Duration::from_secs(60);
 const PER_KIND: usize = 60;
@@ -43,7 +47,6 @@ const CLIENTS: usize = 3;
 /// Signals one waitpoint gets at most (its view lists its latest 1,000).
 const BUDGET: u32 = 300;
 const RESEND_ONE_IN: u64 = 16;
-const RETRY_LIMIT: Duration = Duration::from_secs(60);
 /// A client's pause between two signals, so the budgets last through 30 cuts.
 const PACE: Duration = Duration::from_millis(5);
 
@@ -53,41 +56,13 @@ fn params(what: &str) -> Option<(usize, u64)> {
         eprintln!("powerloss {what}: skipped: {why}");
         return None;
     }
-    let cuts = std::env::var("CORTEX_POWERLOSS_CUTS")
-        .ok()
-        .map(|v| v.parse().expect("CORTEX_POWERLOSS_CUTS is a number"))
-        .unwrap_or(2usize)
-        .max(1);
-    let seed = std::env::var("CORTEX_POWERLOSS_SEED")
-        .ok()
-        .map(|v| v.parse().expect("CORTEX_POWERLOSS_SEED is a number"))
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
+    let cuts = count_from_env("CORTEX_POWERLOSS_CUTS", 2);
+    let seed = seed_from_env("CORTEX_POWERLOSS_SEED");
     eprintln!(
         "powerloss {what}: {cuts} cuts, seed {seed}, names {:?}",
         names()
     );
     Some((cuts, seed))
-}
-
-/// splitmix64, replayable from the printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
 }
 
 /// The default, `strict`, makes a name change durable only with its directory's fsync
@@ -171,36 +146,12 @@ fn per_file(r: &CutReport) -> String {
 // The hub
 // ---------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    OneShot,
-    Barrier,
-    Monitor,
-}
-
 struct Wp {
     id: String,
     secret: String,
     kind: Kind,
     sent: AtomicU32,
     gone: AtomicBool,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Outcome {
-    InFlight,
-    Accepted,
-    /// The first answer was "duplicate": an earlier attempt was recorded, its answer lost.
-    Duplicate,
-    Gone,
-    Other(u16, String),
-    Unanswered,
-}
-
-impl Outcome {
-    fn acked(&self) -> bool {
-        matches!(self, Outcome::Accepted | Outcome::Duplicate)
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -235,35 +186,11 @@ impl Shared {
 }
 
 /// POSTs `body` until an answer that is not a 5xx (the hub was cut or is starting), at
-/// most [`RETRY_LIMIT`].
+/// most `signal_load::RETRY_LIMIT`; every attempt sent again is counted in `retries`.
 fn send(sh: &Shared, body: &[u8]) -> Outcome {
-    let start = Instant::now();
-    loop {
-        let url = format!(
-            "http://{}/webhook/signal",
-            sh.addr.read().unwrap_or_else(|e| e.into_inner())
-        );
-        let r = Request::new(Method::Post, &url)
-            .json(body)
-            .connect_timeout(Duration::from_millis(500))
-            .timeout(Duration::from_secs(30))
-            .send();
-        if let Ok(resp) = &r {
-            let v: Value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
-            match (resp.status, v["result"].as_str()) {
-                (202, Some("accepted")) => return Outcome::Accepted,
-                (202, Some("duplicate")) => return Outcome::Duplicate,
-                (410, _) => return Outcome::Gone,
-                (st, _) if st < 500 => return Outcome::Other(st, resp.text().to_string()),
-                _ => {}
-            }
-        }
-        sh.retries.fetch_add(1, Ordering::Relaxed);
-        if start.elapsed() > RETRY_LIMIT {
-            return Outcome::Unanswered;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let s = signal_load::send(&sh.addr, body, Until::Below500);
+    sh.retries.fetch_add(s.retried as usize, Ordering::Relaxed);
+    s.outcome
 }
 
 fn client(sh: Arc<Shared>, n: usize, seed: u64) {
@@ -284,11 +211,7 @@ fn client(sh: Arc<Shared>, n: usize, seed: u64) {
         };
         count += 1;
         let key = format!("c{n}-{count}");
-        let mut b = json!({"id": wp.id, "secret": wp.secret, "status": status, "key": key});
-        if let Some(m) = member {
-            b["member"] = json!(m);
-        }
-        let body = serde_json::to_vec(&b).expect("json");
+        let body = keyed_body(&wp.id, &wp.secret, status, member, &key, false);
         sh.ledger().insert(
             key.clone(),
             Sent {
@@ -317,42 +240,6 @@ fn client(sh: Arc<Shared>, n: usize, seed: u64) {
                 ));
             }
         }
-    }
-}
-
-/// A recorded signal as far as the checks need it.
-#[derive(Debug)]
-struct Sig {
-    key: String,
-    status: String,
-    member: Option<String>,
-}
-
-struct View {
-    state: String,
-    signals: Vec<Sig>,
-    wakes: usize,
-    undelivered: usize,
-}
-
-fn view(hub: &Hub, id: &str) -> View {
-    let v = hub.get_waitpoint(id);
-    let wakes = v["wakes"].as_array().cloned().unwrap_or_default();
-    View {
-        state: v["state"].as_str().unwrap_or("").to_string(),
-        signals: v["signals"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .iter()
-            .map(|s| Sig {
-                key: s["key"].as_str().unwrap_or("").to_string(),
-                status: s["status"].as_str().unwrap_or("").to_string(),
-                member: s["member"].as_str().map(str::to_string),
-            })
-            .collect(),
-        wakes: wakes.len(),
-        undelivered: wakes.iter().filter(|w| w["delivered"] != true).count(),
     }
 }
 

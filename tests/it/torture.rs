@@ -18,9 +18,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cortex_cli::http::{Method, Request};
+use cortex_cli::http::Method;
 use cortex_tests::{Hub, wait_until};
 use serde_json::{Value, json};
+
+use crate::signal_load::{
+    self, Kind, Outcome, Rng, Sig, Until, View, count_from_env, keyed_body, seed_from_env, view,
+};
 
 const SESSIONS: usize = 4;
 /// Waitpoints of each kind.
@@ -34,8 +38,6 @@ const MONITOR_MAX_SIGNALS: u32 = 500;
 /// progress, a barrier missing a member) records every one, and its view lists 1,000.
 const ARMED_BUDGET: u32 = 900;
 const MEMBERS: [&str; 3] = ["a", "b", "c"];
-/// How long a client keeps re-sending one body while the hub is down or restarting.
-const RETRY_LIMIT: Duration = Duration::from_secs(60);
 /// Bound on waiting for the decided wakes once the load stops.
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 /// One in this many accepted signals is deliberately sent again, expecting a duplicate.
@@ -44,30 +46,6 @@ const RESEND_ONE_IN: u64 = 16;
 const MAX_LISTED: usize = 100;
 /// A complete barrier wakes this long after completing.
 const BARRIER_DELAY_MS: u64 = 3_000;
-
-/// splitmix64: enough randomness for choosing, replayable from a printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    OneShot,
-    Barrier,
-    Monitor,
-}
 
 struct Wp {
     id: String,
@@ -81,24 +59,6 @@ struct Wp {
     sent: AtomicU32,
     /// A 410 was answered: it resolved.
     gone: AtomicBool,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Outcome {
-    InFlight,
-    Accepted,
-    /// The first HTTP answer was "duplicate": an earlier attempt was recorded but its
-    /// answer was lost to the kill.
-    Duplicate,
-    Gone,
-    Other(u16, String),
-    Unanswered,
-}
-
-impl Outcome {
-    fn acked(&self) -> bool {
-        matches!(self, Outcome::Accepted | Outcome::Duplicate)
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -134,41 +94,11 @@ impl Shared {
     }
 }
 
-/// POSTs `body` until some HTTP answer arrives (re-reading the hub's address each time),
-/// at most [`RETRY_LIMIT`]. Returns the outcome and how many attempts got no answer.
+/// POSTs `body` until some HTTP answer arrives, at most `signal_load::RETRY_LIMIT`.
+/// Returns the outcome and how many attempts got no answer.
 fn send(sh: &Shared, body: &[u8]) -> (Outcome, u32) {
-    let start = Instant::now();
-    let mut lost = 0;
-    loop {
-        let url = format!(
-            "http://{}/webhook/signal",
-            sh.addr.read().unwrap_or_else(|e| e.into_inner())
-        );
-        let r = Request::new(Method::Post, &url)
-            .json(body)
-            .connect_timeout(Duration::from_millis(500))
-            .timeout(Duration::from_secs(30))
-            .send();
-        match r {
-            Ok(resp) => {
-                let v: Value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
-                let out = match (resp.status, v["result"].as_str()) {
-                    (202, Some("accepted")) => Outcome::Accepted,
-                    (202, Some("duplicate")) => Outcome::Duplicate,
-                    (410, _) => Outcome::Gone,
-                    (st, _) => Outcome::Other(st, resp.text().to_string()),
-                };
-                return (out, lost);
-            }
-            Err(_) => {
-                lost += 1;
-                if start.elapsed() > RETRY_LIMIT {
-                    return (Outcome::Unanswered, lost);
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
-    }
+    let s = signal_load::send(&sh.addr, body, Until::Answered);
+    (s.outcome, s.unanswered)
 }
 
 /// A waitpoint to signal now, or `None` when every active one is spent.
@@ -230,12 +160,7 @@ fn client(sh: Arc<Shared>, n: usize, seed: u64) {
         let (status, member) = shape(wp, &mut rng);
         count += 1;
         let key = format!("c{n}-{count}");
-        let mut b =
-            json!({"id": wp.id, "secret": wp.secret, "status": status, "key": key, "message": key});
-        if let Some(m) = member {
-            b["member"] = json!(m);
-        }
-        let body = serde_json::to_vec(&b).expect("json");
+        let body = keyed_body(&wp.id, &wp.secret, status, member, &key, true);
         sh.ledger().insert(
             key.clone(),
             Sent {
@@ -345,47 +270,6 @@ fn wakes_by_wp(logs: &[Log]) -> HashMap<String, Vec<WakeEv>> {
         }
     }
     out
-}
-
-/// A recorded signal, as far as the checks need it.
-#[derive(Debug, PartialEq)]
-struct Sig {
-    key: String,
-    status: String,
-    member: Option<String>,
-    at: u64,
-}
-
-/// A waitpoint's view, reduced to what the checks compare.
-struct View {
-    state: String,
-    signal_count: u64,
-    /// In seq order.
-    signals: Vec<Sig>,
-    wakes: usize,
-    undelivered: usize,
-}
-
-fn view(hub: &Hub, id: &str) -> View {
-    let v = hub.get_waitpoint(id);
-    let wakes = v["wakes"].as_array().cloned().unwrap_or_default();
-    View {
-        state: v["state"].as_str().unwrap_or("").to_string(),
-        signal_count: v["signal_count"].as_u64().expect("signal_count"),
-        signals: v["signals"]
-            .as_array()
-            .expect("signals")
-            .iter()
-            .map(|s| Sig {
-                key: s["key"].as_str().unwrap_or("").to_string(),
-                status: s["status"].as_str().unwrap_or("").to_string(),
-                member: s["member"].as_str().map(str::to_string),
-                at: s["at"].as_u64().unwrap_or(0),
-            })
-            .collect(),
-        wakes: wakes.len(),
-        undelivered: wakes.iter().filter(|w| w["delivered"] != true).count(),
-    }
 }
 
 /// The signal invariants of one waitpoint's view against the ledger: every key recorded
@@ -794,19 +678,8 @@ fn kill_and_restart(
 
 #[test]
 fn torture_signals_and_wakes_survive_repeated_sigkill() {
-    let cycles: usize = std::env::var("CORTEX_TORTURE_CYCLES")
-        .ok()
-        .map(|v| v.parse().expect("CORTEX_TORTURE_CYCLES is a number"))
-        .unwrap_or(3)
-        .max(1);
-    let seed: u64 = std::env::var("CORTEX_TORTURE_SEED")
-        .ok()
-        .map(|v| v.parse().expect("CORTEX_TORTURE_SEED is a number"))
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
+    let cycles = count_from_env("CORTEX_TORTURE_CYCLES", 3);
+    let seed = seed_from_env("CORTEX_TORTURE_SEED");
     eprintln!(
         "torture: {cycles} cycles, {CLIENTS} clients, {} waitpoints, seed {seed}",
         3 * PER_KIND

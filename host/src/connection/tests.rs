@@ -38,9 +38,7 @@ async fn frames_cross_both_ways_and_pings_count_as_alive() {
         outcome: FileOutcome::Accepted,
     };
     hub.send(&ack).await.expect("send");
-    hub.send_message(Message::Ping(Bytes::new()))
-        .await
-        .expect("ping");
+    hub.ping().await.expect("ping");
     assert_eq!(
         agent.next::<HubFrame>().await.expect("read"),
         Some(Incoming::Frame(ack))

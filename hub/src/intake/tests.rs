@@ -1,5 +1,6 @@
+use cortex_protocol::SignalStatus;
+
 use super::*;
-use crate::engine::State;
 
 fn req(key: Option<&str>) -> SignalRequest {
     SignalRequest {
@@ -37,11 +38,68 @@ fn sources_and_keys_are_the_stored_ones() {
         keys(SignalSource::DeviceWait { wait: "wp_1" }),
         ("device-wait".into(), Some("device-wait:wp_1".into()))
     );
-    // The store records a remote wait's outcome under the same key.
+}
+
+fn outcome<'a>(end: WaitEnd, payload: &'a str, message: &'a str) -> WaitOutcome<'a> {
+    WaitOutcome {
+        wait: "wp_1",
+        device: "gpu1",
+        kind: "pid",
+        end,
+        payload,
+        message,
+    }
+}
+
+#[test]
+fn a_remote_waits_outcome_is_its_sources_signal() {
+    let s = wait_outcome_signal(&outcome(WaitEnd::Fired, r#"{"exited":true}"#, "exited"));
+    // The same source and key as the way in, and the body's key shows the stored key.
     assert_eq!(
-        SignalSource::DeviceWait { wait: "wp_1" }.dedupe(&req(None)),
-        Some(crate::store::device_waits::dedupe_key("wp_1"))
+        (s.source.as_str(), s.dedupe.as_deref()),
+        ("device-wait", Some("device-wait:wp_1"))
     );
+    assert_eq!(s.req.key.as_deref(), Some("device-wait:wp_1"));
+    assert_eq!(s.req.id, "wp_1");
+    assert_eq!(s.req.message.as_deref(), Some("exited"));
+    let data: serde_json::Value =
+        serde_json::from_str(s.req.data.as_deref().expect("data")).expect("json");
+    assert_eq!(
+        data,
+        serde_json::json!({"outcome": "fired", "device": "gpu1", "kind": "pid", "payload": {"exited": true}})
+    );
+    // Only a fired wait is `ok`; a payload that is not JSON is kept as a string.
+    for (end, status) in [
+        (WaitEnd::Fired, SignalStatus::Ok),
+        (WaitEnd::TimedOut, SignalStatus::Fail),
+        (WaitEnd::Broke, SignalStatus::Fail),
+    ] {
+        let s = wait_outcome_signal(&outcome(end, "not json", ""));
+        assert_eq!(s.req.status, Some(status), "{end:?}");
+        let data: serde_json::Value =
+            serde_json::from_str(s.req.data.as_deref().expect("data")).expect("json");
+        assert_eq!(data["outcome"], end.as_str());
+        assert_eq!(data["payload"], "not json");
+    }
+}
+
+#[test]
+fn an_outcome_too_big_for_data_leaves_its_payload_out() {
+    let big = serde_json::json!({"x": "y".repeat(20_000)}).to_string();
+    let message = "m".repeat(3_000);
+    let s = wait_outcome_signal(&WaitOutcome {
+        kind: "flock",
+        ..outcome(WaitEnd::Fired, &big, &message)
+    });
+    let data: serde_json::Value =
+        serde_json::from_str(s.req.data.as_deref().expect("data")).expect("json");
+    assert_eq!(data["payload_omitted"], true);
+    assert_eq!(
+        s.req.message.as_deref().map(|m| m.chars().count()),
+        Some(2_000)
+    );
+    assert_eq!(s.req.status, Some(SignalStatus::Ok));
+    assert!(s.req.check_caps().is_ok());
 }
 
 #[test]

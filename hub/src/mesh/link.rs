@@ -1,5 +1,7 @@
 //! One device connection, from the TCP accept to the close.
 //!
+//! 0. A place under the mesh's caps ([`Places`]): until its hello, a connection may be
+//!    evicted for a newer one (closed at once), so idle sockets cannot hold the listener.
 //! 1. TLS (when configured) and the WebSocket upgrade, bounded in time. The upgrade is
 //!    refused with 404 (wrong path), 401 (no credentials) or 403 (unknown device or wrong
 //!    token) and a JSON [`CloseReason`] body.
@@ -10,8 +12,10 @@
 //!    messages, a file's store answer, a remote wait's store write, the store's notice
 //!    that the device's waits changed, the sweep's rescan, the keepalive tick, silence,
 //!    revocation or shutdown) into one [`Event`], and [`Live::handle`] is where the
-//!    link's state changes. The reader is always polled (tungstenite answers pings only
-//!    while read); each `File` is recorded in its own task up to the window so a burst
+//!    link's state changes. The socket is `cortex_host::connection`'s `Connection`, the
+//!    agent's own (its limits, its frame codec, its close), split in a reader the loop
+//!    always polls (tungstenite answers pings only while read) and a writer task; each
+//!    `File` is recorded in its own task up to the window so a burst
 //!    shares group commits, and its answer comes back as an event whose ack is queued
 //!    for the one writer task (a bounded channel). A link from which nothing arrived for
 //!    two ping intervals is dropped.
@@ -24,20 +28,21 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cortex_host::connection::{
+    Connection, ConnectionError, FrameSink, FrameStream, Incoming, ws_config,
+};
 use cortex_protocol::SignalRequest;
 use cortex_protocol::mesh::{
     AgentFrame, CloseReason, DEFAULT_WINDOW, DEVICE_HEADER, FileOutcome, Frame, HUB_CAP_WAITS,
     Hello, HubFrame, MAX_MESSAGE_BYTES, MAX_WAITS_PER_DEVICE, MESH_PATH, MESH_VERSION,
 };
 use cortex_protocol::signal::MAX_BODY_BYTES;
-use futures_util::stream::{SplitSink, SplitStream};
-use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
-use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Error as WsError;
 use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::handshake::server::{
     Callback, ErrorResponse, Request, Response,
@@ -45,9 +50,9 @@ use tokio_tungstenite::tungstenite::handshake::server::{
 use tokio_tungstenite::tungstenite::http::{StatusCode, header};
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
 
 use super::waits::{LinkWaits, Written};
+use crate::admission::Admitted;
 use crate::intake::{MAX_REASON_CHARS, SignalSource, cut};
 use crate::registry::{End, Link};
 use crate::state::AppState;
@@ -155,6 +160,32 @@ fn close_for(end: &End) -> CloseFrame {
     close_frame(code, &r)
 }
 
+/// A connection's places under the mesh's two caps: among the connections still in
+/// their handshake (TLS, upgrade, hello) and among all of them. Until the hello either
+/// may evict it; after, it is a link and is never evicted.
+pub struct Places {
+    pub handshake: Admitted,
+    pub link: Admitted,
+}
+
+impl Places {
+    /// Resolves once the connection was evicted for a newer one.
+    async fn evicted(&self) {
+        tokio::select! {
+            () = self.handshake.evict.notified() => {}
+            () = self.link.evict.notified() => {}
+        }
+    }
+
+    /// The hello arrived: the handshake's place is freed and the link's is kept, busy.
+    fn hello_done(self) -> Admitted {
+        let Places { handshake, link } = self;
+        drop(handshake);
+        link.busy.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        link
+    }
+}
+
 /// Handles one accepted TCP connection until it closes.
 pub async fn connection(
     state: AppState,
@@ -162,21 +193,29 @@ pub async fn connection(
     tcp: TcpStream,
     peer: SocketAddr,
     ping: Duration,
+    places: Places,
 ) {
     match tls {
         Some(acceptor) => {
             let tls = tokio::select! {
                 r = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)) => r,
+                () = places.evicted() => return evicted(peer),
                 () = state.shutdown.cancelled() => return,
             };
             match tls {
-                Ok(Ok(stream)) => serve(state, stream, peer, ping).await,
+                Ok(Ok(stream)) => serve(state, stream, peer, ping, places).await,
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "mesh TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "mesh TLS handshake timed out"),
             }
         }
-        None => serve(state, tcp, peer, ping).await,
+        None => serve(state, tcp, peer, ping, places).await,
     }
+}
+
+/// An evicted connection is dropped (closed) without a word: the cap's own warning
+/// counts them.
+fn evicted(peer: SocketAddr) {
+    tracing::debug!(%peer, "mesh connection evicted before its hello");
 }
 
 /// Who the upgrade request authenticated.
@@ -285,17 +324,17 @@ impl Callback for Upgrade {
     }
 }
 
-type Sink<S> = SplitSink<WebSocketStream<S>, Message>;
-type Source<S> = SplitStream<WebSocketStream<S>>;
-
 /// What the writer task sends.
 enum Out {
-    Msg(Message),
+    /// An encoded [`HubFrame`].
+    Frame(Vec<u8>),
+    /// A keepalive ping.
+    Ping,
     /// The last frame: after it the writer flushes and ends.
     Close(CloseFrame),
 }
 
-async fn serve<S>(state: AppState, stream: S, peer: SocketAddr, ping: Duration)
+async fn serve<S>(state: AppState, stream: S, peer: SocketAddr, ping: Duration, places: Places)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -305,17 +344,15 @@ where
         authed: authed.clone(),
         peer,
     };
-    let upgrade = tokio_tungstenite::accept_hdr_async_with_config(
-        stream,
-        callback,
-        Some(cortex_host::connection::ws_config()),
-    );
+    let upgrade =
+        tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config()));
     let ws = tokio::select! {
         r = tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade) => r,
+        () = places.evicted() => return evicted(peer),
         () = state.shutdown.cancelled() => return,
     };
-    let ws = match ws {
-        Ok(Ok(ws)) => ws,
+    let conn = match ws {
+        Ok(Ok(ws)) => Connection::new(ws),
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "mesh upgrade failed");
             return;
@@ -328,34 +365,26 @@ where
     let Some(authed) = authed.lock().unwrap_or_else(|e| e.into_inner()).take() else {
         return;
     };
-    run_link(state, ws, authed, peer, ping).await;
+    run_link(state, conn, authed, peer, ping, places).await;
 }
 
 /// Reads the hello; `Err` carries why the link must end before it began.
-async fn read_hello<S>(source: &mut Source<S>) -> Result<Hello, End>
+async fn read_hello<S>(source: &mut FrameStream<S>) -> Result<Hello, End>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let read = async {
         loop {
-            match source.next().await {
-                None => return Err(End::Lost("closed before the hello".into())),
-                Some(Err(e)) => return Err(ws_error(e)),
-                Some(Ok(Message::Binary(b))) => {
-                    return match AgentFrame::decode(&b) {
-                        Ok(AgentFrame::Hello(h)) => Ok(h),
-                        Ok(_) => Err(End::Protocol("the first frame must be a hello".into())),
-                        Err(e) => Err(End::Protocol(e.to_string())),
-                    };
+            return match source.next::<AgentFrame>().await {
+                Ok(None) => Err(End::Lost("closed before the hello".into())),
+                Err(e) => Err(connection_error(e)),
+                Ok(Some(Incoming::Frame(AgentFrame::Hello(h)))) => Ok(h),
+                Ok(Some(Incoming::Frame(_))) => {
+                    Err(End::Protocol("the first frame must be a hello".into()))
                 }
-                Some(Ok(Message::Close(_))) => return Err(End::ClosedByAgent),
-                Some(Ok(Message::Text(_))) => {
-                    return Err(End::Protocol(
-                        "a text message; frames are MessagePack in binary messages".into(),
-                    ));
-                }
-                Some(Ok(_)) => {}
-            }
+                Ok(Some(Incoming::Closed(_))) => Err(End::ClosedByAgent),
+                Ok(Some(Incoming::Alive)) => continue,
+            };
         }
     };
     match tokio::time::timeout(HELLO_TIMEOUT, read).await {
@@ -364,6 +393,18 @@ where
             "no hello within {}s of the upgrade",
             HELLO_TIMEOUT.as_secs()
         ))),
+    }
+}
+
+/// Why a read ended the link: the socket's error, a binary message that is no frame, or
+/// a text message.
+fn connection_error(e: ConnectionError) -> End {
+    match e {
+        ConnectionError::Ws(e) => ws_error(e),
+        ConnectionError::Frame(e) => End::Protocol(e.to_string()),
+        ConnectionError::Text => {
+            End::Protocol("a text message; frames are MessagePack in binary messages".into())
+        }
     }
 }
 
@@ -402,30 +443,53 @@ fn tidy_hello(h: &mut Hello) {
 
 /// Sends the close frame for `end` directly (before the writer task exists) and waits
 /// briefly for the agent's.
-async fn close_early<S>(mut sink: Sink<S>, mut source: Source<S>, end: &End)
+async fn close_early<S>(mut sink: FrameSink<S>, mut source: FrameStream<S>, end: &End)
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let bye = async {
         if !matches!(end, End::ClosedByAgent | End::Lost(_)) {
-            let _ = sink.send(Message::Close(Some(close_for(end)))).await;
+            sink.close(Some(close_for(end))).await;
         }
-        while let Some(Ok(_)) = source.next().await {}
+        drain(&mut source).await;
     };
     let _ = tokio::time::timeout(CLOSE_GRACE, bye).await;
 }
 
+/// Reads what the agent still sends until its close (or the connection's end), so its
+/// close frame is answered.
+async fn drain<S>(source: &mut FrameStream<S>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    while let Ok(Some(_)) = source.next::<AgentFrame>().await {}
+}
+
 async fn run_link<S>(
     state: AppState,
-    ws: WebSocketStream<S>,
+    conn: Connection<S>,
     authed: Authed,
     peer: SocketAddr,
     ping: Duration,
+    places: Places,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (sink, mut source) = ws.split();
-    let (link, hello) = match open(&state, &mut source, &authed, peer).await {
+    let (sink, mut source) = conn.split();
+    let hello = tokio::select! {
+        h = read_hello(&mut source) => h,
+        () = places.evicted() => return evicted(peer),
+    };
+    // Held until the link ends: its place among all the mesh's connections.
+    let _place = places.hello_done();
+    let opened = match hello {
+        Ok(h) => open(&state, h, &authed, peer).await,
+        Err(end) => {
+            tracing::warn!(%peer, device = authed.device, reason = %end.reason(), "mesh link ended before its hello");
+            Err(end)
+        }
+    };
+    let (link, hello) = match opened {
         Ok(opened) => opened,
         Err(end) => return close_early(sink, source, &end).await,
     };
@@ -440,7 +504,7 @@ async fn run_link<S>(
         capabilities: vec![HUB_CAP_WAITS.to_string()],
     };
     if let Ok(b) = welcome.encode() {
-        let _ = out.send(Out::Msg(Message::Binary(b.into()))).await;
+        let _ = out.send(Out::Frame(b)).await;
     }
     tracing::info!(%peer, device = %link.device, agent_version = %hello.agent_version, link = link.id, waits = hello.waits.len(), "device online");
 
@@ -471,25 +535,15 @@ async fn run_link<S>(
     live.close(end, peer).await;
 }
 
-/// The hello read and checked, the link registered and recorded online; `Err` carries
-/// why the link ends before it began (its log line written).
-async fn open<S>(
+/// The hello checked, the link registered and recorded online; `Err` carries why the
+/// link ends before it began (its log line written).
+async fn open(
     state: &AppState,
-    source: &mut Source<S>,
+    mut hello: Hello,
     authed: &Authed,
     peer: SocketAddr,
-) -> Result<(Arc<Link>, Hello), End>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+) -> Result<(Arc<Link>, Hello), End> {
     let device = authed.device.clone();
-    let mut hello = match read_hello(source).await {
-        Ok(h) => h,
-        Err(end) => {
-            tracing::warn!(%peer, device, reason = %end.reason(), "mesh link ended before its hello");
-            return Err(end);
-        }
-    };
     if hello.version != MESH_VERSION {
         let end = End::Protocol(format!(
             "this hub speaks mesh v{MESH_VERSION} and the agent v{}; run the same cortex version on both",
@@ -558,8 +612,9 @@ where
 /// Everything a live link's loop reacts to; [`Live::next`] turns the sources into these
 /// and [`Live::handle`] is where the link's state changes.
 enum Event {
-    /// A message from the agent; `None` when the connection ended without a close.
-    Agent(Option<Result<Message, WsError>>),
+    /// What the agent sent (`Ok(None)`: the connection ended without a close), or why
+    /// reading failed.
+    Agent(Result<Option<Incoming<AgentFrame>>, ConnectionError>),
     /// A file's signal came back from the store: its ack (`None`: its task died, and the
     /// agent sends the file again on its next link).
     FileDone(Option<(String, FileOutcome)>),
@@ -581,7 +636,7 @@ enum Event {
 struct Live<S> {
     state: AppState,
     link: Arc<Link>,
-    source: Source<S>,
+    source: FrameStream<S>,
     /// The writer task's queue: every frame out goes through it.
     out: mpsc::Sender<Out>,
     writer: tokio::task::JoinHandle<()>,
@@ -643,9 +698,9 @@ where
     /// Where the link's state changes; `Err` ends the link with that reason.
     async fn handle(&mut self, ev: Event) -> Result<(), End> {
         match ev {
-            Event::Agent(None) => Err(End::Lost("the connection ended without a close".into())),
-            Event::Agent(Some(Err(e))) => Err(ws_error(e)),
-            Event::Agent(Some(Ok(m))) => {
+            Event::Agent(Ok(None)) => Err(End::Lost("the connection ended without a close".into())),
+            Event::Agent(Err(e)) => Err(connection_error(e)),
+            Event::Agent(Ok(Some(m))) => {
                 self.last_rx = Instant::now();
                 self.link.seen(now_ms());
                 self.message(m)
@@ -670,7 +725,7 @@ where
                 Ok(())
             }
             Event::Ping => {
-                let _ = self.out.try_send(Out::Msg(Message::Ping(Bytes::new())));
+                let _ = self.out.try_send(Out::Ping);
                 Ok(())
             }
             Event::Silent => Err(End::PingTimeout),
@@ -678,19 +733,14 @@ where
         }
     }
 
-    /// One message from the agent.
-    fn message(&mut self, m: Message) -> Result<(), End> {
-        let b = match m {
-            Message::Binary(b) => b,
-            Message::Text(_) => {
-                return Err(End::Protocol(
-                    "a text message; frames are MessagePack in binary messages".into(),
-                ));
-            }
-            Message::Close(_) => return Err(End::ClosedByAgent),
-            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return Ok(()),
+    /// One thing from the agent.
+    fn message(&mut self, m: Incoming<AgentFrame>) -> Result<(), End> {
+        let frame = match m {
+            Incoming::Frame(f) => f,
+            Incoming::Closed(_) => return Err(End::ClosedByAgent),
+            Incoming::Alive => return Ok(()),
         };
-        match AgentFrame::decode(&b).map_err(|e| End::Protocol(e.to_string()))? {
+        match frame {
             AgentFrame::File { name, body } => {
                 if self.in_flight >= self.window as usize {
                     return Err(End::Protocol(format!(
@@ -752,7 +802,7 @@ where
     async fn queue(&self, f: HubFrame) -> Result<(), End> {
         let bytes = f.encode().map_err(|e| End::Protocol(e.to_string()))?;
         self.out
-            .send(Out::Msg(Message::Binary(bytes.into())))
+            .send(Out::Frame(bytes))
             .await
             // The writer is gone: the link is ending anyway.
             .map_err(|_| End::Lost("the link's writer stopped".into()))
@@ -761,7 +811,7 @@ where
     /// Queues one frame if there is room; dropped otherwise.
     fn try_send(&self, f: HubFrame) {
         if let Ok(b) = f.encode() {
-            let _ = self.out.try_send(Out::Msg(Message::Binary(b.into())));
+            let _ = self.out.try_send(Out::Frame(b));
         }
     }
 
@@ -817,33 +867,29 @@ where
         {
             self.writer.abort();
         }
-        let source = &mut self.source;
-        let _ = tokio::time::timeout(CLOSE_GRACE, async {
-            while let Some(Ok(_)) = source.next().await {}
-        })
-        .await;
+        let _ = tokio::time::timeout(CLOSE_GRACE, drain(&mut self.source)).await;
     }
 }
 
 /// Writes every frame of the link, flushing when the queue runs dry, so a burst of acks
 /// leaves in few writes.
-async fn writer<S>(mut sink: Sink<S>, mut rx: mpsc::Receiver<Out>)
+async fn writer<S>(mut sink: FrameSink<S>, mut rx: mpsc::Receiver<Out>)
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         while let Some(o) = next {
-            match o {
-                Out::Msg(m) => {
-                    if sink.feed(m).await.is_err() {
-                        return;
-                    }
-                }
+            let sent = match o {
+                Out::Frame(b) => sink.feed(b).await,
+                Out::Ping => sink.ping().await,
                 Out::Close(f) => {
-                    let _ = sink.send(Message::Close(Some(f))).await;
+                    sink.close(Some(f)).await;
                     return;
                 }
+            };
+            if sent.is_err() {
+                return;
             }
             next = rx.try_recv().ok();
         }

@@ -7,6 +7,12 @@
 //! - [`tls`]: the rustls acceptor.
 //! - [`waits`]: remote waits on a link: what the agent holds reconciled with the store.
 //!
+//! The listener caps its connections (`crate::admission`, as the API's does): those
+//! still in their handshake, and all of them, from the descriptor limit. Past the
+//! handshake cap the oldest connection without a hello is evicted for the new one; past
+//! the total cap, with every connection a live link, the new one is closed at once. Each
+//! is counted in a warning at most every ten seconds.
+//!
 //! Only this module and the agent's link touch the mesh's sockets. A device's file goes
 //! through the same store operation as the signal route; an ack is sent only after the
 //! commit holding the signal returned.
@@ -23,6 +29,7 @@ use cortex_protocol::mesh::{DEFAULT_PING_MS, MESH_PATH};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+use crate::admission::{self, Conns, Throttle};
 use crate::state::AppState;
 use crate::time::now_ms;
 
@@ -164,18 +171,45 @@ pub async fn serve(state: AppState, bound: Bound) {
         ping,
         ..
     } = bound;
+    let (cap, handshake_cap) = admission::mesh_caps(admission::nofile());
+    tracing::info!(
+        cap,
+        handshake_cap,
+        handshake_timeout_s = link::HANDSHAKE_TIMEOUT.as_secs(),
+        "mesh connections"
+    );
+    let handshakes =
+        Conns::new("mesh handshake cap reached: evicting the oldest connections without a hello");
+    let all =
+        Conns::new("mesh connection cap reached: evicting the oldest connections without a hello");
+    let mut refused = Throttle::default();
+    let mut accept_errors = Throttle::default();
     let mut conns = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((tcp, peer)) => {
+                    // The handshake's place first: the connection it evicts (the oldest
+                    // without a hello) is also the one the total cap would pick.
+                    let places = handshakes
+                        .admit(handshake_cap)
+                        .and_then(|handshake| Some(link::Places { handshake, link: all.admit(cap)? }));
+                    let Some(places) = places else {
+                        // Every connection is a live link: this one is closed at once.
+                        if refused.due() {
+                            tracing::warn!(cap, refused = refused.take(), "mesh connection cap reached with every connection a live link: refusing new ones");
+                        }
+                        continue;
+                    };
                     // Acks are small and latency matters more than packing them.
                     let _ = tcp.set_nodelay(true);
-                    conns.spawn(link::connection(state.clone(), tls.clone(), tcp, peer, ping));
+                    conns.spawn(link::connection(state.clone(), tls.clone(), tcp, peer, ping, places));
                 }
                 Err(e) => {
                     // EMFILE and friends: do not spin; the listener recovers by itself.
-                    tracing::warn!(error = %e, "mesh accept failed; retrying in 100 ms");
+                    if accept_errors.due() {
+                        tracing::warn!(error = %e, times = accept_errors.take(), "mesh accept failed; retrying in 100 ms");
+                    }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },

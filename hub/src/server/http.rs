@@ -4,18 +4,18 @@
 //! [`BODY_TIMEOUT`] for its body; at most [`connection_cap`] are open, and a new one
 //! past the cap evicts the oldest connection with no request in flight, so a flood of
 //! idle sockets never crowds out a job's signal nor takes the descriptors the store and
-//! the spool need. Every refusal here, hyper's own included (bad request line, head too
+//! the spool need (the mechanism is `crate::admission`'s, shared with the mesh's
+//! listener). Every refusal here, hyper's own included (bad request line, head too
 //! large), is the one JSON error shape.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -27,10 +27,10 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Notify;
 use tower::ServiceExt;
 
 use super::error::ApiError;
+use crate::admission::{self, Admitted, Conns, Throttle};
 use crate::state::Shutdown;
 
 /// How long a connection may take to send a request's head; the same clock runs while a
@@ -45,19 +45,11 @@ pub const MAX_HEAD_BYTES: usize = 32 * 1024;
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 /// Any request's body, at most (the signal route keeps its own 64 KB).
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
-/// Descriptors kept back from the connection cap for the store, the journal, the spool,
-/// the mesh and the runtime.
-pub const RESERVED_FDS: u64 = 256;
-
 /// The most API connections open at once: three quarters of the descriptors left after
-/// [`RESERVED_FDS`] (the rest is the mesh's), from the soft `RLIMIT_NOFILE` (which
-/// `main` raises to the hard limit at start).
+/// `admission::RESERVED_FDS` (the rest is the mesh's), from the soft `RLIMIT_NOFILE`
+/// (which `main` raises to the hard limit at start).
 pub fn connection_cap() -> usize {
-    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .current
-        .unwrap_or(1 << 20);
-    let cap = soft.saturating_sub(RESERVED_FDS) * 3 / 4;
-    usize::try_from(cap.max(16)).unwrap_or(usize::MAX)
+    admission::api_cap(admission::nofile())
 }
 
 /// Serves `app` on `listener` until `stop` resolves; then stops accepting, lets every
@@ -70,7 +62,7 @@ pub async fn serve(
     stop: impl Future<Output = ()>,
     shutdown: Shutdown,
 ) {
-    let conns = Arc::new(Conns::default());
+    let conns = Conns::new("API connection cap reached: evicting the oldest idle connections");
     let mut tasks = tokio::task::JoinSet::new();
     let mut accept_errors = Throttle::default();
     let mut refused = Throttle::default();
@@ -92,7 +84,7 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let Some(conn) = conns.admit(cap, &conns) else {
+                let Some(conn) = conns.admit(cap) else {
                     if refused.due() {
                         tracing::warn!(cap, refused = refused.take(), "API connection cap reached with every connection busy: refusing new ones");
                     }
@@ -112,116 +104,6 @@ pub async fn serve(
         );
     }
     while tasks.join_next().await.is_some() {}
-}
-
-/// One admitted connection: its place in [`Conns`], its count of requests in flight and
-/// the signal that evicts it.
-struct Admitted {
-    id: u64,
-    busy: Arc<AtomicUsize>,
-    evict: Arc<Notify>,
-    conns: Arc<Conns>,
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        self.conns.lock().remove(&self.id);
-    }
-}
-
-struct Entry {
-    busy: Arc<AtomicUsize>,
-    evict: Arc<Notify>,
-}
-
-/// The open connections, oldest first.
-#[derive(Default)]
-struct Conns {
-    open: Mutex<BTreeMap<u64, Entry>>,
-    next: AtomicU64,
-    evicted: AtomicU64,
-    evict_log: Mutex<Throttle>,
-}
-
-impl Conns {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Entry>> {
-        self.open.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// A place for a new connection; at the cap, the oldest idle connection is evicted
-    /// for it, and with none idle the new one is refused (`None`).
-    fn admit(&self, cap: usize, me: &Arc<Conns>) -> Option<Admitted> {
-        let mut open = self.lock();
-        if open.len() >= cap {
-            let oldest = open
-                .iter()
-                .find(|(_, e)| e.busy.load(Ordering::Acquire) == 0)
-                .map(|(id, _)| *id)?;
-            if let Some(e) = open.remove(&oldest) {
-                // A stored permit: the connection ends even if it is not waiting yet.
-                e.evict.notify_one();
-            }
-            self.evicted.fetch_add(1, Ordering::Relaxed);
-            let mut log = self
-                .evict_log
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if log.due() {
-                tracing::warn!(
-                    cap,
-                    evicted = log.take(),
-                    "API connection cap reached: evicting the oldest idle connections"
-                );
-            }
-        }
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let busy = Arc::new(AtomicUsize::new(0));
-        let evict = Arc::new(Notify::new());
-        open.insert(
-            id,
-            Entry {
-                busy: busy.clone(),
-                evict: evict.clone(),
-            },
-        );
-        Some(Admitted {
-            id,
-            busy,
-            evict,
-            conns: me.clone(),
-        })
-    }
-}
-
-/// Counts events and says when one log line about them is due (at most one every ten
-/// seconds), so a flood is one line, not one per event.
-#[derive(Default)]
-struct Throttle {
-    last: Option<Instant>,
-    count: u64,
-}
-
-impl Throttle {
-    const EVERY: Duration = Duration::from_secs(10);
-
-    fn due(&mut self) -> bool {
-        self.count += 1;
-        let now = Instant::now();
-        if self
-            .last
-            .is_none_or(|l| now.duration_since(l) >= Self::EVERY)
-        {
-            self.last = Some(now);
-            true
-        } else {
-            false
-        }
-    }
-
-    /// The count since the last line, reset.
-    fn take(&mut self) -> u64 {
-        std::mem::take(&mut self.count)
-    }
 }
 
 async fn connection(stream: TcpStream, app: Router, conn: Admitted, shutdown: Shutdown) {
@@ -594,23 +476,5 @@ mod tests {
         assert!(automatic_answer(head_only).is_none());
         assert!(automatic_answer(b"HTTP/1.1 100 Continue\r\n\r\n").is_none());
         assert!(automatic_answer(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").is_none());
-    }
-
-    #[test]
-    fn past_the_cap_the_oldest_idle_connection_goes_and_a_busy_one_stays() {
-        let conns = Arc::new(Conns::default());
-        let a = conns.admit(2, &conns).expect("first");
-        let b = conns.admit(2, &conns).expect("second");
-        a.busy.fetch_add(1, Ordering::AcqRel);
-        // Full: `a` is busy, so `b` (the oldest idle) is evicted for `c`.
-        let c = conns.admit(2, &conns).expect("third");
-        assert!(conns.lock().contains_key(&a.id));
-        assert!(!conns.lock().contains_key(&b.id));
-        assert!(conns.lock().contains_key(&c.id));
-        // Full with every connection busy: the new one is refused.
-        c.busy.fetch_add(1, Ordering::AcqRel);
-        assert!(conns.admit(2, &conns).is_none());
-        drop(a);
-        assert!(conns.admit(2, &conns).is_some());
     }
 }

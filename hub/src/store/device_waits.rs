@@ -9,8 +9,9 @@
 //! (cancelled, expired, its session deleted, resolved by another signal), so "active" is
 //! simply "has a record", and a device's count of waits is the size of its key range.
 //!
-//! Every outcome is recorded as a signal with `source: "device-wait"` under the dedupe key
-//! `device-wait:{id}`, so a report the agent sends again (after a reconnect or a restart)
+//! Every outcome is recorded as the signal the intake makes of it
+//! (`intake::wait_outcome_signal`: `source: "device-wait"`, dedupe key
+//! `device-wait:{id}`), so a report the agent sends again (after a reconnect or a restart)
 //! counts once. An index `(due, id) → device` holds each active wait's hub deadline (its
 //! bound plus [`TIMEOUT_GRACE_MS`]), read by the hub's device-wait timer.
 //!
@@ -19,16 +20,16 @@
 
 use std::collections::HashSet;
 
-use cortex_protocol::SignalRequest;
 use cortex_protocol::api::DeviceWaitView;
 use cortex_protocol::mesh::{MAX_WAITS_PER_DEVICE, WaitEnd, WaitSpec};
-use cortex_protocol::signal::{MAX_DATA_CHARS, MAX_MESSAGE_CHARS};
+use cortex_protocol::signal::MAX_DATA_CHARS;
 use serde::{Deserialize, Serialize};
 
 use super::kernel::error::StoreError;
-use super::ops::{CreateOutcome, SignalIn, SignalOutcome};
+use super::ops::{CreateOutcome, SignalOutcome};
 use super::tables::{DEVICE_WAITS, TIMER_DEVICE_WAIT, Tx, decode, encode};
 use crate::engine::{CreateParams, HOUR_MS, State, Waitpoint};
+use crate::intake::{WaitOutcome, wait_outcome_signal};
 
 /// After a wait's bound, how long the hub leaves the agent to report `timed_out` itself
 /// before the hub records the end on its own.
@@ -37,10 +38,6 @@ pub const TIMEOUT_GRACE_MS: u64 = 2_000;
 /// wait's own end (timed out, broke) always comes first and the expiry is only a backstop
 /// for a hub that was down across both.
 pub const EXPIRY_MARGIN_MS: u64 = 60_000;
-/// The dedupe key every outcome of waitpoint `id` is recorded under.
-pub fn dedupe_key(id: &str) -> String {
-    format!("device-wait:{id}")
-}
 
 /// A device wait's state while it is active.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,47 +158,6 @@ pub enum DoneOutcome {
     /// No active wait by that id on that device: recorded before, or ended otherwise.
     /// The agent is acknowledged all the same, so it forgets it.
     NotActive,
-}
-
-/// The signal an outcome is recorded as: `ok` when it fired, `fail` otherwise; the data
-/// is a JSON object `{outcome, device, kind, payload}` (the payload left out if the whole
-/// would pass the data cap).
-pub fn outcome_signal(
-    id: &str,
-    device: &str,
-    spec: &WaitSpec,
-    end: WaitEnd,
-    payload: &str,
-    message: &str,
-) -> SignalIn {
-    let payload: serde_json::Value =
-        serde_json::from_str(payload).unwrap_or_else(|_| serde_json::Value::String(payload.into()));
-    let mut data = serde_json::json!({
-        "outcome": end.as_str(),
-        "device": device,
-        "kind": spec.kind(),
-        "payload": payload,
-    });
-    let mut text = data.to_string();
-    if text.chars().count() > MAX_DATA_CHARS {
-        data["payload"] = serde_json::Value::Null;
-        data["payload_omitted"] = serde_json::Value::Bool(true);
-        text = data.to_string();
-    }
-    let message: String = message.chars().take(MAX_MESSAGE_CHARS).collect();
-    SignalIn {
-        req: SignalRequest {
-            id: id.to_string(),
-            secret: String::new(),
-            status: Some(crate::engine::remote::status(end)),
-            message: Some(message),
-            member: None,
-            data: Some(text),
-            key: Some(dedupe_key(id)),
-        },
-        source: "device-wait".into(),
-        dedupe: Some(dedupe_key(id)),
-    }
 }
 
 impl Tx<'_> {
@@ -358,7 +314,14 @@ impl Tx<'_> {
         now: u64,
     ) -> Result<SignalOutcome, StoreError> {
         self.drop_device_wait(rec)?;
-        let s = outcome_signal(&rec.id, &rec.device, &rec.spec, end, payload, message);
+        let s = wait_outcome_signal(&WaitOutcome {
+            wait: &rec.id,
+            device: &rec.device,
+            kind: rec.spec.kind(),
+            end,
+            payload,
+            message,
+        });
         self.signal_trusted(&s, now)
     }
 

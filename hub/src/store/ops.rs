@@ -2,7 +2,6 @@
 //! read snapshot ([`ReadTx`]). The rules come from the engine; this module only loads,
 //! applies effects and saves, keeping the indexes true.
 
-use cortex_protocol::SignalRequest;
 use cortex_protocol::api::{
     Badges, Event, EventBody, MessagePosted, SessionView, SignalView, WaitpointRef, WaitpointView,
     Wake, WakeView, When,
@@ -13,9 +12,7 @@ use super::tables::{
     DEADLINES, EVENTS, MESSAGE_KEYS, SESSION_WPS, SESSIONS, SIGNAL_KEYS, STATE, SessionRecord,
     TIMER_WAKE, Tx, WAITPOINTS, decode, encode,
 };
-use crate::engine::{
-    CreateError, CreateParams, Effect, Refusal, SignalMeta, State, Waitpoint, WakePlan,
-};
+use crate::engine::{CreateError, CreateParams, Effect, SignalMeta, State, Waitpoint, WakePlan};
 use crate::secret;
 use crate::text;
 
@@ -24,24 +21,9 @@ pub const PASS_LIMIT: usize = 512;
 /// How many signals a waitpoint view lists.
 pub const VIEW_SIGNALS: usize = 1_000;
 
-/// A signal arriving by any route.
-#[derive(Debug, Clone)]
-pub struct SignalIn {
-    pub req: SignalRequest,
-    /// `http`, `spool`, `device:<name>`, `device-wait`.
-    pub source: String,
-    /// The identity used for de-duplication: the body's key, or a spool file's name.
-    pub dedupe: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum SignalOutcome {
-    Accepted { state: State },
-    Duplicate { state: State },
-    Unknown,
-    WrongSecret,
-    Refused(Refusal),
-}
+/// A signal and what recording it did: the intake's types (it builds the one for every
+/// way in and maps the other back).
+pub use crate::intake::{SignalIn, SignalOutcome};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum CreateOutcome {

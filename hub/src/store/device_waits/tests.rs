@@ -253,7 +253,7 @@ async fn an_outcome_is_recorded_once_as_a_device_wait_signal() {
     assert_eq!(w[0].reason, WakeReason::Fired);
     let s = &w[0].signals[0];
     assert_eq!(s.source, "device-wait");
-    assert_eq!(s.key.as_deref(), Some(dedupe_key(&id).as_str()));
+    assert_eq!(s.key, Some(format!("device-wait:{id}")));
     assert_eq!(s.message.as_deref(), Some("pid 42 (sleep) exited"));
     let data: serde_json::Value =
         serde_json::from_str(s.data.as_deref().expect("data")).expect("json");
@@ -395,22 +395,6 @@ async fn waits_an_agent_cannot_run_and_waits_of_a_revoked_device_break() {
             .is_some_and(|m| m.contains("revoked"))
     );
     assert!(active(&store, "old").await.is_empty());
-}
-
-#[test]
-fn an_outcome_too_big_for_data_leaves_its_payload_out() {
-    let spec = WaitSpec::Flock { path: "/l".into() };
-    let big = serde_json::json!({"x": "y".repeat(20_000)}).to_string();
-    let s = outcome_signal("wp_1", "d", &spec, WaitEnd::Fired, &big, &"m".repeat(3_000));
-    let data: serde_json::Value =
-        serde_json::from_str(s.req.data.as_deref().expect("data")).expect("json");
-    assert_eq!(data["payload_omitted"], true);
-    assert_eq!(
-        s.req.message.as_deref().map(|m| m.chars().count()),
-        Some(2_000)
-    );
-    assert_eq!(s.req.status, Some(cortex_protocol::SignalStatus::Ok));
-    assert!(s.req.check_caps().is_ok());
 }
 
 /// `device` reporting that wait `id` fired, `message` saying how.
