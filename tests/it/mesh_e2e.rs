@@ -384,7 +384,7 @@ fn idle_connections_past_the_mesh_cap_keep_no_device_out() {
     // The hub gets 1,024 descriptors, so its mesh takes at most 192 connections and 48 of
     // them without a hello: far fewer than the idle sockets thrown at it.
     let hub = Hub::start_with_nofile(1024);
-    let token = add_device(&hub, "gpu1");
+    let token = hub.add_device("gpu1");
     let addr: std::net::SocketAddr = hub
         .mesh_url
         .trim_start_matches("ws://")

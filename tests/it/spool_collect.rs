@@ -19,12 +19,6 @@ use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(30);
 
-fn add_device(hub: &Hub, name: &str) -> String {
-    let (st, v) = hub.api(Method::Post, "/api/devices", Some(&json!({"name": name})));
-    assert_eq!(st, 201, "{v}");
-    v["token"].as_str().expect("token").to_string()
-}
-
 fn wait_online(hub: &Hub, name: &str) {
     wait_until(T, "the device online", || {
         let (st, v) = hub.api(Method::Get, "/api/devices", None);
@@ -157,7 +151,7 @@ fn assert_once_each(hub: &Hub, wp: &Value, spool: &Path, n: usize, source: &str)
 #[test]
 fn a_device_agent_on_the_hubs_home_is_refused_and_a_burst_is_counted_once() {
     let hub = Hub::start();
-    let token = add_device(&hub, "gpu1");
+    let token = hub.add_device("gpu1");
     let spool = hub.spool();
     wait_locked_by(&spool, "cortex-hub pid");
     let agent = Agent::new_at(&hub, "gpu1", &token, Some(&hub.home));
@@ -177,7 +171,7 @@ fn a_device_agent_on_the_hubs_home_is_refused_and_a_burst_is_counted_once() {
 #[test]
 fn a_hub_on_a_device_agents_home_is_refused_naming_the_agent() {
     let hub = Hub::start();
-    let token = add_device(&hub, "gpu1");
+    let token = hub.add_device("gpu1");
     let agent = Agent::start(&hub, "gpu1", &token);
     wait_locked_by(&agent.spool(), "cortex-device-agent");
     let (status, stderr) = run_to_exit(hub_command(&agent.home), "a hub on the agent's home");
@@ -189,8 +183,8 @@ fn a_hub_on_a_device_agents_home_is_refused_naming_the_agent() {
 #[test]
 fn a_second_device_agent_on_one_home_is_refused_and_a_burst_is_counted_once() {
     let hub = Hub::start();
-    let t1 = add_device(&hub, "gpu1");
-    let t2 = add_device(&hub, "gpu2");
+    let t1 = hub.add_device("gpu1");
+    let t2 = hub.add_device("gpu2");
     let first = Agent::start(&hub, "gpu1", &t1);
     wait_online(&hub, "gpu1");
     wait_locked_by(&first.spool(), "(device gpu1)");
@@ -267,7 +261,7 @@ fn a_file_written_in_place_on_the_hub_is_not_parked_while_open_and_is_recorded_o
 fn a_file_written_in_place_on_a_device_is_not_parked_while_open_and_is_recorded_once() {
     // The hub's sweep asks the agent to rescan its spool as often.
     let hub = Hub::start_with(&[("CORTEX_WAITPOINT_SWEEP_MS", "100")]);
-    let token = add_device(&hub, "gpu1");
+    let token = hub.add_device("gpu1");
     let mut agent = Agent::new(&hub, "gpu1", &token);
     agent.set_env("RUST_LOG", "info,cortex_device_agent::agent::forward=debug");
     agent.spawn();

@@ -127,7 +127,8 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
     })?;
 
     let hub_home = scratch.path().join("hub-home");
-    let hub = Hub::start(&hub_bin, &hub_home, &mut procs)?;
+    let hub_timing = scratch.path().join("hub-timing.jsonl");
+    let hub = Hub::start_timed(&hub_bin, &hub_home, &hub_timing, &mut procs)?;
     let monitors = hub.create_monitors(opts.monitors)?;
     let hub_script = scratch.path().join("hub.lua");
     let bodies: Vec<String> = monitors
@@ -166,16 +167,23 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         eprintln!("bench: {label}, {}, {} s", conn_s(l.connections), l.seconds);
         let (row, check) = (|| {
             let mut before = 0;
+            let mut checkpoints_before = 0;
             let (run, noise) =
                 measured_wrk(&hub_script, &hub.signal_url(), l, &opts, hub_pid, || {
                     settle();
                     before = hub.recorded(&monitors)?;
+                    checkpoints_before = checkpoints(&hub_timing);
                     Ok(())
                 })?;
+            // Counted before the settle, whose idle time lets the next checkpoint start.
+            let landed = checkpoints(&hub_timing).saturating_sub(checkpoints_before);
             procs.check_alive(hub.index)?;
             settle();
             let recorded = hub.recorded(&monitors)? - before;
-            let check = count_check(label, l, &run, recorded);
+            let mut check = count_check(label, l, &run, recorded);
+            check.text.push_str(&format!(
+                "; {landed} checkpoint(s) into redb landed during the run"
+            ));
             anyhow::Ok((
                 Row {
                     label,
@@ -320,6 +328,16 @@ fn watched<T>(
 }
 
 /// Compares what wrk saw acknowledged with what the hub recorded.
+/// How many checkpoints the hub's timing records say landed so far.
+fn checkpoints(timing: &std::path::Path) -> usize {
+    std::fs::read_to_string(timing)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "checkpoint")
+        .count()
+}
+
 fn count_check(label: &str, l: Load, r: &WrkRun, recorded: u64) -> Check {
     // wrk counts only answers it read before it stopped; the requests still in flight
     // then (at most one per connection, plus any it gave up on) may be recorded too.

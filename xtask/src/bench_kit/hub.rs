@@ -54,12 +54,23 @@ impl Hub {
     /// errors).
     pub fn start(bin: &Path, home: &Path, procs: &mut Procs) -> anyhow::Result<Hub> {
         // No devices here; the mesh's fixed default port would clash with a running hub.
-        Hub::start_with(bin, home, "off", procs)
+        Hub::start_with(bin, home, "off", None, procs)
+    }
+
+    /// [`Hub::start`], with the hub writing its timing records (`CORTEX_TIMING_FILE`, e.g.
+    /// each checkpoint that landed) to `timing`.
+    pub fn start_timed(
+        bin: &Path,
+        home: &Path,
+        timing: &Path,
+        procs: &mut Procs,
+    ) -> anyhow::Result<Hub> {
+        Hub::start_with(bin, home, "off", Some(timing), procs)
     }
 
     /// The same with the device mesh on a loopback port chosen at run time.
     pub fn start_with_mesh(bin: &Path, home: &Path, procs: &mut Procs) -> anyhow::Result<Hub> {
-        let hub = Hub::start_with(bin, home, "127.0.0.1:0", procs)?;
+        let hub = Hub::start_with(bin, home, "127.0.0.1:0", None, procs)?;
         ensure!(
             hub.mesh_url.is_some(),
             "the hub's start line names no mesh URL"
@@ -71,6 +82,7 @@ impl Hub {
         bin: &Path,
         home: &Path,
         mesh_listen: &str,
+        timing: Option<&Path>,
         procs: &mut Procs,
     ) -> anyhow::Result<Hub> {
         let token = format!(
@@ -95,6 +107,9 @@ impl Hub {
         }
         cmd.env("CORTEX_WEBHOOK_TOKEN", &token)
             .env("RUST_LOG", "warn");
+        if let Some(t) = timing {
+            cmd.env("CORTEX_TIMING_FILE", t);
+        }
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
