@@ -49,16 +49,11 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// Starts `bin --home HOME --listen 127.0.0.1:0 --mesh-listen off` and reads its start
-    /// line. Its stderr is drained for the rest of its life (the last lines are kept for
-    /// errors).
-    pub fn start(bin: &Path, home: &Path, procs: &mut Procs) -> anyhow::Result<Hub> {
-        // No devices here; the mesh's fixed default port would clash with a running hub.
-        Hub::start_with(bin, home, "off", None, procs)
-    }
-
-    /// [`Hub::start`], with the hub writing its timing records (`CORTEX_TIMING_FILE`, e.g.
-    /// each checkpoint that landed) to `timing`.
+    /// Starts `bin --home HOME --listen 127.0.0.1:0 --mesh-listen off` (no devices here; the
+    /// mesh's fixed default port would clash with a running hub) and reads its start line;
+    /// the hub writes its timing records (`CORTEX_TIMING_FILE`, e.g. each checkpoint that
+    /// landed) to `timing`. Its stderr is drained for the rest of its life (the last lines
+    /// are kept for errors).
     pub fn start_timed(
         bin: &Path,
         home: &Path,
@@ -68,7 +63,8 @@ impl Hub {
         Hub::start_with(bin, home, "off", Some(timing), procs)
     }
 
-    /// The same with the device mesh on a loopback port chosen at run time.
+    /// Starts the hub with its device mesh on a loopback port chosen at run time (no timing
+    /// records).
     pub fn start_with_mesh(bin: &Path, home: &Path, procs: &mut Procs) -> anyhow::Result<Hub> {
         let hub = Hub::start_with(bin, home, "127.0.0.1:0", None, procs)?;
         ensure!(
