@@ -37,6 +37,9 @@ impl Reply {
     }
 }
 
+/// The largest answer a bench reads.
+const MAX_REPLY_BYTES: u64 = 256 << 20;
+
 /// One request to `http://ADDR/PATH` (JSON body, bearer token if given); any status is an
 /// answer. No proxy and no redirects: the benches talk only to their own loopback servers.
 pub fn request(
@@ -68,7 +71,13 @@ pub fn request(
         None => agent.run(req.body(()).with_context(what)?),
     };
     let (parts, mut body) = answer.with_context(what)?.into_parts();
-    let body = body.read_to_vec().with_context(what)?;
+    // A waitpoint's view lists its latest 1,000 signals: 16 KB bodies make it ~16 MB,
+    // past ureq's default 10 MiB cap.
+    let body = body
+        .with_config()
+        .limit(MAX_REPLY_BYTES)
+        .read_to_vec()
+        .with_context(what)?;
     Ok(Reply {
         status: parts.status.as_u16(),
         body,

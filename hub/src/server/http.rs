@@ -45,8 +45,8 @@ pub const MAX_HEAD_BYTES: usize = 32 * 1024;
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 /// Any request's body, at most (the signal route keeps its own 64 KB).
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
-/// The most API connections open at once: three quarters of the descriptors left after
-/// `admission::RESERVED_FDS` (the rest is the mesh's), from the soft `RLIMIT_NOFILE`
+/// The most API connections open at once: half of the descriptors left after
+/// `admission::RESERVED_FDS` (the other half is the mesh's), from the soft `RLIMIT_NOFILE`
 /// (which `main` raises to the hard limit at start).
 pub fn connection_cap() -> usize {
     admission::api_cap(admission::nofile())
