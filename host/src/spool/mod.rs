@@ -644,9 +644,18 @@ impl Spool {
             lock_or_inner(&self.looks).remove(name);
             return false;
         };
+        let open = writers::open_for_writing(st.st_dev, st.st_ino) == Some(true);
+        // Looked at again after the scan: a writer that finished and closed while the
+        // caller read the old bytes, or while the scan ran, left a newer size or mtime
+        // than the look before, so the file is not settled; looked at before the scan,
+        // this look would match the last one and the finished file would be parked.
+        let Ok(st) = rustix::fs::statat(&h.dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            lock_or_inner(&self.looks).remove(name);
+            return false;
+        };
         let look = Look::of(&st);
         let mut looks = lock_or_inner(&self.looks);
-        if writers::open_for_writing(look.dev, look.ino) == Some(true) {
+        if open {
             looks.insert(name.to_owned(), look);
             return false;
         }
