@@ -4,12 +4,7 @@
 //! (a name is durable only with its directory's fsync); `--journaled` makes any fsync
 //! commit earlier names, as ext4 or XFS would.
 
-use anyhow::{Context, bail};
-use std::process::Command;
-
-fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-}
+use anyhow::Context;
 
 pub fn run(extra: &[&str]) -> anyhow::Result<()> {
     let mut cuts = "30".to_string();
@@ -26,37 +21,15 @@ pub fn run(extra: &[&str]) -> anyhow::Result<()> {
             }
         }
     }
-    eprintln!("xtask: cargo build --release --workspace --bins");
-    let st = cargo()
-        .args(["build", "--release", "--workspace", "--bins"])
-        .status()
-        .context("running cargo build")?;
-    if !st.success() {
-        bail!("cargo build failed ({st})");
-    }
     let names = if strict { "strict" } else { "journaled" };
-    eprintln!("xtask: CORTEX_POWERLOSS_CUTS={cuts} CORTEX_POWERLOSS_NAMES={names}");
     // One test at a time: each prints its cuts in order, and neither slows the other.
-    let st = cargo()
-        .args([
-            "test",
-            "--release",
-            "-p",
-            "cortex-tests",
-            "--test",
-            "it",
-            "powerloss",
-            "--",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env("CORTEX_POWERLOSS_CUTS", &cuts)
-        .env("CORTEX_POWERLOSS_NAMES", names)
-        .status()
-        .context("running the power-loss test")?;
-    if !st.success() {
-        bail!("the power-loss test failed ({st})");
-    }
-    Ok(())
+    crate::test::release_it_test(
+        "powerloss",
+        &[
+            ("CORTEX_POWERLOSS_CUTS", &cuts),
+            ("CORTEX_POWERLOSS_NAMES", names),
+        ],
+        &["--test-threads", "1"],
+        "the power-loss test",
+    )
 }

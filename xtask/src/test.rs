@@ -104,25 +104,43 @@ pub fn torture(extra: &[&str]) -> anyhow::Result<()> {
             .to_string(),
         _ => bail!("usage: cargo xtask torture [CYCLES]"),
     };
+    release_it_test(
+        "torture",
+        &[("CORTEX_TORTURE_CYCLES", &cycles)],
+        &[],
+        "the torture test",
+    )
+}
+
+/// Builds every binary in release, then runs the `it` tests matching `filter` in release
+/// with `env` set and their output shown (`args` go to the test harness): the long forms
+/// of the tortures, which print their counts as they go.
+pub fn release_it_test(
+    filter: &str,
+    env: &[(&str, &str)],
+    args: &[&str],
+    what: &str,
+) -> anyhow::Result<()> {
     cargo(&["build", "--release", "--workspace", "--bins"])?;
-    eprintln!("xtask: CORTEX_TORTURE_CYCLES={cycles}");
-    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args([
-            "test",
-            "--release",
-            "-p",
-            "cortex-tests",
-            "--test",
-            "it",
-            "torture",
-            "--",
-            "--nocapture",
-        ])
-        .env("CORTEX_TORTURE_CYCLES", &cycles)
-        .status()
-        .context("running the torture test")?;
+    let vars: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    eprintln!("xtask: {}", vars.join(" "));
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args([
+        "test",
+        "--release",
+        "-p",
+        "cortex-tests",
+        "--test",
+        "it",
+        filter,
+        "--",
+        "--nocapture",
+    ])
+    .args(args)
+    .envs(env.iter().copied());
+    let st = cmd.status().with_context(|| format!("running {what}"))?;
     if !st.success() {
-        bail!("the torture test failed ({st})");
+        bail!("{what} failed ({st})");
     }
     Ok(())
 }
