@@ -110,13 +110,7 @@ impl Journal {
     /// journal is positioned after them; the caller replays what its store lacks, commits,
     /// and calls [`Journal::rewind`].
     pub fn open(path: &Path, cap: u64) -> io::Result<(Journal, Vec<Record>)> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)?;
+        let file = open_private(path)?;
         let len = file.metadata()?.len();
         let mut j = Journal {
             #[cfg(test)]
@@ -350,6 +344,18 @@ impl Journal {
     pub fn fail_handle(&self) -> Arc<AtomicU32> {
         self.fail.clone()
     }
+}
+
+/// Opens `path` for reading and writing, creating it with mode 0600 (the store's files
+/// are the hub's alone) and keeping what it holds.
+pub fn open_private(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
 }
 
 fn encode(buf: &mut Vec<u8>, seq: u64, payload: &[u8]) {

@@ -41,13 +41,7 @@ pub struct PacedFile {
 impl PacedFile {
     /// Opens (creating with mode 0600) the database file at `path`.
     pub fn open(path: &Path) -> io::Result<PacedFile> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)?;
+        let file = super::journal::open_private(path)?;
         let dsync = OpenOptions::new()
             .write(true)
             .custom_flags(rustix::fs::OFlags::DSYNC.bits() as i32)
