@@ -389,6 +389,29 @@ impl Hub {
         })
     }
 
+    /// `GET /api/devices/{name}`.
+    pub fn device(&self, name: &str) -> Value {
+        let (st, v) = self.api(Method::Get, &format!("/api/devices/{name}"), None);
+        assert_eq!(st, 200, "{v}");
+        v
+    }
+
+    /// Waits (30 s at most) until device `name` is online.
+    pub fn wait_online(&self, name: &str) {
+        wait_until(Duration::from_secs(30), "the device online", || {
+            (self.device(name)["state"] == "online").then_some(())
+        });
+    }
+
+    /// The state of remote wait `wp` in device `name`'s `wait_list` (`None` once it ended).
+    pub fn device_wait_state(&self, name: &str, wp: &str) -> Option<String> {
+        self.device(name)["wait_list"]
+            .as_array()
+            .and_then(|l| l.iter().find(|w| w["id"] == wp))
+            .and_then(|w| w["state"].as_str())
+            .map(str::to_string)
+    }
+
     /// Enrols device `name` (`POST /api/devices`); returns its token.
     pub fn add_device(&self, name: &str) -> String {
         let (st, v) = self.api(Method::Post, "/api/devices", Some(&json!({"name": name})));

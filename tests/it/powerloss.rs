@@ -583,26 +583,6 @@ fn drop_durably(spool: &Path, name: &str, body: &[u8]) {
         .expect("fsync the spool");
 }
 
-fn device(hub: &Hub, name: &str) -> Value {
-    let (st, v) = hub.api(Method::Get, &format!("/api/devices/{name}"), None);
-    assert_eq!(st, 200, "{v}");
-    v
-}
-
-fn wait_online(hub: &Hub, name: &str) {
-    wait_until(T, "the device online", || {
-        (device(hub, name)["state"] == "online").then_some(())
-    });
-}
-
-fn wait_state(hub: &Hub, name: &str, wp: &str) -> Option<String> {
-    device(hub, name)["wait_list"]
-        .as_array()
-        .and_then(|l| l.iter().find(|w| w["id"] == wp))
-        .and_then(|w| w["state"].as_str())
-        .map(str::to_string)
-}
-
 /// Messages of the signals recorded on `wp` (its view lists the latest 1,000).
 fn messages(hub: &Hub, wp: &str) -> Vec<String> {
     hub.get_waitpoint(wp)["signals"]
@@ -646,7 +626,7 @@ fn powerloss_the_device_agents_spool_and_waits_survive_power_cuts() {
     std::fs::create_dir(&home).expect("home");
     let mut agent = Agent::new_at(&hub, NAME, &token, Some(&home));
     agent.spawn();
-    wait_online(&hub, NAME);
+    hub.wait_online(NAME);
     wait_until(T, "the agent's spool", || {
         agent.spool().is_dir().then_some(())
     });
@@ -721,11 +701,11 @@ fn powerloss_the_device_agents_spool_and_waits_survive_power_cuts() {
             ));
         }
         agent.spawn();
-        wait_online(&hub, NAME);
+        hub.wait_online(NAME);
         // Every wait whose process still runs is armed again.
         for w in waits.iter().filter(|w| !w.killed) {
             wait_until(T, "a held wait armed again after the cut", || {
-                (wait_state(&hub, NAME, &w.id).as_deref() == Some("armed")).then_some(())
+                (hub.device_wait_state(NAME, &w.id).as_deref() == Some("armed")).then_some(())
             });
         }
         eprintln!(

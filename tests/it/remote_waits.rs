@@ -51,12 +51,6 @@ impl Drop for Sleep {
     }
 }
 
-fn device(hub: &Hub, name: &str) -> Value {
-    let (st, v) = hub.api(Method::Get, &format!("/api/devices/{name}"), None);
-    assert_eq!(st, 200, "{v}");
-    v
-}
-
 fn listed_waits(hub: &Hub, name: &str) -> u64 {
     let (st, v) = hub.api(Method::Get, "/api/devices", None);
     assert_eq!(st, 200, "{v}");
@@ -66,24 +60,9 @@ fn listed_waits(hub: &Hub, name: &str) -> u64 {
         .expect("listed with waits")
 }
 
-fn wait_online(hub: &Hub, name: &str) {
-    wait_until(T, "the device online", || {
-        (device(hub, name)["state"] == "online").then_some(())
-    });
-}
-
-/// The device wait's state in `GET /api/devices/{name}` (`None` once it ended).
-fn wait_state(hub: &Hub, name: &str, wp: &str) -> Option<String> {
-    device(hub, name)["wait_list"]
-        .as_array()
-        .and_then(|l| l.iter().find(|w| w["id"] == wp))
-        .and_then(|w| w["state"].as_str())
-        .map(str::to_string)
-}
-
 fn wait_armed(hub: &Hub, name: &str, wp: &str) -> Value {
     wait_until(T, "the wait armed on the device", || {
-        let d = device(hub, name);
+        let d = hub.device(name);
         d["wait_list"]
             .as_array()
             .and_then(|l| l.iter().find(|w| w["id"] == wp && w["state"] == "armed"))
@@ -141,8 +120,8 @@ fn a_remote_pid_wait_fires_when_its_process_is_killed_and_wakes_the_session() {
     let hub = Hub::start();
     let token = hub.add_device("gpu1");
     let agent = Agent::start(&hub, "gpu1", &token);
-    wait_online(&hub, "gpu1");
-    let d = device(&hub, "gpu1");
+    hub.wait_online("gpu1");
+    let d = hub.device("gpu1");
     assert_eq!(d["waits"], 0);
     assert_eq!(d["wait_list"], json!([]));
 
@@ -193,7 +172,7 @@ fn cortex_wait_pid_device_exits_0_on_the_exit_and_1_on_its_timeout() {
     let hub = Hub::start();
     let token = hub.add_device("gpu1");
     let _agent = Agent::start(&hub, "gpu1", &token);
-    wait_online(&hub, "gpu1");
+    hub.wait_online("gpu1");
     let url = format!("http://{}", hub.addr);
 
     let mut sleep = Sleep::start();
@@ -208,7 +187,7 @@ fn cortex_wait_pid_device_exits_0_on_the_exit_and_1_on_its_timeout() {
         .spawn()
         .expect("spawn cortex");
     let armed = wait_until(T, "the wait armed", || {
-        device(&hub, "gpu1")["wait_list"]
+        hub.device("gpu1")["wait_list"]
             .as_array()
             .and_then(|l| l.iter().find(|w| w["state"] == "armed").cloned())
     });
@@ -279,7 +258,7 @@ fn the_agent_killed_mid_wait_re_arms_and_the_wait_fires_once() {
     let hub = Hub::start();
     let token = hub.add_device("gpu1");
     let mut agent = Agent::start(&hub, "gpu1", &token);
-    wait_online(&hub, "gpu1");
+    hub.wait_online("gpu1");
 
     // Killed and restarted while the process runs.
     let mut sleep = Sleep::start();
@@ -299,8 +278,11 @@ fn the_agent_killed_mid_wait_re_arms_and_the_wait_fires_once() {
     wait_until(T, "the agent back, holding the wait", || {
         agent.log().contains("remote waits restored").then_some(())
     });
-    wait_online(&hub, "gpu1");
-    assert_eq!(wait_state(&hub, "gpu1", &a_id).as_deref(), Some("armed"));
+    hub.wait_online("gpu1");
+    assert_eq!(
+        hub.device_wait_state("gpu1", &a_id).as_deref(),
+        Some("armed")
+    );
     sleep.kill();
     let sid = a["session"].as_str().unwrap();
     let wake = hub.wait_wake(sid, &a_id, 1, T);
@@ -348,7 +330,7 @@ fn the_hub_killed_while_outcomes_arrive_records_each_once_after_it_returns() {
     let mut hub = Hub::start_with_args(&[], &["--mesh-listen", &mesh]);
     let token = hub.add_device("gpu1");
     let agent = Agent::start(&hub, "gpu1", &token);
-    wait_online(&hub, "gpu1");
+    hub.wait_online("gpu1");
     let mut sleeps: Vec<Sleep> = (0..40).map(|_| Sleep::start()).collect();
     let waits: Vec<(String, String)> = sleeps
         .iter()
@@ -370,7 +352,7 @@ fn the_hub_killed_while_outcomes_arrive_records_each_once_after_it_returns() {
     std::thread::sleep(Duration::from_millis(2));
     hub.kill();
     hub.spawn();
-    wait_online(&hub, "gpu1");
+    hub.wait_online("gpu1");
     for (id, sid) in &waits {
         let wake = hub.wait_wake(sid, id, 1, T);
         assert_eq!(wake["reason"], "fired", "{wake}");
@@ -398,13 +380,16 @@ fn a_wait_asked_of_an_offline_device_fires_after_it_connects() {
     let created = remote_pid_wait(&hub, "gpu1", sleep.pid(), 600.0);
     let wp = created["id"].as_str().unwrap().to_string();
     assert_eq!(created["wait"]["state"], "pending");
-    assert_eq!(device(&hub, "gpu1")["state"], "offline");
+    assert_eq!(hub.device("gpu1")["state"], "offline");
     assert_eq!(
         listed_waits(&hub, "gpu1"),
         1,
         "counted while it waits to go"
     );
-    assert_eq!(wait_state(&hub, "gpu1", &wp).as_deref(), Some("pending"));
+    assert_eq!(
+        hub.device_wait_state("gpu1", &wp).as_deref(),
+        Some("pending")
+    );
 
     agent.spawn();
     wait_armed(&hub, "gpu1", &wp);
@@ -455,7 +440,7 @@ fn cancelling_the_waitpoint_cancels_the_agents_wait() {
     let hub = Hub::start();
     let token = hub.add_device("gpu1");
     let agent = Agent::start(&hub, "gpu1", &token);
-    wait_online(&hub, "gpu1");
+    hub.wait_online("gpu1");
     let mut sleep = Sleep::start();
     let created = remote_pid_wait(&hub, "gpu1", sleep.pid(), 600.0);
     let wp = created["id"].as_str().unwrap().to_string();

@@ -12,25 +12,11 @@ use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, SystemTime};
 
-use cortex_cli::http::Method;
 use cortex_tests::agent::Agent;
 use cortex_tests::{Hub, bin, wait_until};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(30);
-
-fn wait_online(hub: &Hub, name: &str) {
-    wait_until(T, "the device online", || {
-        let (st, v) = hub.api(Method::Get, "/api/devices", None);
-        assert_eq!(st, 200, "{v}");
-        v.as_array()
-            .and_then(|a| {
-                a.iter()
-                    .find(|d| d["name"] == name && d["state"] == "online")
-            })
-            .map(|_| ())
-    });
-}
 
 /// Runs `cmd` until it exits (at most `T`; killed past it) and returns its status and
 /// stderr. A collector that should refuse but runs on fails the test, not hangs it.
@@ -186,7 +172,7 @@ fn a_second_device_agent_on_one_home_is_refused_and_a_burst_is_counted_once() {
     let t1 = hub.add_device("gpu1");
     let t2 = hub.add_device("gpu2");
     let first = Agent::start(&hub, "gpu1", &t1);
-    wait_online(&hub, "gpu1");
+    hub.wait_online("gpu1");
     wait_locked_by(&first.spool(), "(device gpu1)");
     let second = Agent::new_at(&hub, "gpu2", &t2, Some(&first.home));
     let (status, stderr) = run_to_exit(second.command(), "a second agent on one home");
@@ -265,7 +251,7 @@ fn a_file_written_in_place_on_a_device_is_not_parked_while_open_and_is_recorded_
     let mut agent = Agent::new(&hub, "gpu1", &token);
     agent.set_env("RUST_LOG", "info,cortex_device_agent::agent::forward=debug");
     agent.spawn();
-    wait_online(&hub, "gpu1");
+    hub.wait_online("gpu1");
     let sid = hub.session();
     let wp = hub.waitpoint(&sid, json!({"label": "m", "intent": "i", "device": "gpu1"}));
     let spool = agent.spool();
