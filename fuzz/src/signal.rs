@@ -219,12 +219,18 @@ pub fn seeds() -> Vec<Vec<u8>> {
 }
 
 pub fn strategy() -> impl Strategy<Value = Vec<u8>> {
+    bodies(TARGET.name, 64)
+}
+
+/// Signal bodies for a target named `target`: structured ones, its corpus mutated, raw
+/// bytes, and valid bodies padded with spaces (JSON allows them) to within `around` bytes
+/// of the body cap, either side.
+pub fn bodies(target: &'static str, around: usize) -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         4 => structured_body(),
-        3 => driver::mutated(driver::corpus_inputs(TARGET.name), seeds()),
+        3 => driver::mutated(driver::corpus_inputs(target), seeds()),
         2 => proptest::collection::vec(any::<u8>(), 0..256),
-        // Around the body cap: a valid body padded with spaces (JSON allows them).
-        1 => (MAX_BODY_BYTES - 64..MAX_BODY_BYTES + 64).prop_map(|n| {
+        1 => (MAX_BODY_BYTES - around..MAX_BODY_BYTES + around).prop_map(|n| {
             let mut b = br#"{"id":"wp_1","secret":"s"}"#.to_vec();
             b.resize(n, b' ');
             b

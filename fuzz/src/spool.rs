@@ -142,17 +142,8 @@ fn leaves(spool: &Spool, bytes: &[u8], verdict: Result<(), String>) -> Result<()
 }
 
 pub fn strategy() -> impl Strategy<Value = Vec<u8>> {
-    prop_oneof![
-        4 => crate::signal::structured_body(),
-        3 => driver::mutated(driver::corpus_inputs(TARGET.name), crate::signal::seeds()),
-        2 => proptest::collection::vec(any::<u8>(), 0..256),
-        // Around the cap: valid JSON padded with spaces, and a file just over it.
-        1 => (MAX_BODY_BYTES - 16..MAX_BODY_BYTES + 16).prop_map(|n| {
-            let mut b = br#"{"id":"wp_1","secret":"s"}"#.to_vec();
-            b.resize(n, b' ');
-            b
-        }),
-    ]
+    // Around the cap: files just under and just over it.
+    crate::signal::bodies(TARGET.name, 16)
 }
 
 fn fuzz(budget: Budget, known: Vec<String>) -> Outcome {
