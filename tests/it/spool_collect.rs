@@ -208,39 +208,51 @@ fn wait_lines(log: impl Fn() -> String, needle: &str, n: usize, what: &str) {
     });
 }
 
-#[test]
-fn a_file_written_in_place_on_the_hub_is_not_parked_while_open_and_is_recorded_once() {
-    let hub = Hub::start_with(&[("CORTEX_WAITPOINT_SWEEP_MS", "100")]);
-    let sid = hub.session();
-    let wp = hub.waitpoint(&sid, json!({"label": "m", "intent": "i"}));
-    let spool = hub.spool();
+/// Writes half of a signal for `wp` in place into `spool` (mtime backdated, held open),
+/// waits for two rescans to list it (`listed` in `log`), checks it was not parked, then
+/// finishes it and checks it is recorded once, deleted and never parked. Returns the wake.
+fn written_in_place_is_recorded_once(
+    hub: &Hub,
+    spool: &Path,
+    log: impl Fn() -> String,
+    listed: &str,
+    sid: &str,
+    wp: &Value,
+) -> Value {
     let body = json!({"id": wp["id"], "secret": wp["secret"], "message": "slow"}).to_string();
-    let (mut f, tail) = start_in_place(&spool, "slow.json", &body);
-    // Two rescans (each logs the file it lists) find it half-written and open.
-    wait_lines(
-        || hub.log(),
-        "collecting the local spool files=1 reason=periodic",
-        2,
-        "two rescans listing the half-written file",
-    );
-    assert!(
-        bad(&spool).is_empty(),
-        "parked while open: {:?}",
-        bad(&spool)
-    );
+    let (mut f, tail) = start_in_place(spool, "slow.json", &body);
+    wait_lines(log, listed, 2, "two rescans listing the half-written file");
+    assert!(bad(spool).is_empty(), "parked while open: {:?}", bad(spool));
     assert!(spool.join("slow.json").exists());
     f.write_all(tail.as_bytes()).expect("write");
     drop(f);
-    let wake = hub.wait_wake(&sid, wp["id"].as_str().unwrap(), 1, T);
+    let wake = hub.wait_wake(sid, wp["id"].as_str().unwrap(), 1, T);
     assert_eq!(wake["signals"][0]["message"], "slow", "{wake}");
     wait_until(T, "the file deleted", || {
-        (pending(&spool) == 0).then_some(())
+        (pending(spool) == 0).then_some(())
     });
     assert_eq!(
         hub.get_waitpoint(wp["id"].as_str().unwrap())["signal_count"],
         1
     );
-    assert!(bad(&spool).is_empty(), "{:?}", bad(&spool));
+    assert!(bad(spool).is_empty(), "{:?}", bad(spool));
+    wake
+}
+
+#[test]
+fn a_file_written_in_place_on_the_hub_is_not_parked_while_open_and_is_recorded_once() {
+    let hub = Hub::start_with(&[("CORTEX_WAITPOINT_SWEEP_MS", "100")]);
+    let sid = hub.session();
+    let wp = hub.waitpoint(&sid, json!({"label": "m", "intent": "i"}));
+    // Each rescan logs the files it lists.
+    written_in_place_is_recorded_once(
+        &hub,
+        &hub.spool(),
+        || hub.log(),
+        "collecting the local spool files=1 reason=periodic",
+        &sid,
+        &wp,
+    );
 }
 
 #[test]
@@ -254,32 +266,13 @@ fn a_file_written_in_place_on_a_device_is_not_parked_while_open_and_is_recorded_
     hub.wait_online("gpu1");
     let sid = hub.session();
     let wp = hub.waitpoint(&sid, json!({"label": "m", "intent": "i", "device": "gpu1"}));
-    let spool = agent.spool();
-    let body = json!({"id": wp["id"], "secret": wp["secret"], "message": "slow"}).to_string();
-    let (mut f, tail) = start_in_place(&spool, "slow.json", &body);
-    wait_lines(
+    let wake = written_in_place_is_recorded_once(
+        &hub,
+        &agent.spool(),
         || agent.log(),
         "listed the spool files=1",
-        2,
-        "two rescans listing the half-written file",
+        &sid,
+        &wp,
     );
-    assert!(
-        bad(&spool).is_empty(),
-        "parked while open: {:?}",
-        bad(&spool)
-    );
-    assert!(spool.join("slow.json").exists());
-    f.write_all(tail.as_bytes()).expect("write");
-    drop(f);
-    let wake = hub.wait_wake(&sid, wp["id"].as_str().unwrap(), 1, T);
-    assert_eq!(wake["signals"][0]["message"], "slow", "{wake}");
     assert_eq!(wake["signals"][0]["source"], "device:gpu1", "{wake}");
-    wait_until(T, "the file deleted", || {
-        (pending(&spool) == 0).then_some(())
-    });
-    assert_eq!(
-        hub.get_waitpoint(wp["id"].as_str().unwrap())["signal_count"],
-        1
-    );
-    assert!(bad(&spool).is_empty(), "{:?}", bad(&spool));
 }
