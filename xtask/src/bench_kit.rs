@@ -154,6 +154,17 @@ pub fn version(cmd: &str, flag: &str) -> String {
     }
 }
 
+/// One of a daemon's timing records (`CORTEX_TIMING_FILE`, one JSON line each): its
+/// event, its wait and its time in ns since the epoch; `None` for a line that is not one
+/// (another shape, or cut).
+pub fn timing_record(line: &str) -> Option<(String, String, i128)> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let event = v["event"].as_str()?.to_string();
+    let wait = v["wait"].as_str()?.to_string();
+    let us = v["us"].as_u64()?;
+    Some((event, wait, i128::from(us) * 1_000))
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{Read, Write};

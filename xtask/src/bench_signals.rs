@@ -333,8 +333,8 @@ fn checkpoints(timing: &std::path::Path) -> usize {
     std::fs::read_to_string(timing)
         .unwrap_or_default()
         .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["event"] == "checkpoint")
+        .filter_map(crate::bench_kit::timing_record)
+        .filter(|(event, _, _)| event == "checkpoint")
         .count()
 }
 

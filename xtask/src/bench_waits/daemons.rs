@@ -167,22 +167,12 @@ impl Timing {
     pub fn take(&self, event: &str, wp: &str) -> anyhow::Result<Option<i128>> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         for line in st.file.lines()? {
-            if let Some((event, wait, ns)) = record(&line) {
+            if let Some((event, wait, ns)) = crate::bench_kit::timing_record(&line) {
                 st.at.insert((event, wait), ns);
             }
         }
         Ok(st.at.remove(&(event.to_string(), wp.to_string())))
     }
-}
-
-/// One timing record: its event, its wait and its time in ns since the epoch; `None` for
-/// a line that is not one (another event's shape, or cut).
-fn record(line: &str) -> Option<(String, String, i128)> {
-    let v: Value = serde_json::from_str(line).ok()?;
-    let event = v["event"].as_str()?.to_string();
-    let wait = v["wait"].as_str()?.to_string();
-    let us = v["us"].as_u64()?;
-    Some((event, wait, i128::from(us) * 1_000))
 }
 
 /// The realtime clock now, ns since the epoch (what the log timestamps read).
@@ -402,8 +392,12 @@ mod tests {
         // The rest of a line written in two parts.
         writeln!(f, "eived\",\"wait\":\"wp_2\",\"us\":7}}").expect("write");
         assert_eq!(t.take(HUB_RECEIVED, "wp_2").expect("read"), Some(7_000));
-        assert_eq!(record("not json"), None);
-        assert_eq!(record("{\"event\":\"x\",\"us\":1}"), None, "no wait");
+        assert_eq!(crate::bench_kit::timing_record("not json"), None);
+        assert_eq!(
+            crate::bench_kit::timing_record("{\"event\":\"x\",\"us\":1}"),
+            None,
+            "no wait"
+        );
         let _ = std::fs::remove_file(&path);
     }
 }
