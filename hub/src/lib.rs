@@ -19,6 +19,7 @@ pub mod intake;
 #[cfg(test)]
 mod layering;
 pub mod mesh;
+pub mod model;
 pub mod registry;
 pub mod secret;
 pub mod server;

@@ -13,11 +13,44 @@ pub const MAX_TEXT_BYTES: usize = 64 * 1024;
 /// A message's `dedupe_key`, at most (characters).
 pub const MAX_DEDUPE_KEY_CHARS: usize = 200;
 
+/// A session's `instructions`, at most (bytes of UTF-8).
+pub const MAX_INSTRUCTIONS_BYTES: usize = 64 * 1024;
+/// A session's `examples`, at most (messages).
+pub const MAX_EXAMPLES: usize = 32;
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+    /// What the model is told first (the system message of the prefix); the hub's
+    /// default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+    /// A worked example: OpenAI chat messages placed in the prefix after the instructions
+    /// (small models call tools only once the conversation holds an example of a call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub examples: Option<Vec<serde_json::Value>>,
+    /// The most tokens one model call may generate.
+    #[serde(default, rename = "maxTokens", skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// When a run stops on its own (each absent bound: the hub's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<StopConfig>,
+}
+
+/// A run's bounds; `steps` defaults to 20 and `repeatedCalls` to 3, the others to none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct StopConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeated_calls: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,6 +87,10 @@ pub struct MessagePosted {
     pub seq: u64,
     /// True when `dedupe_key` matched an earlier post; `seq` is then that post's.
     pub duplicate: bool,
+    /// True when the hub runs a model, so a turn will take the message; false when
+    /// nothing in the hub answers it (no model configured).
+    #[serde(default)]
+    pub runs: bool,
 }
 
 /// One entry of a session's event log.
@@ -81,6 +118,154 @@ pub enum EventBody {
     WaitpointArmed { waitpoint: WaitpointRef },
     /// A waitpoint of this session was cancelled (`by`: "agent", "operator", "session-deleted").
     WaitpointCancelled { waitpoint: WaitpointRef, by: String },
+    /// The runner took the session's inbox items up to `through` (inbox seq).
+    InputTaken { through: u64 },
+    /// A run (one turn) began, with what started it.
+    RunStart {
+        run_id: String,
+        input: Vec<RunInput>,
+    },
+    /// A step of a run began: one model call, then its tool calls.
+    StepStart { run_id: String, step: u32 },
+    /// Text from the model. Live (`live: true`, only on a stream, never stored) as it
+    /// arrives; stored once per step with the whole text, which a follower that saw the
+    /// live pieces skips.
+    ModelDelta {
+        run_id: String,
+        step: u32,
+        text: String,
+        channel: DeltaChannel,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        live: bool,
+    },
+    /// A tool call is about to run.
+    ToolStart {
+        run_id: String,
+        step: u32,
+        call: ToolCallView,
+    },
+    /// A tool call ended: its result or its error, as the model sees it.
+    ToolEnd {
+        run_id: String,
+        step: u32,
+        observation: Observation,
+    },
+    /// A model call is made again (`cause`: "provider" for the model server's failure;
+    /// later "output" and "termination"), after `delay_ms`; consumers reset what they
+    /// built from the attempt's deltas.
+    Retry {
+        run_id: String,
+        step: u32,
+        cause: String,
+        attempt: u32,
+        issues: String,
+        delay_ms: u64,
+    },
+    /// A run ended.
+    RunEnd {
+        run_id: String,
+        result: RunResult,
+        meta: RunMeta,
+    },
+}
+
+/// One inbox item a run took, as `run-start` names it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunInput {
+    /// The inbox item's seq.
+    pub seq: u64,
+    /// `message` or `wake` (later: `answer`, `timer`).
+    pub kind: String,
+    /// The text the model reads for it.
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeltaChannel {
+    Text,
+    Reasoning,
+}
+
+/// A tool call as the model made it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallView {
+    /// The call's id (the model's, or the hub's when the model gave none).
+    pub id: String,
+    pub name: String,
+    /// The arguments, parsed; the raw text as a string when they are not JSON.
+    pub args: serde_json::Value,
+}
+
+/// What a tool call came to, as the model sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    pub call_id: String,
+    pub name: String,
+    pub ok: bool,
+    /// The tool's answer (on `ok`) or `{error}`.
+    pub result: serde_json::Value,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Envelope>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RunError>,
+}
+
+/// A run's answer: prose for a person (`response`), data for a program (`data`), and the
+/// model's own short reason (`reasoning`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+}
+
+/// Why a run failed: `code` is `model_call_failed`, `output_invalid`, `stopped` (with
+/// `stop`: `steps`, `tokens`, `duration`, `output_retries`, `repeated_calls`), `aborted`
+/// or `unknown`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunError {
+    pub code: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<String>,
+    pub message: String,
+}
+
+/// What a run used and how it went, authored by the hub (never by the model).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunMeta {
+    pub usage: Usage,
+    /// The output transport that ran (`emit` for a chat session).
+    pub strategy: String,
+    pub steps: u32,
+    pub output_retries: u32,
+    pub elapsed_ms: u64,
+}
+
+/// Tokens, as the model server reported them (zero where it reported none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+}
+
+/// `GET /api/sessions/{sid}/result`: the last run's result and meta.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionResult {
+    pub run_id: String,
+    pub result: RunResult,
+    pub meta: RunMeta,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -59,7 +59,13 @@ pub fn new(
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let reply = hub
-        .post("/api/sessions", &CreateSession { title })
+        .post(
+            "/api/sessions",
+            &CreateSession {
+                title,
+                ..Default::default()
+            },
+        )
         .context("creating a session")?;
     if json {
         return print_raw(out, &reply);

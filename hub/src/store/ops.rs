@@ -106,6 +106,7 @@ impl Tx<'_> {
             return Ok(Some(MessagePosted {
                 seq: seq.value(),
                 duplicate: true,
+                runs: false,
             }));
         }
         let body = EventBody::Message {
@@ -122,6 +123,7 @@ impl Tx<'_> {
         Ok(Some(MessagePosted {
             seq,
             duplicate: false,
+            runs: false,
         }))
     }
 
