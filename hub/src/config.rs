@@ -5,6 +5,8 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use serde::Deserialize;
+
 use crate::engine::{DAY_MS, Settings};
 
 #[derive(Debug, thiserror::Error)]
@@ -25,18 +27,54 @@ pub enum ConfigError {
         value: String,
         why: &'static str,
     },
+    #[error("settings.json {key} = {value} is not usable: {why_owned}")]
+    BadSection {
+        key: String,
+        value: String,
+        why_owned: String,
+    },
     #[error(
         "{0} is not a loopback address; the hub's signal route and API listen on loopback only (use 127.0.0.1:PORT or [::1]:PORT, and reach other machines through the device mesh)"
     )]
     NotLoopback(SocketAddr),
 }
 
-/// The hub's numbers: the engine's rules and the sweep interval.
+/// The hub's numbers: the engine's rules and the sweep interval; the runner's defaults
+/// and the model's settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HubSettings {
     pub engine: Settings,
     /// `waitpointSweepMs`: how often the sweep runs; 0 turns it off.
     pub sweep_ms: u64,
+    /// `agent`: what a session gets when its creator does not say.
+    pub agent: AgentDefaults,
+    /// `llm`, as written (the model client reads it with the `CORTEX_LLM_*` variables).
+    pub llm: Option<serde_json::Value>,
+}
+
+/// settings.json `agent: {instructions?, maxTokens?, stop?, concurrency?}`.
+#[derive(Debug, Clone, PartialEq, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AgentDefaults {
+    /// A session's instructions when it gives none (the hub's own text when unset).
+    #[serde(default)]
+    pub instructions: Option<String>,
+    /// The most tokens one model call may generate (none: the server's own cap).
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub stop: cortex_protocol::api::StopConfig,
+    /// How many sessions the runner drives at once; the others wait in order (default 8).
+    #[serde(default)]
+    pub concurrency: Option<usize>,
+}
+
+impl AgentDefaults {
+    pub const DEFAULT_CONCURRENCY: usize = 8;
+
+    pub fn concurrency(&self) -> usize {
+        self.concurrency.unwrap_or(Self::DEFAULT_CONCURRENCY)
+    }
 }
 
 /// `$CORTEX_HOME`, else `~/.cortex`.
@@ -155,7 +193,31 @@ pub fn load_settings_with(
         lookup,
     )?
     .unwrap_or(30_000);
-    Ok(HubSettings { engine, sweep_ms })
+    let agent = match json.get("agent") {
+        None | Some(serde_json::Value::Null) => AgentDefaults::default(),
+        Some(v) => {
+            let a = AgentDefaults::deserialize(v).map_err(|e| ConfigError::BadSection {
+                key: "agent".into(),
+                value: v.to_string(),
+                why_owned: e.to_string(),
+            })?;
+            if a.concurrency == Some(0) || a.max_tokens == Some(0) {
+                return Err(ConfigError::BadSection {
+                    key: "agent".into(),
+                    value: v.to_string(),
+                    why_owned: "concurrency and maxTokens must be above 0".into(),
+                });
+            }
+            a
+        }
+    };
+    let llm = json.get("llm").filter(|v| !v.is_null()).cloned();
+    Ok(HubSettings {
+        engine,
+        sweep_ms,
+        agent,
+        llm,
+    })
 }
 
 /// The listen rule of the contract: loopback only.

@@ -18,9 +18,12 @@ pub mod engine;
 pub mod intake;
 #[cfg(test)]
 mod layering;
+pub mod live;
 pub mod mesh;
 pub mod model;
 pub mod registry;
+pub mod remote_wait;
+pub mod runner;
 pub mod secret;
 pub mod server;
 pub mod state;

@@ -138,7 +138,12 @@ fn real_main(args: Args) -> anyhow::Result<()> {
             home.display()
         );
         let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
-        let config = cortex_hub::server::Config { home, settings, token };
+        let config = cortex_hub::server::Config {
+            home,
+            settings,
+            token,
+            model: None,
+        };
         let shutdown = async {
             cortex_host::daemon::shutdown_signal().await;
         };

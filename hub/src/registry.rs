@@ -13,7 +13,10 @@ use std::sync::{Arc, Mutex};
 use cortex_protocol::mesh::{HostFacts, SpoolCounts};
 use tokio::sync::Notify;
 
+use cortex_protocol::api::DeviceView;
+
 use crate::secret;
+use crate::store::devices::DeviceRecord;
 
 /// Why a link ended; its text is the offline reason people read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,6 +242,39 @@ impl Registry {
     pub fn end_all(&self, why: End) {
         for l in self.links() {
             l.end(why.clone());
+        }
+    }
+}
+
+impl Registry {
+    /// A stored device merged with its live link, if it has one; `waits` is the count of
+    /// its active remote waits.
+    pub fn view(&self, rec: DeviceRecord, waits: u32) -> DeviceView {
+        match self.link(&rec.name) {
+            Some(link) => DeviceView {
+                name: rec.name,
+                state: "online".into(),
+                since: Some(link.online_since),
+                last_seen: Some(link.last_seen()),
+                agent_version: Some(link.agent_version.clone()),
+                host: Some(link.host.clone()),
+                spool: link.spool(),
+                waits,
+                offline_reason: None,
+                wait_list: None,
+            },
+            None => DeviceView {
+                name: rec.name,
+                state: "offline".into(),
+                since: rec.offline_since,
+                last_seen: rec.last_seen,
+                agent_version: rec.agent_version,
+                host: rec.host,
+                spool: rec.spool,
+                waits,
+                offline_reason: rec.offline_reason,
+                wait_list: None,
+            },
         }
     }
 }

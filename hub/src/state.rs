@@ -11,17 +11,32 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::config::HubSettings;
+use crate::config::{AgentDefaults, HubSettings};
 use crate::intake::{DeviceMisses, MissBudget};
+use crate::live::Live;
+use crate::model::Model;
 use crate::registry::Registry;
 use crate::store::Store;
 
 /// What `server::run` needs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Config {
     pub home: PathBuf,
     pub settings: HubSettings,
     pub token: String,
+    /// The model the runner calls; `None`: no turn runs (sessions still record messages
+    /// and wakes for outside agents).
+    pub model: Option<Arc<dyn Model>>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("home", &self.home)
+            .field("settings", &self.settings)
+            .field("model", &self.model.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// A shutdown flag every task can wait on.
@@ -59,6 +74,12 @@ pub struct Inner {
     pub devices: Registry,
     /// The mesh's URL for agents (`None` with `--mesh-listen off`).
     pub mesh_url: Option<String>,
+    /// The model's text as it streams, to the sessions' followers.
+    pub live: Live,
+    /// What a session gets when its creator does not say.
+    pub agent_defaults: AgentDefaults,
+    /// Whether the hub runs a model (a message to a session then starts a turn).
+    pub runs_model: bool,
 }
 
 /// The shared state, cheap to clone (one `Arc`).

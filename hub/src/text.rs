@@ -5,7 +5,7 @@
 //! or break out of its framing.
 
 use cortex_protocol::SignalStatus;
-use cortex_protocol::api::{HowToSignal, SignalView, WakeReason};
+use cortex_protocol::api::{HowToSignal, SignalView, WaitpointCreated, WakeReason};
 
 use crate::engine::{ExpiryNotice, Waitpoint, WakePlan};
 use crate::time::{human_duration, rfc3339};
@@ -239,3 +239,26 @@ pub fn member_note(wp: &Waitpoint) -> Option<String> {
 
 #[cfg(test)]
 mod tests;
+
+/// What arming a waitpoint answers: its state, the secret (handed out here once), and the
+/// lines that signal it.
+pub fn waitpoint_created(wp: &Waitpoint, secret: String, signal_url: &str) -> WaitpointCreated {
+    let how = how_to_signal(wp, &secret, signal_url);
+    WaitpointCreated {
+        id: wp.id.clone(),
+        state: wp.state.as_str().to_string(),
+        session: wp.session.clone(),
+        label: wp.label.clone(),
+        intent: wp.intent.clone(),
+        created_at: wp.created_at,
+        expires_at: wp.expires_at,
+        members: wp.members.clone(),
+        quorum: wp.quorum,
+        fail_fast: wp.fail_fast,
+        max_signals: wp.max_signals,
+        device: wp.device.clone(),
+        member_note: member_note(wp),
+        how_to_signal: how,
+        secret,
+    }
+}

@@ -8,15 +8,17 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use cortex_protocol::api::{
-    CreateSession, CreateWaitpoint, MAX_DEDUPE_KEY_CHARS, MAX_TEXT_BYTES, MAX_TITLE_CHARS,
-    PostMessage, WaitpointCreated, WaitpointList,
+    CreateSession, CreateWaitpoint, MAX_DEDUPE_KEY_CHARS, MAX_INSTRUCTIONS_BYTES, MAX_TEXT_BYTES,
+    MAX_TITLE_CHARS, MessagePosted, PostMessage, WaitpointList,
 };
 use serde::Deserialize;
 
 use super::error::{ApiError, parse_json};
 use super::log::{self, LogQuery};
 use crate::engine::CreateParams;
+use crate::runner::prefix;
 use crate::state::AppState;
+use crate::store::agent::AgentRecord;
 use crate::store::ops::{CancelOutcome, CreateOutcome};
 use crate::time::now_ms;
 use crate::{secret, text};
@@ -58,12 +60,61 @@ pub async fn create_session(
     if let Some(t) = &req.title {
         ApiError::cap_chars("title", t, MAX_TITLE_CHARS)?;
     }
+    if let Some(i) = &req.instructions
+        && i.len() > MAX_INSTRUCTIONS_BYTES
+    {
+        return Err(ApiError::too_long(
+            "instructions",
+            i.len(),
+            MAX_INSTRUCTIONS_BYTES,
+            "bytes",
+        ));
+    }
+    let config = prefix::config(
+        &state.agent_defaults,
+        req.instructions,
+        req.examples,
+        req.max_tokens,
+        req.stop,
+    )
+    .map_err(ApiError::bad_request)?;
+    let prefix = prefix::build(&config);
     let view = state
         .store
-        .exec(move |t| t.create_session(req.title, now_ms()))
+        .exec(move |t| {
+            let view = t.create_session(req.title, now_ms())?;
+            let mut rec = AgentRecord::new(None);
+            t.fix_agent(&view.id, &mut rec, config, &prefix)?;
+            t.put_agent(&view.id, &rec)?;
+            Ok(view)
+        })
         .await
         .map_err(ApiError::store)?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+/// `GET /api/sessions/{sid}/result`: the last run's result and meta.
+pub async fn session_result(
+    State(state): State<AppState>,
+    Path(sid): Path<String>,
+) -> Result<Response, ApiError> {
+    let s = sid.clone();
+    let (exists, result) = state
+        .store
+        .read(move |r| Ok((r.session(&s)?.is_some(), r.agent_result(&s)?)))
+        .await
+        .map_err(ApiError::store)?;
+    match result {
+        Some(res) => Ok(Json(res).into_response()),
+        None if exists => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_result",
+            format!(
+                "session {sid} has no finished run yet; post a message, and follow its events for the run-end"
+            ),
+        )),
+        None => Err(ApiError::not_found("session", &sid)),
+    }
 }
 
 pub async fn list_sessions(State(state): State<AppState>) -> Result<Response, ApiError> {
@@ -135,7 +186,10 @@ pub async fn post_message(
         .exec(move |t| t.post_message(&s, req.text, req.when, req.dedupe_key, now_ms()))
         .await
         .map_err(ApiError::store)?;
-    match posted {
+    match posted.map(|p| MessagePosted {
+        runs: state.runs_model,
+        ..p
+    }) {
         Some(p) if p.duplicate => Ok((StatusCode::OK, Json(p)).into_response()),
         Some(p) => Ok((StatusCode::CREATED, Json(p)).into_response()),
         None => Err(ApiError::not_found("session", &sid)),
@@ -163,13 +217,15 @@ pub async fn events(
     };
     // Subscribe before reading, so nothing committed in between is missed.
     let rx = state.store.notifier.subscribe(&sid, current);
+    let sse = log::wants_sse(&headers);
+    let live = sse.then(|| state.live.subscribe(&sid));
     let (read_sid, gone_sid) = (sid.clone(), sid);
     let read = move |after: u64| -> log::LogReader {
         let sid = read_sid.clone();
         Box::new(move |r| r.events_after(&sid, after, log::PAGE))
     };
     let gone = move || ApiError::not_found("session", &gone_sid);
-    log::serve(state, q, log::wants_sse(&headers), rx, read, gone).await
+    log::serve(state, q, sse, rx, read, gone, live).await
 }
 
 // ------------------------------------------------------------------ waitpoints
@@ -210,7 +266,7 @@ pub async fn create_waitpoint(
             ));
         }
     };
-    let reply = created(&state, &wp, secret);
+    let reply = text::waitpoint_created(&wp, secret, &state.signal_url);
     Ok((StatusCode::CREATED, Json(reply)).into_response())
 }
 
@@ -241,31 +297,6 @@ fn cap_waitpoint(req: &CreateWaitpoint) -> Result<(), ApiError> {
 
 /// The answer to a waitpoint's creation (also a remote wait's): the only time its secret
 /// is shown, with the lines that signal it.
-pub fn created(
-    state: &AppState,
-    wp: &crate::engine::Waitpoint,
-    secret: String,
-) -> WaitpointCreated {
-    let how = text::how_to_signal(wp, &secret, &state.signal_url);
-    WaitpointCreated {
-        id: wp.id.clone(),
-        state: wp.state.as_str().to_string(),
-        session: wp.session.clone(),
-        label: wp.label.clone(),
-        intent: wp.intent.clone(),
-        created_at: wp.created_at,
-        expires_at: wp.expires_at,
-        members: wp.members.clone(),
-        quorum: wp.quorum,
-        fail_fast: wp.fail_fast,
-        max_signals: wp.max_signals,
-        device: wp.device.clone(),
-        member_note: text::member_note(wp),
-        how_to_signal: how,
-        secret,
-    }
-}
-
 pub async fn session_waitpoints(
     State(state): State<AppState>,
     Path(sid): Path<String>,

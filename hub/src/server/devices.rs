@@ -11,17 +11,15 @@ use axum::response::{IntoResponse, Response};
 use cortex_protocol::api::{
     CreateDevice, CreateDeviceWait, DeviceCreated, DeviceView, DeviceWaitCreated,
 };
-use cortex_protocol::mesh::{MAX_WAITS_PER_DEVICE, WaitSpec};
+use cortex_protocol::mesh::MAX_WAITS_PER_DEVICE;
 
 use super::error::{ApiError, parse_json};
 use super::log::{self, LogQuery};
-use crate::secret;
 use crate::state::AppState;
-use crate::store::device_waits::{
-    CreateDeviceWaitOutcome, EXPIRY_MARGIN_MS, NewDeviceWait, TIMEOUT_GRACE_MS,
-};
+use crate::store::device_waits::CreateDeviceWaitOutcome;
 use crate::store::devices::DeviceRecord;
 use crate::time::{human_duration, now_ms};
+use crate::{remote_wait, secret};
 
 /// Longest device name.
 pub const MAX_DEVICE_CHARS: usize = 64;
@@ -105,32 +103,7 @@ pub async fn create_device(
 /// A stored device merged with its live link, if it has one; `waits` is the count of
 /// its active remote waits.
 pub fn view(state: &AppState, rec: DeviceRecord, waits: u32) -> DeviceView {
-    match state.devices.link(&rec.name) {
-        Some(link) => DeviceView {
-            name: rec.name,
-            state: "online".into(),
-            since: Some(link.online_since),
-            last_seen: Some(link.last_seen()),
-            agent_version: Some(link.agent_version.clone()),
-            host: Some(link.host.clone()),
-            spool: link.spool(),
-            waits,
-            offline_reason: None,
-            wait_list: None,
-        },
-        None => DeviceView {
-            name: rec.name,
-            state: "offline".into(),
-            since: rec.offline_since,
-            last_seen: rec.last_seen,
-            agent_version: rec.agent_version,
-            host: rec.host,
-            spool: rec.spool,
-            waits,
-            offline_reason: rec.offline_reason,
-            wait_list: None,
-        },
-    }
+    state.devices.view(rec, waits)
 }
 
 pub async fn list_devices(State(state): State<AppState>) -> Result<Response, ApiError> {
@@ -177,133 +150,6 @@ pub async fn get_device(
     Ok(Json(v).into_response())
 }
 
-/// The bound a device wait may ask for at most: the longest waitpoint lifetime less what
-/// the hub adds after the bound.
-fn max_timeout_ms(state: &AppState) -> u64 {
-    state
-        .store
-        .settings
-        .max_ttl_ms
-        .saturating_sub(TIMEOUT_GRACE_MS + EXPIRY_MARGIN_MS)
-}
-
-/// The body checked: the spec and the bound in ms.
-pub fn parse_wait(
-    req: &CreateDeviceWait,
-    default_ms: u64,
-    max_ms: u64,
-) -> Result<(WaitSpec, u64), ApiError> {
-    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_wait", m);
-    let path = |kind: &str| -> Result<String, ApiError> {
-        let Some(p) = req.path.as_deref() else {
-            return Err(bad(format!(
-                "a {kind} wait needs \"path\": the absolute path of the file on the device"
-            )));
-        };
-        if !p.starts_with('/') || p.len() > 4096 || p.contains('\0') {
-            return Err(bad(format!(
-                "path {p:?} is not usable; give the absolute path on the device (from /, at most 4096 bytes)"
-            )));
-        }
-        if req.pid.is_some() || req.start_time.is_some() {
-            return Err(bad(format!(
-                "pid and start_time belong to a pid wait, not a {kind} wait; leave them out"
-            )));
-        }
-        Ok(p.to_string())
-    };
-    let spec = match req.kind.as_str() {
-        "pid" => {
-            let pid = match req.pid {
-                Some(p) if p > 0 => p,
-                Some(p) => {
-                    return Err(bad(format!(
-                        "pid {p} is not a process id; give a number above 0"
-                    )));
-                }
-                None => {
-                    return Err(bad(
-                        "a pid wait needs \"pid\": the process id on the device".into(),
-                    ));
-                }
-            };
-            if req.path.is_some() {
-                return Err(bad(
-                    "path belongs to a file or flock wait, not a pid wait; leave it out".into(),
-                ));
-            }
-            WaitSpec::Pid {
-                pid,
-                start_time: req.start_time,
-            }
-        }
-        "file" => WaitSpec::File {
-            path: path("file")?,
-            cursor: None,
-        },
-        "flock" => WaitSpec::Flock {
-            path: path("flock")?,
-        },
-        other => {
-            return Err(bad(format!(
-                "kind {other:?} is not a wait this hub knows; use \"pid\", \"file\" or \"flock\""
-            )));
-        }
-    };
-    let timeout_ms = match req.timeout_s {
-        None => default_ms.min(max_ms),
-        Some(s) if s.is_finite() && s > 0.0 => {
-            let ms = (s * 1000.0).round().max(1.0);
-            if ms > max_ms as f64 {
-                return Err(bad(format!(
-                    "timeout_s {s} is over the longest bound, {}s ({}); wait in parts",
-                    max_ms / 1000,
-                    human_duration(max_ms)
-                )));
-            }
-            ms as u64
-        }
-        Some(s) => {
-            return Err(bad(format!(
-                "timeout_s must be a number of seconds above 0; got {s}"
-            )));
-        }
-    };
-    Ok((spec, timeout_ms))
-}
-
-/// The words a device wait is shown with when the request gives none.
-fn wait_words(spec: &WaitSpec, device: &str) -> (String, String, String) {
-    let (title, label, intent) = match spec {
-        WaitSpec::Pid { pid, .. } => (
-            format!("wait pid {pid} on {device}"),
-            format!("pid {pid} on {device}"),
-            format!("wake when process {pid} on {device} exits"),
-        ),
-        WaitSpec::File { path, .. } => (
-            format!("wait file {path} on {device}"),
-            format!("{path} on {device}"),
-            format!("wake when {path} on {device} is written"),
-        ),
-        WaitSpec::Flock { path } => (
-            format!("wait flock {path} on {device}"),
-            format!("lock {path} on {device}"),
-            format!("wake when the lock on {path} on {device} is free"),
-        ),
-    };
-    let cut = |s: String, n: usize| -> String {
-        match s.char_indices().nth(n) {
-            Some((i, _)) => format!("{}…", &s[..i]),
-            None => s,
-        }
-    };
-    (
-        cut(title, 200),
-        cut(label, crate::engine::MAX_LABEL_CHARS - 1),
-        cut(intent, crate::engine::MAX_INTENT_CHARS - 1),
-    )
-}
-
 /// `POST /api/devices/{name}/waits`.
 pub async fn create_wait(
     State(state): State<AppState>,
@@ -314,46 +160,14 @@ pub async fn create_wait(
         return Err(no_device(&name));
     }
     let req: CreateDeviceWait = parse_json(&body)?;
-    if let Some(l) = &req.label {
-        ApiError::cap_chars("label", l.trim(), crate::engine::MAX_LABEL_CHARS)?;
-    }
-    if let Some(i) = &req.intent {
-        ApiError::cap_chars("intent", i.trim(), crate::engine::MAX_INTENT_CHARS)?;
-    }
-    let max = max_timeout_ms(&state);
-    let (spec, timeout_ms) = parse_wait(&req, state.store.settings.default_ttl_ms, max)?;
-    if let Some(link) = state.devices.link(&name) {
-        let cap = spec.capability();
-        if !link.capabilities.iter().any(|c| c == cap) {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "unsupported_wait",
-                format!(
-                    "the agent on {name} (version {}) does not run {} waits (it does not announce {cap}); upgrade cortex-device-agent there",
-                    link.agent_version,
-                    spec.kind()
-                ),
-            ));
-        }
-    }
-    let (title, label, intent) = wait_words(&spec, &name);
-    let new = NewDeviceWait {
-        device: name.clone(),
-        spec,
-        timeout_ms,
-        session: req.session.clone().filter(|s| !s.is_empty()),
-        title,
-        label: req
-            .label
-            .clone()
-            .filter(|l| !l.trim().is_empty())
-            .unwrap_or(label),
-        intent: req
-            .intent
-            .clone()
-            .filter(|i| !i.trim().is_empty())
-            .unwrap_or(intent),
-    };
+    let (new, timeout_ms) = remote_wait::plan(&state.store.settings, &state.devices, &name, &req)
+        .map_err(|r| {
+        ApiError::new(
+            StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_REQUEST),
+            r.code,
+            r.message,
+        )
+    })?;
     let secret = secret::new_secret();
     let hash = secret::hash(&secret);
     let out = state
@@ -401,7 +215,7 @@ pub async fn create_wait(
         "remote wait created"
     );
     let reply = DeviceWaitCreated {
-        waitpoint: super::api::created(&state, &wp, secret),
+        waitpoint: crate::text::waitpoint_created(&wp, secret, &state.signal_url),
         wait: wait.view(),
     };
     Ok((StatusCode::CREATED, Json(reply)).into_response())
@@ -441,7 +255,7 @@ pub async fn hub_events(
         Box::new(move |r| r.hub_events_after(after, log::PAGE).map(Some))
     };
     let gone = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no hub event log");
-    log::serve(state, q, log::wants_sse(&headers), rx, read, gone).await
+    log::serve(state, q, log::wants_sse(&headers), rx, read, gone, None).await
 }
 
 #[cfg(test)]

@@ -9,7 +9,9 @@ use axum::http::{HeaderMap, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use tokio::sync::watch;
+use std::sync::Arc;
+
+use tokio::sync::{broadcast, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::error::ApiError;
@@ -60,6 +62,8 @@ fn page(raw: &[Vec<u8>]) -> Response {
 
 /// Answers a log request. `rx` must be subscribed before this reads, so nothing
 /// committed in between is missed; `gone` is the answer when the log does not exist.
+/// `live`: pieces that are streamed but never stored (a session's model text as it
+/// arrives), sent to an SSE follower as `event: live` between the stored events.
 pub async fn serve(
     state: AppState,
     q: LogQuery,
@@ -67,9 +71,10 @@ pub async fn serve(
     mut rx: watch::Receiver<u64>,
     read: impl ReadLog,
     gone: impl Fn() -> ApiError,
+    live: Option<broadcast::Receiver<Arc<str>>>,
 ) -> Result<Response, ApiError> {
     if sse {
-        return Ok(stream(state, q.after, rx, read));
+        return Ok(stream(state, q.after, rx, read, live));
     }
     let deadline = q
         .wait
@@ -101,6 +106,7 @@ fn stream(
     after: u64,
     mut rx: watch::Receiver<u64>,
     read: impl ReadLog,
+    mut live: Option<broadcast::Receiver<Arc<str>>>,
 ) -> Response {
     let (tx, out) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(64);
     tokio::spawn(async move {
@@ -125,14 +131,40 @@ fn stream(
                     return;
                 }
             }
-            tokio::select! {
-                changed = rx.changed() => if changed.is_err() { return },
-                () = tx.closed() => return,
-                () = state.shutdown.cancelled() => return,
+            loop {
+                tokio::select! {
+                    changed = rx.changed() => if changed.is_err() { return } else { break },
+                    piece = next_live(&mut live) => match piece {
+                        Some(json) => {
+                            let ev = SseEvent::default().event("live").data(json.as_ref());
+                            if tx.send(Ok(ev)).await.is_err() {
+                                return;
+                            }
+                        }
+                        None => live = None,
+                    },
+                    () = tx.closed() => return,
+                    () = state.shutdown.cancelled() => return,
+                }
             }
         }
     });
     Sse::new(ReceiverStream::new(out))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
+}
+
+/// The next live piece; `None` once the channel is gone. A follower that fell behind
+/// skips what it missed (the stored event of each step holds its whole text).
+async fn next_live(live: &mut Option<broadcast::Receiver<Arc<str>>>) -> Option<Arc<str>> {
+    let Some(rx) = live else {
+        return std::future::pending().await;
+    };
+    loop {
+        match rx.recv().await {
+            Ok(piece) => return Some(piece),
+            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => return None,
+        }
+    }
 }

@@ -35,6 +35,7 @@ pub fn router(state: AppState) -> Router {
             get(api::get_session).delete(api::delete_session),
         )
         .route("/sessions/{sid}/messages", post(api::post_message))
+        .route("/sessions/{sid}/result", get(api::session_result))
         .route("/sessions/{sid}/events", get(api::events))
         .route(
             "/sessions/{sid}/waitpoints",
@@ -107,6 +108,9 @@ pub async fn run_with_mesh(
         shutdown: Shutdown::default(),
         devices: crate::registry::Registry::default(),
         mesh_url: mesh.as_ref().map(|m| m.url.clone()),
+        live: crate::live::Live::default(),
+        agent_defaults: config.settings.agent.clone(),
+        runs_model: config.model.is_some(),
     });
     crate::mesh::start(&state).await?;
 
@@ -119,6 +123,9 @@ pub async fn run_with_mesh(
     let rescan =
         (config.settings.sweep_ms > 0).then(|| Duration::from_millis(config.settings.sweep_ms));
     tasks.spawn(spool::collect(state.clone(), Arc::new(spool), rescan));
+    if let Some(model) = config.model.clone() {
+        tasks.spawn(crate::runner::run(state.clone(), model));
+    }
     if let Some(bound) = mesh {
         tasks.spawn(crate::mesh::serve(state.clone(), bound));
         if config.settings.sweep_ms > 0 {

@@ -14,6 +14,7 @@
 //! redb directly when the last checkpoint holds them all, and through the writer's layers
 //! otherwise.
 
+pub mod agent;
 pub mod device_waits;
 pub mod devices;
 pub mod kernel;

@@ -78,6 +78,7 @@ impl Tx<'_> {
         let Some(mut rec) = self.get_session(sid)? else {
             return Ok(None);
         };
+        let inbox_item = matches!(body, EventBody::Message { .. } | EventBody::Wake(_));
         rec.last_seq += 1;
         let ev = Event {
             seq: rec.last_seq,
@@ -89,6 +90,9 @@ impl Tx<'_> {
         self.table_mut(&SESSIONS)
             .insert(sid, encode(&rec)?.as_slice())?;
         self.notify(super::tables::TOPIC_SESSION, sid, rec.last_seq);
+        if inbox_item {
+            self.inbox_arrived(sid)?;
+        }
         Ok(Some(rec.last_seq))
     }
 
@@ -156,6 +160,7 @@ impl Tx<'_> {
         for k in keys {
             self.msg_keys().remove((sid, k.as_str()))?;
         }
+        self.delete_agent(sid)?;
         self.table_mut(&SESSIONS).remove(sid)?;
         self.notify(super::tables::TOPIC_SESSION, sid, u64::MAX);
         Ok(true)

@@ -16,6 +16,7 @@
 //! - `hub_events`: seq → hub event JSON (devices added, revoked, online, offline)
 //! - `device_waits`: (device, waitpoint) → an active remote wait (`device_waits.rs`)
 //! - `timers`, `device_wait_due`: what the timer queue replaced; emptied into it at start
+//! - `agents`, `transcript`, `ready`: the runner's (`agent.rs`)
 //! - `meta`: name → number; `journal_seq` is the newest journal record a checkpoint holds
 
 use std::sync::Arc;
@@ -49,8 +50,13 @@ const LEGACY_TIMERS: TableSpec<(u64, &str), ()> = TableSpec::new(12, "timers");
 /// Emptied into the queue at start.
 const LEGACY_DEVICE_WAIT_DUE: TableSpec<(u64, &str), &str> = TableSpec::new(13, "device_wait_due");
 
+/// The runner's (`agent.rs`): a session's row, its transcript, the ready queue.
+pub(crate) const AGENTS: TableSpec<&str, &[u8]> = TableSpec::new(14, "agents");
+pub(crate) const TRANSCRIPT: TableSpec<(&str, u64), &[u8]> = TableSpec::new(15, "transcript");
+pub(crate) const READY: TableSpec<(u64, &str), ()> = TableSpec::new(16, "ready");
+
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 14] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 17] = [
     &META,
     &TIMER_QUEUE,
     &WAITPOINTS,
@@ -65,6 +71,9 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 14] = [
     &DEVICE_WAITS,
     &LEGACY_TIMERS,
     &LEGACY_DEVICE_WAIT_DUE,
+    &AGENTS,
+    &TRANSCRIPT,
+    &READY,
 ];
 
 /// The timer kinds of the hub's domains (see [`super::kernel::timers`]): a decided wake

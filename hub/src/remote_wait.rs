@@ -1,0 +1,211 @@
+//! A remote wait as asked for (`POST /api/devices/{name}/waits`, or the runner's
+//! `device_wait_*` tools): its body checked, its bound, the words it is shown with when the
+//! asker gives none, and whether the device's agent runs that kind. One place, so the API
+//! and the model get the same rules and the same sentences.
+
+use cortex_protocol::api::CreateDeviceWait;
+use cortex_protocol::mesh::WaitSpec;
+
+use crate::engine::Settings;
+use crate::registry::Registry;
+use crate::store::device_waits::{EXPIRY_MARGIN_MS, NewDeviceWait, TIMEOUT_GRACE_MS};
+use crate::time::human_duration;
+
+/// Why a remote wait is refused: an HTTP status, a code and a sentence that says what to
+/// do instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// Checks a remote wait on `device` and words it: the record to create and its bound in
+/// ms. Refused for a bad body, and for an online agent that does not run its kind.
+pub fn plan(
+    settings: &Settings,
+    devices: &Registry,
+    device: &str,
+    req: &CreateDeviceWait,
+) -> Result<(NewDeviceWait, u64), Refusal> {
+    let cap = |field: &str, value: &str, max: usize| {
+        let n = value.chars().count();
+        if n > max {
+            return Err(Refusal {
+                status: 413,
+                code: "too_large",
+                message: format!("{field} is {n} characters, over the cap of {max}; shorten it"),
+            });
+        }
+        Ok(())
+    };
+    if let Some(l) = &req.label {
+        cap("label", l.trim(), crate::engine::MAX_LABEL_CHARS)?;
+    }
+    if let Some(i) = &req.intent {
+        cap("intent", i.trim(), crate::engine::MAX_INTENT_CHARS)?;
+    }
+    let (spec, timeout_ms) = parse_wait(req, settings.default_ttl_ms, max_timeout_ms(settings))?;
+    if let Some(link) = devices.link(device) {
+        let cap = spec.capability();
+        if !link.capabilities.iter().any(|c| c == cap) {
+            return Err(Refusal {
+                status: 409,
+                code: "unsupported_wait",
+                message: format!(
+                    "the agent on {device} (version {}) does not run {} waits (it does not announce {cap}); upgrade cortex-device-agent there",
+                    link.agent_version,
+                    spec.kind()
+                ),
+            });
+        }
+    }
+    let (title, label, intent) = wait_words(&spec, device);
+    let new = NewDeviceWait {
+        device: device.to_string(),
+        spec,
+        timeout_ms,
+        session: req.session.clone().filter(|s| !s.is_empty()),
+        title,
+        label: req
+            .label
+            .clone()
+            .filter(|l| !l.trim().is_empty())
+            .unwrap_or(label),
+        intent: req
+            .intent
+            .clone()
+            .filter(|i| !i.trim().is_empty())
+            .unwrap_or(intent),
+    };
+    Ok((new, timeout_ms))
+}
+
+/// The bound a device wait may ask for at most: the longest waitpoint lifetime less what
+/// the hub adds after the bound.
+fn max_timeout_ms(settings: &Settings) -> u64 {
+    settings
+        .max_ttl_ms
+        .saturating_sub(TIMEOUT_GRACE_MS + EXPIRY_MARGIN_MS)
+}
+
+/// The body checked: the spec and the bound in ms.
+pub fn parse_wait(
+    req: &CreateDeviceWait,
+    default_ms: u64,
+    max_ms: u64,
+) -> Result<(WaitSpec, u64), Refusal> {
+    let bad = |m: String| Refusal {
+        status: 400,
+        code: "invalid_wait",
+        message: m,
+    };
+    let path = |kind: &str| -> Result<String, Refusal> {
+        let Some(p) = req.path.as_deref() else {
+            return Err(bad(format!(
+                "a {kind} wait needs \"path\": the absolute path of the file on the device"
+            )));
+        };
+        if !p.starts_with('/') || p.len() > 4096 || p.contains('\0') {
+            return Err(bad(format!(
+                "path {p:?} is not usable; give the absolute path on the device (from /, at most 4096 bytes)"
+            )));
+        }
+        if req.pid.is_some() || req.start_time.is_some() {
+            return Err(bad(format!(
+                "pid and start_time belong to a pid wait, not a {kind} wait; leave them out"
+            )));
+        }
+        Ok(p.to_string())
+    };
+    let spec = match req.kind.as_str() {
+        "pid" => {
+            let pid = match req.pid {
+                Some(p) if p > 0 => p,
+                Some(p) => {
+                    return Err(bad(format!(
+                        "pid {p} is not a process id; give a number above 0"
+                    )));
+                }
+                None => {
+                    return Err(bad(
+                        "a pid wait needs \"pid\": the process id on the device".into(),
+                    ));
+                }
+            };
+            if req.path.is_some() {
+                return Err(bad(
+                    "path belongs to a file or flock wait, not a pid wait; leave it out".into(),
+                ));
+            }
+            WaitSpec::Pid {
+                pid,
+                start_time: req.start_time,
+            }
+        }
+        "file" => WaitSpec::File {
+            path: path("file")?,
+            cursor: None,
+        },
+        "flock" => WaitSpec::Flock {
+            path: path("flock")?,
+        },
+        other => {
+            return Err(bad(format!(
+                "kind {other:?} is not a wait this hub knows; use \"pid\", \"file\" or \"flock\""
+            )));
+        }
+    };
+    let timeout_ms = match req.timeout_s {
+        None => default_ms.min(max_ms),
+        Some(s) if s.is_finite() && s > 0.0 => {
+            let ms = (s * 1000.0).round().max(1.0);
+            if ms > max_ms as f64 {
+                return Err(bad(format!(
+                    "timeout_s {s} is over the longest bound, {}s ({}); wait in parts",
+                    max_ms / 1000,
+                    human_duration(max_ms)
+                )));
+            }
+            ms as u64
+        }
+        Some(s) => {
+            return Err(bad(format!(
+                "timeout_s must be a number of seconds above 0; got {s}"
+            )));
+        }
+    };
+    Ok((spec, timeout_ms))
+}
+
+/// The words a device wait is shown with when the request gives none.
+fn wait_words(spec: &WaitSpec, device: &str) -> (String, String, String) {
+    let (title, label, intent) = match spec {
+        WaitSpec::Pid { pid, .. } => (
+            format!("wait pid {pid} on {device}"),
+            format!("pid {pid} on {device}"),
+            format!("wake when process {pid} on {device} exits"),
+        ),
+        WaitSpec::File { path, .. } => (
+            format!("wait file {path} on {device}"),
+            format!("{path} on {device}"),
+            format!("wake when {path} on {device} is written"),
+        ),
+        WaitSpec::Flock { path } => (
+            format!("wait flock {path} on {device}"),
+            format!("lock {path} on {device}"),
+            format!("wake when the lock on {path} on {device} is free"),
+        ),
+    };
+    let cut = |s: String, n: usize| -> String {
+        match s.char_indices().nth(n) {
+            Some((i, _)) => format!("{}…", &s[..i]),
+            None => s,
+        }
+    };
+    (
+        cut(title, 200),
+        cut(label, crate::engine::MAX_LABEL_CHARS - 1),
+        cut(intent, crate::engine::MAX_INTENT_CHARS - 1),
+    )
+}

@@ -1,0 +1,153 @@
+//! A session's prefix: the messages every model request of the session starts with,
+//! written into its transcript once, when its configuration is fixed, and never rebuilt,
+//! so a server's prefix cache keeps hitting: the instructions with the tool guides, then
+//! the worked example.
+
+use cortex_protocol::api::{MAX_EXAMPLES, MAX_INSTRUCTIONS_BYTES};
+
+use super::tools;
+use crate::config::AgentDefaults;
+use crate::model::{ChatMessage, Role};
+use crate::store::agent::AgentConfig;
+
+/// The instructions of a session whose creator and hub give none.
+pub const DEFAULT_INSTRUCTIONS: &str = "You are an agent working inside cortex. Answer the person plainly. When work takes long (a training run, a build, a process on another machine), do not wait in a loop: arm a waitpoint or a device wait, hand the job its signal line, and end your turn. You will be woken with the result and can act on it then.";
+
+/// The prefix of a session with `config`.
+pub fn build(config: &AgentConfig) -> Vec<ChatMessage> {
+    let mut out = Vec::with_capacity(1 + config.examples.len());
+    out.push(ChatMessage::system(format!(
+        "{}\n\n{}",
+        config.instructions.trim(),
+        tools::guides()
+    )));
+    out.extend(config.examples.iter().cloned());
+    out
+}
+
+/// What a session's creator asked for, over the hub's defaults; `Err` says what is wrong.
+pub fn config(
+    defaults: &AgentDefaults,
+    instructions: Option<String>,
+    examples: Option<Vec<serde_json::Value>>,
+    max_tokens: Option<u32>,
+    stop: Option<cortex_protocol::api::StopConfig>,
+) -> Result<AgentConfig, String> {
+    let instructions = instructions
+        .filter(|s| !s.trim().is_empty())
+        .or_else(|| defaults.instructions.clone())
+        .unwrap_or_else(|| DEFAULT_INSTRUCTIONS.to_string());
+    if instructions.len() > MAX_INSTRUCTIONS_BYTES {
+        return Err(format!(
+            "instructions are {} bytes, over the cap of {MAX_INSTRUCTIONS_BYTES}; shorten them",
+            instructions.len()
+        ));
+    }
+    let raw = examples.unwrap_or_default();
+    if raw.len() > MAX_EXAMPLES {
+        return Err(format!(
+            "examples holds {} messages, over the cap of {MAX_EXAMPLES}",
+            raw.len()
+        ));
+    }
+    let mut parsed = Vec::with_capacity(raw.len());
+    for (i, v) in raw.into_iter().enumerate() {
+        let m: ChatMessage = serde_json::from_value(v).map_err(|e| {
+            format!("examples[{i}] is not an OpenAI chat message with text content ({e})")
+        })?;
+        if m.role == Role::System {
+            return Err(format!(
+                "examples[{i}] is a system message; put that text in instructions"
+            ));
+        }
+        parsed.push(m);
+    }
+    if max_tokens == Some(0) {
+        return Err("maxTokens must be above 0".into());
+    }
+    let stop = super::rules::merged(stop.unwrap_or_default(), defaults.stop);
+    if stop.steps == Some(0) || stop.repeated_calls == Some(0) {
+        return Err("stop.steps and stop.repeatedCalls must be above 0".into());
+    }
+    Ok(AgentConfig {
+        instructions,
+        examples: parsed,
+        max_tokens: max_tokens.or(defaults.max_tokens),
+        stop,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_prefix_is_instructions_guides_then_the_example() {
+        let d = AgentDefaults::default();
+        let c = config(
+            &d,
+            Some("Be brief.".into()),
+            Some(vec![
+                json!({"role": "user", "content": "wait for my job"}),
+                json!({"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "wait_create", "arguments": "{}"}}]}),
+                json!({"role": "tool", "tool_call_id": "c1", "content": "{}"}),
+            ]),
+            None,
+            None,
+        )
+        .expect("valid");
+        let p = build(&c);
+        assert_eq!(p.len(), 4);
+        let sys = p[0].content.as_deref().unwrap_or_default();
+        assert!(sys.starts_with("Be brief.\n\nTOOL GUIDES"), "{sys}");
+        assert_eq!(p[2].tool_calls[0].function.name, "wait_create");
+        // Built twice, the same bytes.
+        assert_eq!(
+            serde_json::to_string(&build(&c)).expect("json"),
+            serde_json::to_string(&p).expect("json")
+        );
+    }
+
+    #[test]
+    fn defaults_and_refusals() {
+        let d = AgentDefaults {
+            max_tokens: Some(256),
+            ..AgentDefaults::default()
+        };
+        let c = config(&d, None, None, None, None).expect("defaults");
+        assert_eq!(c.instructions, DEFAULT_INSTRUCTIONS);
+        assert_eq!(c.max_tokens, Some(256));
+        assert!(
+            config(
+                &d,
+                None,
+                Some(vec![json!({"role": "system", "content": "x"})]),
+                None,
+                None
+            )
+            .is_err()
+        );
+        assert!(
+            config(
+                &d,
+                None,
+                Some(vec![json!({"content": "no role"})]),
+                None,
+                None
+            )
+            .is_err()
+        );
+        assert!(config(&d, None, None, Some(0), None).is_err());
+        assert!(
+            config(
+                &d,
+                Some("x".repeat(MAX_INSTRUCTIONS_BYTES + 1)),
+                None,
+                None,
+                None
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! The runner's decisions, as pure functions: when a run stops on its own, and how a run's
+//! repeated tool calls are counted. No I/O, no clock (time is passed in).
+
+use cortex_protocol::api::StopConfig;
+
+use crate::store::agent::Turn;
+
+/// A run's steps when neither the session nor the hub says (`stepCount(20)`).
+pub const DEFAULT_STEPS: u32 = 20;
+/// The same call with the same answer this many times in a row ends a run
+/// (`repeatedCalls(3)`).
+pub const DEFAULT_REPEATED_CALLS: u32 = 3;
+
+/// Why a run stops before its next step: the `stop` word of its `run-end` and a sentence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stop {
+    pub stop: &'static str,
+    pub message: String,
+}
+
+/// The session's bounds over the hub's: each bound the session sets wins.
+pub fn merged(session: StopConfig, hub: StopConfig) -> StopConfig {
+    StopConfig {
+        steps: session.steps.or(hub.steps),
+        tokens: session.tokens.or(hub.tokens),
+        duration_ms: session.duration_ms.or(hub.duration_ms),
+        repeated_calls: session.repeated_calls.or(hub.repeated_calls),
+    }
+}
+
+/// Whether `turn` must stop before making another model call at `now`.
+pub fn stop_before_step(turn: &Turn, bounds: &StopConfig, now: u64) -> Option<Stop> {
+    let steps = bounds.steps.unwrap_or(DEFAULT_STEPS);
+    if turn.steps >= steps {
+        return Some(Stop {
+            stop: "steps",
+            message: format!("the run made {steps} model calls, its limit (stop.steps)"),
+        });
+    }
+    if let Some(max) = bounds.tokens
+        && turn.usage.total_tokens >= max
+    {
+        return Some(Stop {
+            stop: "tokens",
+            message: format!(
+                "the run used {} tokens, its limit is {max} (stop.tokens)",
+                turn.usage.total_tokens
+            ),
+        });
+    }
+    if let Some(max) = bounds.duration_ms
+        && now.saturating_sub(turn.started_at) >= max
+    {
+        return Some(Stop {
+            stop: "duration",
+            message: format!("the run took more than {max} ms (stop.durationMs)"),
+        });
+    }
+    let repeated = bounds.repeated_calls.unwrap_or(DEFAULT_REPEATED_CALLS);
+    if let Some((_, n)) = &turn.repeat
+        && *n >= repeated
+    {
+        return Some(Stop {
+            stop: "repeated_calls",
+            message: format!(
+                "the model made the same tool call with the same answer {n} times in a row (stop.repeatedCalls)"
+            ),
+        });
+    }
+    None
+}
+
+/// Counts a tool call into the run's repeat streak: `signature` names the call, its
+/// arguments and its answer; the same one again extends the streak, another starts anew.
+pub fn count_repeat(prev: Option<(String, u32)>, signature: String) -> (String, u32) {
+    match prev {
+        Some((s, n)) if s == signature => (s, n + 1),
+        _ => (signature, 1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cortex_protocol::api::Usage;
+
+    fn turn(steps: u32, tokens: u64, started_at: u64, repeat: Option<(&str, u32)>) -> Turn {
+        Turn {
+            run_id: "run_x".into(),
+            started_at,
+            steps,
+            usage: Usage {
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                total_tokens: tokens,
+            },
+            repeat: repeat.map(|(s, n)| (s.to_string(), n)),
+        }
+    }
+
+    #[test]
+    fn stops_before_a_step() {
+        let none = StopConfig::default();
+        let all = StopConfig {
+            steps: Some(5),
+            tokens: Some(1_000),
+            duration_ms: Some(60_000),
+            repeated_calls: Some(2),
+        };
+        // (turn, bounds, now, expected stop word)
+        let cases: Vec<(Turn, StopConfig, u64, Option<&str>)> = vec![
+            (turn(0, 0, 0, None), none, 0, None),
+            (turn(19, 0, 0, None), none, 0, None),
+            (turn(20, 0, 0, None), none, 0, Some("steps")),
+            (turn(4, 999, 0, None), all, 59_999, None),
+            (turn(5, 0, 0, None), all, 0, Some("steps")),
+            (turn(1, 1_000, 0, None), all, 0, Some("tokens")),
+            (turn(1, 0, 1_000, None), all, 61_000, Some("duration")),
+            (turn(1, 0, 0, Some(("a", 1))), all, 0, None),
+            (
+                turn(1, 0, 0, Some(("a", 2))),
+                all,
+                0,
+                Some("repeated_calls"),
+            ),
+            (turn(1, 0, 0, Some(("a", 2))), none, 0, None),
+            (
+                turn(1, 0, 0, Some(("a", 3))),
+                none,
+                0,
+                Some("repeated_calls"),
+            ),
+            // No token or time bound unless one is set.
+            (turn(1, u64::MAX, 0, None), none, u64::MAX, None),
+        ];
+        for (t, b, now, want) in cases {
+            let got = stop_before_step(&t, &b, now).map(|s| s.stop);
+            assert_eq!(got, want, "turn {t:?} bounds {b:?} at {now}");
+        }
+    }
+
+    #[test]
+    fn repeats_count_only_the_same_call_and_answer() {
+        let a = count_repeat(None, "a".into());
+        assert_eq!(a, ("a".to_string(), 1));
+        let a2 = count_repeat(Some(a), "a".into());
+        assert_eq!(a2.1, 2);
+        let b = count_repeat(Some(a2), "b".into());
+        assert_eq!(b, ("b".to_string(), 1));
+    }
+
+    #[test]
+    fn the_session_bound_wins() {
+        let s = StopConfig {
+            steps: Some(3),
+            ..StopConfig::default()
+        };
+        let h = StopConfig {
+            steps: Some(10),
+            tokens: Some(5),
+            ..StopConfig::default()
+        };
+        let m = merged(s, h);
+        assert_eq!(m.steps, Some(3));
+        assert_eq!(m.tokens, Some(5));
+    }
+}
