@@ -1,0 +1,380 @@
+//! [`ModelClient`]: the [`Model`] over HTTP, an OpenAI-compatible Chat Completions
+//! endpoint (`POST {base_url}/chat/completions`), always streamed, with tools; on
+//! reqwest over rustls (the ring provider the hub installs). One step is a loop of
+//! attempts: an attempt that fails with a passing trouble (no connection, 408, 429,
+//! 5xx, a timeout, a stream cut short) is reported as [`Delta::Retry`] and made again
+//! after a backoff or the server's `Retry-After`, at most `max_retries` times.
+//! Everything runs inside the step's future: dropping it drops the connection.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
+use serde::Serialize;
+
+use super::assemble::{Assembler, Progress, excerpt, server_error};
+use super::config::{ModelConfig, base_url_of};
+use super::error::ModelError;
+use super::retry;
+use super::sse::SseDecoder;
+use super::step::{Delta, Model, StepFuture, StepOutput, StepRequest};
+use super::wire::{ChatMessage, ToolSpec};
+
+/// The most of an error body read for its excerpt.
+const ERROR_BODY_BYTES: usize = 4096;
+/// The most of a non-streamed JSON answer read.
+const JSON_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// A client for one endpoint and model. Cheap to share: calls run concurrently on one
+/// connection pool.
+pub struct ModelClient {
+    http: reqwest::Client,
+    endpoint: reqwest::Url,
+    /// The endpoint as errors show it: no user info, no query.
+    shown: String,
+    model: String,
+    /// `Bearer …`, marked sensitive; the one place the key lives.
+    auth: Option<HeaderValue>,
+    first_byte_timeout: Duration,
+    idle_timeout: Duration,
+    max_retries: u32,
+    backoff: Duration,
+    /// The key itself, only to blank it out of error excerpts a server might echo it in.
+    key: Option<String>,
+}
+
+impl std::fmt::Debug for ModelClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelClient")
+            .field("endpoint", &self.shown)
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Serialize)]
+struct ChatRequest<'a> {
+    model: &'a str,
+    messages: &'a [ChatMessage],
+    stream: bool,
+    stream_options: StreamOptions,
+    #[serde(skip_serializing_if = "no_tools")]
+    tools: &'a [ToolSpec],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+fn no_tools(t: &&[ToolSpec]) -> bool {
+    t.is_empty()
+}
+
+/// The request body of a step (what every attempt sends).
+pub fn request_body(model: &str, req: &StepRequest<'_>) -> Result<Vec<u8>, ModelError> {
+    serde_json::to_vec(&ChatRequest {
+        model,
+        messages: req.messages,
+        stream: true,
+        stream_options: StreamOptions {
+            include_usage: true,
+        },
+        tools: req.tools,
+        max_tokens: req.max_tokens,
+    })
+    .map_err(|e| ModelError::Config(format!("the request could not be encoded: {e}")))
+}
+
+impl ModelClient {
+    pub fn new(cfg: ModelConfig) -> Result<ModelClient, ModelError> {
+        let base = base_url_of(&cfg.base_url)?;
+        let endpoint = reqwest::Url::parse(&format!("{base}/chat/completions")).map_err(|e| {
+            ModelError::Config(format!("the model server's base URL {base:?}: {e}"))
+        })?;
+        let mut shown_url = endpoint.clone();
+        // Infallible for http(s) URLs, which `base_url_of` ensured.
+        let _ = shown_url.set_username("");
+        let _ = shown_url.set_password(None);
+        shown_url.set_query(None);
+        if cfg.model.trim().is_empty() {
+            return Err(ModelError::Config("no model name given".into()));
+        }
+        let key = cfg
+            .api_key
+            .as_deref()
+            .map(str::trim)
+            .filter(|k| !k.is_empty());
+        let auth = match key {
+            Some(k) => {
+                let mut v = HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
+                    ModelError::Config(
+                        "the API key holds characters an HTTP header cannot carry".into(),
+                    )
+                })?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+            None => None,
+        };
+        let http = reqwest::Client::builder()
+            .connect_timeout(cfg.connect_timeout)
+            .user_agent(concat!("cortex-hub/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| {
+                ModelError::Config(format!("the HTTP client could not start: {}", causes(&e)))
+            })?;
+        Ok(ModelClient {
+            http,
+            endpoint,
+            shown: shown_url.to_string(),
+            model: cfg.model.trim().to_string(),
+            auth,
+            first_byte_timeout: cfg.first_byte_timeout,
+            idle_timeout: cfg.idle_timeout,
+            max_retries: cfg.max_retries,
+            backoff: cfg.backoff,
+            key: key.map(str::to_string),
+        })
+    }
+
+    /// One step: the request sent, the answer streamed (text and reasoning to
+    /// `on_delta` as they come), retried as configured.
+    pub async fn step(
+        &self,
+        req: StepRequest<'_>,
+        on_delta: &mut (dyn FnMut(Delta) + Send),
+    ) -> Result<StepOutput, ModelError> {
+        let body = request_body(&self.model, &req)?;
+        let mut retries = 0;
+        loop {
+            let err = match self.attempt(&body, on_delta).await {
+                Ok(out) => return Ok(out),
+                Err(e) => e,
+            };
+            if !err.is_retryable() {
+                return Err(err);
+            }
+            if retries >= self.max_retries {
+                return Err(if retries == 0 {
+                    err
+                } else {
+                    ModelError::RetriesExhausted {
+                        attempts: retries + 1,
+                        last: Box::new(err),
+                    }
+                });
+            }
+            retries += 1;
+            let delay = retry::delay(self.backoff, retries, err.retry_after(), retry::unit_draw());
+            tracing::debug!(attempt = retries, ?delay, error = %err, "model call retried");
+            on_delta(Delta::Retry {
+                attempt: retries,
+                issues: err.to_string(),
+                delay,
+            });
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    async fn attempt(
+        &self,
+        body: &[u8],
+        on_delta: &mut (dyn FnMut(Delta) + Send),
+    ) -> Result<StepOutput, ModelError> {
+        let sent = Instant::now();
+        let first_byte = |_| ModelError::FirstByteTimeout {
+            url: self.shown.clone(),
+            after: self.first_byte_timeout,
+        };
+        let mut resp = tokio::time::timeout(self.first_byte_timeout, self.send(body))
+            .await
+            .map_err(first_byte)??;
+        if !resp.status().is_success() {
+            return Err(self.status_error(resp).await);
+        }
+        let json = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
+        let left = self.first_byte_timeout.saturating_sub(sent.elapsed());
+        let mut chunk = tokio::time::timeout(left, resp.chunk())
+            .await
+            .map_err(first_byte)?
+            .map_err(|e| self.stream_error(&e))?;
+        if json {
+            return self.json_answer(resp, chunk, on_delta).await;
+        }
+        let mut decoder = SseDecoder::new();
+        let mut asm = Assembler::new();
+        let mut events = Vec::new();
+        while let Some(bytes) = chunk {
+            decoder.feed(&bytes, &mut events)?;
+            for data in events.drain(..) {
+                if asm.payload(&data, on_delta)? == Progress::Done {
+                    return asm.finish();
+                }
+            }
+            chunk = self.next_chunk(&mut resp).await?;
+        }
+        decoder.finish(&mut events)?;
+        for data in events.drain(..) {
+            if asm.payload(&data, on_delta)? == Progress::Done {
+                break;
+            }
+        }
+        asm.finish()
+    }
+
+    async fn send(&self, body: &[u8]) -> Result<reqwest::Response, ModelError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        if let Some(auth) = &self.auth {
+            headers.insert(AUTHORIZATION, auth.clone());
+        }
+        self.http
+            .post(self.endpoint.clone())
+            .headers(headers)
+            .body(body.to_vec())
+            .send()
+            .await
+            .map_err(|e| {
+                if e.is_connect() {
+                    ModelError::Connect {
+                        url: self.shown.clone(),
+                        reason: causes(&e),
+                    }
+                } else if e.is_builder() {
+                    ModelError::Config(format!("the request could not be built: {}", causes(&e)))
+                } else {
+                    ModelError::Request {
+                        url: self.shown.clone(),
+                        reason: causes(&e),
+                    }
+                }
+            })
+    }
+
+    async fn next_chunk(&self, resp: &mut reqwest::Response) -> Result<Option<Bytes>, ModelError> {
+        tokio::time::timeout(self.idle_timeout, resp.chunk())
+            .await
+            .map_err(|_| ModelError::IdleTimeout {
+                url: self.shown.clone(),
+                after: self.idle_timeout,
+            })?
+            .map_err(|e| self.stream_error(&e))
+    }
+
+    fn stream_error(&self, e: &reqwest::Error) -> ModelError {
+        ModelError::Stream {
+            url: self.shown.clone(),
+            reason: causes(e),
+        }
+    }
+
+    /// A 200 with a JSON body: a server that did not stream (one whole completion) or
+    /// that put an error there.
+    async fn json_answer(
+        &self,
+        mut resp: reqwest::Response,
+        mut chunk: Option<Bytes>,
+        on_delta: &mut (dyn FnMut(Delta) + Send),
+    ) -> Result<StepOutput, ModelError> {
+        let mut body = Vec::new();
+        while let Some(bytes) = chunk {
+            if body.len() + bytes.len() > JSON_BODY_BYTES {
+                return Err(ModelError::Malformed(format!(
+                    "a JSON answer longer than {JSON_BODY_BYTES} bytes"
+                )));
+            }
+            body.extend_from_slice(&bytes);
+            chunk = self.next_chunk(&mut resp).await?;
+        }
+        let text = String::from_utf8_lossy(&body);
+        let mut asm = Assembler::new();
+        asm.payload(&text, on_delta)?;
+        asm.finish()
+    }
+
+    /// A non-2xx answer as an error: its status, a short excerpt of its body (the
+    /// server's own message when it is JSON) and its `Retry-After`.
+    async fn status_error(&self, mut resp: reqwest::Response) -> ModelError {
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| retry::parse_retry_after(v, SystemTime::now()));
+        let mut body = Vec::new();
+        // What arrives within the idle bound; a body that stalls is cut there.
+        while body.len() < ERROR_BODY_BYTES {
+            match tokio::time::timeout(self.idle_timeout, resp.chunk()).await {
+                Ok(Ok(Some(bytes))) => body.extend_from_slice(&bytes),
+                _ => break,
+            }
+        }
+        body.truncate(ERROR_BODY_BYTES);
+        let text = String::from_utf8_lossy(&body);
+        let message = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| {
+                let err = v.get("error").cloned();
+                match err {
+                    Some(e) if !e.is_null() => match server_error(&e) {
+                        ModelError::Server { message, .. } => Some(message),
+                        _ => None,
+                    },
+                    _ => ["message", "detail"]
+                        .iter()
+                        .find_map(|k| v.get(*k))
+                        .map(|m| m.as_str().map_or_else(|| m.to_string(), str::to_string)),
+                }
+            })
+            .unwrap_or_else(|| text.to_string());
+        let mut excerpt = excerpt(&message, 300);
+        if let Some(key) = self.key.as_deref() {
+            excerpt = excerpt.replace(key, "[api key]");
+        }
+        if excerpt.is_empty() {
+            excerpt = "(no body)".into();
+        }
+        ModelError::Status {
+            url: self.shown.clone(),
+            status,
+            excerpt,
+            retry_after,
+        }
+    }
+}
+
+impl Model for ModelClient {
+    fn step<'a>(
+        &'a self,
+        req: StepRequest<'a>,
+        on_delta: &'a mut (dyn FnMut(Delta) + Send),
+    ) -> StepFuture<'a> {
+        Box::pin(ModelClient::step(self, req, on_delta))
+    }
+}
+
+/// What went wrong, from reqwest's error: its causes joined (its own text names only
+/// the outermost, with the URL, which may hold user info).
+fn causes(e: &reqwest::Error) -> String {
+    let mut out = Vec::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = match std::error::Error::source(e) {
+        Some(s) => Some(s),
+        None => Some(e),
+    };
+    while let Some(err) = cur {
+        let s = err.to_string();
+        if !out.iter().any(|o: &String| o.contains(&s)) {
+            out.push(s);
+        }
+        cur = err.source();
+    }
+    out.join(": ")
+}

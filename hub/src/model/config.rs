@@ -1,0 +1,344 @@
+//! Where the model is and how patiently to talk to it: [`ModelConfig`] and
+//! [`llm_config`], which reads it from settings.json's `llm` object and the
+//! `CORTEX_LLM_*` environment.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::error::ModelError;
+
+/// An OpenAI-compatible endpoint and the client's timeouts and retries.
+#[derive(Clone, PartialEq)]
+pub struct ModelConfig {
+    /// The API's base, e.g. `http://127.0.0.1:11434/v1`; requests go to
+    /// `{base_url}/chat/completions`.
+    pub base_url: String,
+    pub model: String,
+    /// Sent as `Authorization: Bearer`; never logged, never shown by `Debug`.
+    pub api_key: Option<String>,
+    pub connect_timeout: Duration,
+    /// From sending the request to the response's head and first chunk.
+    pub first_byte_timeout: Duration,
+    /// The longest silence between two chunks of an answer.
+    pub idle_timeout: Duration,
+    /// Calls made again after the first fails with a passing trouble.
+    pub max_retries: u32,
+    /// The first retry's delay before jitter; it doubles each retry, capped at 30 s.
+    pub backoff: Duration,
+}
+
+impl ModelConfig {
+    /// An endpoint with the default timeouts and retries.
+    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        ModelConfig {
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key: None,
+            connect_timeout: Duration::from_secs(10),
+            first_byte_timeout: Duration::from_secs(120),
+            idle_timeout: Duration::from_secs(60),
+            max_retries: 4,
+            backoff: Duration::from_millis(500),
+        }
+    }
+}
+
+impl std::fmt::Debug for ModelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<set>"))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("first_byte_timeout", &self.first_byte_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_retries", &self.max_retries)
+            .field("backoff", &self.backoff)
+            .finish()
+    }
+}
+
+/// The keys settings.json's `llm` object may hold.
+const KEYS: &[&str] = &[
+    "baseUrl",
+    "model",
+    "apiKeyEnv",
+    "connectTimeoutMs",
+    "firstByteTimeoutMs",
+    "idleTimeoutMs",
+    "maxRetries",
+    "backoffMs",
+];
+
+/// The model the hub's runner calls, from settings.json's `llm` object
+/// (`{baseUrl, model, apiKeyEnv, connectTimeoutMs, firstByteTimeoutMs, idleTimeoutMs,
+/// maxRetries, backoffMs}`, all optional) and the environment (`CORTEX_LLM_BASE_URL`,
+/// `CORTEX_LLM_MODEL`, `CORTEX_LLM_API_KEY`).
+///
+/// As with the hub's other settings, a key in settings.json wins and the environment
+/// fills what it leaves out. The API key is never in the file: `apiKeyEnv` names the
+/// variable that holds it (which must then be set), else `CORTEX_LLM_API_KEY` is read
+/// (and may be absent: local servers need none). Empty values count as absent.
+///
+/// `Ok(None)` when no base URL is set: the hub then runs no turns. A base URL without a
+/// model, a URL that is not `http://` or `https://`, an unknown key or a bad number is
+/// an error that says which.
+pub fn llm_config(
+    settings_llm: Option<&Value>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<ModelConfig>, ModelError> {
+    let empty = serde_json::Map::new();
+    let llm = match settings_llm {
+        None | Some(Value::Null) => &empty,
+        Some(Value::Object(o)) => o,
+        Some(other) => {
+            return Err(ModelError::Config(format!(
+                "settings.json llm must be an object like {{\"baseUrl\": …, \"model\": …}}, not {other}"
+            )));
+        }
+    };
+    if let Some(k) = llm.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(ModelError::Config(format!(
+            "settings.json llm.{k} is not a setting; the settings are {}",
+            KEYS.join(", ")
+        )));
+    }
+    let text = |key: &str, var: &str| -> Result<Option<String>, ModelError> {
+        match llm.get(key) {
+            None | Some(Value::Null) => Ok(env(var)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())),
+            Some(Value::String(s)) => Ok(Some(s.trim().to_string()).filter(|v| !v.is_empty())),
+            Some(other) => Err(ModelError::Config(format!(
+                "settings.json llm.{key} must be a string, not {other}"
+            ))),
+        }
+    };
+    let Some(base_url) = text("baseUrl", "CORTEX_LLM_BASE_URL")? else {
+        return Ok(None);
+    };
+    let base_url = base_url_of(&base_url)?;
+    let Some(model) = text("model", "CORTEX_LLM_MODEL")? else {
+        return Err(ModelError::Config(format!(
+            "a model server is set ({base_url}) but no model: set CORTEX_LLM_MODEL or settings.json llm.model"
+        )));
+    };
+    let api_key = match llm.get("apiKeyEnv") {
+        None | Some(Value::Null) => env("CORTEX_LLM_API_KEY"),
+        Some(Value::String(var)) if !var.trim().is_empty() => {
+            let var = var.trim();
+            let key = env(var).filter(|k| !k.trim().is_empty());
+            if key.is_none() {
+                return Err(ModelError::Config(format!(
+                    "settings.json llm.apiKeyEnv names {var}, which is not set in the hub's environment"
+                )));
+            }
+            key
+        }
+        Some(other) => {
+            return Err(ModelError::Config(format!(
+                "settings.json llm.apiKeyEnv must name an environment variable, not {other}"
+            )));
+        }
+    }
+    .map(|k| k.trim().to_string())
+    .filter(|k| !k.is_empty());
+    let mut cfg = ModelConfig::new(base_url, model);
+    cfg.api_key = api_key;
+    let ms = |key: &str, default: Duration| -> Result<Duration, ModelError> {
+        match llm.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => match v.as_u64() {
+                Some(n) if n > 0 => Ok(Duration::from_millis(n)),
+                _ => Err(ModelError::Config(format!(
+                    "settings.json llm.{key} must be a whole number of milliseconds above 0, not {v}"
+                ))),
+            },
+        }
+    };
+    cfg.connect_timeout = ms("connectTimeoutMs", cfg.connect_timeout)?;
+    cfg.first_byte_timeout = ms("firstByteTimeoutMs", cfg.first_byte_timeout)?;
+    cfg.idle_timeout = ms("idleTimeoutMs", cfg.idle_timeout)?;
+    cfg.backoff = ms("backoffMs", cfg.backoff)?;
+    if let Some(v) = llm.get("maxRetries").filter(|v| !v.is_null()) {
+        cfg.max_retries = v
+            .as_u64()
+            .filter(|&n| n <= 20)
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| {
+                ModelError::Config(format!(
+                    "settings.json llm.maxRetries must be a whole number from 0 to 20, not {v}"
+                ))
+            })?;
+    }
+    Ok(Some(cfg))
+}
+
+/// A base URL as the client wants it: `http(s)://…`, without a trailing `/` or a pasted
+/// `/chat/completions`.
+pub fn base_url_of(url: &str) -> Result<String, ModelError> {
+    let url = url.trim().trim_end_matches('/');
+    let url = url.strip_suffix("/chat/completions").unwrap_or(url);
+    let parsed = reqwest::Url::parse(url).map_err(|e| {
+        ModelError::Config(format!(
+            "the model server's base URL {url:?} is not a URL ({e}); it looks like http://127.0.0.1:11434/v1"
+        ))
+    })?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err(ModelError::Config(format!(
+            "the model server's base URL {url:?} must start with http:// or https://"
+        )));
+    }
+    Ok(url.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    }
+
+    fn err(r: Result<Option<ModelConfig>, ModelError>) -> String {
+        match r {
+            Err(ModelError::Config(m)) => m,
+            other => panic!("expected a configuration error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn nothing_set_means_no_model() {
+        assert_eq!(llm_config(None, &env_of(&[])).expect("ok"), None);
+        assert_eq!(
+            llm_config(Some(&json!(null)), &env_of(&[])).expect("ok"),
+            None
+        );
+        assert_eq!(
+            llm_config(Some(&json!({})), &env_of(&[("CORTEX_LLM_BASE_URL", " ")])).expect("ok"),
+            None
+        );
+        // A model alone is not enough to call anything.
+        assert_eq!(
+            llm_config(None, &env_of(&[("CORTEX_LLM_MODEL", "m")])).expect("ok"),
+            None
+        );
+    }
+
+    #[test]
+    fn from_the_environment_with_the_defaults() {
+        let env = env_of(&[
+            ("CORTEX_LLM_BASE_URL", "http://127.0.0.1:11434/v1/"),
+            ("CORTEX_LLM_MODEL", "qwen3:8b"),
+            ("CORTEX_LLM_API_KEY", "sk-test"),
+        ]);
+        let cfg = llm_config(None, &env).expect("ok").expect("some");
+        assert_eq!(cfg.base_url, "http://127.0.0.1:11434/v1");
+        assert_eq!(cfg.model, "qwen3:8b");
+        assert_eq!(cfg.api_key.as_deref(), Some("sk-test"));
+        assert_eq!(cfg.connect_timeout, Duration::from_secs(10));
+        assert_eq!(cfg.first_byte_timeout, Duration::from_secs(120));
+        assert_eq!(cfg.idle_timeout, Duration::from_secs(60));
+        assert_eq!(cfg.max_retries, 4);
+        assert_eq!(cfg.backoff, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn settings_win_and_the_environment_fills_the_gaps() {
+        let env = env_of(&[
+            ("CORTEX_LLM_BASE_URL", "http://env:1/v1"),
+            ("CORTEX_LLM_MODEL", "env-model"),
+            ("CORTEX_LLM_API_KEY", "env-key"),
+            ("MY_KEY", "file-named-key"),
+        ]);
+        let llm = json!({"baseUrl": "https://api.example.com/v1", "apiKeyEnv": "MY_KEY",
+            "connectTimeoutMs": 2000, "firstByteTimeoutMs": 3000, "idleTimeoutMs": 4000,
+            "maxRetries": 0, "backoffMs": 50});
+        let cfg = llm_config(Some(&llm), &env).expect("ok").expect("some");
+        assert_eq!(cfg.base_url, "https://api.example.com/v1");
+        assert_eq!(cfg.model, "env-model");
+        assert_eq!(cfg.api_key.as_deref(), Some("file-named-key"));
+        assert_eq!(cfg.connect_timeout, Duration::from_secs(2));
+        assert_eq!(cfg.first_byte_timeout, Duration::from_secs(3));
+        assert_eq!(cfg.idle_timeout, Duration::from_secs(4));
+        assert_eq!(cfg.max_retries, 0);
+        assert_eq!(cfg.backoff, Duration::from_millis(50));
+    }
+
+    #[test]
+    fn a_pasted_endpoint_is_taken_as_its_base() {
+        let llm = json!({"baseUrl": "http://h:8000/v1/chat/completions", "model": "m"});
+        let cfg = llm_config(Some(&llm), &env_of(&[]))
+            .expect("ok")
+            .expect("some");
+        assert_eq!(cfg.base_url, "http://h:8000/v1");
+        assert_eq!(cfg.api_key, None);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let no_model = err(llm_config(
+            None,
+            &env_of(&[("CORTEX_LLM_BASE_URL", "http://h/v1")]),
+        ));
+        assert!(
+            no_model.contains("no model") && no_model.contains("CORTEX_LLM_MODEL"),
+            "{no_model}"
+        );
+        let unset_key = err(llm_config(
+            Some(&json!({"baseUrl": "http://h/v1", "model": "m", "apiKeyEnv": "NOPE"})),
+            &env_of(&[]),
+        ));
+        assert!(
+            unset_key.contains("NOPE") && unset_key.contains("not set"),
+            "{unset_key}"
+        );
+        let typo = err(llm_config(
+            Some(&json!({"baseURL": "http://h/v1"})),
+            &env_of(&[]),
+        ));
+        assert!(typo.contains("llm.baseURL is not a setting"), "{typo}");
+        let scheme = err(llm_config(
+            Some(&json!({"baseUrl": "ftp://h/v1", "model": "m"})),
+            &env_of(&[]),
+        ));
+        assert!(scheme.contains("http://"), "{scheme}");
+        let not_url = err(llm_config(
+            None,
+            &env_of(&[
+                ("CORTEX_LLM_BASE_URL", "localhost:11434"),
+                ("CORTEX_LLM_MODEL", "m"),
+            ]),
+        ));
+        assert!(not_url.contains("base URL"), "{not_url}");
+        let zero = err(llm_config(
+            Some(&json!({"baseUrl": "http://h/v1", "model": "m", "idleTimeoutMs": 0})),
+            &env_of(&[]),
+        ));
+        assert!(zero.contains("llm.idleTimeoutMs"), "{zero}");
+        let many = err(llm_config(
+            Some(&json!({"baseUrl": "http://h/v1", "model": "m", "maxRetries": 1000})),
+            &env_of(&[]),
+        ));
+        assert!(many.contains("llm.maxRetries"), "{many}");
+        let shape = err(llm_config(Some(&json!("http://h/v1")), &env_of(&[])));
+        assert!(shape.contains("must be an object"), "{shape}");
+        let number = err(llm_config(Some(&json!({"baseUrl": 7})), &env_of(&[])));
+        assert!(number.contains("llm.baseUrl must be a string"), "{number}");
+    }
+
+    #[test]
+    fn the_key_never_shows_in_debug() {
+        let mut cfg = ModelConfig::new("http://h/v1", "m");
+        cfg.api_key = Some("sk-very-secret".into());
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("sk-very-secret"), "{shown}");
+        assert!(shown.contains("<set>"), "{shown}");
+    }
+}

@@ -1,0 +1,61 @@
+//! The seam between the runner and a model: one streamed step ([`StepRequest`] in,
+//! [`Delta`]s as it streams, [`StepOutput`] or a `ModelError` out) and the [`Model`]
+//! trait the runner calls. The HTTP client implements it; tests may implement it in
+//! process.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use cortex_protocol::api::Usage;
+
+use super::error::ModelError;
+use super::wire::{ChatMessage, ToolCall, ToolSpec};
+
+/// One model call: the whole transcript, the tools, the per-step token cap.
+#[derive(Debug, Clone, Copy)]
+pub struct StepRequest<'a> {
+    pub messages: &'a [ChatMessage],
+    pub tools: &'a [ToolSpec],
+    pub max_tokens: Option<u32>,
+}
+
+/// A piece of a step as it streams.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delta {
+    Text(String),
+    /// Reasoning tokens some servers stream beside the text.
+    Reasoning(String),
+    /// The call is made again after `delay`: what was built from this attempt's deltas
+    /// is void.
+    Retry {
+        attempt: u32,
+        issues: String,
+        delay: Duration,
+    },
+}
+
+/// A finished step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepOutput {
+    pub text: String,
+    pub reasoning: String,
+    /// Assembled, in the model's order. Non-empty means the model called tools,
+    /// whatever `finish_reason` says.
+    pub tool_calls: Vec<ToolCall>,
+    pub finish_reason: Option<String>,
+    /// `None` when the server reported none.
+    pub usage: Option<Usage>,
+}
+
+/// The future of one step.
+pub type StepFuture<'a> = Pin<Box<dyn Future<Output = Result<StepOutput, ModelError>> + Send + 'a>>;
+
+/// A model the runner can call. Dropping the future stops the call at once.
+pub trait Model: Send + Sync + 'static {
+    fn step<'a>(
+        &'a self,
+        req: StepRequest<'a>,
+        on_delta: &'a mut (dyn FnMut(Delta) + Send),
+    ) -> StepFuture<'a>;
+}

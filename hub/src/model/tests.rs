@@ -1,0 +1,519 @@
+//! The client's parts against the shapes real servers stream (OpenAI, vLLM, Ollama,
+//! llama.cpp), each fed through the SSE decoder byte by byte and in uneven pieces, and
+//! the client against loopback sockets for what needs no model server (refused
+//! connections, a TLS handshake over rustls).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::assemble::{Assembler, Progress};
+use super::sse::SseDecoder;
+use super::{
+    ChatMessage, Delta, ModelClient, ModelConfig, ModelError, StepOutput, StepRequest, ToolSpec,
+    request_body,
+};
+
+/// Decodes a whole stream fed in pieces of `piece` bytes (`[DONE]` ends it early, as the
+/// client does); returns the deltas and the step.
+fn run_pieces(stream: &[u8], piece: usize) -> (Vec<Delta>, Result<StepOutput, ModelError>) {
+    let mut deltas = Vec::new();
+    let mut on_delta = |d: Delta| deltas.push(d);
+    let mut dec = SseDecoder::new();
+    let mut asm = Assembler::new();
+    let mut events = Vec::new();
+    let result = (|| {
+        for bytes in stream.chunks(piece.max(1)) {
+            dec.feed(bytes, &mut events)?;
+            for data in events.drain(..) {
+                if asm.payload(&data, &mut on_delta)? == Progress::Done {
+                    return Ok(true);
+                }
+            }
+        }
+        dec.finish(&mut events)?;
+        for data in events.drain(..) {
+            if asm.payload(&data, &mut on_delta)? == Progress::Done {
+                break;
+            }
+        }
+        Ok(false)
+    })();
+    let result = result.and_then(|_| asm.finish());
+    (deltas, result)
+}
+
+/// The same stream fed byte by byte, in threes, in sevens and whole must give the same
+/// step and the same text; returns it with the byte-by-byte deltas.
+fn run(stream: &str) -> (Vec<Delta>, Result<StepOutput, ModelError>) {
+    let bytes = stream.as_bytes();
+    let (deltas, result) = run_pieces(bytes, 1);
+    for piece in [3, 7, bytes.len()] {
+        let (d, r) = run_pieces(bytes, piece);
+        assert_eq!(r, result, "pieces of {piece}");
+        assert_eq!(joined(&d), joined(&deltas), "pieces of {piece}");
+    }
+    (deltas, result)
+}
+
+fn joined(deltas: &[Delta]) -> (String, String) {
+    let mut text = String::new();
+    let mut reasoning = String::new();
+    for d in deltas {
+        match d {
+            Delta::Text(t) => text.push_str(t),
+            Delta::Reasoning(r) => reasoning.push_str(r),
+            Delta::Retry { .. } => panic!("no retry expected: {d:?}"),
+        }
+    }
+    (text, reasoning)
+}
+
+/// An SSE stream of these chunks (JSON values, or `[DONE]` as a string).
+fn sse(events: &[Value]) -> String {
+    events
+        .iter()
+        .map(|e| match e.as_str() {
+            Some(raw) => format!("data: {raw}\n\n"),
+            None => format!("data: {e}\n\n"),
+        })
+        .collect()
+}
+
+fn content(text: &str) -> Value {
+    json!({"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]})
+}
+
+fn finish(reason: &str) -> Value {
+    json!({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+}
+
+fn usage_only(p: u64, c: u64) -> Value {
+    json!({"choices": [], "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}})
+}
+
+fn calls(out: &StepOutput) -> Vec<(&str, &str, &str)> {
+    out.tool_calls
+        .iter()
+        .map(|c| {
+            (
+                c.id.as_str(),
+                c.function.name.as_str(),
+                c.function.arguments.as_str(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn openai_text_with_usage_in_a_last_chunk_with_no_choices() {
+    let stream = sse(&[
+        json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}], "usage": null}),
+        content("Hel"),
+        content("lo, wor"),
+        content("ld"),
+        finish("stop"),
+        usage_only(12, 3),
+        json!("[DONE]"),
+    ]);
+    let (deltas, out) = run(&stream);
+    let out = out.expect("step");
+    assert_eq!(out.text, "Hello, world");
+    assert_eq!(joined(&deltas).0, "Hello, world");
+    assert_eq!(deltas.len(), 3, "one delta per piece of text: {deltas:?}");
+    assert_eq!(out.finish_reason.as_deref(), Some("stop"));
+    let usage = out.usage.expect("usage");
+    assert_eq!(
+        (
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.total_tokens
+        ),
+        (12, 3, 15)
+    );
+    assert!(out.tool_calls.is_empty());
+}
+
+#[test]
+fn vllm_tool_call_as_id_and_name_then_fragments_split_mid_string() {
+    let frag = |s: &str| json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": s}}]}, "finish_reason": null}], "usage": null});
+    let stream = sse(&[
+        json!({"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [{"index": 0, "id": "chatcmpl-tool-9", "type": "function", "function": {"name": "wait_create"}}]}, "finish_reason": null}], "usage": null}),
+        frag("{\"lab"),
+        frag("el\": \"trai"),
+        frag("n\", \"intent\": \"é"),
+        frag("\"}"),
+        json!({"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "tool_calls"}], "usage": null}),
+        usage_only(40, 9),
+        json!("[DONE]"),
+    ]);
+    let (deltas, out) = run(&stream);
+    assert!(deltas.is_empty(), "{deltas:?}");
+    let out = out.expect("step");
+    assert_eq!(
+        calls(&out),
+        [(
+            "chatcmpl-tool-9",
+            "wait_create",
+            "{\"label\": \"train\", \"intent\": \"é\"}"
+        )]
+    );
+    assert_eq!(out.tool_calls[0].kind, "function");
+    assert_eq!(out.finish_reason.as_deref(), Some("tool_calls"));
+    assert_eq!(out.usage.expect("usage").total_tokens, 49);
+}
+
+#[test]
+fn ollama_whole_call_in_one_chunk_then_stop() {
+    let stream = sse(&[
+        json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "qwen3:8b", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "", "tool_calls": [{"id": "call_abc", "index": 0, "type": "function", "function": {"name": "devices", "arguments": "{}"}}]}, "finish_reason": null}]}),
+        json!({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": "stop"}]}),
+        usage_only(30, 5),
+        json!("[DONE]"),
+    ]);
+    let out = run(&stream).1.expect("step");
+    assert_eq!(calls(&out), [("call_abc", "devices", "{}")]);
+    // Tool calls present means tool calls, whatever finish_reason said.
+    assert_eq!(out.finish_reason.as_deref(), Some("tool_calls"));
+}
+
+#[test]
+fn older_ollama_calls_without_index_are_told_apart_by_id() {
+    let stream = sse(&[
+        json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "wait_check", "arguments": "{\"id\":\"wp_1\"}"}},
+            {"id": "call_2", "type": "function", "function": {"name": "devices", "arguments": "{}"}}
+        ]}, "finish_reason": null}]}),
+        finish("stop"),
+        json!("[DONE]"),
+    ]);
+    let out = run(&stream).1.expect("step");
+    assert_eq!(
+        calls(&out),
+        [
+            ("call_1", "wait_check", "{\"id\":\"wp_1\"}"),
+            ("call_2", "devices", "{}")
+        ]
+    );
+}
+
+#[test]
+fn calls_without_index_or_id_get_made_up_ids_in_order() {
+    let stream = sse(&[
+        json!({"choices": [{"delta": {"tool_calls": [{"function": {"name": "a", "arguments": "{\"x\":"}}]}}]}),
+        json!({"choices": [{"delta": {"tool_calls": [{"function": {"arguments": "1}"}}]}}]}),
+        json!({"choices": [{"delta": {"tool_calls": [{"function": {"name": "b", "arguments": {"y": 2}}}]}}]}),
+        json!({"choices": [{"delta": {"tool_calls": [{"function": {"name": "c", "arguments": ""}}]}}]}),
+        finish("tool_calls"),
+    ]);
+    let out = run(&stream).1.expect("step");
+    // Arguments sent as an object become its JSON text; none at all becomes `{}`.
+    assert_eq!(
+        calls(&out),
+        [
+            ("call_0", "a", "{\"x\":1}"),
+            ("call_1", "b", "{\"y\":2}"),
+            ("call_2", "c", "{}")
+        ]
+    );
+}
+
+#[test]
+fn parallel_calls_interleaved_by_index_come_out_in_index_order() {
+    let piece = |i: u64, v: Value| json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "function": v}]}}]});
+    let stream = sse(&[
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 1, "id": "B", "function": {"name": "second", "arguments": ""}}]}}]}),
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "A", "function": {"name": "first", "arguments": ""}}]}}]}),
+        piece(1, json!({"arguments": "{\"b\""})),
+        piece(0, json!({"arguments": "{\"a\""})),
+        piece(0, json!({"arguments": ":1}"})),
+        piece(1, json!({"arguments": ":2}"})),
+        finish("tool_calls"),
+        json!("[DONE]"),
+    ]);
+    let out = run(&stream).1.expect("step");
+    assert_eq!(
+        calls(&out),
+        [("A", "first", "{\"a\":1}"), ("B", "second", "{\"b\":2}")]
+    );
+}
+
+#[test]
+fn a_server_that_numbers_every_call_zero_is_told_apart_by_id() {
+    let stream = sse(&[
+        json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "x1", "function": {"name": "a", "arguments": "{}"}}]}}]}),
+        json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "x2", "function": {"name": "b", "arguments": "{}"}}]}}]}),
+        // The id sent again with a fragment is still the same call.
+        json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "x2", "function": {"name": "b", "arguments": ""}}]}}]}),
+        finish("tool_calls"),
+    ]);
+    let out = run(&stream).1.expect("step");
+    assert_eq!(calls(&out), [("x1", "a", "{}"), ("x2", "b", "{}")]);
+}
+
+#[test]
+fn llamacpp_usage_beside_the_finish_and_text_before_a_call() {
+    let stream = sse(&[
+        json!({"choices": [{"finish_reason": null, "index": 0, "delta": {"role": "assistant", "content": null}}], "object": "chat.completion.chunk"}),
+        content("Let me check."),
+        json!({"choices": [{"finish_reason": null, "index": 0, "delta": {"tool_calls": [{"index": 0, "id": "Xyz123", "type": "function", "function": {"name": "wait_check", "arguments": ""}}]}}]}),
+        json!({"choices": [{"finish_reason": null, "index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]}),
+        json!({"choices": [{"finish_reason": "tool_calls", "index": 0, "delta": {}}], "usage": {"completion_tokens": 20, "prompt_tokens": 100, "total_tokens": 120}, "timings": {"predicted_ms": 12.5}}),
+        json!("[DONE]"),
+    ]);
+    let out = run(&stream).1.expect("step");
+    assert_eq!(out.text, "Let me check.");
+    assert_eq!(calls(&out), [("Xyz123", "wait_check", "{}")]);
+    assert_eq!(out.usage.expect("usage").prompt_tokens, 100);
+}
+
+#[test]
+fn no_usage_and_no_done_is_a_whole_answer_once_it_finished() {
+    let stream = sse(&[content("ok"), finish("stop")]);
+    let out = run(&stream).1.expect("step");
+    assert_eq!(out.text, "ok");
+    assert_eq!(out.usage, None);
+    assert_eq!(out.finish_reason.as_deref(), Some("stop"));
+}
+
+#[test]
+fn a_stream_closed_before_it_finished_is_truncated() {
+    let stream = sse(&[content("half an ans")]);
+    assert_eq!(run(&stream).1, Err(ModelError::Truncated));
+    assert!(ModelError::Truncated.is_retryable());
+    // An answer with no text at all, but [DONE], is an empty answer.
+    let out = run(&sse(&[json!("[DONE]")])).1.expect("step");
+    assert_eq!(out, StepOutput::default());
+}
+
+#[test]
+fn reasoning_comes_as_reasoning_content_or_reasoning_and_is_counted_once() {
+    let stream = sse(&[
+        json!({"choices": [{"index": 0, "delta": {"reasoning_content": "think"}}]}),
+        json!({"choices": [{"index": 0, "delta": {"reasoning": "ing"}}]}),
+        json!({"choices": [{"index": 0, "delta": {"reasoning_content": "...", "reasoning": "..."}}]}),
+        content("Done."),
+        finish("stop"),
+    ]);
+    let (deltas, out) = run(&stream);
+    let out = out.expect("step");
+    assert_eq!(out.reasoning, "thinking...");
+    assert_eq!(out.text, "Done.");
+    assert_eq!(
+        joined(&deltas),
+        ("Done.".to_string(), "thinking...".to_string())
+    );
+    assert_eq!(deltas[0], Delta::Reasoning("think".into()));
+}
+
+#[test]
+fn comments_event_lines_and_crlf_around_the_chunks() {
+    let stream = format!(
+        ": ping\r\n\r\nevent: message\r\ndata: {}\r\n\r\n: keep-alive\r\n\r\ndata: {}\r\n\r\ndata: [DONE]\r\n\r\n",
+        content("ünïcödé ✓"),
+        finish("stop")
+    );
+    let out = run(&stream).1.expect("step");
+    assert_eq!(out.text, "ünïcödé ✓");
+}
+
+#[test]
+fn chunks_on_consecutive_data_lines_without_a_blank_line() {
+    let stream = format!(
+        "data: {}\ndata: {}\ndata: [DONE]\n\n",
+        content("a"),
+        finish("stop")
+    );
+    let out = run(&stream).1.expect("step");
+    assert_eq!(out.text, "a");
+}
+
+#[test]
+fn an_error_inside_a_200_stream() {
+    let stream = sse(&[
+        content("par"),
+        json!({"error": {"message": "model overloaded, try again", "type": "overloaded_error", "code": 503}}),
+    ]);
+    match run(&stream).1 {
+        Err(ModelError::Server { message, retryable }) => {
+            assert_eq!(message, "model overloaded, try again");
+            assert!(retryable);
+        }
+        other => panic!("{other:?}"),
+    }
+    let stream = sse(&[
+        json!({"error": {"message": "context length exceeded", "type": "invalid_request_error", "code": "context_length_exceeded"}}),
+    ]);
+    match run(&stream).1 {
+        Err(e @ ModelError::Server { .. }) => {
+            assert!(!e.is_retryable());
+            assert!(e.to_string().contains("context length exceeded"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let stream = sse(&[json!({"error": "plain words"})]);
+    assert!(
+        matches!(run(&stream).1, Err(ModelError::Server { message, .. }) if message == "plain words")
+    );
+}
+
+#[test]
+fn a_line_that_is_not_a_chunk_is_malformed() {
+    match run("data: {\"choices\": [\n\n").1 {
+        Err(ModelError::Malformed(m)) => assert!(m.contains("{\"choices\": ["), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!ModelError::Malformed(String::new()).is_retryable());
+}
+
+#[test]
+fn a_non_streamed_answer_is_one_chunk() {
+    let body = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [{"id": "call_9", "type": "function", "function": {"name": "devices", "arguments": "{}"}}]}, "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}});
+    let mut asm = Assembler::new();
+    let mut none = |d: Delta| panic!("{d:?}");
+    assert_eq!(
+        asm.payload(&body.to_string(), &mut none).expect("ok"),
+        Progress::More
+    );
+    let out = asm.finish().expect("step");
+    assert_eq!(calls(&out), [("call_9", "devices", "{}")]);
+}
+
+#[test]
+fn the_request_body_has_what_servers_need_and_nothing_empty() {
+    let messages = [ChatMessage::system("be brief"), ChatMessage::user("hi")];
+    let tools = [ToolSpec {
+        name: "devices".into(),
+        description: "the fleet".into(),
+        parameters: json!({"type": "object", "properties": {}}),
+    }];
+    let req = StepRequest {
+        messages: &messages,
+        tools: &tools,
+        max_tokens: Some(256),
+    };
+    let v: Value = serde_json::from_slice(&request_body("m", &req).expect("body")).expect("json");
+    assert_eq!(v["model"], "m");
+    assert_eq!(v["stream"], true);
+    assert_eq!(v["stream_options"], json!({"include_usage": true}));
+    assert_eq!(v["messages"][1], json!({"role": "user", "content": "hi"}));
+    assert_eq!(v["tools"][0]["type"], "function");
+    assert_eq!(v["tools"][0]["function"]["name"], "devices");
+    assert_eq!(v["max_tokens"], 256);
+    let bare = StepRequest {
+        messages: &messages,
+        tools: &[],
+        max_tokens: None,
+    };
+    let v: Value = serde_json::from_slice(&request_body("m", &bare).expect("body")).expect("json");
+    let keys: Vec<&str> = v
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(keys, ["messages", "model", "stream", "stream_options"]);
+}
+
+fn quick(base_url: String, retries: u32) -> ModelConfig {
+    let mut cfg = ModelConfig::new(base_url, "m");
+    cfg.api_key = Some("sk-never-shown".into());
+    cfg.max_retries = retries;
+    cfg.backoff = Duration::from_millis(1);
+    cfg.connect_timeout = Duration::from_secs(5);
+    cfg.first_byte_timeout = Duration::from_secs(10);
+    cfg
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_then_named_with_its_url() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let client = ModelClient::new(quick(format!("http://127.0.0.1:{port}/v1"), 2)).expect("client");
+    let messages = [ChatMessage::user("hi")];
+    let req = StepRequest {
+        messages: &messages,
+        tools: &[],
+        max_tokens: None,
+    };
+    let mut deltas = Vec::new();
+    let err = client
+        .step(req, &mut |d| deltas.push(d))
+        .await
+        .expect_err("refused");
+    let text = err.to_string();
+    assert!(
+        matches!(&err, ModelError::RetriesExhausted { attempts: 3, last } if matches!(**last, ModelError::Connect { .. })),
+        "{err:?}"
+    );
+    assert!(
+        text.contains(&format!("http://127.0.0.1:{port}/v1/chat/completions")),
+        "{text}"
+    );
+    assert!(text.to_lowercase().contains("refused"), "{text}");
+    assert!(!text.contains("sk-never-shown"), "{text}");
+    let attempts: Vec<u32> = deltas
+        .iter()
+        .map(|d| match d {
+            Delta::Retry {
+                attempt, issues, ..
+            } => {
+                assert!(issues.contains("could not connect"), "{issues}");
+                *attempt
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(attempts, [1, 2]);
+}
+
+/// The client speaks TLS through the ring provider the hub installs, without a second
+/// provider that would make rustls panic: a handshake against a socket that answers
+/// garbage ends in an error, not a panic.
+#[tokio::test]
+async fn https_goes_through_rustls_without_a_provider_clash() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let server = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        if let Ok((mut s, _)) = listener.accept().await {
+            let mut buf = [0u8; 512];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(b"HTTP/1.1 400 Not TLS\r\n\r\n").await;
+        }
+    });
+    let client =
+        ModelClient::new(quick(format!("https://127.0.0.1:{port}/v1"), 0)).expect("client");
+    let messages = [ChatMessage::user("hi")];
+    let req = StepRequest {
+        messages: &messages,
+        tools: &[],
+        max_tokens: None,
+    };
+    let err = client.step(req, &mut |_| {}).await.expect_err("not TLS");
+    assert!(matches!(err, ModelError::Connect { .. }), "{err:?}");
+    server.abort();
+}
+
+#[test]
+fn a_bad_configuration_is_refused_up_front() {
+    assert!(matches!(
+        ModelClient::new(ModelConfig::new("localhost", "m")),
+        Err(ModelError::Config(_))
+    ));
+    assert!(matches!(
+        ModelClient::new(ModelConfig::new("http://h/v1", " ")),
+        Err(ModelError::Config(_))
+    ));
+    let mut cfg = ModelConfig::new("http://h/v1", "m");
+    cfg.api_key = Some("bad\nkey".into());
+    match ModelClient::new(cfg) {
+        Err(ModelError::Config(m)) => assert!(!m.contains("bad\nkey"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
