@@ -115,6 +115,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
     let token = config::operator_token(&home, std::env::var("CORTEX_WEBHOOK_TOKEN").ok())?;
     // Before any TLS: tokio-tungstenite's rustls features leave rustls without a provider.
     cortex_hub::mesh::tls::install_provider();
+    let model = model_setup(&settings)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -131,6 +132,9 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         let mesh_text = mesh
             .as_ref()
             .map_or_else(|| "mesh off".to_string(), |m| format!("mesh {}", m.url));
+        if model.is_none() {
+            tracing::info!("no model configured (CORTEX_LLM_BASE_URL or settings.json llm): sessions record messages and wakes, and no turn runs");
+        }
         // Tests and scripts read this line: keep its prefix and the mesh's place. One
         // write, so a reader never sees half of it (eprintln! writes piece by piece).
         let line = format!(
@@ -142,13 +146,29 @@ fn real_main(args: Args) -> anyhow::Result<()> {
             home,
             settings,
             token,
-            model: None,
+            model,
         };
         let shutdown = async {
             cortex_host::daemon::shutdown_signal().await;
         };
         cortex_hub::server::run_with_mesh(config, listener, mesh, shutdown).await
     })
+}
+
+/// The model the runner calls, from settings.json `llm` and `CORTEX_LLM_*`; `None` when
+/// no model server is set.
+fn model_setup(
+    settings: &config::HubSettings,
+) -> anyhow::Result<Option<std::sync::Arc<dyn cortex_hub::model::Model>>> {
+    let env = |k: &str| std::env::var(k).ok();
+    let Some(cfg) = cortex_hub::model::llm_config(settings.llm.as_ref(), &env)
+        .context("reading the model's settings")?
+    else {
+        return Ok(None);
+    };
+    tracing::info!(base_url = %cfg.base_url, model = %cfg.model, "the runner calls this model");
+    let client = cortex_hub::model::ModelClient::new(cfg).context("setting up the model client")?;
+    Ok(Some(std::sync::Arc::new(client)))
 }
 
 /// The mesh's setup from the flags and `CORTEX_MESH_PING_MS`; `None` for `off`.
