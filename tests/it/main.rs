@@ -9,6 +9,7 @@ mod local_waits;
 mod log_secrets;
 mod mesh_e2e;
 mod mesh_hub;
+mod model_client;
 mod packaging;
 mod powerloss;
 mod remote_waits;

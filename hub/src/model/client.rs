@@ -22,6 +22,8 @@ use super::wire::{ChatMessage, ToolSpec};
 
 /// The most of an error body read for its excerpt.
 const ERROR_BODY_BYTES: usize = 4096;
+/// How long the end of a body is waited for after `[DONE]`.
+const DRAIN_AFTER_DONE: Duration = Duration::from_millis(50);
 /// The most of a non-streamed JSON answer read.
 const JSON_BODY_BYTES: usize = 16 * 1024 * 1024;
 
@@ -215,6 +217,7 @@ impl ModelClient {
             decoder.feed(&bytes, &mut events)?;
             for data in events.drain(..) {
                 if asm.payload(&data, on_delta)? == Progress::Done {
+                    drain(&mut resp).await;
                     return asm.finish();
                 }
             }
@@ -359,6 +362,14 @@ impl Model for ModelClient {
     ) -> StepFuture<'a> {
         Box::pin(ModelClient::step(self, req, on_delta))
     }
+}
+
+/// Reads what is left after `[DONE]` (the chunked body's end, usually already here) so
+/// the connection goes back to the pool; a server that keeps the stream open after
+/// `[DONE]` is left after a moment.
+async fn drain(resp: &mut reqwest::Response) {
+    let until = tokio::time::Instant::now() + DRAIN_AFTER_DONE;
+    while let Ok(Ok(Some(_))) = tokio::time::timeout_at(until, resp.chunk()).await {}
 }
 
 /// What went wrong, from reqwest's error: its causes joined (its own text names only

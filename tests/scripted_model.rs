@@ -1,0 +1,704 @@
+//! A scripted OpenAI-compatible model server for tests and benchmarks: a real HTTP/1.1
+//! server (hyper, keep-alive, chunked `text/event-stream`) on `127.0.0.1:0` that answers
+//! `POST /v1/chat/completions` with the [`Reply`]s it was given, in order, then with a
+//! default reply forever. It records every request body, and whether each answer was sent
+//! whole or the client went away first.
+//!
+//! The server runs on its own thread and runtime, so sync tests and async tests use it
+//! alike; dropping the [`ScriptedModel`] stops it (and every answer still hanging).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response, StatusCode};
+use serde_json::{Value, json};
+
+/// A rule-based answer: the reply for a request body.
+type ReplyFn = Arc<dyn Fn(&Value) -> Reply + Send + Sync>;
+
+/// One answer the server gives.
+#[derive(Clone)]
+pub struct Reply {
+    kind: Kind,
+    usage: Usage,
+    done: bool,
+    chunk_delay: Duration,
+    head_delay: Duration,
+    split_every: Option<usize>,
+    crlf: bool,
+    pings: bool,
+    stall_after: Option<usize>,
+    headers: Vec<(String, String)>,
+    reasoning: Option<String>,
+}
+
+#[derive(Clone)]
+enum Kind {
+    /// Chat completion chunks (each one `data:` event); usage and `[DONE]` are added.
+    Chunks(Vec<Value>),
+    /// These exact bytes, each piece one write.
+    Raw(Vec<Vec<u8>>),
+    Status {
+        code: u16,
+        body: String,
+    },
+    /// 200 and the stream's headers, then nothing.
+    HangAfterHead,
+    /// No answer at all.
+    HangBeforeHead,
+    Rule(ReplyFn),
+}
+
+#[derive(Clone, Copy)]
+enum Usage {
+    /// Counted from the request and the chunks, when the request asks for it.
+    Counted,
+    Fixed(u64, u64),
+    Never,
+}
+
+/// How an answer ended, by the server's account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every byte handed to the connection.
+    Sent,
+    /// The client closed the connection before the answer was whole.
+    ClientGone,
+}
+
+impl Reply {
+    fn new(kind: Kind) -> Reply {
+        Reply {
+            kind,
+            usage: Usage::Counted,
+            done: true,
+            chunk_delay: Duration::ZERO,
+            head_delay: Duration::ZERO,
+            split_every: None,
+            crlf: false,
+            pings: false,
+            stall_after: None,
+            headers: Vec::new(),
+            reasoning: None,
+        }
+    }
+
+    /// A text answer streamed four characters a chunk (words split mid-way), then
+    /// `finish_reason: "stop"`.
+    pub fn text(text: &str) -> Reply {
+        let chars: Vec<char> = text.chars().collect();
+        let mut chunks = vec![delta(json!({"role": "assistant", "content": ""}), None)];
+        for piece in chars.chunks(4) {
+            let piece: String = piece.iter().collect();
+            chunks.push(delta(json!({"content": piece}), None));
+        }
+        chunks.push(delta(json!({}), Some("stop")));
+        Reply::new(Kind::Chunks(chunks))
+    }
+
+    /// One tool call as vLLM and llama.cpp stream it: a chunk with its id and name,
+    /// then its arguments in fragments of five characters (split mid-string), then
+    /// `finish_reason: "tool_calls"`.
+    pub fn tool_call(name: &str, args: &str) -> Reply {
+        Reply::tool_calls(&[(name, args)])
+    }
+
+    /// Several calls, one after the other, each numbered by `index`.
+    pub fn tool_calls(calls: &[(&str, &str)]) -> Reply {
+        let mut chunks = vec![delta(json!({"role": "assistant", "content": null}), None)];
+        for (i, (name, args)) in calls.iter().enumerate() {
+            chunks.push(delta(
+                json!({"tool_calls": [{"index": i, "id": format!("call_{}", fresh_id()), "type": "function", "function": {"name": name, "arguments": ""}}]}),
+                None,
+            ));
+            let chars: Vec<char> = args.chars().collect();
+            for piece in chars.chunks(5) {
+                let piece: String = piece.iter().collect();
+                chunks.push(delta(
+                    json!({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}),
+                    None,
+                ));
+            }
+        }
+        chunks.push(delta(json!({}), Some("tool_calls")));
+        Reply::new(Kind::Chunks(chunks))
+    }
+
+    /// A tool call as Ollama streams it: whole in one chunk, then `finish_reason: "stop"`.
+    pub fn ollama_tool_call(name: &str, args: &str) -> Reply {
+        Reply::new(Kind::Chunks(vec![
+            delta(
+                json!({"role": "assistant", "content": "", "tool_calls": [{"id": format!("call_{}", fresh_id()), "index": 0, "type": "function", "function": {"name": name, "arguments": args}}]}),
+                None,
+            ),
+            delta(json!({"role": "assistant", "content": ""}), Some("stop")),
+        ]))
+    }
+
+    /// These chunk objects as they are (usage and `[DONE]` still added).
+    pub fn chunks(chunks: Vec<Value>) -> Reply {
+        Reply::new(Kind::Chunks(chunks))
+    }
+
+    /// Exactly these bytes as the 200 stream's body, each piece one write.
+    pub fn raw(pieces: Vec<Vec<u8>>) -> Reply {
+        Reply::new(Kind::Raw(pieces))
+    }
+
+    /// A 200 stream that starts an answer and then reports `error` inside it.
+    pub fn stream_error(error: Value) -> Reply {
+        Reply::new(Kind::Chunks(vec![
+            delta(json!({"role": "assistant", "content": "Par"}), None),
+            json!({"error": error}),
+        ]))
+        .without_done()
+        .without_usage()
+    }
+
+    /// A non-2xx answer with this body (`application/json`).
+    pub fn status(code: u16, body: &str) -> Reply {
+        Reply::new(Kind::Status {
+            code,
+            body: body.to_string(),
+        })
+    }
+
+    /// The head of a 200 stream, then silence until the client leaves.
+    pub fn hang() -> Reply {
+        Reply::new(Kind::HangAfterHead)
+    }
+
+    /// No answer at all: the request is read and left unanswered.
+    pub fn hang_before_headers() -> Reply {
+        Reply::new(Kind::HangBeforeHead)
+    }
+
+    /// The reply `f` picks for each request body (a rule-based model).
+    pub fn from_fn(f: impl Fn(&Value) -> Reply + Send + Sync + 'static) -> Reply {
+        Reply::new(Kind::Rule(Arc::new(f)))
+    }
+
+    /// No usage chunk, even when the request asks for one.
+    pub fn without_usage(mut self) -> Reply {
+        self.usage = Usage::Never;
+        self
+    }
+
+    /// This usage (prompt, completion), when the request asks for usage.
+    pub fn usage(mut self, prompt: u64, completion: u64) -> Reply {
+        self.usage = Usage::Fixed(prompt, completion);
+        self
+    }
+
+    /// No `data: [DONE]`: the stream just ends.
+    pub fn without_done(mut self) -> Reply {
+        self.done = false;
+        self
+    }
+
+    /// Reasoning chunks (`reasoning_content`) before the answer.
+    pub fn with_reasoning(mut self, text: &str) -> Reply {
+        self.reasoning = Some(text.to_string());
+        self
+    }
+
+    /// A pause before each write after the first.
+    pub fn chunk_delay(mut self, d: Duration) -> Reply {
+        self.chunk_delay = d;
+        self
+    }
+
+    /// A pause before the answer's head.
+    pub fn head_delay(mut self, d: Duration) -> Reply {
+        self.head_delay = d;
+        self
+    }
+
+    /// The stream's bytes written `n` at a time, wherever that cuts (mid-line,
+    /// mid-character, mid-JSON).
+    pub fn split_every(mut self, n: usize) -> Reply {
+        self.split_every = Some(n.max(1));
+        self
+    }
+
+    /// `\r\n` line ends.
+    pub fn crlf(mut self) -> Reply {
+        self.crlf = true;
+        self
+    }
+
+    /// `: ping` comments and `event:` lines between the events.
+    pub fn with_pings(mut self) -> Reply {
+        self.pings = true;
+        self
+    }
+
+    /// After `n` writes, silence until the client leaves (a stream stalled mid-answer).
+    pub fn stall_after(mut self, n: usize) -> Reply {
+        self.stall_after = Some(n);
+        self
+    }
+
+    /// `Retry-After: secs` on the answer.
+    pub fn retry_after(self, secs: u64) -> Reply {
+        self.header("retry-after", &secs.to_string())
+    }
+
+    /// An extra header on the answer.
+    pub fn header(mut self, name: &str, value: &str) -> Reply {
+        self.headers.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    /// The stream's writes for a request that asked for usage (`include_usage`) or not.
+    fn writes(&self, include_usage: bool, request_bytes: usize) -> Vec<Vec<u8>> {
+        let chunks = match &self.kind {
+            Kind::Chunks(c) => c,
+            Kind::Raw(pieces) => return pieces.clone(),
+            _ => return Vec::new(),
+        };
+        let mut events: Vec<String> = Vec::new();
+        if let Some(r) = &self.reasoning {
+            let chars: Vec<char> = r.chars().collect();
+            for piece in chars.chunks(4) {
+                let piece: String = piece.iter().collect();
+                events.push(delta(json!({"reasoning_content": piece}), None).to_string());
+            }
+        }
+        events.extend(chunks.iter().map(Value::to_string));
+        let usage = match self.usage {
+            Usage::Counted if include_usage => {
+                Some((request_bytes as u64 / 4, chunks.len() as u64))
+            }
+            Usage::Fixed(p, c) if include_usage => Some((p, c)),
+            _ => None,
+        };
+        if let Some((p, c)) = usage {
+            events.push(
+                json!({"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}})
+                    .to_string(),
+            );
+        }
+        if self.done {
+            events.push("[DONE]".to_string());
+        }
+        let nl = if self.crlf { "\r\n" } else { "\n" };
+        let writes: Vec<Vec<u8>> = events
+            .iter()
+            .map(|e| {
+                let pre = if self.pings {
+                    format!(": ping{nl}{nl}event: message{nl}")
+                } else {
+                    String::new()
+                };
+                format!("{pre}data: {e}{nl}{nl}").into_bytes()
+            })
+            .collect();
+        match self.split_every {
+            Some(n) => writes.concat().chunks(n).map(<[u8]>::to_vec).collect(),
+            None => writes,
+        }
+    }
+}
+
+/// One chunk with a delta for choice 0.
+fn delta(delta: Value, finish: Option<&str>) -> Value {
+    json!({
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "scripted",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    })
+}
+
+/// A number for made-up call ids, unique in the process.
+fn fresh_id() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+struct Shared {
+    script: Mutex<VecDeque<Reply>>,
+    default: Mutex<Reply>,
+    requests: Mutex<Vec<Value>>,
+    auth: Mutex<Vec<Option<String>>>,
+    outcomes: Mutex<Vec<Option<Outcome>>>,
+    changed: Condvar,
+    async_changed: tokio::sync::Notify,
+    connections: AtomicUsize,
+}
+
+impl Shared {
+    fn set_outcome(&self, n: usize, o: Outcome) {
+        let mut outcomes = self.outcomes.lock().expect("outcomes");
+        if outcomes.len() <= n {
+            outcomes.resize(n + 1, None);
+        }
+        outcomes[n].get_or_insert(o);
+        drop(outcomes);
+        self.notify();
+    }
+
+    fn notify(&self) {
+        // The requests' lock is the condvar's: take it so no waiter misses the change.
+        drop(self.requests.lock().expect("requests"));
+        self.changed.notify_all();
+        self.async_changed.notify_waiters();
+    }
+}
+
+/// The running server.
+pub struct ScriptedModel {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ScriptedModel {
+    /// Serves `replies` in order, then `Reply::text("ok")` for ever.
+    pub fn start(replies: Vec<Reply>) -> ScriptedModel {
+        ScriptedModel::start_with_default(replies, Reply::text("ok"))
+    }
+
+    /// Serves `replies` in order, then `default` for ever (a [`Reply::from_fn`] makes a
+    /// rule-based model).
+    pub fn start_with_default(replies: Vec<Reply>, default: Reply) -> ScriptedModel {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the model server");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let shared = Arc::new(Shared {
+            script: Mutex::new(replies.into()),
+            default: Mutex::new(default),
+            requests: Mutex::new(Vec::new()),
+            auth: Mutex::new(Vec::new()),
+            outcomes: Mutex::new(Vec::new()),
+            changed: Condvar::new(),
+            async_changed: tokio::sync::Notify::new(),
+            connections: AtomicUsize::new(0),
+        });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("scripted-model".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                    tokio::select! {
+                        _ = stopped => {}
+                        _ = accept_loop(listener, serving) => {}
+                    }
+                });
+                // Dropping the runtime ends every connection and hanging answer.
+            })
+            .expect("spawn the model server");
+        ScriptedModel {
+            addr,
+            shared,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// The base URL, `http://127.0.0.1:PORT/v1`.
+    pub fn url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Every request body received, in order.
+    pub fn requests(&self) -> Vec<Value> {
+        self.shared.requests.lock().expect("requests").clone()
+    }
+
+    /// Each request's `Authorization` header, in order.
+    pub fn authorizations(&self) -> Vec<Option<String>> {
+        self.shared.auth.lock().expect("auth").clone()
+    }
+
+    /// TCP connections accepted so far (keep-alive reuses one for many requests).
+    pub fn connections(&self) -> usize {
+        self.shared.connections.load(Ordering::SeqCst)
+    }
+
+    /// Adds a reply at the end of the script.
+    pub fn push(&self, reply: Reply) {
+        self.shared.script.lock().expect("script").push_back(reply);
+    }
+
+    /// Replaces the reply given once the script ran out.
+    pub fn set_default(&self, reply: Reply) {
+        *self.shared.default.lock().expect("default") = reply;
+    }
+
+    /// Blocks until `n` requests arrived (at most `limit`, then panics); returns them all.
+    pub fn wait_requests(&self, n: usize, limit: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + limit;
+        let mut reqs = self.shared.requests.lock().expect("requests");
+        while reqs.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "timed out after {limit:?} waiting for request {n} (got {})",
+                reqs.len()
+            );
+            reqs = self
+                .shared
+                .changed
+                .wait_timeout(reqs, left)
+                .expect("requests")
+                .0;
+        }
+        reqs.clone()
+    }
+
+    /// [`ScriptedModel::wait_requests`] for async tests.
+    pub async fn requests_reached(&self, n: usize, limit: Duration) -> Vec<Value> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.shared.async_changed.notified();
+            let reqs = self.requests();
+            if reqs.len() >= n {
+                return reqs;
+            }
+            assert!(
+                tokio::time::timeout_at(deadline, notified).await.is_ok(),
+                "timed out after {limit:?} waiting for request {n} (got {})",
+                reqs.len()
+            );
+        }
+    }
+
+    /// How answer `n` (0-based) ended, once it did.
+    pub fn outcome(&self, n: usize) -> Option<Outcome> {
+        self.shared
+            .outcomes
+            .lock()
+            .expect("outcomes")
+            .get(n)
+            .copied()
+            .flatten()
+    }
+
+    /// Blocks until answer `n` (0-based) ended (at most `limit`, then panics).
+    pub fn wait_outcome(&self, n: usize, limit: Duration) -> Outcome {
+        let deadline = Instant::now() + limit;
+        let mut guard = self.shared.requests.lock().expect("requests");
+        loop {
+            if let Some(o) = self.outcome(n) {
+                return o;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "timed out after {limit:?} waiting for answer {n} to end"
+            );
+            guard = self
+                .shared
+                .changed
+                .wait_timeout(guard, left)
+                .expect("requests")
+                .0;
+        }
+    }
+}
+
+impl Drop for ScriptedModel {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        shared.connections.fetch_add(1, Ordering::SeqCst);
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| answer(req, shared.clone()));
+            // HTTP/1.1 with keep-alive, as model servers run.
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+fn json_answer(status: StatusCode, body: Value) -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())).boxed_unsync());
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<Body>, Infallible> {
+    if req.method() != hyper::Method::POST || req.uri().path() != "/v1/chat/completions" {
+        return Ok(json_answer(
+            StatusCode::NOT_FOUND,
+            json!({"error": {"message": format!("no route {} {}", req.method(), req.uri().path()), "type": "invalid_request_error"}}),
+        ));
+    }
+    let auth = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let bytes = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => Bytes::new(),
+    };
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let n = {
+        let mut reqs = shared.requests.lock().expect("requests");
+        reqs.push(body.clone());
+        shared.auth.lock().expect("auth").push(auth);
+        reqs.len() - 1
+    };
+    shared.notify();
+    if body.is_null() {
+        shared.set_outcome(n, Outcome::Sent);
+        return Ok(json_answer(
+            StatusCode::BAD_REQUEST,
+            json!({"error": {"message": "the body is not JSON", "type": "invalid_request_error"}}),
+        ));
+    }
+    let mut reply = {
+        let next = shared.script.lock().expect("script").pop_front();
+        next.unwrap_or_else(|| shared.default.lock().expect("default").clone())
+    };
+    // A rule may pick another rule; a few levels are plenty.
+    for _ in 0..8 {
+        let Kind::Rule(f) = &reply.kind else { break };
+        reply = f(&body);
+    }
+    if !reply.head_delay.is_zero() {
+        tokio::time::sleep(reply.head_delay).await;
+    }
+    let mut resp = match &reply.kind {
+        Kind::HangBeforeHead => std::future::pending().await,
+        Kind::Rule(_) => {
+            shared.set_outcome(n, Outcome::Sent);
+            return Ok(json_answer(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"error": {"message": "the scripted rules chose rules eight levels deep", "type": "server_error"}}),
+            ));
+        }
+        Kind::Status { code, body } => {
+            shared.set_outcome(n, Outcome::Sent);
+            let mut r = Response::new(Full::new(Bytes::from(body.clone())).boxed_unsync());
+            *r.status_mut() =
+                StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        Kind::HangAfterHead | Kind::Chunks(_) | Kind::Raw(_) => {
+            let include_usage = body["stream_options"]["include_usage"] == json!(true);
+            let writes = if matches!(reply.kind, Kind::HangAfterHead) {
+                Vec::new()
+            } else {
+                reply.writes(include_usage, bytes.len())
+            };
+            let stall_after = match reply.kind {
+                Kind::HangAfterHead => Some(0),
+                _ => reply.stall_after,
+            };
+            let stream = futures_util::stream::unfold(
+                Writer {
+                    writes: writes.into(),
+                    sent: 0,
+                    delay: reply.chunk_delay,
+                    stall_after,
+                    shared: shared.clone(),
+                    n,
+                    finished: false,
+                },
+                Writer::next,
+            );
+            let mut r = Response::new(StreamBody::new(stream).boxed_unsync());
+            let h = r.headers_mut();
+            h.insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/event-stream"),
+            );
+            h.insert(
+                hyper::header::CACHE_CONTROL,
+                hyper::header::HeaderValue::from_static("no-cache"),
+            );
+            r
+        }
+    };
+    for (k, v) in &reply.headers {
+        if let (Ok(k), Ok(v)) = (
+            hyper::header::HeaderName::from_bytes(k.as_bytes()),
+            hyper::header::HeaderValue::from_str(v),
+        ) {
+            resp.headers_mut().insert(k, v);
+        }
+    }
+    Ok(resp)
+}
+
+/// A streamed answer's body: its writes, paced; records how it ended.
+struct Writer {
+    writes: VecDeque<Vec<u8>>,
+    sent: usize,
+    delay: Duration,
+    stall_after: Option<usize>,
+    shared: Arc<Shared>,
+    n: usize,
+    finished: bool,
+}
+
+impl Writer {
+    async fn next(mut self) -> Option<(Result<Frame<Bytes>, Infallible>, Writer)> {
+        if self.stall_after.is_some_and(|s| self.sent >= s) {
+            std::future::pending::<()>().await;
+        }
+        let Some(bytes) = self.writes.pop_front() else {
+            self.finished = true;
+            self.shared.set_outcome(self.n, Outcome::Sent);
+            return None;
+        };
+        if self.sent > 0 && !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.sent += 1;
+        Some((Ok(Frame::data(Bytes::from(bytes))), self))
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.shared.set_outcome(self.n, Outcome::ClientGone);
+        }
+    }
+}
