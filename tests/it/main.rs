@@ -13,6 +13,7 @@ mod model_client;
 mod packaging;
 mod powerloss;
 mod remote_waits;
+mod runner;
 mod signal_cli;
 mod signal_load;
 mod signal_route;

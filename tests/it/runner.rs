@@ -1,0 +1,519 @@
+//! The hub's runner against a scripted OpenAI-compatible server over real HTTP: the whole
+//! story (a message, `wait_create`, the turn ends, a curl signal wakes the session, the
+//! model answers the wake), a remote pid wait on a real device agent, the inbox's rules
+//! (a dedupe key, a message sent `now`), the bounds, the model server failing or hanging,
+//! and the hub SIGKILLed mid-stream and mid-tool.
+
+use std::process::Command;
+use std::time::Duration;
+
+use cortex_cli::http::Method;
+use cortex_tests::scripted_model::{Reply, ScriptedModel};
+use cortex_tests::{Hub, wait_until};
+use serde_json::{Value, json};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// A hub that runs `model`, with `settings` written to its settings.json first.
+fn hub_with(model: &ScriptedModel, settings: Value) -> (Hub, tempfile::TempDir) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    std::fs::write(home.join("settings.json"), settings.to_string()).expect("settings");
+    let url = model.url();
+    let mut hub = Hub::at(
+        &home,
+        &tmp.path().join("hub.log"),
+        &[
+            ("CORTEX_LLM_BASE_URL", url.as_str()),
+            ("CORTEX_LLM_MODEL", "scripted"),
+        ],
+        &[],
+    );
+    hub.spawn();
+    (hub, tmp)
+}
+
+fn hub(model: &ScriptedModel) -> (Hub, tempfile::TempDir) {
+    hub_with(model, json!({}))
+}
+
+fn new_session(hub: &Hub, body: Value) -> String {
+    let (st, v) = hub.api(Method::Post, "/api/sessions", Some(&body));
+    assert_eq!(st, 201, "{v}");
+    v["id"].as_str().expect("id").to_string()
+}
+
+fn say(hub: &Hub, sid: &str, body: Value) -> Value {
+    let (st, v) = hub.api(
+        Method::Post,
+        &format!("/api/sessions/{sid}/messages"),
+        Some(&body),
+    );
+    assert!(st == 201 || st == 200, "{st} {v}");
+    v
+}
+
+/// The n-th `run-end` (1-based) of the session.
+fn run_end(hub: &Hub, sid: &str, n: usize) -> Value {
+    let seen = std::cell::Cell::new(0usize);
+    hub.wait_event(sid, LIMIT, |e| {
+        if e["kind"] == "run-end" {
+            seen.set(seen.get() + 1);
+            seen.get() == n
+        } else {
+            false
+        }
+    })
+}
+
+fn kinds(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn count(events: &[Value], kind: &str) -> usize {
+    events.iter().filter(|e| e["kind"] == kind).count()
+}
+
+/// The last message of a recorded model request.
+fn last_message(req: &Value) -> Value {
+    req["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_session_arms_a_wait_sleeps_and_wakes_to_answer() {
+    let args = r#"{"label":"train run 7","intent":"report the final loss"}"#;
+    let model = ScriptedModel::start(vec![
+        Reply::tool_call("wait_create", args).split_every(7),
+        Reply::text("I armed a waitpoint; the job will report.").split_every(5),
+        Reply::text("The run finished: loss 0.12.").without_usage(),
+    ]);
+    let (hub, _tmp) = hub(&model);
+    let sid = new_session(&hub, json!({"title": "story", "instructions": "Be brief."}));
+    let posted = say(
+        &hub,
+        &sid,
+        json!({"text": "start run 7 and tell me when it ends"}),
+    );
+    assert_eq!(posted["runs"], true, "{posted}");
+
+    // The turn: a tool call, its answer, a reply, the end.
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(end["result"]["ok"], true, "{end}");
+    assert_eq!(
+        end["result"]["output"]["response"],
+        "I armed a waitpoint; the job will report."
+    );
+    assert_eq!(end["meta"]["steps"], 2, "{end}");
+    let events = hub.events(&sid, 0);
+    let k = kinds(&events);
+    for want in [
+        "message",
+        "input-taken",
+        "run-start",
+        "step-start",
+        "tool-start",
+        "waitpoint-armed",
+        "tool-end",
+        "model-delta",
+        "run-end",
+    ] {
+        assert!(k.iter().any(|x| x == want), "no {want} in {k:?}");
+    }
+    let tool_end = events
+        .iter()
+        .find(|e| e["kind"] == "tool-end")
+        .expect("tool-end");
+    assert_eq!(tool_end["observation"]["name"], "wait_create");
+    assert_eq!(tool_end["observation"]["ok"], true, "{tool_end}");
+    let wp = tool_end["observation"]["result"]["id"]
+        .as_str()
+        .expect("the waitpoint's id")
+        .to_string();
+
+    // The model read the secret in the step after the call; the store never kept it.
+    let reqs = model.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:#?}");
+    let answer: Value = serde_json::from_str(
+        last_message(&reqs[1])["content"]
+            .as_str()
+            .expect("the tool's answer"),
+    )
+    .expect("json");
+    let secret = answer["secret"].as_str().expect("secret").to_string();
+    assert!(secret.len() >= 16, "{answer}");
+    let stored = serde_json::to_string(&hub.events(&sid, 0)).expect("json");
+    assert!(!stored.contains(&secret), "a stored event holds the secret");
+    // Every request starts with the same prefix bytes.
+    assert_eq!(reqs[0]["messages"][0], reqs[1]["messages"][0]);
+    assert!(
+        reqs[0]["messages"][0]["content"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("Be brief.")),
+        "{}",
+        reqs[0]["messages"][0]
+    );
+
+    // The job reports with curl; the session wakes and the model answers the wake.
+    let body = json!({"id": wp, "secret": secret, "status": "ok", "message": "loss 0.12"});
+    let out = Command::new("curl")
+        .args(["-sS", "-XPOST", &hub.url("/webhook/signal")])
+        .args([
+            "-H",
+            "content-type: application/json",
+            "-d",
+            &body.to_string(),
+        ])
+        .output()
+        .expect("curl");
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("accepted"),
+        "{out:?}"
+    );
+    let wake = hub.wait_wake(&sid, &wp, 1, LIMIT);
+    let end2 = run_end(&hub, &sid, 2);
+    assert_eq!(
+        end2["result"]["output"]["response"],
+        "The run finished: loss 0.12."
+    );
+    let reqs = model.requests();
+    assert_eq!(reqs.len(), 3);
+    let woke = last_message(&reqs[2]);
+    assert_eq!(woke["role"], "user");
+    assert_eq!(
+        woke["content"], wake["text"],
+        "the wake's text is the next user turn"
+    );
+    // The second run's prefix is the first's, byte for byte.
+    assert_eq!(reqs[2]["messages"][0], reqs[0]["messages"][0]);
+
+    let (st, result) = hub.api(Method::Get, &format!("/api/sessions/{sid}/result"), None);
+    assert_eq!(st, 200, "{result}");
+    assert_eq!(
+        result["result"]["output"]["response"],
+        "The run finished: loss 0.12."
+    );
+}
+
+#[test]
+fn ollama_and_split_shapes_are_understood() {
+    let model = ScriptedModel::start(vec![
+        Reply::ollama_tool_call("wait_check", "{}"),
+        Reply::text("Nothing armed yet.")
+            .split_every(1)
+            .without_usage()
+            .without_done(),
+    ]);
+    let (hub, _tmp) = hub(&model);
+    let sid = new_session(&hub, json!({}));
+    say(&hub, &sid, json!({"text": "anything armed?"}));
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(end["result"]["ok"], true, "{end}");
+    assert_eq!(end["result"]["output"]["response"], "Nothing armed yet.");
+    let events = hub.events(&sid, 0);
+    assert_eq!(count(&events, "tool-end"), 1, "{events:#?}");
+    let obs = &events
+        .iter()
+        .find(|e| e["kind"] == "tool-end")
+        .expect("tool-end")["observation"];
+    assert_eq!(obs["name"], "wait_check");
+    assert_eq!(obs["result"]["waitpoints"], json!([]), "{obs}");
+}
+
+#[test]
+fn a_repeated_dedupe_key_is_taken_once() {
+    let model = ScriptedModel::start_with_default(Vec::new(), Reply::text("noted"));
+    let (hub, _tmp) = hub(&model);
+    let sid = new_session(&hub, json!({}));
+    let a = say(&hub, &sid, json!({"text": "once only", "dedupe_key": "k1"}));
+    let b = say(&hub, &sid, json!({"text": "once only", "dedupe_key": "k1"}));
+    assert_eq!(b["duplicate"], true, "{b}");
+    assert_eq!(a["seq"], b["seq"]);
+    run_end(&hub, &sid, 1);
+    let events = hub.events(&sid, 0);
+    assert_eq!(count(&events, "message"), 1, "{events:#?}");
+    assert_eq!(count(&events, "run-start"), 1);
+    let reqs = model.requests();
+    let users = reqs[0]["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["content"] == "once only")
+        .count();
+    assert_eq!(users, 1, "{:#}", reqs[0]);
+}
+
+#[test]
+fn a_message_sent_now_joins_the_running_turn() {
+    let model = ScriptedModel::start(vec![
+        Reply::tool_call("wait_check", "{}").head_delay(Duration::from_secs(2)),
+        Reply::text("Seen both."),
+    ]);
+    let (hub, _tmp) = hub(&model);
+    let sid = new_session(&hub, json!({}));
+    say(&hub, &sid, json!({"text": "first"}));
+    model.wait_requests(1, LIMIT);
+    say(&hub, &sid, json!({"text": "also this", "when": "now"}));
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(end["result"]["ok"], true, "{end}");
+    let reqs = model.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:#?}");
+    let msgs = reqs[1]["messages"].as_array().expect("messages");
+    let roles: Vec<&str> = msgs
+        .iter()
+        .map(|m| m["role"].as_str().unwrap_or(""))
+        .collect();
+    let n = roles.len();
+    assert_eq!(&roles[n - 3..], &["assistant", "tool", "user"], "{roles:?}");
+    assert_eq!(msgs[n - 1]["content"], "also this");
+    assert_eq!(
+        count(&hub.events(&sid, 0), "run-start"),
+        1,
+        "one run took both"
+    );
+}
+
+#[test]
+fn a_message_for_the_next_turn_waits_for_it() {
+    let model = ScriptedModel::start(vec![
+        Reply::tool_call("wait_check", "{}").head_delay(Duration::from_secs(2)),
+        Reply::text("first done"),
+        Reply::text("second done"),
+    ]);
+    let (hub, _tmp) = hub(&model);
+    let sid = new_session(&hub, json!({}));
+    say(&hub, &sid, json!({"text": "first"}));
+    model.wait_requests(1, LIMIT);
+    say(&hub, &sid, json!({"text": "second"}));
+    run_end(&hub, &sid, 1);
+    let end2 = run_end(&hub, &sid, 2);
+    assert_eq!(end2["result"]["output"]["response"], "second done");
+    let reqs = model.requests();
+    assert_eq!(
+        last_message(&reqs[1])["role"],
+        "tool",
+        "not joined: {:#}",
+        reqs[1]
+    );
+    assert_eq!(last_message(&reqs[2])["content"], "second");
+}
+
+#[test]
+fn step_count_ends_a_run_that_never_finishes() {
+    let model = ScriptedModel::start_with_default(Vec::new(), Reply::tool_call("wait_check", "{}"));
+    let (hub, _tmp) = hub(&model);
+    let sid = new_session(&hub, json!({"stop": {"steps": 2}}));
+    say(&hub, &sid, json!({"text": "loop forever"}));
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(end["result"]["ok"], false, "{end}");
+    assert_eq!(end["result"]["error"]["code"], "stopped");
+    assert_eq!(end["result"]["error"]["stop"], "steps");
+    assert_eq!(end["meta"]["steps"], 2);
+    assert_eq!(model.requests().len(), 2);
+    // The session is idle again: the next message runs a new turn.
+    model.set_default(Reply::text("ok"));
+    say(&hub, &sid, json!({"text": "now stop"}));
+    assert_eq!(run_end(&hub, &sid, 2)["result"]["ok"], true);
+}
+
+#[test]
+fn the_same_call_and_answer_three_times_ends_the_run() {
+    let model = ScriptedModel::start_with_default(Vec::new(), Reply::tool_call("wait_check", "{}"));
+    let (hub, _tmp) = hub(&model);
+    let sid = new_session(&hub, json!({}));
+    say(&hub, &sid, json!({"text": "check"}));
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(end["result"]["error"]["stop"], "repeated_calls", "{end}");
+    assert_eq!(model.requests().len(), 3);
+}
+
+#[test]
+fn a_model_server_error_is_retried() {
+    let model = ScriptedModel::start(vec![
+        Reply::status(500, r#"{"error":{"message":"overloaded"}}"#),
+        Reply::text("hello after a retry"),
+    ]);
+    let (hub, _tmp) = hub_with(&model, json!({"llm": {"backoffMs": 10}}));
+    let sid = new_session(&hub, json!({}));
+    say(&hub, &sid, json!({"text": "hi"}));
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(
+        end["result"]["output"]["response"], "hello after a retry",
+        "{end}"
+    );
+    let events = hub.events(&sid, 0);
+    let retry = events
+        .iter()
+        .find(|e| e["kind"] == "retry")
+        .expect("a retry event");
+    assert_eq!(retry["cause"], "provider");
+    assert_eq!(retry["attempt"], 1);
+    assert!(
+        retry["issues"].as_str().is_some_and(|s| s.contains("500")),
+        "{retry}"
+    );
+}
+
+#[test]
+fn a_hung_model_server_times_out_and_the_session_is_not_stuck() {
+    let model = ScriptedModel::start(vec![Reply::hang(), Reply::text("back")]);
+    let (hub, _tmp) = hub_with(
+        &model,
+        json!({"llm": {"firstByteTimeoutMs": 500, "idleTimeoutMs": 500, "maxRetries": 0}}),
+    );
+    let sid = new_session(&hub, json!({}));
+    say(&hub, &sid, json!({"text": "hello?"}));
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(end["result"]["ok"], false, "{end}");
+    assert_eq!(end["result"]["error"]["code"], "model_call_failed");
+    say(&hub, &sid, json!({"text": "again"}));
+    let end2 = run_end(&hub, &sid, 2);
+    assert_eq!(end2["result"]["output"]["response"], "back", "{end2}");
+}
+
+#[test]
+fn a_hub_killed_mid_stream_finishes_the_turn_after_a_restart() {
+    let model = ScriptedModel::start_with_default(
+        vec![
+            Reply::text("a slow answer that never completes")
+                .split_every(3)
+                .chunk_delay(Duration::from_millis(300)),
+        ],
+        Reply::text("answered after the restart"),
+    );
+    let (mut hub, _tmp) = hub(&model);
+    let sid = new_session(&hub, json!({}));
+    say(&hub, &sid, json!({"text": "take your time"}));
+    model.wait_requests(1, LIMIT);
+    std::thread::sleep(Duration::from_millis(500));
+    hub.kill();
+    hub.spawn();
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(
+        end["result"]["output"]["response"], "answered after the restart",
+        "{end}"
+    );
+    let events = hub.events(&sid, 0);
+    assert_eq!(count(&events, "run-start"), 1, "{events:#?}");
+    assert_eq!(count(&events, "run-end"), 1);
+    assert_eq!(model.requests().len(), 2, "the cut call was made again");
+}
+
+#[test]
+fn a_hub_killed_mid_tool_arms_one_waitpoint() {
+    let args = r#"{"label":"build","intent":"ship it"}"#;
+    let model = ScriptedModel::start_with_default(
+        vec![Reply::tool_call("wait_create", args)],
+        Reply::text("armed"),
+    );
+    let (mut hub, _tmp) = hub(&model);
+    let sid = new_session(&hub, json!({}));
+    say(&hub, &sid, json!({"text": "build and wait"}));
+    // The reply is fully sent; the hub is recording the step (or has).
+    model.wait_outcome(1, LIMIT);
+    hub.kill();
+    hub.spawn();
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(end["result"]["ok"], true, "{end}");
+    let (st, v) = hub.api(
+        Method::Get,
+        &format!("/api/sessions/{sid}/waitpoints"),
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
+    let armed = v["waitpoints"].as_array().map_or(0, Vec::len);
+    assert!(armed <= 1, "{v}");
+    // Whether the step landed before the kill or was made again after it, one call
+    // armed at most one waitpoint, and the turn armed exactly one.
+    assert_eq!(armed, 1, "{v}");
+}
+
+#[test]
+fn a_hub_without_a_model_records_but_runs_nothing() {
+    let hub = Hub::start();
+    let sid = new_session(&hub, json!({"instructions": "unused"}));
+    let posted = say(&hub, &sid, json!({"text": "anyone?"}));
+    assert_eq!(posted["runs"], false, "{posted}");
+    std::thread::sleep(Duration::from_millis(300));
+    let events = hub.events(&sid, 0);
+    assert_eq!(kinds(&events), vec!["message".to_string()], "{events:#?}");
+    let (st, _) = hub.api(Method::Get, &format!("/api/sessions/{sid}/result"), None);
+    assert_eq!(st, 404);
+}
+
+#[test]
+fn bad_session_configurations_are_refused() {
+    let hub = Hub::start();
+    for (body, status) in [
+        (
+            json!({"examples": [{"role": "system", "content": "x"}]}),
+            400,
+        ),
+        (json!({"examples": [{"content": "no role"}]}), 400),
+        (json!({"maxTokens": 0}), 400),
+        (json!({"stop": {"steps": 0}}), 400),
+        (json!({"stop": {"nope": 1}}), 400),
+        (json!({"instructions": "x".repeat(64 * 1024 + 1)}), 413),
+    ] {
+        let (st, v) = hub.api(Method::Post, "/api/sessions", Some(&body));
+        assert_eq!(st, status, "{body} -> {v}");
+    }
+}
+
+#[test]
+fn a_device_wait_pid_wakes_the_session_when_the_process_ends() {
+    let mut sleep = Command::new("sleep")
+        .arg("3600")
+        .spawn()
+        .expect("spawn sleep");
+    let pid = sleep.id();
+    let args = json!({"device": "gpu1", "pid": pid, "label": "trainer"}).to_string();
+    let model = ScriptedModel::start(vec![
+        Reply::tool_call("device_wait_pid", &args),
+        Reply::text("Waiting for the trainer."),
+        Reply::text("The trainer exited."),
+    ]);
+    let (hub, _tmp) = hub(&model);
+    let token = hub.add_device("gpu1");
+    let _agent = cortex_tests::agent::Agent::start(&hub, "gpu1", &token);
+    hub.wait_online("gpu1");
+    let sid = new_session(&hub, json!({}));
+    say(
+        &hub,
+        &sid,
+        json!({"text": "tell me when the trainer exits"}),
+    );
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(end["result"]["ok"], true, "{end}");
+    let events = hub.events(&sid, 0);
+    let obs = &events
+        .iter()
+        .find(|e| e["kind"] == "tool-end")
+        .expect("tool-end")["observation"];
+    assert_eq!(obs["ok"], true, "{obs}");
+    let wp = obs["result"]["waitpoint"]["id"]
+        .as_str()
+        .expect("the waitpoint")
+        .to_string();
+    // Armed on the device before the process ends, then the process ends.
+    wait_until(LIMIT, "the wait armed on the device", || {
+        (hub.device_wait_state("gpu1", &wp).as_deref() == Some("armed")).then_some(())
+    });
+    sleep.kill().expect("kill");
+    sleep.wait().expect("reap");
+    let wake = hub.wait_wake(&sid, &wp, 1, LIMIT);
+    let end2 = run_end(&hub, &sid, 2);
+    assert_eq!(
+        end2["result"]["output"]["response"], "The trainer exited.",
+        "{end2}"
+    );
+    assert_eq!(last_message(&model.requests()[2])["content"], wake["text"]);
+}
