@@ -517,3 +517,33 @@ fn a_device_wait_pid_wakes_the_session_when_the_process_ends() {
     );
     assert_eq!(last_message(&model.requests()[2])["content"], wake["text"]);
 }
+
+#[test]
+fn sessions_beyond_the_concurrency_bound_wait_in_order() {
+    let model = ScriptedModel::start_with_default(
+        Vec::new(),
+        Reply::text("done").head_delay(Duration::from_millis(800)),
+    );
+    let (hub, _tmp) = hub_with(&model, json!({"agent": {"concurrency": 1}}));
+    let sids: Vec<String> = (0..3).map(|_| new_session(&hub, json!({}))).collect();
+    for (i, sid) in sids.iter().enumerate() {
+        say(&hub, sid, json!({"text": format!("session {i}")}));
+    }
+    // While the first call is answered slowly, no second one starts.
+    model.wait_requests(1, LIMIT);
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(model.requests().len(), 1, "a second session ran beside the first");
+    for sid in &sids {
+        run_end(&hub, sid, 1);
+    }
+    let order: Vec<Value> = model
+        .requests()
+        .iter()
+        .map(|r| last_message(r)["content"].clone())
+        .collect();
+    assert_eq!(
+        order,
+        vec![json!("session 0"), json!("session 1"), json!("session 2")],
+        "one at a time, in the order they became ready"
+    );
+}
