@@ -9,7 +9,7 @@
 //! checks that every file was recorded once and every link held, prints one report, and
 //! leaves nothing running. Method and figures: docs/benchmarks.md.
 
-mod agent;
+pub(crate) mod agent;
 mod devices;
 mod idle;
 mod spool;

@@ -7,6 +7,7 @@ mod bench_signals;
 mod bench_waits;
 mod fuzz;
 mod powerloss;
+mod real_model;
 mod test;
 
 use std::process::ExitCode;
@@ -43,7 +44,12 @@ tasks:
               [--idle SECS] [--quiet-wait SECS] [--no-build]
       remote waits: process exit to the agent, the hub's durable record and a client's
       wake, beside tail --pid, a kill -0/sleep 5 loop and a 500 ms poll (ratios); the
-      agent idle with no waits and with 1,000 armed pid waits; see docs/benchmarks.md";
+      agent idle with no waits and with 1,000 armed pid waits; see docs/benchmarks.md
+  real-model [--base-url URL] [--serve SCRIPT] [--model NAME] [--no-build]
+      the runner's story against a real OpenAI-compatible server (default: llama.cpp's
+      llama-server with SmolLM2-135M through a serve script): a device_wait_pid call parsed
+      and run, the turn ended, the process's exit waking the session, the wake running a
+      turn; checks structure, never words; see docs/agent.md";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -56,6 +62,7 @@ fn main() -> ExitCode {
         ["bench", "signals", rest @ ..] => bench_signals::run(rest),
         ["bench", "mesh", rest @ ..] => bench_mesh::run(rest),
         ["bench", "waits", rest @ ..] => bench_waits::run(rest),
+        ["real-model", rest @ ..] => real_model::run(rest),
         [] | ["help" | "-h" | "--help", ..] => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

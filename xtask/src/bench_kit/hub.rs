@@ -60,13 +60,23 @@ impl Hub {
         timing: &Path,
         procs: &mut Procs,
     ) -> anyhow::Result<Hub> {
-        Hub::start_with(bin, home, "off", Some(timing), procs)
+        Hub::start_with(bin, home, "off", Some(timing), &[], procs)
     }
 
     /// Starts the hub with its device mesh on a loopback port chosen at run time (no timing
     /// records).
     pub fn start_with_mesh(bin: &Path, home: &Path, procs: &mut Procs) -> anyhow::Result<Hub> {
-        let hub = Hub::start_with(bin, home, "127.0.0.1:0", None, procs)?;
+        Hub::start_with_mesh_env(bin, home, &[], procs)
+    }
+
+    /// [`Hub::start_with_mesh`] with extra environment (e.g. `CORTEX_LLM_BASE_URL`).
+    pub fn start_with_mesh_env(
+        bin: &Path,
+        home: &Path,
+        env: &[(&str, &str)],
+        procs: &mut Procs,
+    ) -> anyhow::Result<Hub> {
+        let hub = Hub::start_with(bin, home, "127.0.0.1:0", None, env, procs)?;
         ensure!(
             hub.mesh_url.is_some(),
             "the hub's start line names no mesh URL"
@@ -79,6 +89,7 @@ impl Hub {
         home: &Path,
         mesh_listen: &str,
         timing: Option<&Path>,
+        env: &[(&str, &str)],
         procs: &mut Procs,
     ) -> anyhow::Result<Hub> {
         let token = format!(
@@ -106,6 +117,7 @@ impl Hub {
         if let Some(t) = timing {
             cmd.env("CORTEX_TIMING_FILE", t);
         }
+        cmd.envs(env.iter().copied());
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;

@@ -1,0 +1,304 @@
+//! `cargo xtask real-model`: the runner's story against a real model server, not one we
+//! wrote. It starts an OpenAI-compatible server (by default llama.cpp's `llama-server` with
+//! SmolLM2-135M, through a serve script; or one already running, `--base-url`), the release
+//! hub pointed at it, a device agent, and a `sleep` process on "the device"; then it asks a
+//! session to wake it when the process exits, and checks the structure (never the words):
+//! the model's tool call was parsed and executed, the turn ended, the process's exit woke
+//! the session, and the wake ran a turn. It prints the session's events as it goes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use serde_json::{Value, json};
+
+use crate::bench_kit::hub::Hub;
+use crate::bench_kit::procs::{Procs, ScratchDir, free_port, poll};
+use crate::bench_kit::{cargo_build, target_dir, workspace_root};
+use crate::bench_mesh::agent::Agent;
+
+/// How long a turn of a small local model may take (generation runs at ~60 tokens/s here).
+const TURN: Duration = Duration::from_secs(180);
+/// How long the serve script may take to answer: its first run builds the server.
+const SERVER_READY: Duration = Duration::from_secs(30 * 60);
+
+/// `cargo xtask real-model` flags.
+#[derive(clap::Parser)]
+#[command(name = "cargo xtask real-model", disable_help_flag = true)]
+struct Options {
+    /// A running OpenAI-compatible server's base URL (`http://HOST:PORT/v1`); none: start
+    /// one with the serve script.
+    #[arg(long)]
+    base_url: Option<String>,
+    /// The script that serves a model: called as `SCRIPT --port N`, it must serve
+    /// `http://127.0.0.1:N/v1` until killed. Default: `$CORTEX_MODEL_SERVE`, else
+    /// `../shared/tools/model-server/serve.sh` beside the workspace.
+    #[arg(long)]
+    serve: Option<PathBuf>,
+    /// The model name to ask for.
+    #[arg(long, default_value = "SmolLM2-135M-Instruct")]
+    model: String,
+    /// Use the binaries in target/release as they are.
+    #[arg(long = "no-build", action = clap::ArgAction::SetFalse)]
+    build: bool,
+}
+
+pub fn run(args: &[&str]) -> anyhow::Result<()> {
+    let opts: Options = crate::bench_kit::parse_flags(args)?;
+    let root = workspace_root();
+    if opts.build {
+        cargo_build(&root, &["cortex-hub", "cortex-device-agent"]).context("building")?;
+    }
+    let release = target_dir(&root).join("release");
+    let scratch = ScratchDir::new("real-model")?;
+    let mut procs = Procs::default();
+    let mut server: Option<Child> = None;
+    let result = (|| {
+        let base_url = match &opts.base_url {
+            Some(u) => u.trim_end_matches('/').to_string(),
+            None => {
+                let (child, url) = start_server(&opts, &root)?;
+                server = Some(child);
+                url
+            }
+        };
+        story(&opts, &base_url, &release, scratch.path(), &mut procs)
+    })();
+    drop(procs);
+    if let Some(mut s) = server {
+        // The serve script execs the server: one process to stop.
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    result
+}
+
+fn serve_script(opts: &Options, root: &Path) -> anyhow::Result<PathBuf> {
+    if let Some(p) = &opts.serve {
+        return Ok(p.clone());
+    }
+    if let Some(p) = std::env::var_os("CORTEX_MODEL_SERVE").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let beside = root.join("../shared/tools/model-server/serve.sh");
+    ensure!(
+        beside.is_file(),
+        "no model server: give --base-url of a running OpenAI-compatible server (Ollama, vLLM, llama-server), or --serve SCRIPT (or CORTEX_MODEL_SERVE) that serves one on --port N"
+    );
+    Ok(beside)
+}
+
+/// Starts the serve script on a free port and waits until `/v1/models` answers.
+fn start_server(opts: &Options, root: &Path) -> anyhow::Result<(Child, String)> {
+    let script = serve_script(opts, root)?;
+    let port = free_port()?;
+    let url = format!("http://127.0.0.1:{port}/v1");
+    eprintln!(
+        "real-model: starting {} --port {port} (its first run builds the server: minutes)",
+        script.display()
+    );
+    let mut child = Command::new("bash")
+        .arg(&script)
+        .args(["--port", &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", script.display()))?;
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let started = Instant::now();
+    let ready = poll(SERVER_READY, "the model server's /v1/models", || {
+        if let Some(st) = child.try_wait().context("the model server")? {
+            bail!("the model server exited ({st}) before it answered");
+        }
+        Ok(crate::bench_kit::request(addr, "GET", "/v1/models", None, None)
+            .ok()
+            .filter(|r| r.status == 200)
+            .map(|_| ()))
+    });
+    if let Err(e) = ready {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
+    eprintln!(
+        "real-model: the model server answers at {url} ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok((child, url))
+}
+
+/// The worked example a small model needs before it calls a tool: a request, the call,
+/// its answer, the closing line.
+fn example() -> Vec<Value> {
+    vec![
+        json!({"role": "user", "content": "Process 4242 on device box-a is my build. Wake me when it exits."}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_ex1", "type": "function", "function": {"name": "device_wait_pid", "arguments": "{\"device\": \"box-a\", \"pid\": 4242}"}}]}),
+        json!({"role": "tool", "tool_call_id": "call_ex1", "content": "{\"waitpoint\": {\"id\": \"wp_example\", \"label\": \"pid 4242 on box-a\", \"state\": \"armed\"}}"}),
+        json!({"role": "assistant", "content": "I am waiting for process 4242 on box-a; I will tell you when it exits."}),
+    ]
+}
+
+fn story(
+    opts: &Options,
+    base_url: &str,
+    release: &Path,
+    scratch: &Path,
+    procs: &mut Procs,
+) -> anyhow::Result<()> {
+    let env = [
+        ("CORTEX_LLM_BASE_URL", base_url),
+        ("CORTEX_LLM_MODEL", opts.model.as_str()),
+        ("RUST_LOG", "info"),
+    ];
+    let hub_home = scratch.join("hub-home");
+    std::fs::create_dir_all(&hub_home).context("the hub's home")?;
+    // Small models ramble: bound each step's generation.
+    std::fs::write(
+        hub_home.join("settings.json"),
+        json!({"agent": {"maxTokens": 256}}).to_string(),
+    )
+    .context("settings.json")?;
+    let hub = Hub::start_with_mesh_env(&release.join("cortex-hub"), &hub_home, &env, procs)?;
+    let agent_dir = scratch.join("agent");
+    std::fs::create_dir_all(&agent_dir).context("the agent's dir")?;
+    let _agent = Agent::start(
+        &release.join("cortex-device-agent"),
+        &hub,
+        "gpu1",
+        &agent_dir,
+        procs,
+    )?;
+    let sleep = Command::new("sleep")
+        .arg("3600")
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting sleep")?;
+    let pid = sleep.id();
+    let sleep_index = procs.add("sleep", sleep);
+    let s = hub.api_json(
+        "POST",
+        "/api/sessions",
+        Some(json!({
+            "title": "real model",
+            "instructions": "You watch processes on devices. When asked to wait for a process, call device_wait_pid with the device and pid, then say you are waiting.",
+            "examples": example(),
+        })),
+        201,
+    )?;
+    let sid = s["id"].as_str().context("a session id")?.to_string();
+    let text = format!("Process {pid} on device gpu1 is my training run. Wake me when it exits.");
+    eprintln!("real-model: session {sid}; asking: {text}");
+    let started = Instant::now();
+    hub.api_json(
+        "POST",
+        &format!("/api/sessions/{sid}/messages"),
+        Some(json!({ "text": text })),
+        201,
+    )?;
+    let mut after = 0;
+    let first = follow(&hub, &sid, &mut after, 1)?;
+    println!(
+        "turn 1 ended in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let calls: Vec<&Value> = first
+        .iter()
+        .filter(|e| e["kind"] == "tool-end")
+        .collect();
+    ensure!(
+        !calls.is_empty(),
+        "the model made no tool call the hub could run (structure, not words, is checked: it wrote prose only)"
+    );
+    let armed = calls.iter().find_map(|e| {
+        let o = &e["observation"];
+        (o["name"] == "device_wait_pid" && o["ok"] == true)
+            .then(|| o["result"]["waitpoint"]["id"].as_str().map(str::to_string))
+            .flatten()
+    });
+    let Some(wp) = armed else {
+        bail!(
+            "the model's calls ran but none armed a wait on the process: {}",
+            calls
+                .iter()
+                .map(|e| e["observation"].to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    };
+    println!("the model armed {wp} on gpu1 for pid {pid}; ending the process");
+    poll(Duration::from_secs(20), "the wait armed on gpu1", || {
+        let d = hub.api_json("GET", "/api/devices/gpu1", None, 200)?;
+        Ok(d["wait_list"]
+            .as_array()
+            .and_then(|l| l.iter().find(|w| w["id"] == wp.as_str() && w["state"] == "armed"))
+            .map(|_| ()))
+    })?;
+    let ended = Instant::now();
+    procs.kill(sleep_index);
+    let second = follow(&hub, &sid, &mut after, 1)?;
+    ensure!(
+        second.iter().any(|e| e["kind"] == "wake" && e["waitpoint"]["id"] == wp.as_str()),
+        "the run after the exit was not started by the wake"
+    );
+    println!(
+        "the wake ran turn 2, ended {:.1} s after the process did",
+        ended.elapsed().as_secs_f64()
+    );
+    println!("real-model: the story holds (a tool call parsed and executed, the turn ended, the exit woke the session, the wake ran a turn)");
+    Ok(())
+}
+
+/// Prints the session's events after `after` until `runs` more `run-end`s; returns them.
+fn follow(hub: &Hub, sid: &str, after: &mut u64, runs: usize) -> anyhow::Result<Vec<Value>> {
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    let mut ends = 0;
+    while ends < runs {
+        ensure!(
+            start.elapsed() < TURN,
+            "no run-end within {} s",
+            TURN.as_secs()
+        );
+        let page = hub.api_json(
+            "GET",
+            &format!("/api/sessions/{sid}/events?after={after}&wait=10"),
+            None,
+            200,
+        )?;
+        for e in page["events"].as_array().cloned().unwrap_or_default() {
+            *after = (*after).max(e["seq"].as_u64().unwrap_or(0));
+            println!("  {}", one_line(&e));
+            if e["kind"] == "run-end" {
+                ends += 1;
+            }
+            seen.push(e);
+        }
+    }
+    Ok(seen)
+}
+
+/// An event in one line: its kind and what matters of it, cut at 160 characters.
+fn one_line(e: &Value) -> String {
+    let kind = e["kind"].as_str().unwrap_or("?");
+    let detail = match kind {
+        "message" => e["text"].to_string(),
+        "model-delta" => e["text"].to_string(),
+        "tool-start" => format!("{} {}", e["call"]["name"], e["call"]["args"]),
+        "tool-end" => format!(
+            "{} ok={} {}",
+            e["observation"]["name"], e["observation"]["ok"], e["observation"]["result"]
+        ),
+        "wake" => format!("{} {}", e["waitpoint"]["label"], e["reason"]),
+        "run-end" => format!("{} {}", e["result"], e["meta"]),
+        "retry" => format!("{} {}", e["attempt"], e["issues"]),
+        _ => String::new(),
+    };
+    let mut line = format!("{:>4} {kind} {detail}", e["seq"]);
+    if let Some((i, _)) = line.char_indices().nth(160) {
+        line.truncate(i);
+        line.push('…');
+    }
+    line
+}
