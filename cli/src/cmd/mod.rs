@@ -3,6 +3,7 @@
 //! in as a [`CortexEnv`] and output goes to the writers it is given.
 
 pub mod devices;
+pub mod render;
 pub mod sessions;
 pub mod wait;
 pub mod wait_for;
