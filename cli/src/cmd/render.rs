@@ -289,7 +289,7 @@ impl Render {
 }
 
 /// The run an event belongs to, for the events of a run.
-fn run_of(body: &EventBody) -> Option<&str> {
+pub fn run_of(body: &EventBody) -> Option<&str> {
     match body {
         EventBody::RunStart { run_id, .. }
         | EventBody::StepStart { run_id, .. }
