@@ -32,7 +32,8 @@ defaults to ~/.cortex).
 Exit status: 0 done; 1 failed; every `cortex wait …` exits 2 when it fails, and `cortex wait for`,
 `pid`, `file` and `flock` follow the wait contract: 0 fired, 1 timed out (or the waitpoint
 expired), 2 broke. `cortex wait pid|file|flock` wait on this machine and need no hub; with
---device NAME they wait on that device, through the hub and its agent.";
+--device NAME they wait on that device, through the hub and its agent. `cortex session say
+--follow` exits with its run's outcome: 0 ok, 1 failed, 2 nothing answers (see its --help).";
 
 const SAY_AFTER_HELP: &str = "\
 With --follow, the exit status is the run's: 0 when the run that took the message ended ok,
