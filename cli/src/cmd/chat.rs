@@ -95,6 +95,8 @@ pub fn run(
     let mut waiting = Waiting::default();
     let mut eof = false;
     let mut told_no_model = false;
+    // The seqs of the messages this chat posted.
+    let mut mine = HashSet::new();
     let mut prompt = Prompt {
         on: interactive,
         shown: false,
@@ -117,6 +119,9 @@ pub fn run(
                     let posted = post.send(hub).and_then(|r| {
                         Ok(r.json::<MessagePosted>("POST /api/sessions/{sid}/messages")?)
                     });
+                    if let Ok(p) = &posted {
+                        mine.insert(p.seq);
+                    }
                     match posted {
                         Ok(p) if p.runs => {
                             if !waiting.taken.contains(&p.seq) {
@@ -156,6 +161,10 @@ pub fn run(
                 let Some(ev) = render::parse(&m) else {
                     continue;
                 };
+                // The lines typed here are on the screen already; others' are shown.
+                if matches!(ev.body, EventBody::Message { .. }) && mine.contains(&ev.seq) {
+                    continue;
+                }
                 let ended = track(&mut waiting, &ev.body);
                 let outs = render.event(&ev);
                 if !outs.is_empty() {
@@ -183,7 +192,9 @@ pub fn run(
             }
             Input::Stream(Ok(Item::Back)) => {
                 writeln!(err, "cortex: reconnected")?;
-                prompt.show(out)?;
+                if waiting.idle() {
+                    prompt.show(out)?;
+                }
             }
             Input::Stream(Err(e)) => {
                 prompt.end(out)?;

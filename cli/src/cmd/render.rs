@@ -57,12 +57,20 @@ pub struct Ended {
 
 /// Parses one SSE message of a session's stream (`event: event` stored, `event: live`
 /// live) into an event; `None` for anything else or for an event kind this version does
-/// not know (a newer hub's), which is skipped.
+/// not know (a newer hub's), which is skipped. A live piece needs no `seq` or `ts` of its
+/// own (neither is used for it).
 pub fn parse(msg: &sse::Message) -> Option<Event> {
     if msg.event != "event" && msg.event != "live" {
         return None;
     }
-    serde_json::from_str(&msg.data).ok()
+    let mut v: Value = serde_json::from_str(&msg.data).ok()?;
+    if msg.event == "live"
+        && let Some(obj) = v.as_object_mut()
+    {
+        obj.entry("seq").or_insert(Value::from(0u64));
+        obj.entry("ts").or_insert(Value::from(0u64));
+    }
+    serde_json::from_value(v).ok()
 }
 
 /// The renderer's state: what it printed of each step, and where the text line stands.
@@ -176,8 +184,10 @@ impl Render {
             EventBody::RunStart { run_id, .. } => {
                 self.spoke.remove(run_id);
             }
-            EventBody::Message { .. }
-            | EventBody::WaitpointArmed { .. }
+            EventBody::Message { text, .. } => {
+                self.note(&mut out, format!("» {}", first_line(text)));
+            }
+            EventBody::WaitpointArmed { .. }
             | EventBody::InputTaken { .. }
             | EventBody::StepStart { .. } => {}
         }

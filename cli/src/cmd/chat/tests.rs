@@ -123,6 +123,11 @@ fn a_piped_line_is_posted_and_everything_the_session_does_is_printed() {
     let events = [
         // A wake's run before the message's: it fails after a retry.
         stored(3, wake),
+        // The line posted here is not echoed; a message from elsewhere is shown.
+        stored(
+            4,
+            json!({"kind": "message", "text": "hi there", "when": "next_turn"}),
+        ),
         stored(
             5,
             json!({"kind": "run-start", "run_id": "r0",
@@ -131,23 +136,28 @@ fn a_piped_line_is_posted_and_everything_the_session_does_is_printed() {
         live("r0", 1, "Checking"),
         stored(6, retry),
         stored(7, run_end("r0", failed)),
-        // The message's run.
         stored(
             8,
+            json!({"kind": "message", "text": "from the page\nsecond line",
+            "when": "next_turn"}),
+        ),
+        // The message's run.
+        stored(
+            9,
             json!({"kind": "run-start", "run_id": "r1",
             "input": [{"seq": 4, "kind": "message", "text": "hi"}]}),
         ),
         live("r1", 1, "On it."),
-        stored(9, tool_start),
-        stored(10, tool_end),
+        stored(10, tool_start),
+        stored(11, tool_end),
         stored(
-            11,
+            12,
             json!({"kind": "model-delta", "run_id": "r1", "step": 1,
             "text": "On it.", "channel": "text"}),
         ),
         live("r1", 2, "Done."),
         stored(
-            12,
+            13,
             run_end("r1", json!({"ok": true, "output": {"response": "Done."}})),
         ),
     ]
@@ -162,6 +172,7 @@ fn a_piped_line_is_posted_and_everything_the_session_does_is_printed() {
          Checking\n\
          ↻ retry 2 in 1s, the text above is void: provider: 502\n\
          ✗ run failed: model_call_failed: 502 three times\n\
+         » from the page\n\
          On it.\n\
          → wait_create {\"intent\":\"x\",\"label\":\"eval\"}\n\
          ← error too many\n\

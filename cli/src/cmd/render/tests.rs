@@ -270,3 +270,19 @@ fn fit_cuts_on_characters() {
     assert_eq!(fit("a\nb", 60), "a b");
     assert_eq!(fit("ééééééééééé", 8), "ééééééé…");
 }
+
+#[test]
+fn a_message_is_its_first_line_and_a_live_piece_needs_no_seq() {
+    let piece = json!({"kind": "model-delta", "run_id": "r1", "step": 1, "text": "hi",
+        "channel": "text", "live": true});
+    let s = [
+        stored(
+            3,
+            json!({"kind": "message", "text": "status?\nand more", "when": "now"}),
+        ),
+        format!("event: live\ndata: {piece}\n\n"),
+        stored(4, delta("r1", 1, "hi")),
+    ]
+    .concat();
+    assert_eq!(render(&s, Scope::All).0, "[» status?]\nhi");
+}
