@@ -166,7 +166,7 @@ pub fn run(
                     continue;
                 }
                 let ended = track(&mut waiting, &ev.body);
-                let outs = render.event(&ev);
+                let outs = render.event(&ev, m.event == "live");
                 if !outs.is_empty() {
                     prompt.clear(out)?;
                     let mut screen = Screen {

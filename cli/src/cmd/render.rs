@@ -7,8 +7,10 @@
 //! are printed as they come; the stored `model-delta` that closes the step holds the whole
 //! text, so of it only what was not printed yet is printed (nothing after an unbroken live
 //! stream, everything for a follower that joined late, the rest after a reconnect). A
-//! `retry` voids the pieces of its step printed so far: a marker line, then the new
-//! attempt's text.
+//! live `retry` voids the pieces of its step printed so far: a marker line, then the new
+//! attempt's text. Its stored copy, written when the step ends (after the new attempt's
+//! pieces), voids nothing and is skipped; a follower that missed the live one sees it
+//! as a marker only.
 
 use std::collections::{HashMap, HashSet};
 
@@ -86,6 +88,8 @@ pub struct Render {
     /// Runs that printed some answer text (a run that printed none shows its response
     /// at its end).
     spoke: HashSet<String>,
+    /// Retries shown live (run, step, attempt), whose stored copy is skipped.
+    live_retries: HashSet<(String, u32, u32)>,
     /// The text printed last does not end with a newline.
     mid_line: bool,
     /// The channel of the text printed last (a switch starts a new line).
@@ -101,6 +105,7 @@ impl Render {
             ended: None,
             printed: HashMap::new(),
             spoke: HashSet::new(),
+            live_retries: HashSet::new(),
             mid_line: false,
             reasoning_last: false,
         }
@@ -116,8 +121,9 @@ impl Render {
         self.target.as_deref()
     }
 
-    /// What to print for one event.
-    pub fn event(&mut self, ev: &Event) -> Vec<Out> {
+    /// What to print for one event; `live` when it came as a live piece (`event: live`),
+    /// never stored.
+    pub fn event(&mut self, ev: &Event, live: bool) -> Vec<Out> {
         let mut out = Vec::new();
         if !self.in_scope(&ev.body) {
             return out;
@@ -128,11 +134,11 @@ impl Render {
                 step,
                 text,
                 channel,
-                live,
+                live: piece,
             } => {
                 let reasoning = *channel == DeltaChannel::Reasoning;
                 let key = (run_id.clone(), *step, reasoning);
-                let new = if *live {
+                let new = if *piece || live {
                     self.printed.entry(key).or_default().push_str(text);
                     text.as_str()
                 } else {
@@ -161,17 +167,30 @@ impl Render {
                 issues,
                 delay_ms,
             } => {
-                self.printed
-                    .retain(|(r, s, _), _| !(r == run_id && s == step));
+                let key = (run_id.clone(), *step, *attempt);
+                // The stored copy of a retry shown live says nothing new.
+                if !live && self.live_retries.remove(&key) {
+                    return out;
+                }
                 let why = match issues.trim() {
                     "" => cause.clone(),
                     i => format!("{cause}: {}", first_line(i)),
                 };
                 let after = timefmt::human(std::time::Duration::from_millis(*delay_ms));
-                self.note(
-                    &mut out,
-                    format!("↻ retry {attempt} in {after}, the text above is void: {why}"),
-                );
+                let voided = live && {
+                    // Only a live retry comes in order with the pieces it voids; the
+                    // stored copy is written with the step's end, after the new attempt.
+                    self.live_retries.insert(key);
+                    let before = self.printed.len();
+                    self.printed
+                        .retain(|(r, s, _), _| !(r == run_id && s == step));
+                    before != self.printed.len()
+                };
+                let line = match voided {
+                    true => format!("↻ retry {attempt} in {after}, the text above is void: {why}"),
+                    false => format!("↻ retry {attempt} in {after}: {why}"),
+                };
+                self.note(&mut out, line);
             }
             EventBody::Wake(w) => self.wake(&mut out, w),
             EventBody::WaitpointCancelled { waitpoint, by } => {
@@ -264,6 +283,7 @@ impl Render {
     fn run_end(&mut self, out: &mut Vec<Out>, run_id: &str, result: &RunResult) {
         // Whatever a stream cut short is void now: the run's stored text came before.
         self.printed.retain(|(r, _, _), _| r != run_id);
+        self.live_retries.retain(|(r, _, _)| r != run_id);
         let spoke = self.spoke.remove(run_id);
         if result.ok {
             // An answer given only in the run's output (not streamed as text) is shown here.

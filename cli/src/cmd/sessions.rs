@@ -225,7 +225,7 @@ pub fn say_follow(
                 let Some(ev) = render::parse(&m) else {
                     continue;
                 };
-                let outs = render.event(&ev);
+                let outs = render.event(&ev, m.event == "live");
                 if json {
                     // Every event of the followed run, live pieces included, as it came.
                     if render.target().is_some() && render::run_of(&ev.body) == render.target() {

@@ -134,6 +134,12 @@ fn a_piped_line_is_posted_and_everything_the_session_does_is_printed() {
             "input": [{"seq": 3, "kind": "wake", "text": "w"}]}),
         ),
         live("r0", 1, "Checking"),
+        format!("event: live\ndata: {}\n\n", {
+            let mut r = retry.clone();
+            r["seq"] = json!(5);
+            r["ts"] = json!(1);
+            r
+        }),
         stored(6, retry),
         stored(7, run_end("r0", failed)),
         stored(

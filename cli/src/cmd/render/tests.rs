@@ -21,6 +21,14 @@ fn live(seq: u64, run: &str, step: u32, text: &str) -> String {
     format!(": ping\r\nevent: live\r\ndata: {ev}\r\n\r\n")
 }
 
+/// Any event sent live (a retry is sent live as it happens, and stored later).
+fn live_event(seq: u64, body: Value) -> String {
+    let mut ev = body;
+    ev["seq"] = json!(seq);
+    ev["ts"] = json!(1);
+    format!("event: live\ndata: {ev}\n\n")
+}
+
 fn delta(run: &str, step: u32, text: &str) -> Value {
     json!({"kind": "model-delta", "run_id": run, "step": step, "text": text, "channel": "text"})
 }
@@ -70,7 +78,7 @@ fn render_in_pieces(stream: &str, scope: Scope, piece: usize, opts: Options) -> 
     for chunk in stream.as_bytes().chunks(piece) {
         for msg in parser.feed(chunk).expect("parses") {
             if let Some(ev) = parse(&msg) {
-                outs.extend(render.event(&ev));
+                outs.extend(render.event(&ev, msg.event == "live"));
             }
         }
     }
@@ -134,10 +142,13 @@ fn after_a_cut_the_stored_copy_prints_only_the_rest() {
 fn a_retry_voids_the_pieces_of_its_step() {
     let retry = json!({"kind": "retry", "run_id": "r1", "step": 1, "cause": "provider",
         "attempt": 2, "issues": "502 from the model server\ndetails", "delay_ms": 2000});
+    // As the hub sends it: the retry live, in order with the pieces; its stored copy
+    // with the step's end, after the new attempt's pieces.
     let s = [
         live(5, "r1", 1, "The answ"),
-        stored(6, retry),
-        live(6, "r1", 1, "Forty-two."),
+        live_event(5, retry.clone()),
+        live(5, "r1", 1, "Forty-two."),
+        stored(6, retry.clone()),
         stored(7, delta("r1", 1, "Forty-two.")),
         stored(8, run_end_ok("r1", Some("Forty-two."))),
     ]
@@ -145,6 +156,18 @@ fn a_retry_voids_the_pieces_of_its_step() {
     assert_eq!(
         render(&s, Scope::All).0,
         "The answ\n[↻ retry 2 in 2s, the text above is void: provider: 502 from…]\nForty-two.\n"
+    );
+    // A follower that joined after the live retry, or late: the stored copy is a marker
+    // and voids nothing.
+    let s = [
+        live(5, "r1", 1, "Forty"),
+        stored(6, retry),
+        stored(7, delta("r1", 1, "Forty-two.")),
+    ]
+    .concat();
+    assert_eq!(
+        render(&s, Scope::All).0,
+        "Forty\n[↻ retry 2 in 2s: provider: 502 from the model server]\n-two."
     );
 }
 
