@@ -307,7 +307,9 @@ impl Render {
                 }
                 None => "✗ run failed (no reason given)".to_string(),
             };
-            self.note(out, line);
+            // Whole, not cut to the width: it is the one line that says what went wrong.
+            self.end_line(out);
+            out.push(Out::Note(line));
         }
         if self.target.as_deref() == Some(run_id) {
             self.ended = Some(Ended {

@@ -53,7 +53,7 @@ fn run_end_ok(run: &str, response: Option<&str>) -> Value {
 
 fn run_end_err(run: &str) -> Value {
     json!({"kind": "run-end", "run_id": run, "result": {"ok": false, "error":
-        {"code": "stopped", "stop": "steps", "message": "20 steps without an answer\nmore"}},
+        {"code": "stopped", "stop": "steps", "message": "20 steps without an answer, and the last of them asked for the same wait again\nmore"}},
         "meta": {"usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         "strategy": "emit", "steps": 20, "outputRetries": 0, "elapsedMs": 5}})
 }
@@ -215,7 +215,7 @@ fn a_run_that_fails_says_its_code_and_message() {
     let s = [live(5, "r1", 1, "partial"), stored(6, run_end_err("r1"))].concat();
     assert_eq!(
         render(&s, Scope::All).0,
-        "partial\n[✗ run failed: stopped (steps): 20 steps without an answer]\n"
+        "partial\n[✗ run failed: stopped (steps): 20 steps without an answer, and the last of them asked for the same wait again]\n"
     );
 }
 
