@@ -167,6 +167,34 @@ impl Response {
     }
 }
 
+/// An answer whose body is still arriving ([`Request::open`]).
+pub struct Streaming {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    /// The body as it comes (chunked transfer decoded); ends when the server closes it.
+    pub body: Box<dyn io::Read + Send>,
+}
+
+impl std::fmt::Debug for Streaming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streaming")
+            .field("status", &self.status)
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
+    }
+}
+
+fn headers_of(parts: &http::response::Parts) -> Vec<(String, String)> {
+    parts
+        .headers
+        .iter()
+        .map(|(k, v)| {
+            let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+            (k.as_str().to_string(), v)
+        })
+        .collect()
+}
+
 /// Which CAs an `https` request trusts.
 #[derive(Debug, Clone, Default)]
 pub enum Trust {
@@ -232,6 +260,38 @@ impl<'a> Request<'a> {
     }
 
     pub fn send(&self) -> Result<Response, HttpError> {
+        let (url, parts, mut body) = self.exchange("application/json", Some(self.timeout))?;
+        let body = body
+            .with_config()
+            .limit(MAX_BODY_BYTES)
+            .read_to_vec()
+            .map_err(|e| self.classify(&url, Phase::Body, e))?;
+        Ok(Response {
+            status: parts.status.as_u16(),
+            headers: headers_of(&parts),
+            body,
+        })
+    }
+
+    /// Sends the request and returns once the answer's head is in, with its body as a
+    /// reader: for a stream that never ends (SSE, asked for with `accept`). The body has
+    /// no time bound; the caller decides how long silence may last.
+    pub fn open(&self, accept: &str) -> Result<Streaming, HttpError> {
+        let (_, parts, body) = self.exchange(accept, None)?;
+        Ok(Streaming {
+            status: parts.status.as_u16(),
+            headers: headers_of(&parts),
+            body: Box::new(body.into_reader()),
+        })
+    }
+
+    /// Connects, sends, and waits for the answer's head; `body_timeout` bounds reading
+    /// the whole body (`None`: no bound).
+    fn exchange(
+        &self,
+        accept: &str,
+        body_timeout: Option<Duration>,
+    ) -> Result<(Url, http::response::Parts, ureq::Body), HttpError> {
         let url = Url::parse(self.url)?;
         let invalid = |e: http::Error| HttpError::InvalidRequest {
             reason: e.to_string(),
@@ -239,11 +299,11 @@ impl<'a> Request<'a> {
         let mut req = http::Request::builder()
             .method(self.method.http())
             .uri(url.uri.clone())
-            .header(http::header::ACCEPT, "application/json");
+            .header(http::header::ACCEPT, accept);
         for (name, value) in &self.headers {
             req = req.header(*name, *value);
         }
-        let agent = self.agent(&url)?;
+        let agent = self.agent(&url, body_timeout)?;
         let answer = match self.body {
             Some(body) => {
                 req = req.header(http::header::CONTENT_TYPE, "application/json");
@@ -258,28 +318,13 @@ impl<'a> Request<'a> {
             }
             None => agent.run(req.body(()).map_err(invalid)?),
         };
-        let fail = |phase, e| self.classify(&url, phase, e);
-        let (parts, mut body) = answer.map_err(|e| fail(Phase::Exchange, e))?.into_parts();
-        let body = body
-            .with_config()
-            .limit(MAX_BODY_BYTES)
-            .read_to_vec()
-            .map_err(|e| fail(Phase::Body, e))?;
-        Ok(Response {
-            status: parts.status.as_u16(),
-            headers: parts
-                .headers
-                .iter()
-                .map(|(k, v)| {
-                    let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
-                    (k.as_str().to_string(), v)
-                })
-                .collect(),
-            body,
-        })
+        let (parts, body) = answer
+            .map_err(|e| self.classify(&url, Phase::Exchange, e))?
+            .into_parts();
+        Ok((url, parts, body))
     }
 
-    fn agent(&self, url: &Url) -> Result<Agent, HttpError> {
+    fn agent(&self, url: &Url, body_timeout: Option<Duration>) -> Result<Agent, HttpError> {
         let mut config = Agent::config_builder()
             // Statuses are answers the callers read, not errors.
             .http_status_as_error(false)
@@ -301,7 +346,7 @@ impl<'a> Request<'a> {
             .timeout_send_request(Some(self.timeout))
             .timeout_send_body(Some(self.timeout))
             .timeout_recv_response(Some(self.timeout))
-            .timeout_recv_body(Some(self.timeout));
+            .timeout_recv_body(body_timeout);
         if url.is_https() {
             config = config.tls_config(tls_config(&self.trust, &url.authority)?);
         }

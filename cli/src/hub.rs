@@ -2,6 +2,7 @@
 //! [`crate::http`] (`http://` or `https://`), and the operator token's lookup. It maps answers onto typed errors whose
 //! messages say what to do next; it prints nothing.
 
+use std::io::Read;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -176,7 +177,37 @@ impl Hub {
         if let Some(body) = body {
             req = req.json(body);
         }
-        let resp = req.send().map_err(|e| match e {
+        let resp = req.send().map_err(|e| self.request_error(e))?;
+        if resp.is_success() {
+            return Ok(Reply {
+                status: resp.status,
+                body: resp.body,
+            });
+        }
+        Err(api_error(resp.status, &resp.body, method, path))
+    }
+
+    /// `GET path` as a server-sent event stream (`Accept: text/event-stream`): returns
+    /// once the hub answered 2xx, with the body still arriving. An error status is read
+    /// (its small body) and returned as [`HubError::Api`].
+    pub fn stream(&self, path: &str) -> Result<Box<dyn Read + Send>, HubError> {
+        let url = format!("{}{path}", self.base);
+        let open = Request::new(Method::Get, &url)
+            .header("Authorization", &self.auth)
+            .timeout(http::DEFAULT_TIMEOUT)
+            .open("text/event-stream")
+            .map_err(|e| self.request_error(e))?;
+        if (200..300).contains(&open.status) {
+            return Ok(open.body);
+        }
+        let mut body = Vec::new();
+        // An error's body is one small JSON object; a broken one is still an error.
+        let _ = open.body.take(64 * 1024).read_to_end(&mut body);
+        Err(api_error(open.status, &body, Method::Get, path))
+    }
+
+    fn request_error(&self, e: HttpError) -> HubError {
+        match e {
             HttpError::Unreachable { reason, .. } => HubError::Unreachable {
                 base: self.base.clone(),
                 reason,
@@ -190,40 +221,42 @@ impl Hub {
                 reason,
             },
             e => HubError::Request(e),
-        })?;
-        if resp.is_success() {
-            return Ok(Reply {
-                status: resp.status,
-                body: resp.body,
-            });
         }
-        let (error, message) = match serde_json::from_slice::<ErrorBody>(&resp.body) {
-            Ok(b) => (Some(b.error), b.message),
-            Err(_) => {
-                let text: String = resp.text().trim().chars().take(300).collect();
-                let message = if text.is_empty() {
-                    format!(
-                        "the hub answered {} {} to {}",
-                        method.as_str(),
-                        path_only(path),
-                        resp.status
-                    )
-                } else {
-                    format!(
-                        "the hub answered {} to {} {}: {text}",
-                        resp.status,
-                        method.as_str(),
-                        path_only(path)
-                    )
-                };
-                (None, message)
-            }
-        };
-        Err(HubError::Api {
-            status: resp.status,
-            error,
-            message,
-        })
+    }
+}
+
+/// The hub's error answer as a [`HubError::Api`], in its own words when it gave them.
+fn api_error(status: u16, body: &[u8], method: Method, path: &str) -> HubError {
+    let (error, message) = match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(b) => (Some(b.error), b.message),
+        Err(_) => {
+            let text: String = String::from_utf8_lossy(body)
+                .trim()
+                .chars()
+                .take(300)
+                .collect();
+            let message = if text.is_empty() {
+                format!(
+                    "the hub answered {} {} to {}",
+                    method.as_str(),
+                    path_only(path),
+                    status
+                )
+            } else {
+                format!(
+                    "the hub answered {} to {} {}: {text}",
+                    status,
+                    method.as_str(),
+                    path_only(path)
+                )
+            };
+            (None, message)
+        }
+    };
+    HubError::Api {
+        status,
+        error,
+        message,
     }
 }
 

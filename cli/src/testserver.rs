@@ -126,7 +126,8 @@ pub fn json(status: u16, body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-fn read_request(stream: &mut TcpStream) -> Option<Recorded> {
+/// Reads one request (head and `Content-Length` body) from a connection.
+pub fn read_request(stream: &mut TcpStream) -> Option<Recorded> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     let head_end = loop {

@@ -2,7 +2,10 @@
 //! module. The binary only parses the command line and calls [`run`]; the environment comes
 //! in as a [`CortexEnv`] and output goes to the writers it is given.
 
+pub mod chat;
 pub mod devices;
+pub mod follow;
+pub mod render;
 pub mod sessions;
 pub mod wait;
 pub mod wait_for;
@@ -29,7 +32,15 @@ defaults to ~/.cortex).
 Exit status: 0 done; 1 failed; every `cortex wait …` exits 2 when it fails, and `cortex wait for`,
 `pid`, `file` and `flock` follow the wait contract: 0 fired, 1 timed out (or the waitpoint
 expired), 2 broke. `cortex wait pid|file|flock` wait on this machine and need no hub; with
---device NAME they wait on that device, through the hub and its agent.";
+--device NAME they wait on that device, through the hub and its agent. `cortex session say
+--follow` exits with its run's outcome: 0 ok, 1 failed, 2 nothing answers (see its --help).";
+
+const SAY_AFTER_HELP: &str = "\
+With --follow, the exit status is the run's: 0 when the run that took the message ended ok,
+1 when it ended with an error (its code and message on stderr), 2 when nothing will answer
+(the hub runs no model: it has no CORTEX_LLM_BASE_URL), the session is gone, or the stream
+was lost and could not be resumed. With --json too, stdout is the hub's answer to the post and
+then every event of that run (live pieces included), one JSON object a line.";
 
 /// The cortex command line: sessions and waitpoints on a cortex hub
 #[derive(Debug, Parser)]
@@ -63,6 +74,16 @@ pub enum Command {
     /// Enrol a device (prints its token once) or revoke one
     #[command(subcommand)]
     Device(DeviceCommand),
+    /// Talk with the model a session runs: each line you type is a message; its answers,
+    /// tool calls and wakes print as they happen. Ctrl-D or Ctrl-C ends it.
+    Chat {
+        /// The session (ses_…); make one with `cortex session new --instructions …`
+        #[arg(value_name = "SID")]
+        sid: String,
+        /// Show the model's reasoning too (dimmed on a terminal)
+        #[arg(long)]
+        reasoning: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -82,15 +103,15 @@ pub enum DeviceCommand {
 #[derive(Debug, Subcommand)]
 pub enum SessionCommand {
     /// Create a session and print its id
-    New {
-        /// A title shown in listings
-        #[arg(long, value_name = "T")]
-        title: Option<String>,
-    },
-    /// Post a message to a session (read at its next turn, or now)
+    New(NewArgs),
+    /// Post a message to a session (read at its next turn, or now); with --follow, print
+    /// the answer of the model the hub runs as it streams
+    #[command(after_help = SAY_AFTER_HELP)]
     Say {
+        /// The session (ses_…)
         #[arg(value_name = "SID")]
         sid: String,
+        /// The message
         #[arg(value_name = "TEXT")]
         text: String,
         /// Deliver it now rather than at the next turn
@@ -99,6 +120,19 @@ pub enum SessionCommand {
         /// Post at most once per key (a retry with the same key is a duplicate)
         #[arg(long, value_name = "K")]
         dedupe_key: Option<String>,
+        /// Print the answer as it streams (tool calls and notes on stderr), until the run
+        /// that takes this message ends
+        #[arg(long)]
+        follow: bool,
+        /// With --follow: show the model's reasoning too
+        #[arg(long, requires = "follow")]
+        reasoning: bool,
+    },
+    /// Print the answer of the session's last run (--json: the whole result and its meta)
+    Result {
+        /// The session (ses_…)
+        #[arg(value_name = "SID")]
+        sid: String,
     },
     /// Print a session's events, one a line
     Events {
@@ -143,6 +177,24 @@ pub enum WaitCommand {
     },
     #[command(flatten)]
     Local(wait_local::LocalWait),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct NewArgs {
+    /// A title shown in listings
+    #[arg(long, value_name = "T")]
+    pub title: Option<String>,
+    /// What the model is told first (its system message): the text itself, or @FILE to
+    /// read a file, @- to read stdin (@@… for text that starts with @) [default: the hub's]
+    #[arg(long, value_name = "TEXT|@FILE")]
+    pub instructions: Option<String>,
+    /// A worked example for the model: @FILE (or @-) holding a JSON array of OpenAI chat
+    /// messages, placed after the instructions
+    #[arg(long, value_name = "@FILE")]
+    pub examples: Option<String>,
+    /// The most tokens one model call may generate [default: the hub's]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tokens: Option<u32>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -214,6 +266,46 @@ pub struct CortexEnv {
     pub token: Option<String>,
     /// `$CORTEX_HOME`, default `~/.cortex`
     pub cortex_home: Result<PathBuf, HomeError>,
+    pub term: Term,
+}
+
+/// What `cortex` knows of the terminal it runs in.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Term {
+    pub stdin_tty: bool,
+    pub stdout_tty: bool,
+    /// Columns: the terminal's (stdout's), else `$COLUMNS`, when known.
+    pub width: Option<usize>,
+    /// Catch Ctrl-C in `cortex chat` to end it with status 0 (off in unit tests, which
+    /// share one process).
+    pub catch_interrupt: bool,
+}
+
+impl Term {
+    pub fn from_process() -> Term {
+        use std::io::IsTerminal;
+        let stdout = std::io::stdout();
+        let width = rustix::termios::tcgetwinsize(&stdout)
+            .ok()
+            .map(|w| usize::from(w.ws_col))
+            .filter(|w| *w > 0)
+            .or_else(|| {
+                std::env::var("COLUMNS")
+                    .ok()
+                    .and_then(|c| c.trim().parse().ok())
+            });
+        Term {
+            stdin_tty: std::io::stdin().is_terminal(),
+            stdout_tty: stdout.is_terminal(),
+            width,
+            catch_interrupt: true,
+        }
+    }
+
+    /// The width notes are cut to.
+    pub fn columns(&self) -> usize {
+        self.width.unwrap_or(100).max(20)
+    }
 }
 
 impl CortexEnv {
@@ -222,6 +314,7 @@ impl CortexEnv {
             webhook_port: std::env::var("WEBHOOK_PORT").ok(),
             token: std::env::var("CORTEX_WEBHOOK_TOKEN").ok(),
             cortex_home: home::cortex_home(),
+            term: Term::from_process(),
         }
     }
 }
@@ -258,15 +351,39 @@ fn execute(
     let json = cli.json;
     match &cli.command {
         Command::Sessions => sessions::list(&hub, json, out)?,
-        Command::Session(SessionCommand::New { title }) => {
-            sessions::new(&hub, title.clone(), json, out)?
+        Command::Session(SessionCommand::New(args)) => {
+            let body = sessions::create_body(args, &mut || {
+                let mut s = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map(|_| s)
+            })?;
+            sessions::new(&hub, &body, json, out)?
         }
         Command::Session(SessionCommand::Say {
             sid,
             text,
             now,
             dedupe_key,
-        }) => sessions::say(&hub, sid, text, *now, dedupe_key.clone(), json, out)?,
+            follow,
+            reasoning,
+        }) => {
+            let post = sessions::Post {
+                sid,
+                text,
+                now: *now,
+                dedupe_key: dedupe_key.clone(),
+            };
+            if *follow {
+                return sessions::say_follow(&hub, &post, *reasoning, json, &env.term, out, err);
+            }
+            sessions::say(&hub, &post, json, out)?
+        }
+        Command::Session(SessionCommand::Result { sid }) => {
+            return sessions::result(&hub, sid, json, out, err);
+        }
+        Command::Chat { sid, reasoning } => {
+            let input = Box::new(std::io::BufReader::new(std::io::stdin()));
+            return chat::run(&hub, sid, *reasoning, &env.term, input, out, err);
+        }
         Command::Session(SessionCommand::Events { sid, after, follow }) => {
             sessions::events(&hub, sid, *after, *follow, json, out, err)?
         }

@@ -1,16 +1,21 @@
-//! `cortex sessions` and `cortex session new|say|events`: listing, creating and posting to
-//! sessions, and reading their event log (with `--follow`, by long polls).
+//! `cortex sessions` and `cortex session new|say|result|events`: listing, creating and
+//! posting to sessions (with `say --follow`, printing the model's answer as it streams),
+//! the last run's result, and the event log (with `events --follow`, by long polls).
 
 use std::io::Write;
 use std::thread;
 use std::time::Duration;
 
 use anyhow::Context;
-use cortex_protocol::api::{CreateSession, MessagePosted, PostMessage, SessionView, When};
+use cortex_protocol::api::{
+    CreateSession, MessagePosted, PostMessage, SessionResult, SessionView, When,
+};
 use serde_json::Value;
 
-use super::{print_raw, short, table};
-use crate::hub::{Hub, segment};
+use super::follow::{Follow, FollowError, Item, Screen};
+use super::render::{self, Options, Render, Scope};
+use super::{NewArgs, Term, print_raw, short, table};
+use crate::hub::{Hub, Reply, segment};
 use crate::timefmt::{now_ms, utc};
 
 /// How long the hub may hold a `--follow` poll open.
@@ -52,20 +57,62 @@ pub fn list(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
     table(out, &["ID", "TITLE", "ARMED", "CREATED"], &rows)
 }
 
-pub fn new(
-    hub: &Hub,
-    title: Option<String>,
-    json: bool,
-    out: &mut dyn Write,
-) -> anyhow::Result<()> {
+/// The body of `POST /api/sessions` from `cortex session new`'s flags; `@FILE` and `@-`
+/// (with `read_stdin`) are read here.
+pub fn create_body(
+    args: &NewArgs,
+    read_stdin: &mut dyn FnMut() -> std::io::Result<String>,
+) -> anyhow::Result<CreateSession> {
+    let mut stdin_taken = false;
+    let mut load = |flag: &str, v: &str| -> anyhow::Result<String> {
+        match v.strip_prefix('@') {
+            Some(lit) if lit.starts_with('@') => Ok(lit.to_string()),
+            Some("-") => {
+                anyhow::ensure!(
+                    !stdin_taken,
+                    "{flag} @-: stdin was already read for another flag; give one of them a file"
+                );
+                stdin_taken = true;
+                read_stdin().with_context(|| format!("{flag} @-: reading stdin"))
+            }
+            Some(path) => std::fs::read_to_string(path)
+                .with_context(|| format!("{flag} @{path}: cannot read the file")),
+            None => Ok(v.to_string()),
+        }
+    };
+    let instructions = match &args.instructions {
+        Some(v) => Some(load("--instructions", v)?),
+        None => None,
+    };
+    let examples = match &args.examples {
+        Some(v) => {
+            anyhow::ensure!(
+                v.starts_with('@') && !v.starts_with("@@"),
+                "--examples takes @FILE (or @-): a file holding a JSON array of chat messages"
+            );
+            let text = load("--examples", v)?;
+            let list: Vec<Value> = serde_json::from_str(&text).with_context(|| {
+                format!("--examples {v}: not a JSON array of chat messages (objects with role and content)")
+            })?;
+            if let Some(i) = list.iter().position(|m| !m.is_object()) {
+                anyhow::bail!("--examples {v}: message {i} is not a JSON object");
+            }
+            Some(list)
+        }
+        None => None,
+    };
+    Ok(CreateSession {
+        title: args.title.clone(),
+        instructions,
+        examples,
+        max_tokens: args.max_tokens,
+        stop: None,
+    })
+}
+
+pub fn new(hub: &Hub, body: &CreateSession, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
     let reply = hub
-        .post(
-            "/api/sessions",
-            &CreateSession {
-                title,
-                ..Default::default()
-            },
-        )
+        .post("/api/sessions", body)
         .context("creating a session")?;
     if json {
         return print_raw(out, &reply);
@@ -78,23 +125,32 @@ pub fn new(
     Ok(())
 }
 
-pub fn say(
-    hub: &Hub,
-    sid: &str,
-    text: &str,
-    now: bool,
-    dedupe_key: Option<String>,
-    json: bool,
-    out: &mut dyn Write,
-) -> anyhow::Result<()> {
-    let body = PostMessage {
-        text: text.to_string(),
-        when: if now { When::Now } else { When::NextTurn },
-        dedupe_key,
-    };
-    let reply = hub
-        .post(&format!("/api/sessions/{}/messages", segment(sid)), &body)
-        .with_context(|| format!("posting to session {sid}"))?;
+/// A message to post (`cortex session say`).
+#[derive(Debug, Clone)]
+pub struct Post<'a> {
+    pub sid: &'a str,
+    pub text: &'a str,
+    pub now: bool,
+    pub dedupe_key: Option<String>,
+}
+
+impl Post<'_> {
+    pub(super) fn send(&self, hub: &Hub) -> anyhow::Result<Reply> {
+        let body = PostMessage {
+            text: self.text.to_string(),
+            when: if self.now { When::Now } else { When::NextTurn },
+            dedupe_key: self.dedupe_key.clone(),
+        };
+        hub.post(
+            &format!("/api/sessions/{}/messages", segment(self.sid)),
+            &body,
+        )
+        .with_context(|| format!("posting to session {}", self.sid))
+    }
+}
+
+pub fn say(hub: &Hub, post: &Post, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+    let reply = post.send(hub)?;
     if json {
         return print_raw(out, &reply);
     }
@@ -109,6 +165,155 @@ pub fn say(
         writeln!(out, "seq {}", posted.seq)?;
     }
     Ok(())
+}
+
+/// What `say --follow` tells when nothing will answer.
+pub const NO_MODEL: &str = "the hub runs no model, so nothing will answer (the message is recorded); start the hub with CORTEX_LLM_BASE_URL (and CORTEX_LLM_MODEL) set";
+
+/// `cortex session say --follow`: posts with the stream already open (so no live piece is
+/// missed), then prints the run that takes the message until its end. Exit status: 0 the
+/// run ended ok, 1 with an error, 2 nothing will answer or the session or stream is lost.
+pub fn say_follow(
+    hub: &Hub,
+    post: &Post,
+    reasoning: bool,
+    json: bool,
+    term: &Term,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<u8> {
+    let sid = post.sid;
+    let view = match hub.get(&format!("/api/sessions/{}", segment(sid))) {
+        Ok(r) => r.json::<SessionView>("GET /api/sessions/{sid}")?,
+        Err(e) if e.status() == Some(404) => {
+            writeln!(err, "cortex: {e}")?;
+            return Ok(2);
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading session {sid}")),
+    };
+    let mut follow = match Follow::open(hub, sid, view.last_seq) {
+        Ok(f) => f,
+        Err(e) => return follow_failed(e, err),
+    };
+    let reply = post.send(hub)?;
+    let posted: MessagePosted = reply.json("POST /api/sessions/{sid}/messages")?;
+    if json {
+        print_raw(out, &reply)?;
+    }
+    if !posted.runs {
+        writeln!(err, "cortex: {NO_MODEL}")?;
+        return Ok(2);
+    }
+    if posted.duplicate {
+        // The first post's run may be over already: read the log again from its message.
+        if let Err(e) = follow.restart(posted.seq.saturating_sub(1)) {
+            return follow_failed(e, err);
+        }
+    }
+    let opts = Options {
+        reasoning,
+        width: term.columns(),
+    };
+    let mut render = Render::new(Scope::Message(posted.seq), opts);
+    loop {
+        let item = match follow.next_item() {
+            Ok(i) => i,
+            Err(e) => return follow_failed(e, err),
+        };
+        match item {
+            Item::Message(m) => {
+                let Some(ev) = render::parse(&m) else {
+                    continue;
+                };
+                let outs = render.event(&ev, m.event == "live");
+                if json {
+                    // Every event of the followed run, live pieces included, as it came.
+                    if render.target().is_some() && render::run_of(&ev.body) == render.target() {
+                        writeln!(out, "{}", m.data)?;
+                        out.flush()?;
+                    }
+                } else {
+                    let mut screen = Screen {
+                        text: &mut *out,
+                        notes: Some(&mut *err),
+                        dim: term.stdout_tty && reasoning,
+                    };
+                    screen.put(&outs).context("writing the answer")?;
+                }
+            }
+            Item::Dropped { reason } => {
+                writeln!(
+                    err,
+                    "cortex: the event stream dropped ({reason}); reconnecting"
+                )?;
+            }
+            Item::Back => writeln!(err, "cortex: reconnected")?,
+        }
+        if let Some(end) = render.ended() {
+            if end.result.ok {
+                return Ok(0);
+            }
+            if !json {
+                // The renderer's note on stderr said the code and the message.
+                return Ok(1);
+            }
+            let (code, msg) = match &end.result.error {
+                Some(e) => (e.code.as_str(), e.message.as_str()),
+                None => ("unknown", "no reason given"),
+            };
+            writeln!(err, "cortex: the run failed: {code}: {msg}")?;
+            return Ok(1);
+        }
+    }
+}
+
+fn follow_failed(e: FollowError, err: &mut dyn Write) -> anyhow::Result<u8> {
+    writeln!(err, "cortex: {e}")?;
+    Ok(2)
+}
+
+/// `cortex session result SID`: the last run's answer (`--json`: the whole body).
+pub fn result(
+    hub: &Hub,
+    sid: &str,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<u8> {
+    let reply = hub
+        .get(&format!("/api/sessions/{}/result", segment(sid)))
+        .with_context(|| format!("reading the last result of session {sid} (404: no run has ended in it yet, or no such session)"))?;
+    let res: SessionResult = reply.json("GET /api/sessions/{sid}/result")?;
+    if json {
+        print_raw(out, &reply)?;
+    } else if let Some(o) = res.result.output.as_ref().filter(|_| res.result.ok) {
+        match (&o.response, &o.data) {
+            (Some(r), _) => writeln!(out, "{}", r.trim_end())?,
+            (None, Some(d)) => writeln!(out, "{d}")?,
+            (None, None) => {}
+        }
+    }
+    if res.result.ok {
+        return Ok(0);
+    }
+    if !json {
+        match &res.result.error {
+            Some(e) => {
+                let stop = e
+                    .stop
+                    .as_deref()
+                    .map(|s| format!(" ({s})"))
+                    .unwrap_or_default();
+                writeln!(
+                    err,
+                    "cortex: run {} failed: {}{stop}: {}",
+                    res.run_id, e.code, e.message
+                )?;
+            }
+            None => writeln!(err, "cortex: run {} failed (no reason given)", res.run_id)?,
+        }
+    }
+    Ok(1)
 }
 
 /// Prints the events after `after`; with `follow`, keeps long-polling for new ones and rides
