@@ -36,6 +36,7 @@ pub struct Reply {
     crlf: bool,
     pings: bool,
     stall_after: Option<usize>,
+    cut_after: Option<usize>,
     headers: Vec<(String, String)>,
     reasoning: Option<String>,
 }
@@ -86,6 +87,7 @@ impl Reply {
             crlf: false,
             pings: false,
             stall_after: None,
+            cut_after: None,
             headers: Vec::new(),
             reasoning: None,
         }
@@ -244,6 +246,13 @@ impl Reply {
     /// After `n` writes, silence until the client leaves (a stream stalled mid-answer).
     pub fn stall_after(mut self, n: usize) -> Reply {
         self.stall_after = Some(n);
+        self
+    }
+
+    /// After `n` writes, the connection is dropped without the body's end (a server
+    /// that crashed mid-answer).
+    pub fn cut_after(mut self, n: usize) -> Reply {
+        self.cut_after = Some(n);
         self
     }
 
@@ -544,10 +553,16 @@ async fn accept_loop(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     }
 }
 
-type Body = UnsyncBoxBody<Bytes, Infallible>;
+type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
 
 fn json_answer(status: StatusCode, body: Value) -> Response<Body> {
-    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())).boxed_unsync());
+    let mut resp = Response::new(full(body.to_string()));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -610,7 +625,7 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
         }
         Kind::Status { code, body } => {
             shared.set_outcome(n, Outcome::Sent);
-            let mut r = Response::new(Full::new(Bytes::from(body.clone())).boxed_unsync());
+            let mut r = Response::new(full(body.clone()));
             *r.status_mut() =
                 StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             r.headers_mut().insert(
@@ -636,6 +651,7 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
                     sent: 0,
                     delay: reply.chunk_delay,
                     stall_after,
+                    cut_after: reply.cut_after,
                     shared: shared.clone(),
                     n,
                     finished: false,
@@ -672,24 +688,36 @@ struct Writer {
     sent: usize,
     delay: Duration,
     stall_after: Option<usize>,
+    cut_after: Option<usize>,
     shared: Arc<Shared>,
     n: usize,
     finished: bool,
 }
 
 impl Writer {
-    async fn next(mut self) -> Option<(Result<Frame<Bytes>, Infallible>, Writer)> {
+    async fn next(mut self) -> Option<(Result<Frame<Bytes>, std::io::Error>, Writer)> {
         if self.stall_after.is_some_and(|s| self.sent >= s) {
             std::future::pending::<()>().await;
+        }
+        if self.finished {
+            return None;
+        }
+        if self.sent > 0 && !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        if self.cut_after.is_some_and(|c| self.sent >= c) {
+            // A body error makes hyper drop the connection mid-body. The answer counts
+            // as sent: the server, not the client, ended it.
+            self.finished = true;
+            self.shared.set_outcome(self.n, Outcome::Sent);
+            let cut = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "scripted cut");
+            return Some((Err(cut), self));
         }
         let Some(bytes) = self.writes.pop_front() else {
             self.finished = true;
             self.shared.set_outcome(self.n, Outcome::Sent);
             return None;
         };
-        if self.sent > 0 && !self.delay.is_zero() {
-            tokio::time::sleep(self.delay).await;
-        }
         self.sent += 1;
         Some((Ok(Frame::data(Bytes::from(bytes))), self))
     }

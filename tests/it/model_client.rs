@@ -423,3 +423,42 @@ fn a_rule_based_model_answers_by_the_transcript() {
     );
     assert_eq!(transcript[2].role, Role::Tool);
 }
+
+#[test]
+fn a_stream_cut_short_is_retried() {
+    let model = ScriptedModel::start(vec![
+        // Paced, so what comes before the cut reaches the client first.
+        Reply::text("this answer is cut")
+            .chunk_delay(Duration::from_millis(20))
+            .cut_after(2),
+        Reply::text("whole"),
+    ]);
+    let client = ModelClient::new(config(&model)).expect("client");
+    let (deltas, out) = block_on(step(&client, &[]));
+    assert_eq!(out.expect("step").text, "whole");
+    let r = retries(&deltas);
+    assert_eq!(r.len(), 1, "{deltas:?}");
+    assert!(r[0].1.contains("broke mid-answer"), "{}", r[0].1);
+    assert_eq!(deltas[0], Delta::Text("this".into()), "{deltas:?}");
+    assert_eq!(model.requests().len(), 2);
+}
+
+#[test]
+fn a_web_page_at_the_url_is_named_not_retried() {
+    let model = ScriptedModel::start(vec![
+        Reply::raw(vec![
+            b"<html><body>Sign in to continue</body></html>\n".to_vec(),
+        ])
+        .header("content-type", "text/html; charset=utf-8"),
+    ]);
+    let client = ModelClient::new(config(&model)).expect("client");
+    let (_, out) = block_on(step(&client, &[]));
+    let err = out.expect_err("not a stream");
+    let text = err.to_string();
+    assert!(matches!(err, ModelError::Malformed(_)), "{err:?}");
+    assert!(
+        text.contains("text/html") && text.contains("Sign in to continue"),
+        "{text}"
+    );
+    assert_eq!(model.requests().len(), 1);
+}

@@ -22,6 +22,8 @@ use super::wire::{ChatMessage, ToolSpec};
 
 /// The most of an error body read for its excerpt.
 const ERROR_BODY_BYTES: usize = 4096;
+/// How much of an answer without events an error shows.
+const NO_EVENT_EXCERPT_BYTES: usize = 512;
 /// How long the end of a body is waited for after `[DONE]`.
 const DRAIN_AFTER_DONE: Duration = Duration::from_millis(50);
 /// The most of a non-streamed JSON answer read.
@@ -197,11 +199,14 @@ impl ModelClient {
         if !resp.status().is_success() {
             return Err(self.status_error(resp).await);
         }
-        let json = resp
+        let content_type = resp
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        let json = content_type.starts_with("application/json");
         let left = self.first_byte_timeout.saturating_sub(sent.elapsed());
         let mut chunk = tokio::time::timeout(left, resp.chunk())
             .await
@@ -213,8 +218,16 @@ impl ModelClient {
         let mut decoder = SseDecoder::new();
         let mut asm = Assembler::new();
         let mut events = Vec::new();
+        // The answer's first bytes, to show if it holds no event at all (a web page or
+        // a proxy's answer at the wrong URL).
+        let mut head = Vec::new();
+        let mut any_event = false;
         while let Some(bytes) = chunk {
+            if !any_event && head.len() < NO_EVENT_EXCERPT_BYTES {
+                head.extend_from_slice(&bytes[..bytes.len().min(NO_EVENT_EXCERPT_BYTES)]);
+            }
             decoder.feed(&bytes, &mut events)?;
+            any_event |= !events.is_empty();
             for data in events.drain(..) {
                 if asm.payload(&data, on_delta)? == Progress::Done {
                     drain(&mut resp).await;
@@ -224,10 +237,27 @@ impl ModelClient {
             chunk = self.next_chunk(&mut resp).await?;
         }
         decoder.finish(&mut events)?;
+        any_event |= !events.is_empty();
         for data in events.drain(..) {
             if asm.payload(&data, on_delta)? == Progress::Done {
                 break;
             }
+        }
+        if !any_event {
+            let shown = if content_type.is_empty() {
+                "no content type"
+            } else {
+                content_type.as_str()
+            };
+            let body = String::from_utf8_lossy(&head);
+            return Err(ModelError::Malformed(format!(
+                "HTTP 200 ({shown}) without a single server-sent event; is {} a chat completions endpoint? It began: {}",
+                self.shown,
+                match excerpt(&body, 200) {
+                    b if b.is_empty() => "(nothing)".to_string(),
+                    b => b,
+                }
+            )));
         }
         asm.finish()
     }
