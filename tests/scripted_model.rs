@@ -340,6 +340,7 @@ struct Shared {
     default: Mutex<Reply>,
     requests: Mutex<Vec<Value>>,
     auth: Mutex<Vec<Option<String>>>,
+    targets: Mutex<Vec<String>>,
     outcomes: Mutex<Vec<Option<Outcome>>>,
     changed: Condvar,
     async_changed: tokio::sync::Notify,
@@ -390,6 +391,7 @@ impl ScriptedModel {
             default: Mutex::new(default),
             requests: Mutex::new(Vec::new()),
             auth: Mutex::new(Vec::new()),
+            targets: Mutex::new(Vec::new()),
             outcomes: Mutex::new(Vec::new()),
             changed: Condvar::new(),
             async_changed: tokio::sync::Notify::new(),
@@ -435,6 +437,11 @@ impl ScriptedModel {
     /// Each request's `Authorization` header, in order.
     pub fn authorizations(&self) -> Vec<Option<String>> {
         self.shared.auth.lock().expect("auth").clone()
+    }
+
+    /// Each request's target (path and query), in order, whatever its route.
+    pub fn targets(&self) -> Vec<String> {
+        self.shared.targets.lock().expect("targets").clone()
     }
 
     /// TCP connections accepted so far (keep-alive reuses one for many requests).
@@ -572,6 +579,11 @@ fn json_answer(status: StatusCode, body: Value) -> Response<Body> {
 }
 
 async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<Body>, Infallible> {
+    let target = req.uri().path_and_query().map_or_else(
+        || req.uri().path().to_string(),
+        |pq| pq.as_str().to_string(),
+    );
+    shared.targets.lock().expect("targets").push(target);
     if req.method() != hyper::Method::POST || req.uri().path() != "/v1/chat/completions" {
         return Ok(json_answer(
             StatusCode::NOT_FOUND,

@@ -462,3 +462,39 @@ fn a_web_page_at_the_url_is_named_not_retried() {
     );
     assert_eq!(model.requests().len(), 1);
 }
+
+#[test]
+fn a_redirect_is_named_with_its_target_and_not_followed() {
+    let model = ScriptedModel::start(vec![Reply::status(301, "").header(
+        "location",
+        "https://user:pw@models.example/v1/chat/completions?key=zzz",
+    )]);
+    let client = ModelClient::new(config(&model)).expect("client");
+    let (_, out) = block_on(step(&client, &[]));
+    let err = out.expect_err("redirect");
+    let text = err.to_string();
+    assert!(
+        matches!(err, ModelError::Status { status: 301, .. }),
+        "{err:?}"
+    );
+    assert!(
+        text.contains("redirects to https://models.example/v1/chat/completions"),
+        "{text}"
+    );
+    assert!(!text.contains("zzz") && !text.contains("pw@"), "{text}");
+    assert_eq!(model.targets().len(), 1, "not followed");
+}
+
+#[test]
+fn a_query_on_the_base_url_goes_with_every_request() {
+    let model = ScriptedModel::start(vec![]);
+    let mut cfg = config(&model);
+    cfg.base_url = format!("{}/?api-version=2024-10-21", model.url());
+    let client = ModelClient::new(cfg).expect("client");
+    let (_, out) = block_on(step(&client, &[]));
+    assert_eq!(out.expect("step").text, "ok");
+    assert_eq!(
+        model.targets(),
+        ["/v1/chat/completions?api-version=2024-10-21"]
+    );
+}

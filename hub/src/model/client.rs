@@ -9,7 +9,9 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::header::{
+    ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, LOCATION, RETRY_AFTER,
+};
 use serde::Serialize;
 
 use super::assemble::{Assembler, Progress, excerpt, server_error};
@@ -95,9 +97,12 @@ pub fn request_body(model: &str, req: &StepRequest<'_>) -> Result<Vec<u8>, Model
 impl ModelClient {
     pub fn new(cfg: ModelConfig) -> Result<ModelClient, ModelError> {
         let base = base_url_of(&cfg.base_url)?;
-        let endpoint = reqwest::Url::parse(&format!("{base}/chat/completions")).map_err(|e| {
+        let mut endpoint = reqwest::Url::parse(&base).map_err(|e| {
             ModelError::Config(format!("the model server's base URL {base:?}: {e}"))
         })?;
+        // The path grows; a query the base carries (`?api-version=…`) stays a query.
+        let path = format!("{}/chat/completions", endpoint.path().trim_end_matches('/'));
+        endpoint.set_path(&path);
         let mut shown_url = endpoint.clone();
         // Infallible for http(s) URLs, which `base_url_of` ensured.
         let _ = shown_url.set_username("");
@@ -126,6 +131,10 @@ impl ModelClient {
         let http = reqwest::Client::builder()
             .connect_timeout(cfg.connect_timeout)
             .user_agent(concat!("cortex-hub/", env!("CARGO_PKG_VERSION")))
+            // A redirect is answered as what it is (a wrong base URL, named with its
+            // target), not followed: a POST followed as a GET would fail obscurely,
+            // and the key stays with the host it was set for.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| {
                 ModelError::Config(format!("the HTTP client could not start: {}", causes(&e)))
@@ -337,6 +346,22 @@ impl ModelClient {
     /// server's own message when it is JSON) and its `Retry-After`.
     async fn status_error(&self, mut resp: reqwest::Response) -> ModelError {
         let status = resp.status().as_u16();
+        let location = resp
+            .headers()
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .filter(|_| resp.status().is_redirection())
+            .map(|l| {
+                // The target as errors show URLs: no query, no user info.
+                let l = l.split(['?', '#']).next().unwrap_or_default();
+                match l
+                    .split_once("://")
+                    .map(|(s, rest)| (s, rest.rsplit_once('@')))
+                {
+                    Some((scheme, Some((_, host)))) => format!("{scheme}://{host}"),
+                    _ => l.to_string(),
+                }
+            });
         let retry_after = resp
             .headers()
             .get(RETRY_AFTER)
@@ -372,7 +397,9 @@ impl ModelClient {
         if let Some(key) = self.key.as_deref() {
             excerpt = excerpt.replace(key, "[api key]");
         }
-        if excerpt.is_empty() {
+        if let Some(to) = location {
+            excerpt = format!("redirects to {to} (set the base URL to where it points)");
+        } else if excerpt.is_empty() {
             excerpt = "(no body)".into();
         }
         ModelError::Status {
