@@ -498,3 +498,47 @@ fn a_query_on_the_base_url_goes_with_every_request() {
         ["/v1/chat/completions?api-version=2024-10-21"]
     );
 }
+
+/// The scripted server speaks HTTP/1.1 as model servers do: a chunked
+/// `text/event-stream`, and the same connection kept for the next request.
+#[test]
+fn the_scripted_server_streams_chunked_sse_and_keeps_the_connection() {
+    use std::io::{Read, Write};
+    let model = ScriptedModel::start(vec![Reply::text("one"), Reply::text("two")]);
+    let addr = model
+        .url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_string();
+    let mut sock = std::net::TcpStream::connect(&addr).expect("connect");
+    sock.set_read_timeout(Some(LIMIT)).expect("timeout");
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}"#;
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        write!(
+            sock,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("write");
+        // Up to the chunked body's last chunk.
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.ends_with(b"0\r\n\r\n") {
+            let n = sock.read(&mut buf).expect("read");
+            assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        answers.push(String::from_utf8_lossy(&got).to_lowercase());
+    }
+    for (a, word) in answers.iter().zip(["one", "two"]) {
+        assert!(a.starts_with("http/1.1 200"), "{a}");
+        assert!(a.contains("content-type: text/event-stream"), "{a}");
+        assert!(a.contains("transfer-encoding: chunked"), "{a}");
+        assert!(a.contains(&format!("\"content\":\"{word}\"")), "{a}");
+        assert!(a.contains("data: [done]"), "{a}");
+        // No usage chunk: this request did not ask for one.
+        assert!(!a.contains("\"usage\""), "{a}");
+    }
+    assert_eq!(model.connections(), 1);
+}
