@@ -542,3 +542,14 @@ fn the_scripted_server_streams_chunked_sse_and_keeps_the_connection() {
     }
     assert_eq!(model.connections(), 1);
 }
+
+#[test]
+fn a_key_echoed_inside_the_stream_is_blanked() {
+    let model = ScriptedModel::start(vec![Reply::stream_error(
+        json!({"message": format!("bad key {KEY} for this model"), "type": "invalid_request_error"}),
+    )]);
+    let client = ModelClient::new(config(&model)).expect("client");
+    let (_, out) = block_on(step(&client, &[]));
+    let text = out.expect_err("error").to_string();
+    assert!(text.contains("bad key [api key] for this model"), "{text}");
+}

@@ -165,7 +165,7 @@ impl ModelClient {
         loop {
             let err = match self.attempt(&body, on_delta).await {
                 Ok(out) => return Ok(out),
-                Err(e) => e,
+                Err(e) => self.redacted(e),
             };
             if !err.is_retryable() {
                 return Err(err);
@@ -189,6 +189,49 @@ impl ModelClient {
                 delay,
             });
             tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// `text` with the API key blanked out, should a server have echoed it.
+    fn redact(&self, text: String) -> String {
+        match self.key.as_deref() {
+            Some(key) if text.contains(key) => text.replace(key, "[api key]"),
+            _ => text,
+        }
+    }
+
+    /// The error with the key blanked out of whatever a server or a library wrote in it.
+    fn redacted(&self, e: ModelError) -> ModelError {
+        match e {
+            ModelError::Connect { url, reason } => ModelError::Connect {
+                url,
+                reason: self.redact(reason),
+            },
+            ModelError::Request { url, reason } => ModelError::Request {
+                url,
+                reason: self.redact(reason),
+            },
+            ModelError::Stream { url, reason } => ModelError::Stream {
+                url,
+                reason: self.redact(reason),
+            },
+            ModelError::Status {
+                url,
+                status,
+                excerpt,
+                retry_after,
+            } => ModelError::Status {
+                url,
+                status,
+                excerpt: self.redact(excerpt),
+                retry_after,
+            },
+            ModelError::Server { message, retryable } => ModelError::Server {
+                message: self.redact(message),
+                retryable,
+            },
+            ModelError::Malformed(m) => ModelError::Malformed(self.redact(m)),
+            other => other,
         }
     }
 
@@ -393,10 +436,8 @@ impl ModelClient {
                 }
             })
             .unwrap_or_else(|| text.to_string());
-        let mut excerpt = excerpt(&message, 300);
-        if let Some(key) = self.key.as_deref() {
-            excerpt = excerpt.replace(key, "[api key]");
-        }
+        // Blanked before the cut, so no piece of the key is left at the end either.
+        let mut excerpt = excerpt(&self.redact(message), 300);
         if let Some(to) = location {
             excerpt = format!("redirects to {to} (set the base URL to where it points)");
         } else if excerpt.is_empty() {
