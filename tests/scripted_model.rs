@@ -36,6 +36,7 @@ pub struct Reply {
     crlf: bool,
     pings: bool,
     stall_after: Option<usize>,
+    cut_after: Option<usize>,
     headers: Vec<(String, String)>,
     reasoning: Option<String>,
 }
@@ -86,6 +87,7 @@ impl Reply {
             crlf: false,
             pings: false,
             stall_after: None,
+            cut_after: None,
             headers: Vec::new(),
             reasoning: None,
         }
@@ -247,6 +249,13 @@ impl Reply {
         self
     }
 
+    /// After `n` writes, the connection is dropped without the body's end (a server
+    /// that crashed mid-answer).
+    pub fn cut_after(mut self, n: usize) -> Reply {
+        self.cut_after = Some(n);
+        self
+    }
+
     /// `Retry-After: secs` on the answer.
     pub fn retry_after(self, secs: u64) -> Reply {
         self.header("retry-after", &secs.to_string())
@@ -331,6 +340,7 @@ struct Shared {
     default: Mutex<Reply>,
     requests: Mutex<Vec<Value>>,
     auth: Mutex<Vec<Option<String>>>,
+    targets: Mutex<Vec<String>>,
     outcomes: Mutex<Vec<Option<Outcome>>>,
     changed: Condvar,
     async_changed: tokio::sync::Notify,
@@ -381,6 +391,7 @@ impl ScriptedModel {
             default: Mutex::new(default),
             requests: Mutex::new(Vec::new()),
             auth: Mutex::new(Vec::new()),
+            targets: Mutex::new(Vec::new()),
             outcomes: Mutex::new(Vec::new()),
             changed: Condvar::new(),
             async_changed: tokio::sync::Notify::new(),
@@ -426,6 +437,11 @@ impl ScriptedModel {
     /// Each request's `Authorization` header, in order.
     pub fn authorizations(&self) -> Vec<Option<String>> {
         self.shared.auth.lock().expect("auth").clone()
+    }
+
+    /// Each request's target (path and query), in order, whatever its route.
+    pub fn targets(&self) -> Vec<String> {
+        self.shared.targets.lock().expect("targets").clone()
     }
 
     /// TCP connections accepted so far (keep-alive reuses one for many requests).
@@ -544,10 +560,16 @@ async fn accept_loop(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     }
 }
 
-type Body = UnsyncBoxBody<Bytes, Infallible>;
+type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
 
 fn json_answer(status: StatusCode, body: Value) -> Response<Body> {
-    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())).boxed_unsync());
+    let mut resp = Response::new(full(body.to_string()));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -557,6 +579,11 @@ fn json_answer(status: StatusCode, body: Value) -> Response<Body> {
 }
 
 async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<Body>, Infallible> {
+    let target = req.uri().path_and_query().map_or_else(
+        || req.uri().path().to_string(),
+        |pq| pq.as_str().to_string(),
+    );
+    shared.targets.lock().expect("targets").push(target);
     if req.method() != hyper::Method::POST || req.uri().path() != "/v1/chat/completions" {
         return Ok(json_answer(
             StatusCode::NOT_FOUND,
@@ -610,7 +637,7 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
         }
         Kind::Status { code, body } => {
             shared.set_outcome(n, Outcome::Sent);
-            let mut r = Response::new(Full::new(Bytes::from(body.clone())).boxed_unsync());
+            let mut r = Response::new(full(body.clone()));
             *r.status_mut() =
                 StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             r.headers_mut().insert(
@@ -636,6 +663,7 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
                     sent: 0,
                     delay: reply.chunk_delay,
                     stall_after,
+                    cut_after: reply.cut_after,
                     shared: shared.clone(),
                     n,
                     finished: false,
@@ -672,24 +700,36 @@ struct Writer {
     sent: usize,
     delay: Duration,
     stall_after: Option<usize>,
+    cut_after: Option<usize>,
     shared: Arc<Shared>,
     n: usize,
     finished: bool,
 }
 
 impl Writer {
-    async fn next(mut self) -> Option<(Result<Frame<Bytes>, Infallible>, Writer)> {
+    async fn next(mut self) -> Option<(Result<Frame<Bytes>, std::io::Error>, Writer)> {
         if self.stall_after.is_some_and(|s| self.sent >= s) {
             std::future::pending::<()>().await;
+        }
+        if self.finished {
+            return None;
+        }
+        if self.sent > 0 && !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        if self.cut_after.is_some_and(|c| self.sent >= c) {
+            // A body error makes hyper drop the connection mid-body. The answer counts
+            // as sent: the server, not the client, ended it.
+            self.finished = true;
+            self.shared.set_outcome(self.n, Outcome::Sent);
+            let cut = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "scripted cut");
+            return Some((Err(cut), self));
         }
         let Some(bytes) = self.writes.pop_front() else {
             self.finished = true;
             self.shared.set_outcome(self.n, Outcome::Sent);
             return None;
         };
-        if self.sent > 0 && !self.delay.is_zero() {
-            tokio::time::sleep(self.delay).await;
-        }
         self.sent += 1;
         Some((Ok(Frame::data(Bytes::from(bytes))), self))
     }

@@ -423,3 +423,133 @@ fn a_rule_based_model_answers_by_the_transcript() {
     );
     assert_eq!(transcript[2].role, Role::Tool);
 }
+
+#[test]
+fn a_stream_cut_short_is_retried() {
+    let model = ScriptedModel::start(vec![
+        // Paced, so what comes before the cut reaches the client first.
+        Reply::text("this answer is cut")
+            .chunk_delay(Duration::from_millis(20))
+            .cut_after(2),
+        Reply::text("whole"),
+    ]);
+    let client = ModelClient::new(config(&model)).expect("client");
+    let (deltas, out) = block_on(step(&client, &[]));
+    assert_eq!(out.expect("step").text, "whole");
+    let r = retries(&deltas);
+    assert_eq!(r.len(), 1, "{deltas:?}");
+    assert!(r[0].1.contains("broke mid-answer"), "{}", r[0].1);
+    assert_eq!(deltas[0], Delta::Text("this".into()), "{deltas:?}");
+    assert_eq!(model.requests().len(), 2);
+}
+
+#[test]
+fn a_web_page_at_the_url_is_named_not_retried() {
+    let model = ScriptedModel::start(vec![
+        Reply::raw(vec![
+            b"<html><body>Sign in to continue</body></html>\n".to_vec(),
+        ])
+        .header("content-type", "text/html; charset=utf-8"),
+    ]);
+    let client = ModelClient::new(config(&model)).expect("client");
+    let (_, out) = block_on(step(&client, &[]));
+    let err = out.expect_err("not a stream");
+    let text = err.to_string();
+    assert!(matches!(err, ModelError::Malformed(_)), "{err:?}");
+    assert!(
+        text.contains("text/html") && text.contains("Sign in to continue"),
+        "{text}"
+    );
+    assert_eq!(model.requests().len(), 1);
+}
+
+#[test]
+fn a_redirect_is_named_with_its_target_and_not_followed() {
+    let model = ScriptedModel::start(vec![Reply::status(301, "").header(
+        "location",
+        "https://user:pw@models.example/v1/chat/completions?key=zzz",
+    )]);
+    let client = ModelClient::new(config(&model)).expect("client");
+    let (_, out) = block_on(step(&client, &[]));
+    let err = out.expect_err("redirect");
+    let text = err.to_string();
+    assert!(
+        matches!(err, ModelError::Status { status: 301, .. }),
+        "{err:?}"
+    );
+    assert!(
+        text.contains("redirects to https://models.example/v1/chat/completions"),
+        "{text}"
+    );
+    assert!(!text.contains("zzz") && !text.contains("pw@"), "{text}");
+    assert_eq!(model.targets().len(), 1, "not followed");
+}
+
+#[test]
+fn a_query_on_the_base_url_goes_with_every_request() {
+    let model = ScriptedModel::start(vec![]);
+    let mut cfg = config(&model);
+    cfg.base_url = format!("{}/?api-version=2024-10-21", model.url());
+    let client = ModelClient::new(cfg).expect("client");
+    let (_, out) = block_on(step(&client, &[]));
+    assert_eq!(out.expect("step").text, "ok");
+    assert_eq!(
+        model.targets(),
+        ["/v1/chat/completions?api-version=2024-10-21"]
+    );
+}
+
+/// The scripted server speaks HTTP/1.1 as model servers do: a chunked
+/// `text/event-stream`, and the same connection kept for the next request.
+#[test]
+fn the_scripted_server_streams_chunked_sse_and_keeps_the_connection() {
+    use std::io::{Read, Write};
+    let model = ScriptedModel::start(vec![Reply::text("one"), Reply::text("two")]);
+    let addr = model
+        .url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_string();
+    let mut sock = std::net::TcpStream::connect(&addr).expect("connect");
+    sock.set_read_timeout(Some(LIMIT)).expect("timeout");
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}"#;
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        write!(
+            sock,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("write");
+        // Up to the chunked body's last chunk.
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.ends_with(b"0\r\n\r\n") {
+            let n = sock.read(&mut buf).expect("read");
+            assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        answers.push(String::from_utf8_lossy(&got).to_lowercase());
+    }
+    for (a, word) in answers.iter().zip(["one", "two"]) {
+        assert!(a.starts_with("http/1.1 200"), "{a}");
+        assert!(a.contains("content-type: text/event-stream"), "{a}");
+        assert!(a.contains("transfer-encoding: chunked"), "{a}");
+        assert!(a.contains(&format!("\"content\":\"{word}\"")), "{a}");
+        assert!(a.contains("data: [done]"), "{a}");
+        // No usage chunk: this request did not ask for one.
+        assert!(!a.contains("\"usage\""), "{a}");
+    }
+    assert_eq!(model.connections(), 1);
+}
+
+#[test]
+fn a_key_echoed_inside_the_stream_is_blanked() {
+    let model = ScriptedModel::start(vec![Reply::stream_error(
+        json!({"message": format!("bad key {KEY} for this model"), "type": "invalid_request_error"}),
+    )]);
+    let client = ModelClient::new(config(&model)).expect("client");
+    let (_, out) = block_on(step(&client, &[]));
+    let text = out.expect_err("error").to_string();
+    assert!(text.contains("bad key [api key] for this model"), "{text}");
+}

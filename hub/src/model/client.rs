@@ -9,7 +9,9 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::header::{
+    ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, LOCATION, RETRY_AFTER,
+};
 use serde::Serialize;
 
 use super::assemble::{Assembler, Progress, excerpt, server_error};
@@ -22,6 +24,8 @@ use super::wire::{ChatMessage, ToolSpec};
 
 /// The most of an error body read for its excerpt.
 const ERROR_BODY_BYTES: usize = 4096;
+/// How much of an answer without events an error shows.
+const NO_EVENT_EXCERPT_BYTES: usize = 512;
 /// How long the end of a body is waited for after `[DONE]`.
 const DRAIN_AFTER_DONE: Duration = Duration::from_millis(50);
 /// The most of a non-streamed JSON answer read.
@@ -93,9 +97,12 @@ pub fn request_body(model: &str, req: &StepRequest<'_>) -> Result<Vec<u8>, Model
 impl ModelClient {
     pub fn new(cfg: ModelConfig) -> Result<ModelClient, ModelError> {
         let base = base_url_of(&cfg.base_url)?;
-        let endpoint = reqwest::Url::parse(&format!("{base}/chat/completions")).map_err(|e| {
+        let mut endpoint = reqwest::Url::parse(&base).map_err(|e| {
             ModelError::Config(format!("the model server's base URL {base:?}: {e}"))
         })?;
+        // The path grows; a query the base carries (`?api-version=…`) stays a query.
+        let path = format!("{}/chat/completions", endpoint.path().trim_end_matches('/'));
+        endpoint.set_path(&path);
         let mut shown_url = endpoint.clone();
         // Infallible for http(s) URLs, which `base_url_of` ensured.
         let _ = shown_url.set_username("");
@@ -124,6 +131,10 @@ impl ModelClient {
         let http = reqwest::Client::builder()
             .connect_timeout(cfg.connect_timeout)
             .user_agent(concat!("cortex-hub/", env!("CARGO_PKG_VERSION")))
+            // A redirect is answered as what it is (a wrong base URL, named with its
+            // target), not followed: a POST followed as a GET would fail obscurely,
+            // and the key stays with the host it was set for.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| {
                 ModelError::Config(format!("the HTTP client could not start: {}", causes(&e)))
@@ -154,7 +165,7 @@ impl ModelClient {
         loop {
             let err = match self.attempt(&body, on_delta).await {
                 Ok(out) => return Ok(out),
-                Err(e) => e,
+                Err(e) => self.redacted(e),
             };
             if !err.is_retryable() {
                 return Err(err);
@@ -181,6 +192,49 @@ impl ModelClient {
         }
     }
 
+    /// `text` with the API key blanked out, should a server have echoed it.
+    fn redact(&self, text: String) -> String {
+        match self.key.as_deref() {
+            Some(key) if text.contains(key) => text.replace(key, "[api key]"),
+            _ => text,
+        }
+    }
+
+    /// The error with the key blanked out of whatever a server or a library wrote in it.
+    fn redacted(&self, e: ModelError) -> ModelError {
+        match e {
+            ModelError::Connect { url, reason } => ModelError::Connect {
+                url,
+                reason: self.redact(reason),
+            },
+            ModelError::Request { url, reason } => ModelError::Request {
+                url,
+                reason: self.redact(reason),
+            },
+            ModelError::Stream { url, reason } => ModelError::Stream {
+                url,
+                reason: self.redact(reason),
+            },
+            ModelError::Status {
+                url,
+                status,
+                excerpt,
+                retry_after,
+            } => ModelError::Status {
+                url,
+                status,
+                excerpt: self.redact(excerpt),
+                retry_after,
+            },
+            ModelError::Server { message, retryable } => ModelError::Server {
+                message: self.redact(message),
+                retryable,
+            },
+            ModelError::Malformed(m) => ModelError::Malformed(self.redact(m)),
+            other => other,
+        }
+    }
+
     async fn attempt(
         &self,
         body: &[u8],
@@ -197,11 +251,14 @@ impl ModelClient {
         if !resp.status().is_success() {
             return Err(self.status_error(resp).await);
         }
-        let json = resp
+        let content_type = resp
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        let json = content_type.starts_with("application/json");
         let left = self.first_byte_timeout.saturating_sub(sent.elapsed());
         let mut chunk = tokio::time::timeout(left, resp.chunk())
             .await
@@ -213,8 +270,16 @@ impl ModelClient {
         let mut decoder = SseDecoder::new();
         let mut asm = Assembler::new();
         let mut events = Vec::new();
+        // The answer's first bytes, to show if it holds no event at all (a web page or
+        // a proxy's answer at the wrong URL).
+        let mut head = Vec::new();
+        let mut any_event = false;
         while let Some(bytes) = chunk {
+            if !any_event && head.len() < NO_EVENT_EXCERPT_BYTES {
+                head.extend_from_slice(&bytes[..bytes.len().min(NO_EVENT_EXCERPT_BYTES)]);
+            }
             decoder.feed(&bytes, &mut events)?;
+            any_event |= !events.is_empty();
             for data in events.drain(..) {
                 if asm.payload(&data, on_delta)? == Progress::Done {
                     drain(&mut resp).await;
@@ -224,10 +289,27 @@ impl ModelClient {
             chunk = self.next_chunk(&mut resp).await?;
         }
         decoder.finish(&mut events)?;
+        any_event |= !events.is_empty();
         for data in events.drain(..) {
             if asm.payload(&data, on_delta)? == Progress::Done {
                 break;
             }
+        }
+        if !any_event {
+            let shown = if content_type.is_empty() {
+                "no content type"
+            } else {
+                content_type.as_str()
+            };
+            let body = String::from_utf8_lossy(&head);
+            return Err(ModelError::Malformed(format!(
+                "HTTP 200 ({shown}) without a single server-sent event; is {} a chat completions endpoint? It began: {}",
+                self.shown,
+                match excerpt(&body, 200) {
+                    b if b.is_empty() => "(nothing)".to_string(),
+                    b => b,
+                }
+            )));
         }
         asm.finish()
     }
@@ -307,6 +389,22 @@ impl ModelClient {
     /// server's own message when it is JSON) and its `Retry-After`.
     async fn status_error(&self, mut resp: reqwest::Response) -> ModelError {
         let status = resp.status().as_u16();
+        let location = resp
+            .headers()
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .filter(|_| resp.status().is_redirection())
+            .map(|l| {
+                // The target as errors show URLs: no query, no user info.
+                let l = l.split(['?', '#']).next().unwrap_or_default();
+                match l
+                    .split_once("://")
+                    .map(|(s, rest)| (s, rest.rsplit_once('@')))
+                {
+                    Some((scheme, Some((_, host)))) => format!("{scheme}://{host}"),
+                    _ => l.to_string(),
+                }
+            });
         let retry_after = resp
             .headers()
             .get(RETRY_AFTER)
@@ -338,11 +436,11 @@ impl ModelClient {
                 }
             })
             .unwrap_or_else(|| text.to_string());
-        let mut excerpt = excerpt(&message, 300);
-        if let Some(key) = self.key.as_deref() {
-            excerpt = excerpt.replace(key, "[api key]");
-        }
-        if excerpt.is_empty() {
+        // Blanked before the cut, so no piece of the key is left at the end either.
+        let mut excerpt = excerpt(&self.redact(message), 300);
+        if let Some(to) = location {
+            excerpt = format!("redirects to {to} (set the base URL to where it points)");
+        } else if excerpt.is_empty() {
             excerpt = "(no body)".into();
         }
         ModelError::Status {

@@ -121,7 +121,8 @@ pub fn llm_config(
     let base_url = base_url_of(&base_url)?;
     let Some(model) = text("model", "CORTEX_LLM_MODEL")? else {
         return Err(ModelError::Config(format!(
-            "a model server is set ({base_url}) but no model: set CORTEX_LLM_MODEL or settings.json llm.model"
+            "a model server is set ({}) but no model: set CORTEX_LLM_MODEL or settings.json llm.model",
+            without_query(&base_url)
         )));
     };
     let api_key = match llm.get("apiKeyEnv") {
@@ -175,19 +176,36 @@ pub fn llm_config(
     Ok(Some(cfg))
 }
 
+/// `url` up to its query.
+fn without_query(url: &str) -> &str {
+    url.split(['?', '#']).next().unwrap_or_default()
+}
+
 /// A base URL as the client wants it: `http(s)://…`, without a trailing `/` or a pasted
 /// `/chat/completions`.
 pub fn base_url_of(url: &str) -> Result<String, ModelError> {
-    let url = url.trim().trim_end_matches('/');
+    let url = url.trim();
+    let (url, query) = match url.split_once('?') {
+        Some((u, q)) => (u, Some(q)),
+        None => (url, None),
+    };
+    let url = url.trim_end_matches('/');
     let url = url.strip_suffix("/chat/completions").unwrap_or(url);
+    let url = match query {
+        Some(q) => format!("{url}?{q}"),
+        None => url.to_string(),
+    };
+    let url = url.as_str();
+    // Errors show the URL without its query, which may hold a key.
+    let shown = without_query(url);
     let parsed = reqwest::Url::parse(url).map_err(|e| {
         ModelError::Config(format!(
-            "the model server's base URL {url:?} is not a URL ({e}); it looks like http://127.0.0.1:11434/v1"
+            "the model server's base URL {shown:?} is not a URL ({e}); it looks like http://127.0.0.1:11434/v1"
         ))
     })?;
     if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
         return Err(ModelError::Config(format!(
-            "the model server's base URL {url:?} must start with http:// or https://"
+            "the model server's base URL {shown:?} must start with http:// or https://"
         )));
     }
     Ok(url.to_string())
@@ -279,6 +297,31 @@ mod tests {
             .expect("some");
         assert_eq!(cfg.base_url, "http://h:8000/v1");
         assert_eq!(cfg.api_key, None);
+    }
+
+    #[test]
+    fn a_query_on_the_base_stays_and_is_never_shown() {
+        let llm = json!({"baseUrl": "https://x.example/openai/deployments/d/chat/completions/?api-version=2024-10-21", "model": "m"});
+        let cfg = llm_config(Some(&llm), &env_of(&[]))
+            .expect("ok")
+            .expect("some");
+        assert_eq!(
+            cfg.base_url,
+            "https://x.example/openai/deployments/d?api-version=2024-10-21"
+        );
+        let no_model = err(llm_config(
+            None,
+            &env_of(&[("CORTEX_LLM_BASE_URL", "http://h/v1?key=zzz")]),
+        ));
+        assert!(!no_model.contains("zzz"), "{no_model}");
+        let bad = err(llm_config(
+            None,
+            &env_of(&[
+                ("CORTEX_LLM_BASE_URL", "h/v1?key=zzz"),
+                ("CORTEX_LLM_MODEL", "m"),
+            ]),
+        ));
+        assert!(!bad.contains("zzz"), "{bad}");
     }
 
     #[test]
