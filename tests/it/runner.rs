@@ -532,7 +532,11 @@ fn sessions_beyond_the_concurrency_bound_wait_in_order() {
     // While the first call is answered slowly, no second one starts.
     model.wait_requests(1, LIMIT);
     std::thread::sleep(Duration::from_millis(400));
-    assert_eq!(model.requests().len(), 1, "a second session ran beside the first");
+    assert_eq!(
+        model.requests().len(),
+        1,
+        "a second session ran beside the first"
+    );
     for sid in &sids {
         run_end(&hub, sid, 1);
     }
@@ -573,14 +577,20 @@ fn cortex_say_follow_streams_the_answer_and_exits_with_the_run() {
     let (code, out, err) = cortex(&hub, &["session", "new", "--instructions", "Be brief."]);
     assert_eq!(code, 0, "{err}");
     let sid = out.trim().to_string();
-    let (code, out, err) = cortex(&hub, &["session", "say", &sid, "anything armed?", "--follow"]);
+    let (code, out, err) = cortex(
+        &hub,
+        &["session", "say", &sid, "anything armed?", "--follow"],
+    );
     assert_eq!(code, 0, "stdout {out}\nstderr {err}");
     assert_eq!(
         out.matches("All quiet on the waitpoint front.").count(),
         1,
         "the answer once: {out}"
     );
-    assert!(err.contains("wait_check"), "the tool call in one line: {err}");
+    assert!(
+        err.contains("wait_check"),
+        "the tool call in one line: {err}"
+    );
     let (code, out, _) = cortex(&hub, &["session", "result", &sid]);
     assert_eq!(code, 0);
     assert!(out.contains("All quiet"), "{out}");

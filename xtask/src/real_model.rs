@@ -112,10 +112,12 @@ fn start_server(opts: &Options, root: &Path) -> anyhow::Result<(Child, String)> 
         if let Some(st) = child.try_wait().context("the model server")? {
             bail!("the model server exited ({st}) before it answered");
         }
-        Ok(crate::bench_kit::request(addr, "GET", "/v1/models", None, None)
-            .ok()
-            .filter(|r| r.status == 200)
-            .map(|_| ()))
+        Ok(
+            crate::bench_kit::request(addr, "GET", "/v1/models", None, None)
+                .ok()
+                .filter(|r| r.status == 200)
+                .map(|_| ()),
+        )
     });
     if let Err(e) = ready {
         let _ = child.kill();
@@ -199,14 +201,8 @@ fn story(
     )?;
     let mut after = 0;
     let first = follow(&hub, &sid, &mut after, 1)?;
-    println!(
-        "turn 1 ended in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
-    let calls: Vec<&Value> = first
-        .iter()
-        .filter(|e| e["kind"] == "tool-end")
-        .collect();
+    println!("turn 1 ended in {:.1} s", started.elapsed().as_secs_f64());
+    let calls: Vec<&Value> = first.iter().filter(|e| e["kind"] == "tool-end").collect();
     ensure!(
         !calls.is_empty(),
         "the model made no tool call the hub could run (structure, not words, is checked: it wrote prose only)"
@@ -232,21 +228,28 @@ fn story(
         let d = hub.api_json("GET", "/api/devices/gpu1", None, 200)?;
         Ok(d["wait_list"]
             .as_array()
-            .and_then(|l| l.iter().find(|w| w["id"] == wp.as_str() && w["state"] == "armed"))
+            .and_then(|l| {
+                l.iter()
+                    .find(|w| w["id"] == wp.as_str() && w["state"] == "armed")
+            })
             .map(|_| ()))
     })?;
     let ended = Instant::now();
     procs.kill(sleep_index);
     let second = follow(&hub, &sid, &mut after, 1)?;
     ensure!(
-        second.iter().any(|e| e["kind"] == "wake" && e["waitpoint"]["id"] == wp.as_str()),
+        second
+            .iter()
+            .any(|e| e["kind"] == "wake" && e["waitpoint"]["id"] == wp.as_str()),
         "the run after the exit was not started by the wake"
     );
     println!(
         "the wake ran turn 2, ended {:.1} s after the process did",
         ended.elapsed().as_secs_f64()
     );
-    println!("real-model: the story holds (a tool call parsed and executed, the turn ended, the exit woke the session, the wake ran a turn)");
+    println!(
+        "real-model: the story holds (a tool call parsed and executed, the turn ended, the exit woke the session, the wake ran a turn)"
+    );
     Ok(())
 }
 
