@@ -10,13 +10,13 @@ use std::sync::mpsc::{Sender, channel};
 use std::thread;
 
 use anyhow::Context;
-use cortex_protocol::api::{EventBody, MessagePosted, SessionView};
+use cortex_protocol::api::{EventBody, MessagePosted};
 
 use super::Term;
 use super::follow::{Follow, FollowError, Item, Screen};
 use super::render::{self, Options, Render, Scope};
 use super::sessions::{NO_MODEL, Post};
-use crate::hub::{Hub, segment};
+use crate::hub::Hub;
 
 const PROMPT: &str = "› ";
 
@@ -55,13 +55,8 @@ pub fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<u8> {
-    let view = match hub.get(&format!("/api/sessions/{}", segment(sid))) {
-        Ok(r) => r.json::<SessionView>("GET /api/sessions/{sid}")?,
-        Err(e) if e.status() == Some(404) => {
-            writeln!(err, "cortex: {e}")?;
-            return Ok(2);
-        }
-        Err(e) => return Err(e).with_context(|| format!("reading session {sid}")),
+    let Some(view) = super::sessions::session_view(hub, sid, err)? else {
+        return Ok(2);
     };
     // Opened before the first line is posted, so the answer's first pieces are seen live.
     let follow = match Follow::open(hub, sid, view.last_seq) {

@@ -297,14 +297,7 @@ impl Render {
             self.end_line(out);
         } else {
             let line = match &result.error {
-                Some(e) => {
-                    let stop = e
-                        .stop
-                        .as_deref()
-                        .map(|s| format!(" ({s})"))
-                        .unwrap_or_default();
-                    format!("✗ run failed: {}{stop}: {}", e.code, first_line(&e.message))
-                }
+                Some(e) => format!("✗ run failed: {}", failure(e, first_line(&e.message))),
                 None => "✗ run failed (no reason given)".to_string(),
             };
             // Whole, not cut to the width: it is the one line that says what went wrong.
@@ -349,6 +342,16 @@ fn error_text(v: &Value) -> String {
         Some(e) => compact(e),
         None => compact(v),
     }
+}
+
+/// A failed run's error as one phrase: `code (stop): message`.
+pub fn failure(e: &cortex_protocol::api::RunError, message: &str) -> String {
+    let stop = e
+        .stop
+        .as_deref()
+        .map(|s| format!(" ({s})"))
+        .unwrap_or_default();
+    format!("{}{stop}: {message}", e.code)
 }
 
 fn first_line(s: &str) -> &str {

@@ -183,13 +183,8 @@ pub fn say_follow(
     err: &mut dyn Write,
 ) -> anyhow::Result<u8> {
     let sid = post.sid;
-    let view = match hub.get(&format!("/api/sessions/{}", segment(sid))) {
-        Ok(r) => r.json::<SessionView>("GET /api/sessions/{sid}")?,
-        Err(e) if e.status() == Some(404) => {
-            writeln!(err, "cortex: {e}")?;
-            return Ok(2);
-        }
-        Err(e) => return Err(e).with_context(|| format!("reading session {sid}")),
+    let Some(view) = session_view(hub, sid, err)? else {
+        return Ok(2);
     };
     let mut follow = match Follow::open(hub, sid, view.last_seq) {
         Ok(f) => f,
@@ -298,18 +293,12 @@ pub fn result(
     }
     if !json {
         match &res.result.error {
-            Some(e) => {
-                let stop = e
-                    .stop
-                    .as_deref()
-                    .map(|s| format!(" ({s})"))
-                    .unwrap_or_default();
-                writeln!(
-                    err,
-                    "cortex: run {} failed: {}{stop}: {}",
-                    res.run_id, e.code, e.message
-                )?;
-            }
+            Some(e) => writeln!(
+                err,
+                "cortex: run {} failed: {}",
+                res.run_id,
+                render::failure(e, &e.message)
+            )?,
             None => writeln!(err, "cortex: run {} failed (no reason given)", res.run_id)?,
         }
     }
@@ -435,4 +424,20 @@ pub fn event_line(ev: &Value) -> String {
         }
     };
     format!("{seq:>5}  {ts}  {kind:<19}  {summary}")
+}
+
+/// The session `sid`; `None` (said on `err`) when the hub has no such session.
+pub fn session_view(
+    hub: &Hub,
+    sid: &str,
+    err: &mut dyn Write,
+) -> anyhow::Result<Option<SessionView>> {
+    match hub.get(&format!("/api/sessions/{}", segment(sid))) {
+        Ok(r) => Ok(Some(r.json::<SessionView>("GET /api/sessions/{sid}")?)),
+        Err(e) if e.status() == Some(404) => {
+            writeln!(err, "cortex: {e}")?;
+            Ok(None)
+        }
+        Err(e) => Err(e).with_context(|| format!("reading session {sid}")),
+    }
 }

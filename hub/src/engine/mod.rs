@@ -92,6 +92,22 @@ pub struct CreateParams {
     pub device: Option<String>,
 }
 
+impl From<cortex_protocol::api::CreateWaitpoint> for CreateParams {
+    /// The API's body (and the `wait_create` tool's arguments) as the engine's parameters.
+    fn from(req: cortex_protocol::api::CreateWaitpoint) -> Self {
+        CreateParams {
+            label: req.label,
+            intent: req.intent,
+            members: req.members,
+            quorum: req.quorum,
+            fail_fast: req.fail_fast,
+            max_signals: req.max_signals,
+            expires_in_hours: req.expires_in_hours,
+            device: req.device,
+        }
+    }
+}
+
 /// Why `wait_create` refused its parameters. Each message says what to send instead.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CreateError {

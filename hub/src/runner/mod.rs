@@ -24,7 +24,7 @@ use crate::model::{Delta, Model, StepRequest, ToolCall};
 use crate::state::AppState;
 use crate::store::agent::{RunStatus, TOPIC_READY};
 use crate::time::now_ms;
-use turn::{Next, RetryNote, StepRef};
+use turn::{Next, RetryNote, StepAt};
 
 /// Ready sessions read per pass over the queue.
 const PASS: usize = 256;
@@ -176,44 +176,36 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
                     let p = tools::prepare(state, sid, &call).await;
                     calls.push((call, p));
                 }
-                let (s, r, d, url) = (
-                    sid.to_string(),
-                    run_id.clone(),
+                let (at, d, url) = (
+                    StepAt {
+                        sid: sid.to_string(),
+                        run_id: run_id.clone(),
+                        step,
+                    },
                     defaults.clone(),
                     state.signal_url.clone(),
                 );
                 let (next, secrets) = state
                     .store
-                    .exec(move |t| {
-                        let at = StepRef {
-                            sid: &s,
-                            run_id: &r,
-                            step,
-                        };
-                        turn::step_done(t, at, out, retries, calls, &url, &d, now_ms())
-                    })
+                    .exec(move |t| turn::step_done(t, &at, out, retries, calls, &url, &d, now_ms()))
                     .await?;
                 unredacted.extend(secrets);
                 next
             }
             Err(e) => {
                 tracing::warn!(session = %sid, run = %run_id, step, error = %e, "a model call failed; the run ends");
-                let (s, r, d, msg) = (
-                    sid.to_string(),
-                    run_id.clone(),
+                let (at, d, msg) = (
+                    StepAt {
+                        sid: sid.to_string(),
+                        run_id: run_id.clone(),
+                        step,
+                    },
                     defaults.clone(),
                     e.to_string(),
                 );
                 state
                     .store
-                    .exec(move |t| {
-                        let at = StepRef {
-                            sid: &s,
-                            run_id: &r,
-                            step,
-                        };
-                        turn::step_failed(t, at, msg, retries, &d, now_ms())
-                    })
+                    .exec(move |t| turn::step_failed(t, &at, msg, retries, &d, now_ms()))
                     .await?
             }
         };

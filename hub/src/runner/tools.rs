@@ -208,16 +208,7 @@ async fn prepare_inner(state: &AppState, sid: &str, call: &ToolCall) -> Result<P
             let secret = secret::new_secret();
             let hash = secret::hash(&secret);
             Ok(Prepared::WaitCreate {
-                params: CreateParams {
-                    label: req.label,
-                    intent: req.intent,
-                    members: req.members,
-                    quorum: req.quorum,
-                    fail_fast: req.fail_fast,
-                    max_signals: req.max_signals,
-                    expires_in_hours: req.expires_in_hours,
-                    device: req.device,
-                },
+                params: CreateParams::from(req),
                 secret,
                 hash,
             })
@@ -236,14 +227,7 @@ async fn prepare_inner(state: &AppState, sid: &str, call: &ToolCall) -> Result<P
         "devices" => {
             let records = state
                 .store
-                .read(|r| {
-                    let mut out = Vec::new();
-                    for d in r.devices()? {
-                        let n = r.device_wait_count(&d.name)?;
-                        out.push((d, n));
-                    }
-                    Ok(out)
-                })
+                .read(|r| r.devices_with_wait_counts())
                 .await
                 .map_err(|e| format!("the device list cannot be read: {e}"))?;
             let views: Vec<_> = records

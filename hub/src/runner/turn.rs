@@ -39,11 +39,24 @@ pub struct RetryNote {
 }
 
 /// Which step a result belongs to.
-#[derive(Debug, Clone, Copy)]
-pub struct StepRef<'a> {
-    pub sid: &'a str,
-    pub run_id: &'a str,
+#[derive(Debug, Clone)]
+pub struct StepAt {
+    pub sid: String,
+    pub run_id: String,
     pub step: u32,
+}
+
+/// A run that ended without an answer.
+fn failed(code: &str, stop: Option<&str>, message: String) -> RunResult {
+    RunResult {
+        ok: false,
+        output: None,
+        error: Some(RunError {
+            code: code.into(),
+            stop: stop.map(str::to_string),
+            message,
+        }),
+    }
 }
 
 /// A tool answer whose stored copy hides a secret: transcript position and the content
@@ -180,15 +193,7 @@ pub fn boundary(
                 sid,
                 &mut rec,
                 &turn,
-                RunResult {
-                    ok: false,
-                    output: None,
-                    error: Some(RunError {
-                        code: "stopped".into(),
-                        stop: Some(stop.stop.into()),
-                        message: stop.message,
-                    }),
-                },
+                failed("stopped", Some(stop.stop), stop.message),
                 now,
             )?;
             continue;
@@ -306,7 +311,7 @@ fn args_value(call: &ToolCall) -> serde_json::Value {
 #[allow(clippy::too_many_arguments)]
 pub fn step_done(
     t: &mut Tx<'_>,
-    at: StepRef<'_>,
+    at: &StepAt,
     out: StepOutput,
     retries: Vec<RetryNote>,
     calls: Vec<(ToolCall, tools::Prepared)>,
@@ -314,7 +319,7 @@ pub fn step_done(
     defaults: &AgentDefaults,
     now: u64,
 ) -> Result<(Next, Vec<Unredacted>), StoreError> {
-    let StepRef { sid, run_id, step } = at;
+    let (sid, run_id, step) = (at.sid.as_str(), at.run_id.as_str(), at.step);
     let mut unredacted = Vec::new();
     let Some(mut rec) = t.agent(sid)? else {
         return Ok((Next::Idle, unredacted));
@@ -433,13 +438,13 @@ pub fn step_done(
 /// `model_call_failed`, and the session goes on to its next boundary.
 pub fn step_failed(
     t: &mut Tx<'_>,
-    at: StepRef<'_>,
+    at: &StepAt,
     message: String,
     retries: Vec<RetryNote>,
     defaults: &AgentDefaults,
     now: u64,
 ) -> Result<Next, StoreError> {
-    let StepRef { sid, run_id, step } = at;
+    let (sid, run_id, step) = (at.sid.as_str(), at.run_id.as_str(), at.step);
     let Some(mut rec) = t.agent(sid)? else {
         return Ok(Next::Idle);
     };
@@ -452,15 +457,7 @@ pub fn step_failed(
         sid,
         &mut rec,
         &turn,
-        RunResult {
-            ok: false,
-            output: None,
-            error: Some(RunError {
-                code: "model_call_failed".into(),
-                stop: None,
-                message,
-            }),
-        },
+        failed("model_call_failed", None, message),
         now,
     )?;
     t.put_agent(sid, &rec)?;

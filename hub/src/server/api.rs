@@ -237,16 +237,7 @@ pub async fn create_waitpoint(
 ) -> Result<Response, ApiError> {
     let req: CreateWaitpoint = parse_json(&body)?;
     cap_waitpoint(&req)?;
-    let params = CreateParams {
-        label: req.label,
-        intent: req.intent,
-        members: req.members,
-        quorum: req.quorum,
-        fail_fast: req.fail_fast,
-        max_signals: req.max_signals,
-        expires_in_hours: req.expires_in_hours,
-        device: req.device,
-    };
+    let params = CreateParams::from(req);
     let secret = secret::new_secret();
     let hash = secret::hash(&secret);
     let s = sid.clone();

@@ -109,14 +109,7 @@ pub fn view(state: &AppState, rec: DeviceRecord, waits: u32) -> DeviceView {
 pub async fn list_devices(State(state): State<AppState>) -> Result<Response, ApiError> {
     let records = state
         .store
-        .read(|r| {
-            let mut out = Vec::new();
-            for d in r.devices()? {
-                let n = r.device_wait_count(&d.name)?;
-                out.push((d, n));
-            }
-            Ok(out)
-        })
+        .read(|r| r.devices_with_wait_counts())
         .await
         .map_err(ApiError::store)?;
     let views: Vec<DeviceView> = records

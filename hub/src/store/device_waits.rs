@@ -455,6 +455,18 @@ impl Tx<'_> {
     }
 
     /// How many active waits a device has.
+    /// Every device with the count of its active remote waits (the fleet's list).
+    pub fn devices_with_wait_counts(
+        &self,
+    ) -> Result<Vec<(super::devices::DeviceRecord, u32)>, StoreError> {
+        let mut out = Vec::new();
+        for d in self.devices()? {
+            let n = self.device_wait_count(&d.name)?;
+            out.push((d, n));
+        }
+        Ok(out)
+    }
+
     pub fn device_wait_count(&self, device: &str) -> Result<u32, StoreError> {
         let t = self.table(&DEVICE_WAITS);
         let mut n = 0u32;
