@@ -11,7 +11,7 @@ use anyhow::{Context, bail, ensure};
 use serde_json::json;
 
 use super::procs::{LogTail, Procs, poll};
-use super::{Reply, request};
+use super::{Reply, request, request_on};
 
 /// The HTTP address and, when the mesh is on, its URL from the hub's start line
 /// (`listening on http://ADDR (…), mesh ws://127.0.0.1:PORT/mesh/v1, home DIR`, or
@@ -60,13 +60,24 @@ impl Hub {
         timing: &Path,
         procs: &mut Procs,
     ) -> anyhow::Result<Hub> {
-        Hub::start_with(bin, home, "off", Some(timing), procs)
+        Hub::start_with(bin, home, "off", Some(timing), &[], procs)
+    }
+
+    /// Starts the hub (mesh off, no timing records) with `env` set for it (the only
+    /// `CORTEX_*` variables it sees besides its token).
+    pub fn start_with_env(
+        bin: &Path,
+        home: &Path,
+        env: &[(&str, &str)],
+        procs: &mut Procs,
+    ) -> anyhow::Result<Hub> {
+        Hub::start_with(bin, home, "off", None, env, procs)
     }
 
     /// Starts the hub with its device mesh on a loopback port chosen at run time (no timing
     /// records).
     pub fn start_with_mesh(bin: &Path, home: &Path, procs: &mut Procs) -> anyhow::Result<Hub> {
-        let hub = Hub::start_with(bin, home, "127.0.0.1:0", None, procs)?;
+        let hub = Hub::start_with(bin, home, "127.0.0.1:0", None, &[], procs)?;
         ensure!(
             hub.mesh_url.is_some(),
             "the hub's start line names no mesh URL"
@@ -79,6 +90,7 @@ impl Hub {
         home: &Path,
         mesh_listen: &str,
         timing: Option<&Path>,
+        env: &[(&str, &str)],
         procs: &mut Procs,
     ) -> anyhow::Result<Hub> {
         let token = format!(
@@ -106,6 +118,7 @@ impl Hub {
         if let Some(t) = timing {
             cmd.env("CORTEX_TIMING_FILE", t);
         }
+        cmd.envs(env.iter().copied());
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
@@ -158,6 +171,45 @@ impl Hub {
     ) -> anyhow::Result<Reply> {
         let bytes = body.map(|b| b.to_string().into_bytes());
         request(self.addr, method, path, Some(&self.token), bytes.as_deref())
+    }
+
+    /// One operator API call through `agent`'s kept-alive connection; any status.
+    pub fn api_reply_on(
+        &self,
+        agent: &ureq::Agent,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> anyhow::Result<Reply> {
+        let bytes = body.map(|b| b.to_string().into_bytes());
+        request_on(
+            agent,
+            self.addr,
+            method,
+            path,
+            Some(&self.token),
+            bytes.as_deref(),
+        )
+    }
+
+    /// [`Hub::api_json`] through `agent`'s kept-alive connection.
+    pub fn api_on(
+        &self,
+        agent: &ureq::Agent,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+        want: u16,
+    ) -> anyhow::Result<serde_json::Value> {
+        let r = self.api_reply_on(agent, method, path, body)?;
+        let what = format!("{method} {path}");
+        ensure!(
+            r.status == want,
+            "{what}: HTTP {} (wanted {want}): {}",
+            r.status,
+            r.text()
+        );
+        r.json(&what)
     }
 
     /// One operator API call that must answer `want`; returns the JSON body.
