@@ -332,7 +332,8 @@ fn fresh_id() -> usize {
 /// a bench in the process can compare them with its own).
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
-    /// The request's body was read whole.
+    /// The request's head was read (its body follows at once; reading and parsing it is
+    /// the server's work, not the client's).
     pub arrived: Instant,
     /// The answer's last byte was handed to the connection; `None` while it is open, or
     /// when the client left first.
@@ -632,6 +633,7 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
     // Open from the request's head until its answer ends (written whole, or dropped when
     // the client leaves): a streamed answer's writer holds it to the end.
     let open = InFlight::open(&shared);
+    let head_at = Instant::now();
     let auth = req
         .headers()
         .get(hyper::header::AUTHORIZATION)
@@ -646,7 +648,7 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
         let mut reqs = shared.requests.lock().expect("requests");
         reqs.push(body.clone());
         shared.timings.lock().expect("timings").push(Timing {
-            arrived: Instant::now(),
+            arrived: head_at,
             answered: None,
         });
         shared.auth.lock().expect("auth").push(auth);

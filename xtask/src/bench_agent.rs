@@ -281,7 +281,7 @@ impl Report {
             "the runner's own cost, zero-latency scripted model (concurrency {CONCURRENCY}, the default):"
         ));
         line(format!(
-            "  {:<52} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7}",
+            "  {:<58} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7}",
             "", "n", "p50", "p90", "p99", "max", "others"
         ));
         for (what, d, noise) in [
@@ -305,7 +305,7 @@ impl Report {
             ),
         ] {
             line(format!(
-                "  {what:<52} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7.2}",
+                "  {what:<58} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7.2}",
                 d.n,
                 report::us(d.p50),
                 report::us(d.p90),
