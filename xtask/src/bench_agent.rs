@@ -24,6 +24,11 @@ use crate::bench_waits::idle::Figures;
 const TARGET_STEP_P50_US: f64 = 1_000.0;
 const TARGET_WAKE_P50_US: f64 = 2_000.0;
 const TARGET_RSS_MIB: f64 = 50.0;
+/// "No CPU while idle": less run time over the window than one clock tick (10 ms). The
+/// tick count itself is sampled (a tick is charged to whoever runs when it fires), so a
+/// process that ran 0.5 ms may be charged one tick or none; the scheduler's run time is
+/// exact.
+const IDLE_RUN_MS: f64 = 10.0;
 /// `agent.concurrency` when settings.json does not set it, as this bench runs the hub.
 const CONCURRENCY: usize = 8;
 /// Unmeasured runs before the measured ones, for each latency part.
@@ -350,9 +355,9 @@ impl Report {
             self.idle_noise
         ));
         line(format!(
-            "  target RSS < {TARGET_RSS_MIB:.0} MiB in all: {}; target no CPU while idle (0 ticks): {}",
+            "  target RSS < {TARGET_RSS_MIB:.0} MiB in all: {}; target no CPU while idle (under one tick, {IDLE_RUN_MS:.0} ms, of run time): {}",
             met(after_mib < TARGET_RSS_MIB),
-            met(self.idle.ticks == 0)
+            met(self.idle.cpu_ms() < IDLE_RUN_MS)
         ));
         line(String::new());
         let b = &self.burst;
