@@ -2,7 +2,9 @@
 //! server (hyper, keep-alive, chunked `text/event-stream`) on `127.0.0.1:0` that answers
 //! `POST /v1/chat/completions` with the [`Reply`]s it was given, in order, then with a
 //! default reply forever. It records every request body, and whether each answer was sent
-//! whole or the client went away first.
+//! whole or the client went away first. For benchmarks it also keeps when each request
+//! arrived and when its answer was written ([`Timing`]), and how many answers are open at
+//! once and the most ever open ([`ScriptedModel::max_in_flight`]).
 //!
 //! The server runs on its own thread and runtime, so sync tests and async tests use it
 //! alike; dropping the [`ScriptedModel`] stops it (and every answer still hanging).
@@ -335,26 +337,50 @@ fn fresh_id() -> usize {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// When one request came and went, by the server's clock (the same process's `Instant`s, so
+/// a bench in the process can compare them with its own).
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// The request's head was read (its body follows at once; reading and parsing it is
+    /// the server's work, not the client's).
+    pub arrived: Instant,
+    /// The answer's last byte was handed to the connection; `None` while it is open, or
+    /// when the client left first.
+    pub answered: Option<Instant>,
+}
+
 struct Shared {
     script: Mutex<VecDeque<Reply>>,
     default: Mutex<Reply>,
     requests: Mutex<Vec<Value>>,
+    timings: Mutex<Vec<Timing>>,
     auth: Mutex<Vec<Option<String>>>,
     targets: Mutex<Vec<String>>,
     outcomes: Mutex<Vec<Option<Outcome>>>,
     changed: Condvar,
     async_changed: tokio::sync::Notify,
     connections: AtomicUsize,
+    /// Chat requests whose answer has not ended yet, and the most there ever were.
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
 }
 
 impl Shared {
     fn set_outcome(&self, n: usize, o: Outcome) {
+        let at = Instant::now();
         let mut outcomes = self.outcomes.lock().expect("outcomes");
         if outcomes.len() <= n {
             outcomes.resize(n + 1, None);
         }
+        let first = outcomes[n].is_none();
         outcomes[n].get_or_insert(o);
         drop(outcomes);
+        if first
+            && o == Outcome::Sent
+            && let Some(t) = self.timings.lock().expect("timings").get_mut(n)
+        {
+            t.answered = Some(at);
+        }
         self.notify();
     }
 
@@ -390,12 +416,15 @@ impl ScriptedModel {
             script: Mutex::new(replies.into()),
             default: Mutex::new(default),
             requests: Mutex::new(Vec::new()),
+            timings: Mutex::new(Vec::new()),
             auth: Mutex::new(Vec::new()),
             targets: Mutex::new(Vec::new()),
             outcomes: Mutex::new(Vec::new()),
             changed: Condvar::new(),
             async_changed: tokio::sync::Notify::new(),
             connections: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let serving = shared.clone();
@@ -432,6 +461,44 @@ impl ScriptedModel {
     /// Every request body received, in order.
     pub fn requests(&self) -> Vec<Value> {
         self.shared.requests.lock().expect("requests").clone()
+    }
+
+    /// How many requests arrived so far (without copying their bodies).
+    pub fn request_count(&self) -> usize {
+        self.shared.requests.lock().expect("requests").len()
+    }
+
+    /// Request `n`'s body (0-based), once it arrived.
+    pub fn request(&self, n: usize) -> Option<Value> {
+        self.shared
+            .requests
+            .lock()
+            .expect("requests")
+            .get(n)
+            .cloned()
+    }
+
+    /// When each request arrived and was answered, in order (the same order as
+    /// [`ScriptedModel::requests`]).
+    pub fn timings(&self) -> Vec<Timing> {
+        self.shared.timings.lock().expect("timings").clone()
+    }
+
+    /// Chat requests being answered right now (arrived, answer not ended).
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// The most chat requests ever answered at once, since the start or the last
+    /// [`ScriptedModel::reset_max_in_flight`].
+    pub fn max_in_flight(&self) -> usize {
+        self.shared.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Starts counting the most at once afresh (from those open now).
+    pub fn reset_max_in_flight(&self) {
+        let now = self.shared.in_flight.load(Ordering::SeqCst);
+        self.shared.max_in_flight.store(now, Ordering::SeqCst);
     }
 
     /// Each request's `Authorization` header, in order.
@@ -590,6 +657,10 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
             json!({"error": {"message": format!("no route {} {}", req.method(), req.uri().path()), "type": "invalid_request_error"}}),
         ));
     }
+    // Open from the request's head until its answer ends (written whole, or dropped when
+    // the client leaves): a streamed answer's writer holds it to the end.
+    let open = InFlight::open(&shared);
+    let head_at = Instant::now();
     let auth = req
         .headers()
         .get(hyper::header::AUTHORIZATION)
@@ -603,6 +674,10 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
     let n = {
         let mut reqs = shared.requests.lock().expect("requests");
         reqs.push(body.clone());
+        shared.timings.lock().expect("timings").push(Timing {
+            arrived: head_at,
+            answered: None,
+        });
         shared.auth.lock().expect("auth").push(auth);
         reqs.len() - 1
     };
@@ -667,6 +742,7 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
                     shared: shared.clone(),
                     n,
                     finished: false,
+                    _open: open,
                 },
                 Writer::next,
             );
@@ -704,6 +780,24 @@ struct Writer {
     shared: Arc<Shared>,
     n: usize,
     finished: bool,
+    _open: InFlight,
+}
+
+/// One chat request counted as open while this lives.
+struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn open(shared: &Arc<Shared>) -> InFlight {
+        let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        InFlight(shared.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Writer {
@@ -740,5 +834,73 @@ impl Drop for Writer {
         if !self.finished {
             self.shared.set_outcome(self.n, Outcome::ClientGone);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    use super::*;
+
+    /// One chat request over a fresh connection (closed after the answer); the answer's text.
+    fn post(addr: SocketAddr) -> String {
+        let body = json!({"model": "scripted", "messages": [{"role": "user", "content": "hi"}]})
+            .to_string();
+        let mut s = TcpStream::connect(addr).expect("connect");
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read");
+        out
+    }
+
+    #[test]
+    fn timings_and_the_most_in_flight_are_kept() {
+        let model = ScriptedModel::start_with_default(
+            Vec::new(),
+            Reply::text("slow").head_delay(Duration::from_millis(300)),
+        );
+        let addr = model.addr;
+        let (a, b) = (
+            std::thread::spawn(move || post(addr)),
+            std::thread::spawn(move || post(addr)),
+        );
+        for t in [a, b] {
+            let answer = t.join().expect("client");
+            assert!(answer.contains("data: [DONE]"), "{answer}");
+        }
+        model.wait_outcome(1, Duration::from_secs(10));
+        model.wait_outcome(0, Duration::from_secs(10));
+        // Both were held by the delay at the same time.
+        assert_eq!(model.max_in_flight(), 2);
+        assert_eq!(model.request_count(), 2);
+        assert_eq!(
+            model.request(1).map(|r| r["model"].clone()),
+            Some(json!("scripted"))
+        );
+        let timings = model.timings();
+        assert_eq!(timings.len(), 2);
+        for t in &timings {
+            let answered = t.answered.expect("answered");
+            assert!(answered >= t.arrived, "{t:?}");
+        }
+        // Every answer ended: nothing open, and a reset starts from none.
+        let open = (0..500)
+            .map(|_| {
+                std::thread::sleep(Duration::from_millis(10));
+                model.in_flight()
+            })
+            .find(|&n| n == 0);
+        assert_eq!(open, Some(0));
+        model.reset_max_in_flight();
+        assert_eq!(model.max_in_flight(), 0);
+        post(addr);
+        assert_eq!(model.max_in_flight(), 1);
     }
 }

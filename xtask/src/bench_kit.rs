@@ -40,9 +40,34 @@ impl Reply {
 /// The largest answer a bench reads.
 const MAX_REPLY_BYTES: u64 = 256 << 20;
 
-/// One request to `http://ADDR/PATH` (JSON body, bearer token if given); any status is an
-/// answer. No proxy and no redirects: the benches talk only to their own loopback servers.
+/// One request to `http://ADDR/PATH` (JSON body, bearer token if given) on a connection of
+/// its own; any status is an answer.
 pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    body: Option<&[u8]>,
+) -> anyhow::Result<Reply> {
+    request_on(&agent(), addr, method, path, bearer, body)
+}
+
+/// A client whose connections are kept alive between requests (for thousands of requests
+/// from one thread, which would otherwise each leave a socket in TIME_WAIT). No proxy and
+/// no redirects: the benches talk only to their own loopback servers.
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .proxy(None)
+        .timeout_global(Some(HTTP_TIMEOUT))
+        .build()
+        .into()
+}
+
+/// [`request`] through `agent` (its kept-alive connection when it has one).
+pub fn request_on(
+    agent: &ureq::Agent,
     addr: SocketAddr,
     method: &str,
     path: &str,
@@ -51,13 +76,6 @@ pub fn request(
 ) -> anyhow::Result<Reply> {
     let url = format!("http://{addr}{path}");
     let what = || format!("{method} {url}");
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .max_redirects(0)
-        .proxy(None)
-        .timeout_global(Some(HTTP_TIMEOUT))
-        .build()
-        .into();
     let mut req = ureq::http::Request::builder().method(method).uri(&url);
     if let Some(t) = bearer {
         req = req.header("Authorization", format!("Bearer {t}"));

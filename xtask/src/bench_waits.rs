@@ -8,7 +8,8 @@
 //! and leaves nothing running. Method and figures: docs/benchmarks.md, "Remote waits".
 
 mod daemons;
-mod idle;
+/// Shared with the agent bench, which watches an idle hub the same way.
+pub mod idle;
 mod latency;
 
 use std::process::{Command, Stdio};

@@ -1,6 +1,7 @@
 //! `cargo xtask`: developer tasks as code (matklad/cargo-xtask), so nobody keeps a private
 //! shell script. This file only dispatches; each task lives in its own module beside it.
 
+mod bench_agent;
 mod bench_kit;
 mod bench_mesh;
 mod bench_signals;
@@ -45,6 +46,13 @@ tasks:
       remote waits: process exit to the agent, the hub's durable record and a client's
       wake, beside tail --pid, a kill -0/sleep 5 loop and a 500 ms poll (ratios); the
       agent idle with no waits and with 1,000 armed pid waits; see docs/benchmarks.md
+  bench agent [--sessions N] [--steps N] [--runs N] [--idle SECS] [--delay-ms MS]
+              [--threads N] [--quiet-wait SECS] [--no-build]
+      the hub's runner against a zero-latency scripted model: a tool step's cost, a
+      signal's 202 to the woken turn's request, the hub's memory and idle CPU with N
+      sessions each waiting (default 10,000), and all of them woken in one burst (the
+      most model requests at once must stay within agent.concurrency); see
+      docs/benchmarks.md
   real-model [--base-url URL] [--serve SCRIPT] [--model NAME] [--no-build]
       the runner's story against a real OpenAI-compatible server (default: llama.cpp's
       llama-server with SmolLM2-135M through a serve script): a device_wait_pid call parsed
@@ -62,6 +70,7 @@ fn main() -> ExitCode {
         ["bench", "signals", rest @ ..] => bench_signals::run(rest),
         ["bench", "mesh", rest @ ..] => bench_mesh::run(rest),
         ["bench", "waits", rest @ ..] => bench_waits::run(rest),
+        ["bench", "agent", rest @ ..] => bench_agent::run(rest),
         ["real-model", rest @ ..] => real_model::run(rest),
         [] | ["help" | "-h" | "--help", ..] => {
             println!("{USAGE}");

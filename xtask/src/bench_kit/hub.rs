@@ -11,7 +11,7 @@ use anyhow::{Context, bail, ensure};
 use serde_json::json;
 
 use super::procs::{LogTail, Procs, poll};
-use super::{Reply, request};
+use super::{Reply, request, request_on};
 
 /// The HTTP address and, when the mesh is on, its URL from the hub's start line
 /// (`listening on http://ADDR (…), mesh ws://127.0.0.1:PORT/mesh/v1, home DIR`, or
@@ -61,6 +61,17 @@ impl Hub {
         procs: &mut Procs,
     ) -> anyhow::Result<Hub> {
         Hub::start_with(bin, home, "off", Some(timing), &[], procs)
+    }
+
+    /// Starts the hub (mesh off, no timing records) with `env` set for it (the only
+    /// `CORTEX_*` variables it sees besides its token).
+    pub fn start_with_env(
+        bin: &Path,
+        home: &Path,
+        env: &[(&str, &str)],
+        procs: &mut Procs,
+    ) -> anyhow::Result<Hub> {
+        Hub::start_with(bin, home, "off", None, env, procs)
     }
 
     /// Starts the hub with its device mesh on a loopback port chosen at run time (no timing
@@ -170,6 +181,45 @@ impl Hub {
     ) -> anyhow::Result<Reply> {
         let bytes = body.map(|b| b.to_string().into_bytes());
         request(self.addr, method, path, Some(&self.token), bytes.as_deref())
+    }
+
+    /// One operator API call through `agent`'s kept-alive connection; any status.
+    pub fn api_reply_on(
+        &self,
+        agent: &ureq::Agent,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> anyhow::Result<Reply> {
+        let bytes = body.map(|b| b.to_string().into_bytes());
+        request_on(
+            agent,
+            self.addr,
+            method,
+            path,
+            Some(&self.token),
+            bytes.as_deref(),
+        )
+    }
+
+    /// [`Hub::api_json`] through `agent`'s kept-alive connection.
+    pub fn api_on(
+        &self,
+        agent: &ureq::Agent,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+        want: u16,
+    ) -> anyhow::Result<serde_json::Value> {
+        let r = self.api_reply_on(agent, method, path, body)?;
+        let what = format!("{method} {path}");
+        ensure!(
+            r.status == want,
+            "{what}: HTTP {} (wanted {want}): {}",
+            r.status,
+            r.text()
+        );
+        r.json(&what)
     }
 
     /// One operator API call that must answer `want`; returns the JSON body.
