@@ -20,9 +20,10 @@ use std::sync::{Arc, Mutex};
 use cortex_protocol::api::{DeltaChannel, Event, EventBody};
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::model::{Delta, Model, StepRequest, ToolCall};
+use crate::model::{ChatMessage, Delta, Model, StepRequest, ToolCall};
 use crate::state::AppState;
 use crate::store::agent::{RunStatus, TOPIC_READY};
+use crate::store::{StoreError, Tx};
 use crate::time::now_ms;
 use turn::{Next, RetryNote, StepAt};
 
@@ -113,18 +114,40 @@ enum DriveError {
     Store(#[from] Arc<crate::store::StoreError>),
 }
 
+/// `next`, with the transcript's messages from `known` on when it is a step: read in the
+/// write that produced them, so a step needs no second trip to the store.
+fn with_tail(
+    t: &Tx<'_>,
+    sid: &str,
+    next: Next,
+    known: u64,
+) -> Result<(Next, Vec<ChatMessage>), StoreError> {
+    let tail = match next {
+        Next::Step { .. } => t.transcript_from(sid, known)?,
+        Next::Idle => Vec::new(),
+    };
+    Ok((next, tail))
+}
+
 /// Drives one session until it is handed back idle (or the hub stops).
 async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), DriveError> {
     let defaults = Arc::new(state.agent_defaults.clone());
-    // Tool answers whose stored copy hides a secret, for the rest of this task.
+    // The transcript as stored (secrets redacted), kept for the life of this task and
+    // grown from what each write returns.
+    let mut messages: Vec<ChatMessage> = Vec::new();
+    // Tool answers whose stored copy hides a secret, for the rest of the run.
     let mut unredacted: HashMap<u64, String> = HashMap::new();
-    let mut next = {
+    let (mut next, tail) = {
         let (s, d) = (sid.to_string(), defaults.clone());
         state
             .store
-            .exec(move |t| turn::boundary(t, &s, &d, now_ms()))
+            .exec(move |t| {
+                let next = turn::boundary(t, &s, &d, now_ms())?;
+                with_tail(t, &s, next, 0)
+            })
             .await?
     };
+    messages.extend(tail);
     loop {
         let Next::Step {
             run_id,
@@ -135,17 +158,19 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
         else {
             return Ok(());
         };
-        let s = sid.to_string();
-        let mut messages = state
-            .store
-            .read(move |r| r.transcript(&s))
-            .await
-            .map_err(Arc::new)?;
-        for (i, content) in &unredacted {
-            if let Some(m) = usize::try_from(*i).ok().and_then(|i| messages.get_mut(i)) {
-                m.content = Some(content.clone());
+        let patched;
+        let sent: &[ChatMessage] = if unredacted.is_empty() {
+            &messages
+        } else {
+            let mut copy = messages.clone();
+            for (i, content) in &unredacted {
+                if let Some(m) = usize::try_from(*i).ok().and_then(|i| copy.get_mut(i)) {
+                    m.content = Some(content.clone());
+                }
             }
-        }
+            patched = copy;
+            &patched
+        };
         let specs = tools::specs();
         let mut retries: Vec<RetryNote> = Vec::new();
         let outcome = {
@@ -153,7 +178,7 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
                 |d: Delta| live_piece(state, sid, &run_id, step, seq, d, &mut retries);
             let call = model.step(
                 StepRequest {
-                    messages: &messages,
+                    messages: sent,
                     tools: &specs,
                     max_tokens,
                 },
@@ -166,7 +191,14 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
                 () = state.shutdown.cancelled() => return Ok(()),
             }
         };
-        next = match outcome {
+        let known = messages.len() as u64;
+        let at = StepAt {
+            sid: sid.to_string(),
+            run_id: run_id.clone(),
+            step,
+        };
+        let d = defaults.clone();
+        let (after, tail, secrets) = match outcome {
             Ok(out) => {
                 let mut calls: Vec<(ToolCall, tools::Prepared)> = Vec::new();
                 for (n, mut call) in out.tool_calls.clone().into_iter().enumerate() {
@@ -176,43 +208,37 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
                     let p = tools::prepare(state, sid, &call).await;
                     calls.push((call, p));
                 }
-                let (at, d, url) = (
-                    StepAt {
-                        sid: sid.to_string(),
-                        run_id: run_id.clone(),
-                        step,
-                    },
-                    defaults.clone(),
-                    state.signal_url.clone(),
-                );
-                let (next, secrets) = state
+                let url = state.signal_url.clone();
+                state
                     .store
-                    .exec(move |t| turn::step_done(t, &at, out, retries, calls, &url, &d, now_ms()))
-                    .await?;
-                unredacted.extend(secrets);
-                next
+                    .exec(move |t| {
+                        let (next, secrets) =
+                            turn::step_done(t, &at, out, retries, calls, &url, &d, now_ms())?;
+                        let (next, tail) = with_tail(t, &at.sid, next, known)?;
+                        Ok((next, tail, secrets))
+                    })
+                    .await?
             }
             Err(e) => {
                 tracing::warn!(session = %sid, run = %run_id, step, error = %e, "a model call failed; the run ends");
-                let (at, d, msg) = (
-                    StepAt {
-                        sid: sid.to_string(),
-                        run_id: run_id.clone(),
-                        step,
-                    },
-                    defaults.clone(),
-                    e.to_string(),
-                );
+                let msg = e.to_string();
                 state
                     .store
-                    .exec(move |t| turn::step_failed(t, &at, msg, retries, &d, now_ms()))
+                    .exec(move |t| {
+                        let next = turn::step_failed(t, &at, msg, retries, &d, now_ms())?;
+                        let (next, tail) = with_tail(t, &at.sid, next, known)?;
+                        Ok((next, tail, Vec::new()))
+                    })
                     .await?
             }
         };
-        if matches!(next, Next::Step { step: 1, .. }) {
+        if matches!(after, Next::Step { step: 1, .. }) {
             // A new run: what this task kept for the last one does not carry over.
             unredacted.clear();
         }
+        unredacted.extend(secrets);
+        messages.extend(tail);
+        next = after;
     }
 }
 

@@ -158,8 +158,16 @@ impl Tx<'_> {
 
     /// The whole transcript, in order.
     pub fn transcript(&self, sid: &str) -> Result<Vec<ChatMessage>, StoreError> {
+        self.transcript_from(sid, 0)
+    }
+
+    /// The transcript's messages from position `from` on, in order.
+    pub fn transcript_from(&self, sid: &str, from: u64) -> Result<Vec<ChatMessage>, StoreError> {
         let mut out = Vec::new();
-        for r in self.table(&TRANSCRIPT).range((sid, 0)..=(sid, u64::MAX))? {
+        for r in self
+            .table(&TRANSCRIPT)
+            .range((sid, from)..=(sid, u64::MAX))?
+        {
             let v = r?.1;
             out.push(
                 serde_json::from_slice(v.value())
