@@ -91,6 +91,8 @@ async fn queue(state: &AppState, model: Arc<dyn Model>, drivers: &mut tokio::tas
         }
         tokio::select! {
             changed = ready.changed() => if changed.is_err() { return },
+            // A finished driver's handle, reaped so the set does not grow with every run.
+            Some(_) = drivers.join_next(), if !drivers.is_empty() => {}
             Some(sid) = done_rx.recv() => {
                 in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&sid);
                 // It may have become ready again while it was handed back (a post

@@ -85,16 +85,18 @@ fn inbox_item(body: EventBody, seq: u64) -> Option<(RunInput, bool)> {
     }
 }
 
-/// The inbox items of `sid` after log seq `after`, with whether each joins a running turn.
-fn unread(t: &Tx<'_>, sid: &str, after: u64) -> Result<Vec<(RunInput, bool)>, StoreError> {
+/// The inbox items of `sid` after log seq `after`, with whether each joins a running
+/// turn, and the newest seq looked at (the runner's own events in between are passed
+/// over once, not at every boundary).
+fn unread(t: &Tx<'_>, sid: &str, after: u64) -> Result<(Vec<(RunInput, bool)>, u64), StoreError> {
     let mut out = Vec::new();
     let mut cursor = after;
     loop {
         let Some(page) = t.events_after(sid, cursor, 1_000)? else {
-            return Ok(out);
+            return Ok((out, cursor));
         };
         if page.is_empty() {
-            return Ok(out);
+            return Ok((out, cursor));
         }
         for raw in page {
             let ev: cortex_protocol::api::Event = serde_json::from_slice(&raw)
@@ -141,9 +143,9 @@ pub fn boundary(
     }
     rec.status = RunStatus::Running;
     loop {
-        let items = unread(t, sid, rec.read_through)?;
+        let (items, seen) = unread(t, sid, rec.read_through)?;
+        rec.read_through = seen;
         if let Some((last, _)) = items.last() {
-            rec.read_through = last.seq;
             event(t, sid, EventBody::InputTaken { through: last.seq }, now)?;
         }
         let turn = match rec.turn.take() {

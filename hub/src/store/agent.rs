@@ -81,7 +81,7 @@ pub struct AgentRecord {
     pub status: RunStatus,
     /// Its key in the ready queue while ready or running; 0 when idle.
     pub ready_order: u64,
-    /// The newest log seq taken from the inbox.
+    /// The newest log seq the runner has looked at: every inbox item up to it is taken.
     pub read_through: u64,
     /// Inbox items taken during a run that wait for the next one.
     pub deferred: Vec<RunInput>,
