@@ -17,6 +17,7 @@ pub mod turn;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use cortex_host::timing;
 use cortex_protocol::api::{DeltaChannel, Event, EventBody};
 use tokio::sync::{Semaphore, mpsc};
 
@@ -175,6 +176,9 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
         };
         let specs = tools::specs();
         let mut retries: Vec<RetryNote> = Vec::new();
+        // Benchmarks' timing records (`CORTEX_TIMING_FILE`): where a step's time goes.
+        let mark = format!("{run_id}/{step}");
+        timing::record("runner_model_call", &mark, None);
         let outcome = {
             let mut on_delta =
                 |d: Delta| live_piece(state, sid, &run_id, step, seq, d, &mut retries);
@@ -193,6 +197,7 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
                 () = state.shutdown.cancelled() => return Ok(()),
             }
         };
+        timing::record("runner_model_done", &mark, None);
         let known = messages.len() as u64;
         let at = StepAt {
             sid: sid.to_string(),
@@ -234,6 +239,7 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
                     .await?
             }
         };
+        timing::record("runner_step_recorded", &mark, None);
         if matches!(after, Next::Step { step: 1, .. }) {
             // A new run: what this task kept for the last one does not carry over.
             unredacted.clear();
