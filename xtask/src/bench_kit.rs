@@ -35,6 +35,17 @@ impl Reply {
         serde_json::from_slice(&self.body)
             .with_context(|| format!("{what}: the answer is not JSON: {}", self.text()))
     }
+
+    /// The body as JSON of an answer that must have status `want`.
+    pub fn expect(&self, want: u16, what: &str) -> anyhow::Result<serde_json::Value> {
+        anyhow::ensure!(
+            self.status == want,
+            "{what}: HTTP {} (wanted {want}): {}",
+            self.status,
+            self.text()
+        );
+        self.json(what)
+    }
 }
 
 /// The largest answer a bench reads.

@@ -9,20 +9,13 @@ use anyhow::{Context, ensure};
 use cortex_tests::scripted_model::ScriptedModel;
 use serde_json::json;
 
-use super::latency::{id, run_result};
+use super::latency::{Session, run_result};
 use crate::bench_kit::hub::Hub;
 use crate::bench_kit::procs::poll_every;
 use crate::bench_kit::{agent, request_on};
 
 /// Bound on the burst's last woken turn.
 const BURST_LIMIT: Duration = Duration::from_secs(600);
-
-/// One idle session and its armed waitpoint.
-pub struct Session {
-    pub sid: String,
-    pub wp: String,
-    pub secret: String,
-}
 
 /// The sessions created, and how long that took.
 pub struct Armed {
@@ -60,31 +53,7 @@ pub fn create(hub: &Hub, n: usize, threads: usize) -> anyhow::Result<Armed> {
 fn create_some(hub: &Hub, count: usize) -> anyhow::Result<Vec<Session>> {
     let client = agent();
     (0..count)
-        .map(|_| {
-            let s = hub.api_on(
-                &client,
-                "POST",
-                "/api/sessions",
-                Some(json!({"title": "bench idle"})),
-                201,
-            )?;
-            let sid = id(&s, "session")?;
-            let w = hub.api_on(
-                &client,
-                "POST",
-                &format!("/api/sessions/{sid}/waitpoints"),
-                Some(json!({"label": "bench", "intent": "bench"})),
-                201,
-            )?;
-            Ok(Session {
-                sid,
-                wp: id(&w, "waitpoint")?,
-                secret: w["secret"]
-                    .as_str()
-                    .context("a waitpoint without secret")?
-                    .to_string(),
-            })
-        })
+        .map(|_| Session::create(hub, &client, "bench idle"))
         .collect()
 }
 

@@ -109,23 +109,7 @@ pub fn wake_latencies(hub: &Hub, model: &ScriptedModel, runs: usize) -> anyhow::
     let client = agent();
     let mut out = Vec::with_capacity(runs);
     for _ in 0..runs {
-        let s = hub.api_on(
-            &client,
-            "POST",
-            "/api/sessions",
-            Some(json!({"title": "bench wake"})),
-            201,
-        )?;
-        let sid = id(&s, "session")?;
-        let w = hub.api_on(
-            &client,
-            "POST",
-            &format!("/api/sessions/{sid}/waitpoints"),
-            Some(json!({"label": "bench", "intent": "bench"})),
-            201,
-        )?;
-        let wp = id(&w, "waitpoint")?;
-        let secret = w["secret"].as_str().context("a waitpoint without secret")?;
+        let Session { sid, wp, secret } = Session::create(hub, &client, "bench wake")?;
         let body =
             json!({"id": wp, "secret": secret, "status": "ok", "message": "done"}).to_string();
         let base = model.request_count();
@@ -179,7 +163,43 @@ pub fn run_result(hub: &Hub, client: &ureq::Agent, sid: &str) -> anyhow::Result<
 }
 
 /// The `id` of a created session or waitpoint.
-pub fn id(v: &Value, what: &str) -> anyhow::Result<String> {
+/// A session with one armed waitpoint.
+pub struct Session {
+    pub sid: String,
+    pub wp: String,
+    pub secret: String,
+}
+
+impl Session {
+    /// Creates one through the API (`client`'s kept-alive connection).
+    pub fn create(hub: &Hub, client: &ureq::Agent, title: &str) -> anyhow::Result<Session> {
+        let s = hub.api_on(
+            client,
+            "POST",
+            "/api/sessions",
+            Some(json!({ "title": title })),
+            201,
+        )?;
+        let sid = id(&s, "session")?;
+        let w = hub.api_on(
+            client,
+            "POST",
+            &format!("/api/sessions/{sid}/waitpoints"),
+            Some(json!({"label": "bench", "intent": "bench"})),
+            201,
+        )?;
+        Ok(Session {
+            sid,
+            wp: id(&w, "waitpoint")?,
+            secret: w["secret"]
+                .as_str()
+                .context("a waitpoint without secret")?
+                .to_string(),
+        })
+    }
+}
+
+fn id(v: &Value, what: &str) -> anyhow::Result<String> {
     Ok(v["id"]
         .as_str()
         .with_context(|| format!("a new {what} without id: {v}"))?

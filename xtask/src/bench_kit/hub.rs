@@ -211,15 +211,8 @@ impl Hub {
         body: Option<serde_json::Value>,
         want: u16,
     ) -> anyhow::Result<serde_json::Value> {
-        let r = self.api_reply_on(agent, method, path, body)?;
-        let what = format!("{method} {path}");
-        ensure!(
-            r.status == want,
-            "{what}: HTTP {} (wanted {want}): {}",
-            r.status,
-            r.text()
-        );
-        r.json(&what)
+        self.api_reply_on(agent, method, path, body)?
+            .expect(want, &format!("{method} {path}"))
     }
 
     /// One operator API call that must answer `want`; returns the JSON body.
@@ -230,15 +223,8 @@ impl Hub {
         body: Option<serde_json::Value>,
         want: u16,
     ) -> anyhow::Result<serde_json::Value> {
-        let r = self.api(method, path, body)?;
-        let what = format!("{method} {path}");
-        ensure!(
-            r.status == want,
-            "{what}: HTTP {} (wanted {want}): {}",
-            r.status,
-            r.text()
-        );
-        r.json(&what)
+        self.api(method, path, body)?
+            .expect(want, &format!("{method} {path}"))
     }
 
     /// Creates a session and `n` monitors in it.

@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, ensure};
+use anyhow::Context;
 use serde_json::Value;
 
 use crate::bench_kit::procs::{Procs, poll};
@@ -272,15 +272,8 @@ impl Hub {
         want: u16,
     ) -> anyhow::Result<Value> {
         let bytes = body.map(|b| b.to_string().into_bytes());
-        let r = request(self.addr, method, path, Some(&self.token), bytes.as_deref())?;
-        let what = format!("{method} {path}");
-        ensure!(
-            r.status == want,
-            "{what}: HTTP {} (wanted {want}): {}",
-            r.status,
-            r.text()
-        );
-        r.json(&what)
+        request(self.addr, method, path, Some(&self.token), bytes.as_deref())?
+            .expect(want, &format!("{method} {path}"))
     }
 
     /// Enrols `name`; its token.
