@@ -13,7 +13,7 @@ pub mod hub;
 pub mod random;
 pub mod signal;
 pub mod spool;
-pub mod sse;
+pub use cortex_host::sse;
 pub mod timefmt;
 
 #[cfg(test)]

@@ -15,6 +15,8 @@
 //! - [`atomic`]: replacing a file atomically and durably (temp file, fsync, rename, fsync
 //!   of the directory), the one way cortex writes a file others read.
 //!
+//! - [`sse`]: reading a server-sent event stream split anywhere (the CLI follows the hub's
+//!   session events with it, the hub reads a model server's answer).
 //! - [`connection`]: the device mesh's connection: one [`connection::ws_config`] and a
 //!   [`connection::Connection`] that sends and reads protocol's frames over a WebSocket.
 //!
@@ -25,5 +27,6 @@ pub mod atomic;
 pub mod connection;
 pub mod daemon;
 pub mod spool;
+pub mod sse;
 pub mod timing;
 pub mod wait;

@@ -18,9 +18,9 @@ use super::assemble::{Assembler, Progress, excerpt, server_error};
 use super::config::{ModelConfig, base_url_of};
 use super::error::ModelError;
 use super::retry;
-use super::sse::SseDecoder;
 use super::step::{Delta, Model, StepFuture, StepOutput, StepRequest};
 use super::wire::{ChatMessage, ToolSpec};
+use cortex_host::sse::Parser;
 
 /// The most of an error body read for its excerpt.
 const ERROR_BODY_BYTES: usize = 4096;
@@ -267,7 +267,7 @@ impl ModelClient {
         if json {
             return self.json_answer(resp, chunk, on_delta).await;
         }
-        let mut decoder = SseDecoder::new();
+        let mut decoder = Parser::new(MAX_EVENT_BYTES);
         let mut asm = Assembler::new();
         let mut events = Vec::new();
         // The answer's first bytes, to show if it holds no event at all (a web page or
@@ -278,7 +278,13 @@ impl ModelClient {
             if !any_event && head.len() < NO_EVENT_EXCERPT_BYTES {
                 head.extend_from_slice(&bytes[..bytes.len().min(NO_EVENT_EXCERPT_BYTES)]);
             }
-            decoder.feed(&bytes, &mut events)?;
+            events.extend(
+                decoder
+                    .feed(&bytes)
+                    .map_err(malformed)?
+                    .into_iter()
+                    .map(|m| m.data),
+            );
             any_event |= !events.is_empty();
             for data in events.drain(..) {
                 if asm.payload(&data, on_delta)? == Progress::Done {
@@ -288,7 +294,13 @@ impl ModelClient {
             }
             chunk = self.next_chunk(&mut resp).await?;
         }
-        decoder.finish(&mut events)?;
+        events.extend(
+            decoder
+                .finish()
+                .map_err(malformed)?
+                .into_iter()
+                .map(|m| m.data),
+        );
         any_event |= !events.is_empty();
         for data in events.drain(..) {
             if asm.payload(&data, on_delta)? == Progress::Done {
@@ -486,4 +498,12 @@ fn causes(e: &reqwest::Error) -> String {
         cur = err.source();
     }
     out.join(": ")
+}
+
+/// The most one event of a model's stream may hold; a stream that never ends its line is
+/// refused rather than buffered without end.
+pub const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
+
+fn malformed(e: cortex_host::sse::SseError) -> ModelError {
+    ModelError::Malformed(e.to_string())
 }

@@ -1,7 +1,7 @@
 //! Talking to a model: the chat shapes (`wire`), the seam the runner calls for one
 //! streamed step (`step`: [`Model`], [`StepRequest`], [`Delta`], [`StepOutput`]), and
 //! the OpenAI-compatible HTTP client that implements it ([`ModelClient`]) with its
-//! configuration ([`llm_config`]). The client's parts: `sse` (bytes into events),
+//! configuration ([`llm_config`]). The client's parts: `cortex_host::sse` (bytes into events),
 //! `assemble` (chunks into a step), `retry` (when to call again), `error`.
 
 mod assemble;
@@ -9,7 +9,6 @@ mod client;
 mod config;
 mod error;
 mod retry;
-mod sse;
 mod step;
 #[cfg(test)]
 mod tests;

@@ -8,30 +8,40 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::assemble::{Assembler, Progress};
-use super::sse::SseDecoder;
 use super::{
     ChatMessage, Delta, ModelClient, ModelConfig, ModelError, StepOutput, StepRequest, ToolSpec,
     request_body,
 };
+use cortex_host::sse::Parser;
 
 /// Decodes a whole stream fed in pieces of `piece` bytes (`[DONE]` ends it early, as the
 /// client does); returns the deltas and the step.
 fn run_pieces(stream: &[u8], piece: usize) -> (Vec<Delta>, Result<StepOutput, ModelError>) {
     let mut deltas = Vec::new();
     let mut on_delta = |d: Delta| deltas.push(d);
-    let mut dec = SseDecoder::new();
+    let mut dec = Parser::new(super::client::MAX_EVENT_BYTES);
     let mut asm = Assembler::new();
     let mut events = Vec::new();
     let result = (|| {
         for bytes in stream.chunks(piece.max(1)) {
-            dec.feed(bytes, &mut events)?;
+            events.extend(
+                dec.feed(bytes)
+                    .map_err(|e| ModelError::Malformed(e.to_string()))?
+                    .into_iter()
+                    .map(|m| m.data),
+            );
             for data in events.drain(..) {
                 if asm.payload(&data, &mut on_delta)? == Progress::Done {
                     return Ok(true);
                 }
             }
         }
-        dec.finish(&mut events)?;
+        events.extend(
+            dec.finish()
+                .map_err(|e| ModelError::Malformed(e.to_string()))?
+                .into_iter()
+                .map(|m| m.data),
+        );
         for data in events.drain(..) {
             if asm.payload(&data, &mut on_delta)? == Progress::Done {
                 break;

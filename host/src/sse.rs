@@ -1,6 +1,7 @@
 //! Reading a server-sent event stream (the WHATWG `text/event-stream` format) as it
 //! arrives: bytes in, split anywhere (inside a line, between `\r` and `\n`, inside a UTF-8
-//! character), whole messages out. It knows nothing of cortex's events.
+//! character), whole messages out. It knows nothing of cortex's events. The CLI reads the
+//! hub's session events with it, the hub a model server's answer.
 
 /// One dispatched message: its `event:` name (`message` when none was given), its `id:`
 /// if the message carried one, and its `data:` lines joined by `\n`.
@@ -69,6 +70,29 @@ impl Parser {
         }
         self.after_cr = false;
         self.feed_lines(bytes, &mut out)?;
+        Ok(out)
+    }
+
+    /// The stream ended: a last line without its end, and a last message without its
+    /// blank line, are still delivered (some servers close without them).
+    pub fn finish(&mut self) -> Result<Vec<Message>, SseError> {
+        let mut out = Vec::new();
+        let pending = std::mem::take(&mut self.line);
+        let line = if self.at_start {
+            self.at_start = false;
+            pending
+                .strip_prefix("\u{feff}".as_bytes())
+                .unwrap_or(&pending)
+                .to_vec()
+        } else {
+            pending
+        };
+        if !line.is_empty()
+            && let Some(m) = self.line_done(&line)?
+        {
+            out.push(m);
+        }
+        out.extend(self.dispatch());
         Ok(out)
     }
 
@@ -233,5 +257,106 @@ mod tests {
         let mut p = Parser::new(16);
         let r = p.feed(b"data: 0123456789\ndata: 0123456789\n");
         assert_eq!(r, Err(SseError::TooLarge { max: 16 }), "data over the cap");
+    }
+
+    // As a model server's stream is read: the data of each message, the stream closed.
+
+    fn datas(p: &mut Parser, bytes: &[u8], out: &mut Vec<String>) {
+        out.extend(p.feed(bytes).expect("feed").into_iter().map(|m| m.data));
+    }
+
+    fn to_end(p: &mut Parser, out: &mut Vec<String>) {
+        out.extend(p.finish().expect("finish").into_iter().map(|m| m.data));
+    }
+
+    fn stream_at_once(input: &[u8]) -> Vec<String> {
+        let mut p = Parser::new(1 << 20);
+        let mut out = Vec::new();
+        datas(&mut p, input, &mut out);
+        to_end(&mut p, &mut out);
+        out
+    }
+
+    fn stream_byte_by_byte(input: &[u8]) -> Vec<String> {
+        let mut p = Parser::new(1 << 20);
+        let mut out = Vec::new();
+        for b in input {
+            datas(&mut p, std::slice::from_ref(b), &mut out);
+        }
+        to_end(&mut p, &mut out);
+        out
+    }
+
+    /// Every split of `input` into two pieces, and byte by byte, decodes alike.
+    fn same_however_split(input: &[u8]) -> Vec<String> {
+        let whole = stream_at_once(input);
+        assert_eq!(stream_byte_by_byte(input), whole);
+        for cut in 0..=input.len() {
+            let mut p = Parser::new(1 << 20);
+            let mut out = Vec::new();
+            datas(&mut p, &input[..cut], &mut out);
+            datas(&mut p, &input[cut..], &mut out);
+            to_end(&mut p, &mut out);
+            assert_eq!(out, whole, "cut at {cut}");
+        }
+        whole
+    }
+
+    #[test]
+    fn events_are_the_data_between_blank_lines() {
+        let got = same_however_split(b"data: {\"a\":1}\n\ndata: {\"b\":2}\n\ndata: [DONE]\n\n");
+        assert_eq!(got, ["{\"a\":1}", "{\"b\":2}", "[DONE]"]);
+    }
+
+    #[test]
+    fn crlf_and_lone_cr_end_lines_too() {
+        let got = same_however_split(b"data: one\r\n\r\ndata: two\r\rdata: three\n\r\n");
+        assert_eq!(got, ["one", "two", "three"]);
+    }
+
+    #[test]
+    fn comments_and_other_fields_are_skipped() {
+        let input = b": ping\n\nevent: message\nid: 7\nretry: 100\ndata: x\n\n: keep-alive\r\n\r\nevent: error\ndata: {\"error\":\"e\"}\n\n";
+        assert_eq!(same_however_split(input), ["x", "{\"error\":\"e\"}"]);
+    }
+
+    #[test]
+    fn multi_line_data_joins_with_newlines_and_the_space_is_optional() {
+        let input = b"data:{\"a\":\ndata:  1}\ndata\n\n";
+        assert_eq!(same_however_split(input), ["{\"a\":\n 1}\n"]);
+    }
+
+    #[test]
+    fn a_character_split_across_reads_arrives_whole() {
+        let input = "data: {\"content\":\"héllo ✓ 🦀\"}\n\n".as_bytes();
+        assert_eq!(same_however_split(input), ["{\"content\":\"héllo ✓ 🦀\"}"]);
+    }
+
+    #[test]
+    fn a_stream_closed_without_its_last_blank_line_still_delivers() {
+        assert_eq!(same_however_split(b"data: a\n\ndata: b"), ["a", "b"]);
+        assert_eq!(same_however_split(b"data: a\n"), ["a"]);
+        assert!(same_however_split(b"").is_empty());
+        assert!(same_however_split(b": only a comment\n\n").is_empty());
+    }
+
+    #[test]
+    fn a_leading_byte_order_mark_is_dropped_before_a_stream_ends() {
+        assert_eq!(same_however_split(b"\xEF\xBB\xBFdata: a\n\n"), ["a"]);
+    }
+
+    #[test]
+    fn an_endless_line_is_refused() {
+        let mut p = Parser::new(8 * 1024 * 1024);
+        let piece = vec![b'x'; 1024 * 1024];
+        let mut failed = false;
+        for _ in 0..10 {
+            if let Err(e) = p.feed(&piece) {
+                assert!(matches!(e, SseError::TooLarge { .. }), "{e}");
+                failed = true;
+                break;
+            }
+        }
+        assert!(failed);
     }
 }
