@@ -255,6 +255,19 @@ impl Hub {
         self.spawn();
     }
 
+    /// Runs `cortex --hub <this hub> ARGS` with the operator token: (exit code, stdout,
+    /// stderr).
+    pub fn cortex(&self, args: &[&str]) -> (i32, String, String) {
+        let url = self.url("");
+        let mut full = vec!["--hub", url.as_str()];
+        full.extend_from_slice(args);
+        run(
+            "cortex",
+            &full,
+            &[("CORTEX_WEBHOOK_TOKEN", self.token.as_str())],
+        )
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }

@@ -9,19 +9,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc::channel;
 use std::time::Duration;
 
-use cortex_tests::{Hub, bin, run};
+use cortex_tests::{Hub, bin};
 use rustix::process::{Pid, Signal, kill_process};
-
-fn cortex(hub: &Hub, args: &[&str]) -> (i32, String, String) {
-    let url = hub.url("");
-    let mut full = vec!["--hub", url.as_str()];
-    full.extend_from_slice(args);
-    run(
-        "cortex",
-        &full,
-        &[("CORTEX_WEBHOOK_TOKEN", hub.token.as_str())],
-    )
-}
 
 #[test]
 fn a_session_with_instructions_and_examples_from_files() {
@@ -35,38 +24,32 @@ fn a_session_with_instructions_and_examples_from_files() {
         r#"[{"role":"user","content":"watch pid 4242"},{"role":"assistant","content":"armed"}]"#,
     )
     .expect("write");
-    let (code, out, err) = cortex(
-        &hub,
-        &[
-            "session",
-            "new",
-            "--title",
-            "watcher",
-            "--instructions",
-            &format!("@{}", sys.display()),
-            "--examples",
-            &format!("@{}", ex.display()),
-            "--max-tokens",
-            "512",
-        ],
-    );
+    let (code, out, err) = hub.cortex(&[
+        "session",
+        "new",
+        "--title",
+        "watcher",
+        "--instructions",
+        &format!("@{}", sys.display()),
+        "--examples",
+        &format!("@{}", ex.display()),
+        "--max-tokens",
+        "512",
+    ]);
     assert_eq!(code, 0, "{err}");
     let sid = out.trim();
     assert!(sid.starts_with("ses_"), "{out}");
-    let (code, out, _) = cortex(&hub, &["sessions"]);
+    let (code, out, _) = hub.cortex(&["sessions"]);
     assert_eq!(code, 0);
     assert!(out.contains(sid) && out.contains("watcher"), "{out}");
 
     let missing = dir.path().join("nope.txt");
-    let (code, out, err) = cortex(
-        &hub,
-        &[
-            "session",
-            "new",
-            "--instructions",
-            &format!("@{}", missing.display()),
-        ],
-    );
+    let (code, out, err) = hub.cortex(&[
+        "session",
+        "new",
+        "--instructions",
+        &format!("@{}", missing.display()),
+    ]);
     assert_eq!((code, out.as_str()), (1, ""));
     assert!(err.contains("cannot read the file"), "{err}");
 }
@@ -75,7 +58,7 @@ fn a_session_with_instructions_and_examples_from_files() {
 fn say_follow_on_a_hub_without_a_model_exits_2_and_keeps_the_message() {
     let hub = Hub::start();
     let sid = hub.session();
-    let (code, out, err) = cortex(&hub, &["session", "say", &sid, "anyone there?", "--follow"]);
+    let (code, out, err) = hub.cortex(&["session", "say", &sid, "anyone there?", "--follow"]);
     assert_eq!((code, out.as_str()), (2, ""), "{err}");
     assert!(
         err.contains("the hub runs no model") && err.contains("CORTEX_LLM_BASE_URL"),
@@ -88,7 +71,7 @@ fn say_follow_on_a_hub_without_a_model_exits_2_and_keeps_the_message() {
             .any(|e| e["kind"] == "message" && e["text"] == "anyone there?"),
         "{events:?}"
     );
-    let (code, _, err) = cortex(&hub, &["session", "say", "ses_gone", "hi", "--follow"]);
+    let (code, _, err) = hub.cortex(&["session", "say", "ses_gone", "hi", "--follow"]);
     assert_eq!(code, 2, "{err}");
 }
 
@@ -140,7 +123,7 @@ fn chat_ends_on_ctrl_c_with_status_0() {
 fn result_before_any_run_is_an_error() {
     let hub = Hub::start();
     let sid = hub.session();
-    let (code, out, err) = cortex(&hub, &["session", "result", &sid]);
+    let (code, out, err) = hub.cortex(&["session", "result", &sid]);
     assert_eq!((code, out.as_str()), (1, ""));
     assert!(err.contains("HTTP 404"), "{err}");
 }

@@ -6,46 +6,32 @@ use cortex_tests::{Hub, bin, body, run};
 use serde_json::{Value, json};
 use std::process::{Command, Stdio};
 
-fn cortex(hub: &Hub, args: &[&str]) -> (i32, String, String) {
-    let url = hub.url("");
-    let mut full = vec!["--hub", url.as_str()];
-    full.extend_from_slice(args);
-    run(
-        "cortex",
-        &full,
-        &[("CORTEX_WEBHOOK_TOKEN", hub.token.as_str())],
-    )
-}
-
 #[test]
 fn sessions_and_waitpoints_from_the_command_line() {
     let hub = Hub::start();
-    let (code, out, err) = cortex(&hub, &["session", "new", "--title", "cli"]);
+    let (code, out, err) = hub.cortex(&["session", "new", "--title", "cli"]);
     assert_eq!(code, 0, "{err}");
     let sid = out.trim().to_string();
     assert!(sid.starts_with("ses_"), "{out}");
-    let (code, out, err) = cortex(
-        &hub,
-        &[
-            "--json",
-            "wait",
-            "create",
-            "--session",
-            &sid,
-            "--label",
-            "train",
-            "--intent",
-            "compare",
-            "--members",
-            "a,b",
-            "--quorum",
-            "1",
-        ],
-    );
+    let (code, out, err) = hub.cortex(&[
+        "--json",
+        "wait",
+        "create",
+        "--session",
+        &sid,
+        "--label",
+        "train",
+        "--intent",
+        "compare",
+        "--members",
+        "a,b",
+        "--quorum",
+        "1",
+    ]);
     assert_eq!(code, 0, "{err}");
     let wp: Value = serde_json::from_str(&out).expect("json");
     assert_eq!(wp["quorum"], 1);
-    let (code, out, _) = cortex(&hub, &["wait", "check", "--session", &sid]);
+    let (code, out, _) = hub.cortex(&["wait", "check", "--session", &sid]);
     assert_eq!(code, 0);
     assert!(
         out.contains(wp["id"].as_str().expect("id")) && out.contains("armed"),
@@ -55,7 +41,7 @@ fn sessions_and_waitpoints_from_the_command_line() {
         !out.contains(wp["secret"].as_str().expect("secret")),
         "wait check never shows the secret"
     );
-    let (code, out, _) = cortex(&hub, &["--json", "sessions"]);
+    let (code, out, _) = hub.cortex(&["--json", "sessions"]);
     assert_eq!(code, 0);
     assert_eq!(
         serde_json::from_str::<Value>(&out)
@@ -65,12 +51,12 @@ fn sessions_and_waitpoints_from_the_command_line() {
             .len(),
         1
     );
-    let (code, _, err) = cortex(&hub, &["session", "say", &sid, "hello there"]);
+    let (code, _, err) = hub.cortex(&["session", "say", &sid, "hello there"]);
     assert_eq!(code, 0, "{err}");
-    let (code, out, _) = cortex(&hub, &["--json", "session", "events", &sid]);
+    let (code, out, _) = hub.cortex(&["--json", "session", "events", &sid]);
     assert_eq!(code, 0);
     assert!(out.lines().any(|l| l.contains("hello there")), "{out}");
-    let (code, _, err) = cortex(&hub, &["wait", "cancel", wp["id"].as_str().expect("id")]);
+    let (code, _, err) = hub.cortex(&["wait", "cancel", wp["id"].as_str().expect("id")]);
     assert_eq!(code, 0, "{err}");
     // Without a token the CLI says where to find one.
     let url = hub.url("");
@@ -161,10 +147,10 @@ fn wait_for_exits_2_when_the_waitpoint_is_cancelled_or_unknown() {
     let wp = hub.waitpoint(&sid, json!({"label": "job", "intent": "x"}));
     let id = wp["id"].as_str().expect("id").to_string();
     let child = spawn_wait_for(&hub, &id, "60s");
-    let (code, _, err) = cortex(&hub, &["wait", "cancel", &id]);
+    let (code, _, err) = hub.cortex(&["wait", "cancel", &id]);
     assert_eq!(code, 0, "{err}");
     let (code, _, _) = finish(child);
     assert_eq!(code, 2, "cancelled is broke, not quiet");
-    let (code, _, err) = cortex(&hub, &["wait", "for", "wp_000000000000", "--timeout", "5s"]);
+    let (code, _, err) = hub.cortex(&["wait", "for", "wp_000000000000", "--timeout", "5s"]);
     assert_eq!(code, 2, "{err}");
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use cortex_cli::http::Method;
 use cortex_tests::agent::Agent;
 use cortex_tests::sim::{Options, SimDevice};
-use cortex_tests::{Hub, bin, run, wait_until};
+use cortex_tests::{Hub, bin, wait_until};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(20);
@@ -106,15 +106,6 @@ fn agent_forgot(agent: &Agent, wp: &str) -> bool {
     !f.is_null() && !has("waits") && !has("outbox")
 }
 
-fn cortex(hub: &Hub, args: &[&str]) -> (i32, String, String) {
-    let url = format!("http://{}", hub.addr);
-    run(
-        "cortex",
-        args,
-        &[("CORTEX_HUB", &url), ("CORTEX_WEBHOOK_TOKEN", &hub.token)],
-    )
-}
-
 #[test]
 fn a_remote_pid_wait_fires_when_its_process_is_killed_and_wakes_the_session() {
     let hub = Hub::start();
@@ -140,7 +131,7 @@ fn a_remote_pid_wait_fires_when_its_process_is_killed_and_wakes_the_session() {
     let w = wait_armed(&hub, "gpu1", &wp);
     assert_eq!(w["captured"]["comm"], "sleep", "{w}");
     assert_eq!(listed_waits(&hub, "gpu1"), 1);
-    let (code, out, err) = cortex(&hub, &["devices"]);
+    let (code, out, err) = hub.cortex(&["devices"]);
     assert_eq!(code, 0, "{err}");
     let row = out.lines().find(|l| l.starts_with("gpu1")).expect("a row");
     assert!(row.trim_end().ends_with(" 1"), "the WAITS column: {out}");
@@ -212,18 +203,15 @@ fn cortex_wait_pid_device_exits_0_on_the_exit_and_1_on_its_timeout() {
 
     // The bound passes with the process still running: 1, and stderr says so.
     let still = Sleep::start();
-    let (code, stdout, stderr) = cortex(
-        &hub,
-        &[
-            "wait",
-            "pid",
-            &still.pid().to_string(),
-            "--device",
-            "gpu1",
-            "--timeout",
-            "1s",
-        ],
-    );
+    let (code, stdout, stderr) = hub.cortex(&[
+        "wait",
+        "pid",
+        &still.pid().to_string(),
+        "--device",
+        "gpu1",
+        "--timeout",
+        "1s",
+    ]);
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("timed out after 1s"), "{stderr}");
     assert!(stderr.contains("still running"), "{stderr}");
@@ -231,24 +219,19 @@ fn cortex_wait_pid_device_exits_0_on_the_exit_and_1_on_its_timeout() {
     assert_eq!(outcome_of(&wake["signals"][0]), "timed_out");
 
     // A bad request is a broken wait (2), with the hub's reason.
-    let (code, _, stderr) = cortex(
-        &hub,
-        &[
-            "wait",
-            "flock",
-            "rel/lock",
-            "--device",
-            "gpu1",
-            "--timeout",
-            "1s",
-        ],
-    );
+    let (code, _, stderr) = hub.cortex(&[
+        "wait",
+        "flock",
+        "rel/lock",
+        "--device",
+        "gpu1",
+        "--timeout",
+        "1s",
+    ]);
     assert_eq!(code, 2);
     assert!(stderr.contains("absolute path"), "{stderr}");
-    let (code, _, stderr) = cortex(
-        &hub,
-        &["wait", "pid", "1", "--device", "nosuch", "--timeout", "1s"],
-    );
+    let (code, _, stderr) =
+        hub.cortex(&["wait", "pid", "1", "--device", "nosuch", "--timeout", "1s"]);
     assert_eq!(code, 2);
     assert!(stderr.contains("no device"), "{stderr}");
 }
@@ -409,18 +392,15 @@ fn a_bound_passing_while_the_device_is_offline_breaks_the_wait() {
     let sleep = Sleep::start();
     // Offline, so nobody can say whether the process ended: broke (2), not timed out,
     // which would claim nothing happened.
-    let (code, stdout, stderr) = cortex(
-        &hub,
-        &[
-            "wait",
-            "pid",
-            &sleep.pid().to_string(),
-            "--device",
-            "gpu1",
-            "--timeout",
-            "1s",
-        ],
-    );
+    let (code, stdout, stderr) = hub.cortex(&[
+        "wait",
+        "pid",
+        &sleep.pid().to_string(),
+        "--device",
+        "gpu1",
+        "--timeout",
+        "1s",
+    ]);
     assert_eq!(code, 2, "{stderr}");
     let mut lines = stderr.lines();
     let armed = lines.next().unwrap_or_default();

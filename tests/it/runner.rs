@@ -552,18 +552,6 @@ fn sessions_beyond_the_concurrency_bound_wait_in_order() {
     );
 }
 
-/// `cortex` against `hub`.
-fn cortex(hub: &Hub, args: &[&str]) -> (i32, String, String) {
-    let url = hub.url("");
-    let mut full = vec!["--hub", url.as_str()];
-    full.extend_from_slice(args);
-    cortex_tests::run(
-        "cortex",
-        &full,
-        &[("CORTEX_WEBHOOK_TOKEN", hub.token.as_str())],
-    )
-}
-
 #[test]
 fn cortex_say_follow_streams_the_answer_and_exits_with_the_run() {
     let model = ScriptedModel::start(vec![
@@ -574,13 +562,10 @@ fn cortex_say_follow_streams_the_answer_and_exits_with_the_run() {
         Reply::status(400, r#"{"error":{"message":"bad request"}}"#),
     ]);
     let (hub, _tmp) = hub(&model);
-    let (code, out, err) = cortex(&hub, &["session", "new", "--instructions", "Be brief."]);
+    let (code, out, err) = hub.cortex(&["session", "new", "--instructions", "Be brief."]);
     assert_eq!(code, 0, "{err}");
     let sid = out.trim().to_string();
-    let (code, out, err) = cortex(
-        &hub,
-        &["session", "say", &sid, "anything armed?", "--follow"],
-    );
+    let (code, out, err) = hub.cortex(&["session", "say", &sid, "anything armed?", "--follow"]);
     assert_eq!(code, 0, "stdout {out}\nstderr {err}");
     assert_eq!(
         out.matches("All quiet on the waitpoint front.").count(),
@@ -591,11 +576,11 @@ fn cortex_say_follow_streams_the_answer_and_exits_with_the_run() {
         err.contains("wait_check"),
         "the tool call in one line: {err}"
     );
-    let (code, out, _) = cortex(&hub, &["session", "result", &sid]);
+    let (code, out, _) = hub.cortex(&["session", "result", &sid]);
     assert_eq!(code, 0);
     assert!(out.contains("All quiet"), "{out}");
     // A run that fails: exit 1, the error on stderr.
-    let (code, _, err) = cortex(&hub, &["session", "say", &sid, "again", "--follow"]);
+    let (code, _, err) = hub.cortex(&["session", "say", &sid, "again", "--follow"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("model_call_failed"), "{err}");
 }
