@@ -181,10 +181,15 @@ impl Tx<'_> {
     /// session becomes ready in this same write. A session with no row yet (made before
     /// the runner, or without a configuration) gets one.
     pub fn inbox_arrived(&mut self, sid: &str) -> Result<(), StoreError> {
-        let mut rec = match self.agent(sid)? {
-            Some(r) => r,
-            None => AgentRecord::new(None),
+        let (mut rec, fresh) = match self.agent(sid)? {
+            Some(r) => (r, false),
+            None => (AgentRecord::new(None), true),
         };
+        // A ready or running session takes the item at its next boundary: its row does
+        // not change, and is not written again.
+        if rec.status != RunStatus::Idle && !fresh {
+            return Ok(());
+        }
         if rec.status == RunStatus::Idle {
             self.make_ready(sid, &mut rec)?;
         }
