@@ -40,10 +40,21 @@ struct Args {
     #[arg(long, env = "CORTEX_CA_CERT", value_name = "PEM")]
     ca_cert: Option<PathBuf>,
 
-    /// Let agents start commands on this device. NOT IMPLEMENTED in this version: the flag is
-    /// accepted, no command is ever run, and no exec capability is advertised to the hub
-    #[arg(long)]
+    /// Let agents start commands on this device (the hub's device_exec), each detached in
+    /// its own session with its output in $CORTEX_HOME/exec/ID.log. Off by default
+    #[arg(long, env = "CORTEX_ALLOW_EXEC", value_parser = clap::builder::BoolishValueParser::new())]
     allow_exec: bool,
+
+    /// With --allow-exec, only this program may be started: a full path, or a bare name
+    /// matched against argv[0]'s file name (`sh` allows shell commands). Repeatable; the
+    /// environment form is comma-separated
+    #[arg(
+        long,
+        env = "CORTEX_EXEC_ALLOW",
+        value_name = "PROG",
+        value_delimiter = ','
+    )]
+    exec_allow: Vec<String>,
 
     /// Allow plaintext ws:// to a host other than this machine; the token then crosses the
     /// network in the clear (the hub's --mesh-insecure is the same rule on its side)
@@ -52,6 +63,11 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
+    // The exec launcher (agent::exec): no flags, no logging, it becomes the command.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == agent::exec::LAUNCH_ARG) {
+        return agent::exec::launch(&args[2..]);
+    }
     cortex_host::daemon::main("cortex-device-agent", || real_main(Args::parse()))
 }
 
@@ -73,6 +89,13 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         home,
         ca_cert: args.ca_cert,
         allow_exec: args.allow_exec,
+        exec_allow: args
+            .exec_allow
+            .into_iter()
+            .map(|p| p.trim().to_owned())
+            .filter(|p| !p.is_empty())
+            .collect(),
+        exec_launcher: PathBuf::from(agent::exec::SELF_EXE),
         timing: Timing::default(),
     };
     tracing::info!(

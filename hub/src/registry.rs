@@ -5,13 +5,18 @@
 //! Authentication and registration go through one mutex, so a revoke can never miss a
 //! link: either the link registered before the revoke took the lock (and is ended by
 //! it), or it registers after (and finds its token gone).
+//!
+//! A link also carries [`Requests`]: frames other parts of the hub hand to its loop to
+//! send (`device_exec`'s `Exec`), and the waiters for the agent's answers, keyed by the
+//! request's id. They end with the link: a waiter of an ended link sees its channel
+//! closed, and a new link starts with none.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cortex_protocol::mesh::{HostFacts, SpoolCounts};
-use tokio::sync::Notify;
+use cortex_protocol::mesh::{AgentFrame, HostFacts, HubFrame, SpoolCounts};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use cortex_protocol::api::DeviceView;
 
@@ -64,6 +69,8 @@ pub struct Link {
     end: Mutex<Option<End>>,
     pub ended: Notify,
     pub rescan: Notify,
+    /// Frames for the agent from outside the link's loop, and their answers' waiters.
+    pub requests: Requests,
 }
 
 impl Link {
@@ -87,6 +94,7 @@ impl Link {
             end: Mutex::new(None),
             ended: Notify::new(),
             rescan: Notify::new(),
+            requests: Requests::new(),
         }
     }
 
@@ -120,6 +128,101 @@ impl Link {
     /// The reason given to [`Link::end`], if any.
     pub fn ended_with(&self) -> Option<End> {
         self.end.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Frames queued for the agent beyond this many make a sender wait (its own bound).
+const REQUEST_QUEUE: usize = 64;
+
+/// Requests to the agent from outside the link's loop (see the module docs).
+pub struct Requests {
+    tx: mpsc::Sender<HubFrame>,
+    rx: Mutex<Option<mpsc::Receiver<HubFrame>>>,
+    pending: Mutex<Pending>,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// The link ended: no new waiter.
+    closed: bool,
+    next_ticket: u64,
+    /// Waiters by request id; several when one id is asked twice at once.
+    waiting: HashMap<String, Vec<(u64, oneshot::Sender<AgentFrame>)>>,
+}
+
+impl Requests {
+    fn new() -> Self {
+        let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
+        Requests {
+            tx,
+            rx: Mutex::new(Some(rx)),
+            pending: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The frames' receiving end, for the link's loop (once).
+    pub fn take_receiver(&self) -> Option<mpsc::Receiver<HubFrame>> {
+        self.rx.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Where to queue a frame for the agent; sending fails once the loop is gone.
+    pub fn sender(&self) -> mpsc::Sender<HubFrame> {
+        self.tx.clone()
+    }
+
+    /// Waits for the answer to request `id`: a ticket (for [`Requests::forget`]) and the
+    /// answer's channel. `None` once the link ended.
+    pub fn expect(&self, id: &str) -> Option<(u64, oneshot::Receiver<AgentFrame>)> {
+        let mut g = self.lock();
+        if g.closed {
+            return None;
+        }
+        g.next_ticket += 1;
+        let ticket = g.next_ticket;
+        let (tx, rx) = oneshot::channel();
+        g.waiting
+            .entry(id.to_owned())
+            .or_default()
+            .push((ticket, tx));
+        Some((ticket, rx))
+    }
+
+    /// Drops one waiter (answered, timed out or cancelled).
+    pub fn forget(&self, id: &str, ticket: u64) {
+        let mut g = self.lock();
+        if let Some(v) = g.waiting.get_mut(id) {
+            v.retain(|(t, _)| *t != ticket);
+            if v.is_empty() {
+                g.waiting.remove(id);
+            }
+        }
+    }
+
+    /// The agent's answer to request `id`, handed to every waiter for it; false when
+    /// nobody waited (an answer after its caller gave up).
+    pub fn answer(&self, id: &str, frame: &AgentFrame) -> bool {
+        let waiters = self.lock().waiting.remove(id).unwrap_or_default();
+        let any = !waiters.is_empty();
+        for (_, tx) in waiters {
+            let _ = tx.send(frame.clone());
+        }
+        any
+    }
+
+    /// The link ended: every waiter's channel closes, and none is taken after.
+    pub fn close(&self) {
+        let mut g = self.lock();
+        g.closed = true;
+        g.waiting.clear();
+    }
+
+    /// Waiters now (tests check none is left behind).
+    pub fn pending(&self) -> usize {
+        self.lock().waiting.values().map(Vec::len).sum()
     }
 }
 
@@ -218,6 +321,11 @@ impl Registry {
         if g.links.get(device).is_some_and(|l| l.id == id) {
             g.links.remove(device);
         }
+    }
+
+    /// Whether `device` is enrolled (allowed to connect), online or not.
+    pub fn knows(&self, device: &str) -> bool {
+        self.lock().tokens.contains_key(device)
     }
 
     pub fn link(&self, device: &str) -> Option<Arc<Link>> {

@@ -29,6 +29,9 @@ pub const MAX_WAITS_PER_DEVICE: usize = 4096;
 pub const CAP_WAIT_PID: &str = "wait-pid";
 pub const CAP_WAIT_FILE: &str = "wait-file";
 pub const CAP_WAIT_FLOCK: &str = "wait-flock";
+/// Announced only by an agent started with `--allow-exec`: it takes [`HubFrame::Exec`].
+/// The hub sends none to an agent without it.
+pub const CAP_EXEC: &str = "exec";
 /// The hub's capability (in its welcome) to take [`AgentFrame::WaitArmed`] and
 /// [`AgentFrame::WaitDone`]; an agent sends neither to a hub without it.
 pub const HUB_CAP_WAITS: &str = "waits";
@@ -102,6 +105,25 @@ pub enum AgentFrame {
         payload: String,
         /// One line for people: what happened (`pid 4242 (sleep) exited`).
         message: String,
+    },
+    /// The answer to [`HubFrame::Exec`]: the command runs (or ran) as `pid`.
+    ExecStarted {
+        exec_id: String,
+        pid: i32,
+        /// Field 22 of `/proc/PID/stat` (clock ticks since boot), so a pid wait can be
+        /// pinned to this process ([`WaitSpec::Pid`]'s `start_time`).
+        start_time: u64,
+        /// The absolute path of the run's log on the device (stdout and stderr).
+        log: String,
+        /// This `exec_id` had been started before and this is that same run: nothing new
+        /// was started.
+        already: bool,
+    },
+    /// The answer to [`HubFrame::Exec`]: nothing was started, for this reason (one line,
+    /// for the model and for people).
+    ExecRefused {
+        exec_id: String,
+        reason: String,
     },
 }
 
@@ -282,6 +304,26 @@ pub enum HubFrame {
     WaitCancel { wait_id: String },
     /// The outcome of [`AgentFrame::WaitDone`] is recorded (or was already): forget it.
     WaitAck { wait_id: String },
+    /// Start a command, detached from the agent (only to an agent that announced
+    /// [`CAP_EXEC`]). `exec_id` is the run's identity: an agent that started it already
+    /// starts nothing and answers [`AgentFrame::ExecStarted`] with `already: true`. The
+    /// answer is [`AgentFrame::ExecStarted`] or [`AgentFrame::ExecRefused`].
+    Exec {
+        exec_id: String,
+        /// The program and its arguments; with `shell`, exactly one string: the script
+        /// for `/bin/sh -c`.
+        argv: Vec<String>,
+        shell: bool,
+        /// The working directory on the device (absolute); `None`: the agent's home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<String>,
+        /// Added to the agent's environment for this run. May hold secrets: never logged.
+        #[serde(default)]
+        env: Vec<(String, String)>,
+        /// How long the hub waits for the answer, relative: an agent that gets to the frame
+        /// later than that refuses it rather than start a job the hub gave up on.
+        timeout_ms: u64,
+    },
 }
 
 /// Why the hub refuses or ends a link; sent as the WebSocket close reason, and for a
@@ -384,6 +426,17 @@ mod tests {
                 payload: "{}".into(),
                 message: "timed out".into(),
             },
+            AgentFrame::ExecStarted {
+                exec_id: "ex_1".into(),
+                pid: 4242,
+                start_time: 123_456,
+                log: "/home/u/.cortex/exec/ex_1.log".into(),
+                already: true,
+            },
+            AgentFrame::ExecRefused {
+                exec_id: "ex_2".into(),
+                reason: "argv is empty".into(),
+            },
         ];
         for f in frames {
             assert_eq!(
@@ -434,6 +487,22 @@ mod tests {
             },
             HubFrame::WaitAck {
                 wait_id: "wp_1".into(),
+            },
+            HubFrame::Exec {
+                exec_id: "ex_1".into(),
+                argv: vec!["python3".into(), "train.py".into()],
+                shell: false,
+                cwd: Some("/data".into()),
+                env: vec![("CORTEX_SIGNAL_ID".into(), "wp_1".into())],
+                timeout_ms: 15_000,
+            },
+            HubFrame::Exec {
+                exec_id: "ex_2".into(),
+                argv: vec!["sleep 1 && echo hi".into()],
+                shell: true,
+                cwd: None,
+                env: Vec::new(),
+                timeout_ms: 1,
             },
         ];
         for f in frames {

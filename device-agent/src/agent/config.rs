@@ -23,8 +23,14 @@ pub struct Config {
     pub home: PathBuf,
     /// Extra trust anchors (PEM) for a hub whose certificate a private CA signed.
     pub ca_cert: Option<PathBuf>,
-    /// Accepted and reported, but this version runs no commands: see `main`'s `--help`.
+    /// `--allow-exec`: the hub may start commands here (`HubFrame::Exec`).
     pub allow_exec: bool,
+    /// `--exec-allow`: when not empty, the only programs exec may start (see
+    /// `exec::ExecPolicy::permits`).
+    pub exec_allow: Vec<String>,
+    /// The program that starts a command detached: this binary (`exec::SELF_EXE`); tests
+    /// point it at the built `cortex-device-agent`.
+    pub exec_launcher: PathBuf,
     pub timing: Timing,
 }
 
@@ -32,6 +38,14 @@ impl Config {
     /// The spool this agent forwards: `$CORTEX_HOME/tmp/signals/`.
     pub fn spool_dir(&self) -> PathBuf {
         self.home.join("tmp").join("signals")
+    }
+
+    /// What exec may start here.
+    pub fn exec_policy(&self) -> super::exec::ExecPolicy {
+        super::exec::ExecPolicy {
+            allow: self.allow_exec,
+            programs: self.exec_allow.clone(),
+        }
     }
 }
 

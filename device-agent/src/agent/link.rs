@@ -280,6 +280,8 @@ pub struct LinkMsg {
     /// The link's generation: messages of a replaced link are dropped.
     pub generation: u64,
     pub kind: LinkMsgKind,
+    /// When the reader took it off the socket (an exec's bound counts from there).
+    pub at: tokio::time::Instant,
 }
 
 #[derive(Debug)]
@@ -505,6 +507,7 @@ fn frame_kind(f: &HubFrame) -> &'static str {
         HubFrame::WaitArm { .. } => "wait_arm",
         HubFrame::WaitCancel { .. } => "wait_cancel",
         HubFrame::WaitAck { .. } => "wait_ack",
+        HubFrame::Exec { .. } => "exec",
     }
 }
 
@@ -611,6 +614,7 @@ async fn read_loop(
         let m = LinkMsg {
             generation,
             kind: LinkMsgKind::Frame(frame),
+            at: tokio::time::Instant::now(),
         };
         if events.send(m).await.is_err() {
             return;
@@ -620,6 +624,7 @@ async fn read_loop(
         .send(LinkMsg {
             generation,
             kind: LinkMsgKind::Down(down),
+            at: tokio::time::Instant::now(),
         })
         .await;
 }
@@ -663,6 +668,7 @@ async fn write_loop(
                 .send(LinkMsg {
                     generation,
                     kind: LinkMsgKind::Down(down),
+                    at: tokio::time::Instant::now(),
                 })
                 .await;
         }

@@ -28,9 +28,16 @@
 //! [`Daemon::on_hub`], one more source (each armed wait's task reports its outcome as
 //! [`Event::WaitDone`]), and the held ids in every hello. Their state is saved on the
 //! tick when it changed, and restored (every wait armed again) before the first dial.
+//!
+//! Exec ([`exec`], only with `--allow-exec`, which adds `exec` to the hello's
+//! capabilities): the hub's `Exec` arm in [`Daemon::on_hub`] starts the command (or
+//! answers for the run already started under that id), and SIGCHLD is one more source,
+//! on which the loop reaps the children that exited. A pid wait that fires asks the
+//! runs first, so one of ours is reaped then and its exit code joins the payload.
 
 pub mod backoff;
 pub mod config;
+pub mod exec;
 pub mod forward;
 pub mod host;
 pub mod link;
@@ -60,8 +67,8 @@ use waits::{FrameSink, RemoteWaits, WaitsStore};
 
 pub use config::{Config, ConfigError, HubUrl, Timing, Token, TokenSource};
 
-/// What this agent can do, as the hello says. `exec` is absent even with `--allow-exec`:
-/// this version runs no commands.
+/// What every agent can do, as the hello says; one run with `--allow-exec` adds
+/// [`mesh::CAP_EXEC`].
 pub const CAPABILITIES: &[&str] = &[
     "spool",
     mesh::CAP_WAIT_PID,
@@ -101,6 +108,8 @@ pub enum Event {
     LinkDown(Down),
     /// A remote wait's task ended (fired, timed out, broke).
     WaitDone(waits::Finished),
+    /// SIGCHLD: a child (an exec's command) may have exited.
+    Child,
     Shutdown,
 }
 
@@ -125,10 +134,36 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let mut notifier = Notifier::from_env();
     notifier.ready();
     notifier.status(&format!("connecting to {}", config.hub));
+    // Children are reaped on SIGCHLD; without the stream (it cannot fail on Linux short
+    // of running out of descriptors) they are reaped on each tick instead.
+    let sigchld = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGCHLD; exec's commands are reaped on the tick");
+            None
+        }
+    };
+    let exec_home = std::path::absolute(&config.home).unwrap_or_else(|_| config.home.clone());
+    let execs = exec::Execs::new(
+        config.exec_policy(),
+        exec::ExecStore::under(&exec_home),
+        std::env::var_os("HOME")
+            .map(std::path::PathBuf::from)
+            .filter(|h| h.is_dir())
+            .unwrap_or_else(|| exec_home.clone()),
+        config.exec_launcher.clone(),
+    );
+    if !config.allow_exec && !config.exec_allow.is_empty() {
+        tracing::warn!("--exec-allow has no effect without --allow-exec: exec is off");
+    }
     if config.allow_exec {
-        tracing::warn!(
-            "--allow-exec is accepted, but this version runs no commands: no exec capability is advertised"
-        );
+        if config.exec_allow.is_empty() {
+            tracing::warn!(
+                "--allow-exec: the hub's agents may start any command on this device as this user"
+            );
+        } else {
+            tracing::info!(allow = ?config.exec_allow, "--allow-exec: the hub's agents may start these programs");
+        }
     }
     let host = host::gather().await;
     tracing::info!(
@@ -171,6 +206,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         link_rx,
         remote,
         wait_rx,
+        execs,
+        sigchld,
+        frame_at: now,
         link_line: format!("connecting to {}", config.hub),
         counts: None,
         counts_sent: None,
@@ -214,6 +252,10 @@ struct Daemon {
     link_rx: mpsc::Receiver<LinkMsg>,
     remote: RemoteWaits,
     wait_rx: mpsc::Receiver<waits::Finished>,
+    execs: exec::Execs,
+    sigchld: Option<tokio::signal::unix::Signal>,
+    /// When the hub frame being handled was read off the socket.
+    frame_at: Instant,
     /// The link part of the systemd status line.
     link_line: String,
     counts: Option<cortex_host::spool::SpoolCounts>,
@@ -246,7 +288,10 @@ impl Daemon {
                         continue;
                     }
                     match msg.kind {
-                        LinkMsgKind::Frame(f) => Event::Hub(f),
+                        LinkMsgKind::Frame(f) => {
+                            self.frame_at = msg.at;
+                            Event::Hub(f)
+                        }
                         LinkMsgKind::Down(d) => Event::LinkDown(d),
                     }
                 }
@@ -254,6 +299,7 @@ impl Daemon {
                 // Always: remote file waits' events come through it too.
                 ev = watcher.next() => Event::Spool(ev),
                 Some(done) = self.wait_rx.recv() => Event::WaitDone(done),
+                Some(()) = sigchld(&mut self.sigchld) => Event::Child,
                 () = sleep_until(next_tick) => Event::Tick,
             };
             if self.handle(ev) == Flow::Stop {
@@ -300,13 +346,19 @@ impl Daemon {
                 // The watcher retries by itself, with its own backoff.
                 tracing::error!(error = %e, "the spool watch failed; retrying");
             }
-            Event::WaitDone(done) => self.remote.finished(done),
+            Event::WaitDone(done) => {
+                let execs = &mut self.execs;
+                self.remote
+                    .finished(done, |pid, start| execs.exit_of(pid, start));
+            }
+            Event::Child => self.execs.reap(),
             Event::Tick => self.on_tick(now),
         }
         if let LinkState::Up { link, .. } = &self.link {
             if link.params.hub_waits {
                 self.remote.pump(&mut LinkOutbox(link.outbox()));
             }
+            self.execs.pump(&mut LinkOutbox(link.outbox()));
             let mut out = LinkOutbox(link.outbox());
             self.forward.pump(&mut out, now);
         }
@@ -339,6 +391,24 @@ impl Daemon {
                 .arm(wait_id, &spec, Duration::from_millis(timeout_ms)),
             HubFrame::WaitCancel { wait_id } => self.remote.cancel(&wait_id),
             HubFrame::WaitAck { wait_id } => self.remote.ack(&wait_id),
+            HubFrame::Exec {
+                exec_id,
+                argv,
+                shell,
+                cwd,
+                env,
+                timeout_ms,
+            } => {
+                self.execs.start(exec::ExecRequest {
+                    exec_id,
+                    argv,
+                    shell,
+                    cwd,
+                    env,
+                    timeout: Duration::from_millis(timeout_ms),
+                    waited: now.saturating_duration_since(self.frame_at),
+                });
+            }
         }
     }
 
@@ -350,12 +420,21 @@ impl Daemon {
             device: self.config.name.clone(),
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
             host: self.host.clone(),
-            capabilities: CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
+            capabilities: self.capabilities(),
             spool: self.counts_sent.unwrap_or_default(),
             waits: self.remote.ids(),
         };
         tracing::debug!(hub = %self.config.hub, "dialing the hub");
         self.link = LinkState::Dialing(Box::pin(self.dialer.clone().dial(hello)));
+    }
+
+    /// The hello's capabilities: [`CAPABILITIES`], and `exec` with `--allow-exec`.
+    fn capabilities(&self) -> Vec<String> {
+        let mut caps: Vec<String> = CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
+        if self.config.allow_exec {
+            caps.push(mesh::CAP_EXEC.to_owned());
+        }
+        caps
     }
 
     fn dial_failed(&mut self, e: ConnectError, now: Instant) {
@@ -381,6 +460,7 @@ impl Daemon {
         self.forward
             .link_up(params.window, params.max_message_bytes);
         self.remote.link_up();
+        self.execs.link_changed();
         tracing::info!(
             hub = %self.config.hub,
             ping = ?params.ping_interval,
@@ -403,6 +483,7 @@ impl Daemon {
         let unacked = self.forward.unacked();
         self.forward.link_down();
         self.remote.link_down();
+        self.execs.link_changed();
         let delay = self
             .backoff
             .fail()
@@ -417,6 +498,9 @@ impl Daemon {
 
     fn on_tick(&mut self, now: Instant) {
         self.last_tick = now;
+        if self.sigchld.is_none() {
+            self.execs.reap();
+        }
         self.forward.tick(now);
         // Remote waits are saved here, at most once a tick, not on each change: a burst of
         // a thousand arms is one write, and no fsync sits between a process's exit and its
@@ -510,7 +594,8 @@ impl Daemon {
     fn next_tick(&self) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         let mut at = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
-        if self.forward.busy() || self.remote.dirty() {
+        let reap_on_tick = self.sigchld.is_none() && self.execs.running() > 0;
+        if self.forward.busy() || self.remote.dirty() || reap_on_tick {
             at(self.last_tick + self.tick_every());
         }
         if let LinkState::Up {
@@ -553,6 +638,14 @@ impl Daemon {
             unacked,
             "stopped; files not yet acknowledged stay in the spool and are sent after the next start"
         );
+    }
+}
+
+/// The next SIGCHLD; never without the stream.
+async fn sigchld(s: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match s {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
     }
 }
 

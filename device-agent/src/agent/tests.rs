@@ -1,13 +1,15 @@
 //! Unit tests of the agent's pure parts (backoff, configuration, host facts, notify
 //! messages, close reasons); the forwarder against a fake outbox (`tests/forward.rs`); the
 //! whole daemon against a minimal in-test hub (`tests/daemon.rs`, `tests/fake_hub.rs`), and
-//! its remote waits the same way (`tests/remote.rs`).
+//! its remote waits the same way (`tests/remote.rs`), and exec with real commands
+//! (`tests/exec.rs`).
 
 #![allow(clippy::unwrap_used)]
 // The in-test hub's upgrade callbacks return tungstenite's own (large) error type.
 #![allow(clippy::result_large_err)]
 
 mod daemon;
+mod exec;
 mod fake_hub;
 mod forward;
 mod remote;

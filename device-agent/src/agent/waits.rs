@@ -373,8 +373,13 @@ impl RemoteWaits {
         self.dirty = true;
     }
 
-    /// A wait's task ended.
-    pub fn finished(&mut self, f: Finished) {
+    /// A wait's task ended. `exit_of` tells how a pid this agent started ended (the exec
+    /// runs'), so a pid wait on one carries its exit code.
+    pub fn finished(
+        &mut self,
+        f: Finished,
+        exit_of: impl FnOnce(i32, Option<u64>) -> Option<super::exec::ExitInfo>,
+    ) {
         if self.live.get(&f.id).is_none_or(|l| l.run != f.run) {
             // Cancelled while its outcome was on the way.
             return;
@@ -383,7 +388,22 @@ impl RemoteWaits {
             return;
         };
         let h = &live.held;
-        let (end, payload, message) = describe(h, f.outcome);
+        let (end, mut payload, mut message) = describe(h, f.outcome);
+        if end == WaitEnd::Fired
+            && let WaitSpec::Pid { pid, start_time } = &h.spec
+            && let Some(exit) = exit_of(*pid, *start_time)
+            && let Value::Object(m) = &mut payload
+        {
+            m.insert("exit_code".into(), json!(exit.code));
+            if let Some(sig) = exit.signal {
+                m.insert("signal".into(), json!(sig));
+            }
+            message = if message.ends_with("exited") {
+                format!("{message} {}", exit.describe())
+            } else {
+                format!("{message} (it exited {})", exit.describe())
+            };
+        }
         // Logged once the frame is on its way (see `log_ended`).
         self.ended_unlogged
             .push((f.id.clone(), end.as_str(), message.clone()));

@@ -508,6 +508,11 @@ async fn run_link<S>(
     }
     tracing::info!(%peer, device = %link.device, agent_version = %hello.agent_version, link = link.id, waits = hello.waits.len(), "device online");
 
+    // Taken once, by this link's one loop; a missing one (never) gets a closed channel.
+    let requests = link
+        .requests
+        .take_receiver()
+        .unwrap_or_else(|| mpsc::channel(1).1);
     let waits = LinkWaits::new(
         &state,
         &link.device,
@@ -525,6 +530,7 @@ async fn run_link<S>(
         in_flight: 0,
         window,
         waits,
+        requests,
         ping,
         last_rx: Instant::now(),
         pinger: tokio::time::interval_at(Instant::now() + ping, ping),
@@ -624,6 +630,8 @@ enum Event {
     WaitsChanged,
     /// The sweep asks the agent to list its spool again.
     Rescan,
+    /// A frame from outside the loop (`Link::requests`: an `Exec`).
+    Request(HubFrame),
     /// Time for a keepalive ping.
     Ping,
     /// Nothing heard from the agent for two ping intervals.
@@ -647,6 +655,8 @@ struct Live<S> {
     in_flight: usize,
     window: u32,
     waits: LinkWaits,
+    /// Frames queued through `Link::requests`.
+    requests: mpsc::Receiver<HubFrame>,
     ping: Duration,
     /// When something last arrived from the agent.
     last_rx: Instant,
@@ -690,6 +700,7 @@ where
                 Err(_) => Event::Ended(End::Shutdown),
             },
             () = self.link.rescan.notified() => Event::Rescan,
+            Some(f) = self.requests.recv() => Event::Request(f),
             _ = self.pinger.tick() => Event::Ping,
             () = tokio::time::sleep_until(silent_until) => Event::Silent,
         }
@@ -724,6 +735,7 @@ where
                 self.try_send(HubFrame::Rescan);
                 Ok(())
             }
+            Event::Request(f) => self.send(f).await,
             Event::Ping => {
                 let _ = self.out.try_send(Out::Ping);
                 Ok(())
@@ -773,6 +785,13 @@ where
             } => self
                 .waits
                 .done(&self.state, wait_id, outcome, payload, message),
+            AgentFrame::ExecStarted { ref exec_id, .. }
+            | AgentFrame::ExecRefused { ref exec_id, .. } => {
+                if !self.link.requests.answer(exec_id, &frame) {
+                    tracing::debug!(device = %self.link.device, exec = %exec_id, "an exec answer nobody waits for (its caller gave up)");
+                }
+                Ok(())
+            }
             AgentFrame::Hello(_) => Err(End::Protocol("a second hello on one link".into())),
         }
     }
@@ -819,6 +838,8 @@ where
     /// device recorded offline with its reason, the close frame, the writer stopped.
     async fn close(mut self, end: End, peer: SocketAddr) {
         let device = self.link.device.clone();
+        // Exec's waiters learn at once that no answer comes on this link.
+        self.link.requests.close();
         if !matches!(end, End::ClosedByAgent | End::Lost(_) | End::PingTimeout) {
             let drain = async {
                 while let Some(done) = self.files.join_next().await {

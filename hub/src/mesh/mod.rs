@@ -6,6 +6,8 @@
 //! - [`link`]: one connection: upgrade and auth, hello, files and acks, keepalive, close.
 //! - [`tls`]: the rustls acceptor.
 //! - [`waits`]: remote waits on a link: what the agent holds reconciled with the store.
+//! - [`exec`]: starting a command on a device (`device_exec`): one `Exec` over its live
+//!   link and the agent's answer.
 //!
 //! The listener caps its connections (`crate::admission`, as the API's does): those
 //! still in their handshake, and all of them, from the descriptor limit. Past the
@@ -17,6 +19,7 @@
 //! through the same store operation as the signal route; an ack is sent only after the
 //! commit holding the signal returned.
 
+pub mod exec;
 pub mod link;
 pub mod tls;
 pub mod waits;

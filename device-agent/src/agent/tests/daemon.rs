@@ -39,6 +39,8 @@ pub(super) fn config(home: &Path, url: &str) -> Config {
         home: home.to_owned(),
         ca_cert: None,
         allow_exec: false,
+        exec_allow: Vec::new(),
+        exec_launcher: crate::agent::exec::SELF_EXE.into(),
         timing: timing(),
     }
 }

@@ -1,0 +1,227 @@
+//! Starting a command on a device: [`exec`] sends one `HubFrame::Exec` over the device's
+//! live link and waits, bounded, for the agent's `ExecStarted` or `ExecRefused`.
+//!
+//! Not durable by itself: nothing is stored here. The caller makes a start durable by
+//! choosing the `exec_id` before asking and asking again with the same id after a hub
+//! restart, a timeout or a lost link: the agent records every run under its id and answers
+//! a second ask with the same run (`already: true`) instead of starting another.
+//!
+//! The waiter for the answer lives on the link (`registry::Requests`), is registered
+//! before the frame is queued (so the answer cannot outrun it) and is removed however the
+//! call ends: answered, timed out, the link ended, or the caller's future dropped.
+
+use std::time::Duration;
+
+use cortex_protocol::mesh::{AgentFrame, CAP_EXEC, Frame, FrameError, HubFrame};
+use tokio::time::Instant;
+
+use crate::registry::{Link, Registry};
+use crate::state::AppState;
+
+#[cfg(test)]
+mod tests;
+
+/// What to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecRequest {
+    /// The run's identity on the device (a file name: 1-128 of `A-Za-z0-9_.-`, not
+    /// starting with a dot). Asking again with the same id never starts a second run.
+    pub exec_id: String,
+    /// The program and its arguments; with `shell`, exactly one string, the script.
+    pub argv: Vec<String>,
+    pub shell: bool,
+    /// An absolute directory on the device; `None`: the agent's home directory.
+    pub cwd: Option<String>,
+    /// Added to the agent's environment (e.g. `CORTEX_SIGNAL_ID`, `CORTEX_SIGNAL_SECRET`);
+    /// never logged, here or on the device.
+    pub env: Vec<(String, String)>,
+    /// How long to wait for the device's answer; the device refuses a request that
+    /// reaches it later than that.
+    pub timeout: Duration,
+}
+
+/// The device's answer: the command runs (or ran) as `pid`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecStarted {
+    pub pid: i32,
+    /// Field 22 of `/proc/PID/stat`: pin a pid wait to it (`WaitSpec::Pid`'s
+    /// `start_time`).
+    pub start_time: u64,
+    /// The absolute path of the run's log (stdout and stderr) on the device.
+    pub log: String,
+    /// This id had been started before: this is that run, nothing new was started.
+    pub already: bool,
+}
+
+/// Why nothing is known to have started; the text is what a model reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecError {
+    #[error("no device named {device}; `devices` lists the enrolled ones")]
+    NoDevice { device: String },
+    #[error("device {device} is offline; nothing was started")]
+    Offline { device: String },
+    #[error("device {device} does not allow exec; its agent runs without --allow-exec")]
+    NotAllowed { device: String },
+    /// The agent refused: nothing was started (or, for a run its agent stopped while
+    /// starting, the reason says its state is unknown).
+    #[error("device {device} refused: {reason}")]
+    Refused { device: String, reason: String },
+    #[error(
+        "no answer from device {device} within {}; the command may or may not have started (exec id {exec_id}): ask again with the same call to find out",
+        secs(*.timeout)
+    )]
+    TimedOut {
+        device: String,
+        exec_id: String,
+        timeout: Duration,
+    },
+    #[error(
+        "the link to device {device} dropped before it answered; the command may or may not have started (exec id {exec_id}): ask again with the same call to find out"
+    )]
+    LinkLost { device: String, exec_id: String },
+    #[error(
+        "the command is too large to send to device {device} ({bytes} bytes, at most {max}); pass long inputs in a file; nothing was started"
+    )]
+    TooLarge {
+        device: String,
+        bytes: usize,
+        max: usize,
+    },
+}
+
+/// `15 s`, `0.5 s`.
+fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0} s")
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+/// Starts `req` on `device` through its live link and waits for the answer, at most
+/// `req.timeout`. See the module docs for what the caller owns.
+pub async fn exec(
+    state: &AppState,
+    device: &str,
+    req: ExecRequest,
+) -> Result<ExecStarted, ExecError> {
+    exec_on(&state.devices, device, req).await
+}
+
+/// [`exec`] against a registry (what it needs of the hub's state).
+pub async fn exec_on(
+    registry: &Registry,
+    device: &str,
+    req: ExecRequest,
+) -> Result<ExecStarted, ExecError> {
+    let deadline = Instant::now() + req.timeout;
+    let Some(link) = registry.link(device) else {
+        return Err(if registry.knows(device) {
+            ExecError::Offline {
+                device: device.to_owned(),
+            }
+        } else {
+            ExecError::NoDevice {
+                device: device.to_owned(),
+            }
+        });
+    };
+    if !link.capabilities.iter().any(|c| c == CAP_EXEC) {
+        return Err(ExecError::NotAllowed {
+            device: device.to_owned(),
+        });
+    }
+    let frame = HubFrame::Exec {
+        exec_id: req.exec_id.clone(),
+        argv: req.argv,
+        shell: req.shell,
+        cwd: req.cwd,
+        env: req.env,
+        timeout_ms: u64::try_from(req.timeout.as_millis()).unwrap_or(u64::MAX),
+    };
+    // Checked here, where the caller hears why; the link's loop encodes it again.
+    if let Err(FrameError::TooLarge { bytes, max }) = frame.encode() {
+        return Err(ExecError::TooLarge {
+            device: device.to_owned(),
+            bytes,
+            max,
+        });
+    }
+    let lost = || ExecError::LinkLost {
+        device: device.to_owned(),
+        exec_id: req.exec_id.clone(),
+    };
+    let timed_out = || ExecError::TimedOut {
+        device: device.to_owned(),
+        exec_id: req.exec_id.clone(),
+        timeout: req.timeout,
+    };
+    let Some(mut waiter) = Waiter::new(&link, &req.exec_id) else {
+        // The link ended between the lookup and now: the frame never went.
+        return Err(ExecError::Offline {
+            device: device.to_owned(),
+        });
+    };
+    match tokio::time::timeout_at(deadline, link.requests.sender().send(frame)).await {
+        Ok(Ok(())) => {}
+        // The link's loop is gone: the frame was not taken.
+        Ok(Err(_)) => {
+            return Err(ExecError::Offline {
+                device: device.to_owned(),
+            });
+        }
+        Err(_) => return Err(timed_out()),
+    }
+    let answer = match tokio::time::timeout_at(deadline, &mut waiter.answer).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(_)) => return Err(lost()),
+        Err(_) => return Err(timed_out()),
+    };
+    match answer {
+        AgentFrame::ExecStarted {
+            pid,
+            start_time,
+            log,
+            already,
+            ..
+        } => Ok(ExecStarted {
+            pid,
+            start_time,
+            log,
+            already,
+        }),
+        AgentFrame::ExecRefused { reason, .. } => Err(ExecError::Refused {
+            device: device.to_owned(),
+            reason,
+        }),
+        // `Requests::answer` is only called with the two exec answers.
+        _ => Err(lost()),
+    }
+}
+
+/// One waiter on a link, removed when dropped.
+struct Waiter<'a> {
+    link: &'a Link,
+    id: &'a str,
+    ticket: u64,
+    answer: tokio::sync::oneshot::Receiver<AgentFrame>,
+}
+
+impl<'a> Waiter<'a> {
+    fn new(link: &'a Link, id: &'a str) -> Option<Self> {
+        let (ticket, answer) = link.requests.expect(id)?;
+        Some(Waiter {
+            link,
+            id,
+            ticket,
+            answer,
+        })
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        self.link.requests.forget(self.id, self.ticket);
+    }
+}
