@@ -3,6 +3,7 @@
 
 mod cli_model;
 mod cortex_cli;
+mod device_exec;
 mod durability;
 mod full_disk;
 mod hostile;
