@@ -5,7 +5,8 @@
 //! the device's log); the same exec id is the same run; a program off the allow-list is
 //! refused; a SIGKILL of the agent leaves the command running, the hub says the device is
 //! offline, and the restarted agent answers the same id with the same run. The agent's log
-//! never holds the secret the environment carried.
+//! never holds the secret the environment carried, and the command does not inherit the
+//! device token the agent got from its environment.
 //!
 //! (No HTTP route calls `exec` yet: the runner's `device_exec` tool does, and its own test
 //! covers the tool.)
@@ -24,10 +25,12 @@ use cortex_tests::bin;
 const T: Duration = Duration::from_secs(20);
 const SECRET: &str = "s3cret-e2e-value";
 
-fn start_agent(url: &str, home: &Path, token_file: &Path, log: &Path) -> Child {
+/// The token in the environment, the least safe place: the commands must not inherit it.
+fn start_agent(url: &str, home: &Path, token: &str, log: &Path) -> Child {
     Command::new(bin("cortex-device-agent"))
-        .args(["--hub", url, "--name", "gpu1", "--token-file"])
-        .arg(token_file)
+        .args(["--hub", url, "--name", "gpu1"])
+        .env("CORTEX_DEVICE_TOKEN", token)
+        .env_remove("CORTEX_DEVICE_TOKEN_FILE")
         .arg("--home")
         .arg(home)
         .args(["--allow-exec", "--exec-allow", "sh"])
@@ -115,14 +118,11 @@ async fn scenario() {
     let url = bound.url.clone();
     let serve = tokio::spawn(cortex_hub::mesh::serve(state.clone(), bound));
 
-    let token_file = dev_home.path().join("token");
-    std::fs::write(&token_file, &token).expect("token");
     let agent_log = hub_home.path().join("agent.log");
-    let mut agent = start_agent(&url, dev_home.path(), &token_file, &agent_log);
+    let mut agent = start_agent(&url, dev_home.path(), &token, &agent_log);
     until("the device online", || state.devices.link("gpu1").is_some()).await;
 
-    let script =
-        r#"echo "secret=$CORTEX_SIGNAL_SECRET"; pwd; while [ ! -e go ]; do sleep 0.05; done"#;
+    let script = r#"echo "secret=$CORTEX_SIGNAL_SECRET token=${CORTEX_DEVICE_TOKEN:-unset}"; pwd; while [ ! -e go ]; do sleep 0.05; done"#;
     let first = exec(&state, "gpu1", request(script, work.path()))
         .await
         .expect("started");
@@ -134,7 +134,13 @@ async fn scenario() {
     );
     let (st, pgrp, sid) = stat(pid).expect("running");
     assert_ne!(st, 'Z');
-    assert_eq!((pgrp, sid), (pid, pid), "its own session and process group");
+    assert_eq!(
+        (pgrp, sid),
+        (pid, pid),
+        "its own session and process group: {:?}",
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+    );
     assert_eq!(
         cortex_host::wait::read_stat(pid)
             .expect("stat")
@@ -179,7 +185,7 @@ async fn scenario() {
     );
 
     // A restarted agent answers the same id with the same run.
-    let mut agent = start_agent(&url, dev_home.path(), &token_file, &agent_log);
+    let mut agent = start_agent(&url, dev_home.path(), &token, &agent_log);
     until("the device back", || state.devices.link("gpu1").is_some()).await;
     let after = exec(&state, "gpu1", request(script, work.path()))
         .await
@@ -192,7 +198,10 @@ async fn scenario() {
     })
     .await;
     let out = std::fs::read_to_string(&first.log).expect("the run's log");
-    assert!(out.contains(&format!("secret={SECRET}\n")), "{out}");
+    assert!(
+        out.contains(&format!("secret={SECRET} token=unset\n")),
+        "{out}"
+    );
     assert!(
         out.contains(&format!("{}\n", work.path().display())),
         "{out}"
@@ -203,6 +212,7 @@ async fn scenario() {
     let logged = std::fs::read_to_string(&agent_log).expect("agent log");
     assert!(logged.contains("exec started"), "{logged}");
     assert!(!logged.contains(SECRET), "the agent logged the secret");
+    assert!(!logged.contains(&token), "the agent logged its token");
 
     state.shutdown.cancel();
     let _ = tokio::time::timeout(T, serve).await;

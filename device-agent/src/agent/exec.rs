@@ -15,8 +15,10 @@
 //! agent saw, leads its own session and process group, and outlives the agent (a
 //! restart, SIGTERM or SIGKILL of the agent leaves it running). The launcher exists
 //! because `setsid` between fork and exec needs `pre_exec`, which is `unsafe`, and this
-//! workspace forbids `unsafe` code. Its stdin is `/dev/null`, its stdout and stderr are
-//! appended to `$CORTEX_HOME/exec/<exec_id>.log` (0600).
+//! workspace forbids `unsafe` code. The agent answers only once the command leads its
+//! session (it polls `getsid`, bounded), so the hub never gets a pid whose process group is
+//! still the agent's. Its stdin is `/dev/null`, its stdout and stderr are appended to
+//! `$CORTEX_HOME/exec/<exec_id>.log` (0600).
 //!
 //! Reaping: the daemon loop calls [`Execs::reap`] on every SIGCHLD, and a pid wait that
 //! fires on one of these pids asks [`Execs::exit_of`] first, which reaps that child at
@@ -24,8 +26,11 @@
 //! reaped before a pid wait was armed on it is "no such process" to the wait library,
 //! which fires at once: the wait still ends.
 //!
-//! The environment the hub sends may hold a waitpoint's secret: no value of it is logged
-//! or written to the record.
+//! Environment: the agent's own, less the device token and what systemd handed the agent
+//! alone ([`NOT_INHERITED`]), plus the frame's. The frame's may hold a waitpoint's secret:
+//! no value of it is logged or written to the record. A command runs as the agent's user
+//! and can read what that user can (a token file included): `--exec-allow` and the hub's
+//! approval are what bound it.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{OsStr, OsString};
@@ -498,6 +503,11 @@ impl Execs {
             }
         };
         let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+        // The launcher runs, but may not have called setsid yet: answer only once the
+        // command leads its own session, so whoever gets the pid may signal its group.
+        if !wait_for_session(pid) {
+            tracing::warn!(exec = %id, pid, "the command did not become a session leader within {SESSION_WAIT:?}; see its log");
+        }
         // Our child cannot be reaped by anyone else, so its /proc entry is there (a zombie
         // at worst) until we wait for it.
         let start_time = match cortex_host::wait::read_stat(pid) {
@@ -551,6 +561,8 @@ impl Execs {
             .arg(argv0)
             .args(args)
             .current_dir(cwd)
+            .env_clear()
+            .envs(inherited_env())
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
@@ -645,6 +657,53 @@ impl Execs {
             }
         }
     }
+}
+
+/// How long the agent waits for a started command to lead its own session (the
+/// launcher's first act; it takes well under a millisecond).
+const SESSION_WAIT: Duration = Duration::from_secs(2);
+
+/// Polls until `pid` leads its own session; false if it ended first or the bound passed.
+fn wait_for_session(pid: i32) -> bool {
+    let Some(p) = rustix::process::Pid::from_raw(pid) else {
+        return false;
+    };
+    let deadline = std::time::Instant::now() + SESSION_WAIT;
+    loop {
+        match rustix::process::getsid(Some(p)) {
+            Ok(sid) if sid == p => return true,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+        // Ended before its setsid (the launcher could not start it): nothing to wait for.
+        if cortex_host::wait::read_stat(pid)
+            .ok()
+            .flatten()
+            .is_none_or(|s| s.exited())
+            || std::time::Instant::now() >= deadline
+        {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// What a run inherits of the agent's environment: all of it but the device's token
+/// (`CORTEX_DEVICE_TOKEN`, when it came that way) and systemd's hand-offs meant for the
+/// agent alone (its notify socket and watchdog, its sockets and credentials).
+pub const NOT_INHERITED: &[&str] = &[
+    "CORTEX_DEVICE_TOKEN",
+    "NOTIFY_SOCKET",
+    "WATCHDOG_PID",
+    "WATCHDOG_USEC",
+    "LISTEN_PID",
+    "LISTEN_FDS",
+    "LISTEN_FDNAMES",
+    "CREDENTIALS_DIRECTORY",
+];
+
+fn inherited_env() -> impl Iterator<Item = (OsString, OsString)> {
+    std::env::vars_os().filter(|(k, _)| !NOT_INHERITED.iter().any(|n| k == *n))
 }
 
 /// The answer for an id that has a record.
