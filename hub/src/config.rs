@@ -52,7 +52,7 @@ pub struct HubSettings {
     pub llm: Option<serde_json::Value>,
 }
 
-/// settings.json `agent: {instructions?, maxTokens?, stop?, concurrency?}`.
+/// settings.json `agent: {instructions?, maxTokens?, stop?, concurrency?, policy?, unattended?}`.
 #[derive(Debug, Clone, PartialEq, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AgentDefaults {
@@ -67,6 +67,12 @@ pub struct AgentDefaults {
     /// How many sessions the runner drives at once; the others wait in order (default 8).
     #[serde(default)]
     pub concurrency: Option<usize>,
+    /// The gate's lists for sessions that give none (default: `device_exec` asks).
+    #[serde(default)]
+    pub policy: Option<cortex_protocol::api::Policy>,
+    /// Sessions are unattended unless they say otherwise.
+    #[serde(default)]
+    pub unattended: Option<bool>,
 }
 
 impl AgentDefaults {

@@ -27,6 +27,7 @@ pub mod runner;
 pub mod secret;
 pub mod server;
 pub mod state;
+pub mod stops;
 pub mod store;
 pub mod text;
 pub mod time;

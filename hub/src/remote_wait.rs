@@ -77,6 +77,7 @@ pub fn plan(
             .clone()
             .filter(|i| !i.trim().is_empty())
             .unwrap_or(intent),
+        waitpoint_id: None,
     };
     Ok((new, timeout_ms))
 }

@@ -80,6 +80,8 @@ pub struct Inner {
     pub agent_defaults: AgentDefaults,
     /// Whether the hub runs a model (a message to a session then starts a turn).
     pub runs_model: bool,
+    /// Stops for the turns being driven (a cancel rings them).
+    pub stops: Arc<crate::stops::Stops>,
 }
 
 /// The shared state, cheap to clone (one `Arc`).

@@ -27,6 +27,14 @@ pub fn rfc3339(ms: u64) -> String {
     utc(ms).format(&layout).unwrap_or_default()
 }
 
+/// An RFC 3339 date and time (`2026-12-01T18:00:00Z`, any offset) as ms since the epoch;
+/// `None` when it is not one, or is before the epoch.
+pub fn parse_rfc3339(s: &str) -> Option<u64> {
+    let t =
+        OffsetDateTime::parse(s.trim(), &::time::format_description::well_known::Rfc3339).ok()?;
+    u64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok()
+}
+
 /// The last second RFC 3339's four-digit year can write.
 const LAST_SECOND: i64 = 253_402_300_799;
 
@@ -60,6 +68,18 @@ pub fn human_duration(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_dates_with_any_offset() {
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:01Z"), Some(1_000));
+        assert_eq!(parse_rfc3339("1970-01-01T01:00:01.5+01:00"), Some(1_500));
+        assert_eq!(
+            parse_rfc3339(&rfc3339(1_764_547_200_000)),
+            Some(1_764_547_200_000)
+        );
+        assert_eq!(parse_rfc3339("tomorrow"), None);
+        assert_eq!(parse_rfc3339("1969-12-31T23:59:59Z"), None);
+    }
 
     #[test]
     fn formats_dates() {

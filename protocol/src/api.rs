@@ -37,6 +37,32 @@ pub struct CreateSession {
     /// When a run stops on its own (each absent bound: the hub's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<StopConfig>,
+    /// Which tool calls run, which are refused and which wait for a person (each absent
+    /// list: the hub's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Policy>,
+    /// Nobody is there to answer: a turn that reaches an approval or a question ends with
+    /// `needs_human` instead of waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unattended: Option<bool>,
+}
+
+/// The gate before every tool call, as lists of tool names (`"*"`: every tool). A call
+/// named in `deny` is refused; else one named in `requireApproval` waits for a person;
+/// else, when `allow` is given, one not named there is refused; else it runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Policy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_approval: Option<Vec<String>>,
+    /// An approval not answered within this long denies the call (the model is told and
+    /// goes on); none: it waits as long as it takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_timeout_ms: Option<u64>,
 }
 
 /// A run's bounds; `steps` defaults to 20 and `repeatedCalls` to 3, the others to none.
@@ -167,6 +193,126 @@ pub enum EventBody {
         result: RunResult,
         meta: RunMeta,
     },
+    /// A tool call waits for a person: an approval (the gate asked) or a question
+    /// (`ask_user`). The session holds no task until it is answered
+    /// (`POST /api/sessions/{sid}/answers` with `approval.id`).
+    ApprovalRequired {
+        run_id: String,
+        step: u32,
+        approval: PendingRequest,
+    },
+    /// An answer to a pending approval or question (an inbox item).
+    Answer(Box<AnswerItem>),
+    /// A stop (an inbox item): the session ends, or with `turn_only` only its turn.
+    Cancel {
+        #[serde(default)]
+        turn_only: bool,
+    },
+    /// A timer the model set (`schedule_wakeup`) fired (an inbox item); its text is the
+    /// next turn's message.
+    Timer {
+        name: String,
+        text: String,
+        dedupe_key: String,
+    },
+}
+
+/// What waits on a person.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingRequest {
+    /// The request's id, which the answer names.
+    pub id: String,
+    /// `approval` or `question`.
+    pub kind: String,
+    /// The tool and call it holds up.
+    pub tool: String,
+    pub call_id: String,
+    /// The call's arguments (parsed; the raw text when not JSON).
+    pub args: serde_json::Value,
+    /// Why a person is asked (for an approval: the policy that asked).
+    pub reason: String,
+    /// A question's questions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub questions: Vec<Question>,
+    pub asked_at: u64,
+    /// When an unanswered approval denies itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+}
+
+/// One question of `ask_user`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Question {
+    pub question: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub multi: bool,
+}
+
+/// `allow` or `deny`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Allow,
+    Deny,
+}
+
+/// An answer as the inbox holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AnswerItem {
+    pub request_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+    /// Allow this tool for the rest of the session.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub always: bool,
+    /// The call's arguments as the person edited them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<serde_json::Value>,
+    /// A question's answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    /// Who answered: `person`, or `timeout` for an approval that expired.
+    pub by: String,
+}
+
+/// `POST /api/sessions/{sid}/answers`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostAnswer {
+    pub request_id: String,
+    /// Required for an approval; a question's answer may leave it out (it is `allow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub always: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+}
+
+/// `POST /api/sessions/{sid}/cancel`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostCancel {
+    #[serde(default)]
+    pub turn_only: bool,
+}
+
+/// `GET /api/approvals`: what waits on a person, across sessions, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalList {
+    pub approvals: Vec<PendingView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingView {
+    pub session: String,
+    #[serde(flatten)]
+    pub request: PendingRequest,
 }
 
 /// One inbox item a run took, as `run-start` names it.
@@ -174,7 +320,7 @@ pub enum EventBody {
 pub struct RunInput {
     /// The inbox item's seq.
     pub seq: u64,
-    /// `message` or `wake` (later: `answer`, `timer`).
+    /// `message`, `wake` or `timer`.
     pub kind: String,
     /// The text the model reads for it.
     pub text: String,
@@ -615,5 +761,18 @@ pub enum HubEventBody {
     },
     DeviceRevoked {
         device: String,
+    },
+    /// A session's model started (or tried to start) a command on a device.
+    DeviceExec {
+        device: String,
+        session: String,
+        call_id: String,
+        argv: Vec<String>,
+        /// Who let it run: `person`, `person (always)` or `policy`.
+        approved_by: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
     },
 }

@@ -110,6 +110,7 @@ async fn scenario() {
         live: Default::default(),
         agent_defaults: Default::default(),
         runs_model: false,
+        stops: Default::default(),
     });
     cortex_hub::mesh::start(&state).await.expect("mesh start");
     let bound = Bound::bind(&MeshSetup::new("127.0.0.1:0".parse().expect("addr")))

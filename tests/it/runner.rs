@@ -12,10 +12,10 @@ use cortex_tests::scripted_model::{Reply, ScriptedModel};
 use cortex_tests::{Hub, wait_until};
 use serde_json::{Value, json};
 
-const LIMIT: Duration = Duration::from_secs(30);
+pub(crate) const LIMIT: Duration = Duration::from_secs(30);
 
 /// A hub that runs `model`, with `settings` written to its settings.json first.
-fn hub_with(model: &ScriptedModel, settings: Value) -> (Hub, tempfile::TempDir) {
+pub(crate) fn hub_with(model: &ScriptedModel, settings: Value) -> (Hub, tempfile::TempDir) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let home = tmp.path().join("home");
     std::fs::create_dir_all(&home).expect("home");
@@ -34,17 +34,17 @@ fn hub_with(model: &ScriptedModel, settings: Value) -> (Hub, tempfile::TempDir) 
     (hub, tmp)
 }
 
-fn hub(model: &ScriptedModel) -> (Hub, tempfile::TempDir) {
+pub(crate) fn hub(model: &ScriptedModel) -> (Hub, tempfile::TempDir) {
     hub_with(model, json!({}))
 }
 
-fn new_session(hub: &Hub, body: Value) -> String {
+pub(crate) fn new_session(hub: &Hub, body: Value) -> String {
     let (st, v) = hub.api(Method::Post, "/api/sessions", Some(&body));
     assert_eq!(st, 201, "{v}");
     v["id"].as_str().expect("id").to_string()
 }
 
-fn say(hub: &Hub, sid: &str, body: Value) -> Value {
+pub(crate) fn say(hub: &Hub, sid: &str, body: Value) -> Value {
     let (st, v) = hub.api(
         Method::Post,
         &format!("/api/sessions/{sid}/messages"),
@@ -55,7 +55,7 @@ fn say(hub: &Hub, sid: &str, body: Value) -> Value {
 }
 
 /// The n-th `run-end` (1-based) of the session.
-fn run_end(hub: &Hub, sid: &str, n: usize) -> Value {
+pub(crate) fn run_end(hub: &Hub, sid: &str, n: usize) -> Value {
     let seen = std::cell::Cell::new(0usize);
     hub.wait_event(sid, LIMIT, |e| {
         if e["kind"] == "run-end" {
@@ -67,19 +67,19 @@ fn run_end(hub: &Hub, sid: &str, n: usize) -> Value {
     })
 }
 
-fn kinds(events: &[Value]) -> Vec<String> {
+pub(crate) fn kinds(events: &[Value]) -> Vec<String> {
     events
         .iter()
         .map(|e| e["kind"].as_str().unwrap_or_default().to_string())
         .collect()
 }
 
-fn count(events: &[Value], kind: &str) -> usize {
+pub(crate) fn count(events: &[Value], kind: &str) -> usize {
     events.iter().filter(|e| e["kind"] == kind).count()
 }
 
 /// The last message of a recorded model request.
-fn last_message(req: &Value) -> Value {
+pub(crate) fn last_message(req: &Value) -> Value {
     req["messages"]
         .as_array()
         .and_then(|m| m.last())

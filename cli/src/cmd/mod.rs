@@ -5,6 +5,7 @@
 pub mod chat;
 pub mod devices;
 pub mod follow;
+pub mod people;
 pub mod render;
 pub mod sessions;
 pub mod wait;
@@ -74,6 +75,31 @@ pub enum Command {
     /// Enrol a device (prints its token once) or revoke one
     #[command(subcommand)]
     Device(DeviceCommand),
+    /// What waits on a person across sessions (approvals and questions), and how to
+    /// answer each
+    Approvals,
+    /// Answer an approval (allow or deny, optionally for the rest of the session, or with
+    /// edited arguments) or a question (allow --data JSON)
+    Answer {
+        /// The session (ses_…)
+        #[arg(value_name = "SID")]
+        sid: String,
+        /// The request (req_…), as `cortex approvals` lists it
+        #[arg(value_name = "REQUEST_ID")]
+        request_id: String,
+        /// allow or deny
+        #[arg(value_name = "allow|deny", value_parser = ["allow", "deny"])]
+        decision: String,
+        /// Allow this tool for the rest of the session
+        #[arg(long)]
+        always: bool,
+        /// Run the call with these arguments instead (a JSON object)
+        #[arg(long, value_name = "JSON")]
+        args: Option<String>,
+        /// A question's answers (JSON, e.g. '{"answers": ["yes"]}')
+        #[arg(long, value_name = "JSON")]
+        data: Option<String>,
+    },
     /// Talk with the model a session runs: each line you type is a message; its answers,
     /// tool calls and wakes print as they happen. Ctrl-D or Ctrl-C ends it.
     Chat {
@@ -127,6 +153,17 @@ pub enum SessionCommand {
         /// With --follow: show the model's reasoning too
         #[arg(long, requires = "follow")]
         reasoning: bool,
+    },
+    /// Stop a session: its turn at once (what the model said so far is kept), or with
+    /// --turn only that turn; without --turn the session ends (its waitpoints and timers
+    /// are cancelled and it takes no more messages)
+    Cancel {
+        /// The session (ses_…)
+        #[arg(value_name = "SID")]
+        sid: String,
+        /// Stop only the running turn; the next message starts a new one
+        #[arg(long)]
+        turn: bool,
     },
     /// Print the answer of the session's last run (--json: the whole result and its meta)
     Result {
@@ -195,6 +232,22 @@ pub struct NewArgs {
     /// The most tokens one model call may generate [default: the hub's]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens: Option<u32>,
+    /// Tools that wait for a person's approval (comma-separated; * for all)
+    /// [default: the hub's, else device_exec]
+    #[arg(long, value_name = "TOOLS", value_delimiter = ',')]
+    pub require_approval: Option<Vec<String>>,
+    /// Tools refused outright (comma-separated)
+    #[arg(long, value_name = "TOOLS", value_delimiter = ',')]
+    pub deny: Option<Vec<String>>,
+    /// Only these tools run (comma-separated); the others are refused
+    #[arg(long, value_name = "TOOLS", value_delimiter = ',')]
+    pub allow: Option<Vec<String>>,
+    /// An approval not answered within this long denies the call (30s, 10m, 2h)
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub approval_timeout: Option<Duration>,
+    /// Nobody answers: a turn that needs a person ends with needs_human
+    #[arg(long)]
+    pub unattended: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -376,6 +429,27 @@ fn execute(
                 return sessions::say_follow(&hub, &post, *reasoning, json, &env.term, out, err);
             }
             sessions::say(&hub, &post, json, out)?
+        }
+        Command::Session(SessionCommand::Cancel { sid, turn }) => {
+            people::cancel(&hub, sid, *turn, json, out)?
+        }
+        Command::Approvals => people::list(&hub, json, out)?,
+        Command::Answer {
+            sid,
+            request_id,
+            decision,
+            always,
+            args,
+            data,
+        } => {
+            let body = people::answer_body(
+                request_id,
+                decision,
+                *always,
+                args.as_deref(),
+                data.as_deref(),
+            )?;
+            people::answer(&hub, sid, &body, json, out)?
         }
         Command::Session(SessionCommand::Result { sid }) => {
             return sessions::result(&hub, sid, json, out, err);

@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use cortex_protocol::api::{DeltaChannel, Event, EventBody, RunResult, Wake};
+use cortex_protocol::api::{Decision, DeltaChannel, Event, EventBody, RunResult, Wake};
 use serde_json::Value;
 
 use crate::sse;
@@ -206,6 +206,54 @@ impl Render {
             EventBody::Message { text, .. } => {
                 self.note(&mut out, format!("» {}", first_line(text)));
             }
+            EventBody::ApprovalRequired { approval, .. } => {
+                let line = match approval.kind.as_str() {
+                    "question" => {
+                        let qs: Vec<String> = approval
+                            .questions
+                            .iter()
+                            .map(|q| match q.options.is_empty() {
+                                true => q.question.clone(),
+                                false => format!("{} [{}]", q.question, q.options.join(" / ")),
+                            })
+                            .collect();
+                        format!("? question {}: {}", approval.id, qs.join(" · "))
+                    }
+                    _ => format!(
+                        "⏸ approval {} needed: {} {} ({})",
+                        approval.id,
+                        approval.tool,
+                        compact(&approval.args),
+                        approval.reason
+                    ),
+                };
+                self.note(&mut out, line);
+                self.note(
+                    &mut out,
+                    "   `cortex approvals` shows how to answer it".to_string(),
+                );
+            }
+            EventBody::Answer(a) => {
+                let what = match (a.decision, &a.data) {
+                    (Some(Decision::Deny), _) => "denied",
+                    (_, Some(_)) => "answered",
+                    _ => "allowed",
+                };
+                let always = if a.always { " (always)" } else { "" };
+                let line = format!("✓ {} {what}{always} by {}", a.request_id, a.by);
+                self.note(&mut out, line);
+            }
+            EventBody::Cancel { turn_only } => {
+                let what = if *turn_only {
+                    "the turn"
+                } else {
+                    "the session"
+                };
+                self.note(&mut out, format!("⊘ cancel: {what}"));
+            }
+            EventBody::Timer { name, text, .. } => {
+                self.note(&mut out, format!("⏰ timer {name}: {}", first_line(text)));
+            }
             EventBody::WaitpointArmed { .. }
             | EventBody::InputTaken { .. }
             | EventBody::StepStart { .. } => {}
@@ -322,6 +370,7 @@ pub fn run_of(body: &EventBody) -> Option<&str> {
         | EventBody::ToolStart { run_id, .. }
         | EventBody::ToolEnd { run_id, .. }
         | EventBody::Retry { run_id, .. }
+        | EventBody::ApprovalRequired { run_id, .. }
         | EventBody::RunEnd { run_id, .. } => Some(run_id),
         _ => None,
     }

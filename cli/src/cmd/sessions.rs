@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use cortex_protocol::api::{
-    CreateSession, MessagePosted, PostMessage, SessionResult, SessionView, When,
+    CreateSession, MessagePosted, Policy, PostMessage, SessionResult, SessionView, When,
 };
 use serde_json::Value;
 
@@ -101,12 +101,26 @@ pub fn create_body(
         }
         None => None,
     };
+    let policy = (args.require_approval.is_some()
+        || args.deny.is_some()
+        || args.allow.is_some()
+        || args.approval_timeout.is_some())
+    .then(|| Policy {
+        allow: args.allow.clone(),
+        deny: args.deny.clone(),
+        require_approval: args.require_approval.clone(),
+        approval_timeout_ms: args
+            .approval_timeout
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+    });
     Ok(CreateSession {
         title: args.title.clone(),
         instructions,
         examples,
         max_tokens: args.max_tokens,
         stop: None,
+        policy,
+        unattended: args.unattended.then_some(true),
     })
 }
 

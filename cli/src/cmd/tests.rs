@@ -649,6 +649,11 @@ fn instructions_text_at_at_and_stdin() {
         instructions: Some(v.to_string()),
         examples: None,
         max_tokens: None,
+        require_approval: None,
+        deny: None,
+        allow: None,
+        approval_timeout: None,
+        unattended: false,
     };
     let mut stdin = || Ok("from stdin".to_string());
     let body = sessions::create_body(&args("plain"), &mut stdin).expect("body");
@@ -836,4 +841,54 @@ fn result_prints_the_response_or_the_error() {
     assert_eq!(code, 1);
     assert!(err.contains("no run has ended in ses_1"), "{err}");
     assert_eq!(server.next_request().path, "/api/sessions/ses_1/result");
+}
+
+#[test]
+fn policy_flags_make_the_sessions_policy() {
+    let cli = parse(&[
+        "session",
+        "new",
+        "--require-approval",
+        "device_exec,wait_cancel",
+        "--deny",
+        "devices",
+        "--approval-timeout",
+        "90s",
+        "--unattended",
+    ])
+    .expect("parses");
+    let Command::Session(SessionCommand::New(args)) = &cli.command else {
+        panic!("not session new: {cli:?}");
+    };
+    let body = sessions::create_body(args, &mut || Ok(String::new())).expect("body");
+    let p = body.policy.expect("a policy");
+    assert_eq!(
+        p.require_approval,
+        Some(vec!["device_exec".to_string(), "wait_cancel".to_string()])
+    );
+    assert_eq!(p.deny, Some(vec!["devices".to_string()]));
+    assert_eq!(p.allow, None);
+    assert_eq!(p.approval_timeout_ms, Some(90_000));
+    assert_eq!(body.unattended, Some(true));
+    let plain = parse(&["session", "new"]).expect("parses");
+    let Command::Session(SessionCommand::New(args)) = &plain.command else {
+        panic!("not session new");
+    };
+    let body = sessions::create_body(args, &mut || Ok(String::new())).expect("body");
+    assert!(
+        body.policy.is_none() && body.unattended.is_none(),
+        "the hub's defaults apply"
+    );
+}
+
+#[test]
+fn an_answer_is_allow_or_deny_with_json() {
+    let b = people::answer_body("req_1", "allow", true, Some(r#"{"pid": 7}"#), None).expect("ok");
+    assert_eq!(b.decision, Some(cortex_protocol::api::Decision::Allow));
+    assert!(b.always);
+    assert_eq!(b.args, Some(serde_json::json!({"pid": 7})));
+    assert!(people::answer_body("req_1", "maybe", false, None, None).is_err());
+    assert!(people::answer_body("req_1", "allow", false, Some("[1]"), None).is_err());
+    assert!(people::answer_body("req_1", "allow", false, None, Some("{bad")).is_err());
+    assert!(parse(&["answer", "ses_1", "req_1", "perhaps"]).is_err());
 }

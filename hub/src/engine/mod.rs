@@ -115,6 +115,8 @@ pub enum CreateError {
         "label is empty; give the waitpoint a short name (at most {MAX_LABEL_CHARS} characters)"
     )]
     EmptyLabel,
+    #[error("waitpoint id {0} is taken")]
+    Taken(String),
     #[error(
         "label is {0} characters; keep it under {MAX_LABEL_CHARS} and put the detail in intent"
     )]

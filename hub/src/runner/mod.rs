@@ -9,6 +9,8 @@
 //! After a crash or restart the queue still holds every session that was ready or
 //! running, so the runner goes on where it stopped.
 
+pub mod external;
+pub mod gate;
 pub mod prefix;
 pub mod rules;
 pub mod tools;
@@ -24,7 +26,7 @@ use tokio::sync::{Semaphore, mpsc};
 use crate::model::{ChatMessage, Delta, Model, StepRequest, ToolCall};
 use crate::state::AppState;
 use crate::store::agent::{RunStatus, TOPIC_READY};
-use crate::store::{StoreError, Tx};
+use crate::store::{Durable, StoreError, Tx};
 use crate::time::now_ms;
 use turn::{Next, RetryNote, StepAt};
 
@@ -127,128 +129,284 @@ fn with_tail(
 ) -> Result<(Next, Vec<ChatMessage>), StoreError> {
     let tail = match next {
         Next::Step { .. } => t.transcript_from(sid, known)?,
-        Next::Idle => Vec::new(),
+        _ => Vec::new(),
     };
     Ok((next, tail))
 }
 
-/// Drives one session until it is handed back idle (or the hub stops).
+/// What one of the runner's writes hands back: what to do next, the transcript's new
+/// messages, and the answers whose stored copy hides a secret.
+type Wrote = (Next, Vec<ChatMessage>, Vec<turn::Unredacted>);
+
+/// Runs one of the runner's writes (`f`, given the write's [`turn::Env`]), with the
+/// transcript read on from `known`.
+async fn write<F>(state: &AppState, sid: &str, known: u64, f: F) -> Result<Wrote, DriveError>
+where
+    F: for<'e> FnOnce(
+            &mut Tx<'_>,
+            &turn::Env<'e>,
+        ) -> Result<(Next, Vec<turn::Unredacted>), StoreError>
+        + Send
+        + 'static,
+{
+    let (defaults, url, sid) = (
+        state.agent_defaults.clone(),
+        state.signal_url.clone(),
+        sid.to_string(),
+    );
+    Ok(state
+        .store
+        .exec(move |t| {
+            let env = turn::Env {
+                defaults: &defaults,
+                signal_url: &url,
+                now: now_ms(),
+            };
+            let (next, secrets) = f(t, &env)?;
+            let (next, tail) = with_tail(t, &sid, next, known)?;
+            Ok((next, tail, secrets))
+        })
+        .await?)
+}
+
+/// Drives one session until it is handed back idle or parked (or the hub stops).
 async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), DriveError> {
-    let defaults = Arc::new(state.agent_defaults.clone());
+    // Heard while this task waits on the model or a device: a cancel. Rings that came
+    // before a write are forgotten as it starts: the write takes their items.
+    let mut stop = state.stops.listen(sid);
     // The transcript as stored (secrets redacted), kept for the life of this task and
     // grown from what each write returns.
     let mut messages: Vec<ChatMessage> = Vec::new();
     // Tool answers whose stored copy hides a secret, for the rest of the run.
     let mut unredacted: HashMap<u64, String> = HashMap::new();
-    let (mut next, tail) = {
-        let (s, d) = (sid.to_string(), defaults.clone());
-        state
-            .store
-            .exec(move |t| {
-                let next = turn::boundary(t, &s, &d, now_ms())?;
-                with_tail(t, &s, next, 0)
-            })
-            .await?
-    };
-    messages.extend(tail);
+    stop.clear();
+    let s = sid.to_string();
+    let mut wrote = write(state, sid, 0, move |t, env| {
+        let (mut prepared, mut secrets) = (HashMap::new(), Vec::new());
+        let next = turn::boundary(t, &s, env, &mut prepared, &mut secrets)?;
+        Ok((next, secrets))
+    })
+    .await?;
+    // The last step's record, answered before it was durable: the next model call goes
+    // out while it is written, and nothing else happens until it is on disk.
+    let mut writing: Option<Durable> = None;
     loop {
-        let Next::Step {
-            run_id,
-            step,
-            max_tokens,
-            seq,
-        } = next
-        else {
-            return Ok(());
-        };
-        let patched;
-        let sent: &[ChatMessage] = if unredacted.is_empty() {
-            &messages
-        } else {
-            let mut copy = messages.clone();
-            for (i, content) in &unredacted {
-                if let Some(m) = usize::try_from(*i).ok().and_then(|i| copy.get_mut(i)) {
-                    m.content = Some(content.clone());
-                }
-            }
-            patched = copy;
-            &patched
-        };
-        let specs = tools::specs();
-        let mut retries: Vec<RetryNote> = Vec::new();
-        // Benchmarks' timing records (`CORTEX_TIMING_FILE`): where a step's time goes.
-        let mark = format!("{run_id}/{step}");
-        timing::record("runner_model_call", &mark, None);
-        let outcome = {
-            let mut on_delta =
-                |d: Delta| live_piece(state, sid, &run_id, step, seq, d, &mut retries);
-            let call = model.step(
-                StepRequest {
-                    messages: sent,
-                    tools: &specs,
-                    max_tokens,
-                },
-                &mut on_delta,
-            );
-            tokio::select! {
-                r = call => r,
-                // The model call is dropped (stopped); the session stays running in the
-                // queue and its step is made again after the restart.
-                () = state.shutdown.cancelled() => return Ok(()),
-            }
-        };
-        timing::record("runner_model_done", &mark, None);
-        let known = messages.len() as u64;
-        let at = StepAt {
-            sid: sid.to_string(),
-            run_id: run_id.clone(),
-            step,
-        };
-        let d = defaults.clone();
-        let (after, tail, secrets) = match outcome {
-            Ok(out) => {
-                let mut calls: Vec<(ToolCall, tools::Prepared)> = Vec::new();
-                for (n, mut call) in out.tool_calls.clone().into_iter().enumerate() {
-                    if call.id.trim().is_empty() {
-                        call.id = format!("call_{step}_{n}");
-                    }
-                    let p = tools::prepare(state, sid, &call).await;
-                    calls.push((call, p));
-                }
-                let url = state.signal_url.clone();
-                state
-                    .store
-                    .exec(move |t| {
-                        let (next, secrets) =
-                            turn::step_done(t, &at, out, retries, calls, &url, &d, now_ms())?;
-                        let (next, tail) = with_tail(t, &at.sid, next, known)?;
-                        Ok((next, tail, secrets))
-                    })
-                    .await?
-            }
-            Err(e) => {
-                tracing::warn!(session = %sid, run = %run_id, step, error = %e, "a model call failed; the run ends");
-                let msg = e.to_string();
-                state
-                    .store
-                    .exec(move |t| {
-                        let next = turn::step_failed(t, &at, msg, retries, &d, now_ms())?;
-                        let (next, tail) = with_tail(t, &at.sid, next, known)?;
-                        Ok((next, tail, Vec::new()))
-                    })
-                    .await?
-            }
-        };
-        timing::record("runner_step_recorded", &mark, None);
-        if matches!(after, Next::Step { step: 1, .. }) {
+        let (next, tail, secrets) = wrote;
+        if matches!(next, Next::Step { step: 1, .. }) {
             // A new run: what this task kept for the last one does not carry over.
             unredacted.clear();
         }
         unredacted.extend(secrets);
         messages.extend(tail);
-        next = after;
+        if !matches!(next, Next::Step { .. })
+            && let Some(w) = writing.take()
+        {
+            w.wait().await?;
+        }
+        let known = messages.len() as u64;
+        wrote = match next {
+            Next::Idle => return Ok(()),
+            Next::Prepare { calls, .. } => {
+                let mut ready = Vec::with_capacity(calls.len());
+                for c in calls {
+                    let p = tools::prepare(state, sid, &c).await;
+                    ready.push((c, p));
+                }
+                let s = sid.to_string();
+                stop.clear();
+                write(state, sid, known, move |t, env| {
+                    turn::calls_ready(t, &s, ready, env)
+                })
+                .await?
+            }
+            Next::External { run_id, call } => {
+                let done = tokio::select! {
+                    a = external::run(state, sid, &call) => Some(a),
+                    // The cancel's item is in the inbox: the boundary answers the call.
+                    () = stop.rung() => None,
+                    () = state.shutdown.cancelled() => return Ok(()),
+                };
+                let s = sid.to_string();
+                stop.clear();
+                write(state, sid, known, move |t, env| match done {
+                    Some(a) => turn::external_done(t, &s, &run_id, &call.id, a, env),
+                    None => {
+                        let (mut prepared, mut secrets) = (HashMap::new(), Vec::new());
+                        let next = turn::boundary(t, &s, env, &mut prepared, &mut secrets)?;
+                        Ok((next, secrets))
+                    }
+                })
+                .await?
+            }
+            Next::Step {
+                run_id,
+                step,
+                max_tokens,
+                seq,
+            } => {
+                let (w, done) = step_once(
+                    state,
+                    model,
+                    sid,
+                    &messages,
+                    &unredacted,
+                    &mut stop,
+                    StepCall {
+                        run_id,
+                        step,
+                        max_tokens,
+                        seq,
+                        known,
+                    },
+                    writing.take(),
+                )
+                .await?;
+                let Some(w) = w else {
+                    return Ok(());
+                };
+                writing = done;
+                w
+            }
+        };
     }
 }
+
+/// One model call's coordinates.
+struct StepCall {
+    run_id: String,
+    step: u32,
+    max_tokens: Option<u32>,
+    seq: u64,
+    /// The transcript's length when the call was made.
+    known: u64,
+}
+
+/// Makes model call `c` from `messages` and records what came of it. Returns the write's
+/// answer (`None`: the hub is stopping) and, for a reply, the record still going to disk.
+#[allow(clippy::too_many_arguments)]
+async fn step_once(
+    state: &AppState,
+    model: &dyn Model,
+    sid: &str,
+    messages: &[ChatMessage],
+    unredacted: &HashMap<u64, String>,
+    stop: &mut crate::stops::Listener,
+    c: StepCall,
+    writing: Option<Durable>,
+) -> Result<(Option<Wrote>, Option<Durable>), DriveError> {
+    let patched;
+    let sent: &[ChatMessage] = if unredacted.is_empty() {
+        messages
+    } else {
+        let mut copy = messages.to_vec();
+        for (i, content) in unredacted {
+            if let Some(m) = usize::try_from(*i).ok().and_then(|i| copy.get_mut(i)) {
+                m.content = Some(content.clone());
+            }
+        }
+        patched = copy;
+        &patched
+    };
+    let specs = tools::specs();
+    let mut retries: Vec<RetryNote> = Vec::new();
+    // The reply's text so far, kept if a cancel cuts it off.
+    let mut partial = String::new();
+    // Benchmarks' timing records (`CORTEX_TIMING_FILE`): where a step's time goes.
+    let mark = format!("{}/{}", c.run_id, c.step);
+    timing::record("runner_model_call", &mark, None);
+    let outcome = {
+        let mut on_delta = |d: Delta| {
+            match &d {
+                Delta::Text(t) => partial.push_str(t),
+                Delta::Retry { .. } => partial.clear(),
+                Delta::Reasoning(_) => {}
+            }
+            live_piece(state, sid, &c.run_id, c.step, c.seq, d, &mut retries)
+        };
+        let call = model.step(
+            StepRequest {
+                messages: sent,
+                tools: &specs,
+                max_tokens: c.max_tokens,
+            },
+            &mut on_delta,
+        );
+        tokio::select! {
+            r = call => Some(r),
+            // A cancel: the call stops at once (dropped).
+            () = stop.rung() => None,
+            // The model call is dropped (stopped); the session stays running in the
+            // queue and its step is made again after the restart.
+            () = state.shutdown.cancelled() => return Ok((None, None)),
+        }
+    };
+    timing::record("runner_model_done", &mark, None);
+    // The call was made from the last step's record; should that record not reach the
+    // disk, the store refuses all writes and this answer is dropped unrecorded.
+    if let Some(w) = writing {
+        w.wait().await?;
+    }
+    let at = StepAt {
+        sid: sid.to_string(),
+        run_id: c.run_id.clone(),
+        step: c.step,
+    };
+    let known = c.known;
+    let Some(outcome) = outcome else {
+        stop.clear();
+        let w = write(state, sid, known, move |t, env| {
+            turn::step_interrupted(t, &at, partial, retries, env)
+        })
+        .await?;
+        return Ok((Some(w), None));
+    };
+    let (defaults, url) = (state.agent_defaults.clone(), state.signal_url.clone());
+    let record = |f: StepWrite| {
+        let sid = sid.to_string();
+        state.store.exec_ahead(move |t| {
+            let env = turn::Env {
+                defaults: &defaults,
+                signal_url: &url,
+                now: now_ms(),
+            };
+            let (next, secrets) = f(t, &env)?;
+            let (next, tail) = with_tail(t, &sid, next, known)?;
+            Ok((next, tail, secrets))
+        })
+    };
+    let (w, durable) = match outcome {
+        Ok(out) => {
+            let mut calls: Vec<(ToolCall, tools::Prepared)> = Vec::new();
+            for (n, mut call) in out.tool_calls.clone().into_iter().enumerate() {
+                if call.id.trim().is_empty() {
+                    call.id = format!("call_{}_{n}", c.step);
+                }
+                let p = tools::prepare(state, sid, &call).await;
+                calls.push((call, p));
+            }
+            stop.clear();
+            record(Box::new(move |t, env| {
+                turn::step_done(t, &at, out, retries, calls, env)
+            }))
+            .await?
+        }
+        Err(e) => {
+            tracing::warn!(session = %sid, run = %c.run_id, step = c.step, error = %e, "a model call failed; the run ends");
+            let msg = e.to_string();
+            stop.clear();
+            record(Box::new(move |t, env| {
+                turn::step_failed(t, &at, msg, retries, env)
+            }))
+            .await?
+        }
+    };
+    timing::record("runner_step_recorded", &mark, None);
+    Ok((Some(w), Some(durable)))
+}
+
+type StepResult = Result<(Next, Vec<turn::Unredacted>), StoreError>;
+/// A step's record, run in the store's write.
+type StepWrite = Box<dyn FnOnce(&mut Tx<'_>, &turn::Env<'_>) -> StepResult + Send>;
 
 /// Sends one streamed piece to `sid`'s followers; a retry is also kept for the record.
 fn live_piece(

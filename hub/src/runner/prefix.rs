@@ -3,7 +3,9 @@
 //! so a server's prefix cache keeps hitting: the instructions with the tool guides, then
 //! the worked example.
 
-use cortex_protocol::api::{MAX_EXAMPLES, MAX_INSTRUCTIONS_BYTES};
+#[cfg(test)]
+use cortex_protocol::api::Policy;
+use cortex_protocol::api::{CreateSession, MAX_EXAMPLES, MAX_INSTRUCTIONS_BYTES};
 
 use super::tools;
 use crate::config::AgentDefaults;
@@ -25,14 +27,18 @@ pub fn build(config: &AgentConfig) -> Vec<ChatMessage> {
     out
 }
 
-/// What a session's creator asked for, over the hub's defaults; `Err` says what is wrong.
-pub fn config(
-    defaults: &AgentDefaults,
-    instructions: Option<String>,
-    examples: Option<Vec<serde_json::Value>>,
-    max_tokens: Option<u32>,
-    stop: Option<cortex_protocol::api::StopConfig>,
-) -> Result<AgentConfig, String> {
+/// What a session's creator asked for (`req`, its title aside), over the hub's defaults;
+/// `Err` says what is wrong.
+pub fn config(defaults: &AgentDefaults, req: CreateSession) -> Result<AgentConfig, String> {
+    let CreateSession {
+        instructions,
+        examples,
+        max_tokens,
+        stop,
+        policy,
+        unattended,
+        ..
+    } = req;
     let instructions = instructions
         .filter(|s| !s.trim().is_empty())
         .or_else(|| defaults.instructions.clone())
@@ -69,11 +75,14 @@ pub fn config(
     if stop.steps == Some(0) || stop.repeated_calls == Some(0) {
         return Err("stop.steps and stop.repeatedCalls must be above 0".into());
     }
+    let policy = super::gate::resolve(policy, defaults.policy.clone())?;
     Ok(AgentConfig {
         instructions,
         examples: parsed,
         max_tokens: max_tokens.or(defaults.max_tokens),
         stop,
+        policy,
+        unattended: unattended.or(defaults.unattended).unwrap_or(false),
     })
 }
 
@@ -82,19 +91,33 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn asked(
+        instructions: Option<&str>,
+        examples: Option<Vec<serde_json::Value>>,
+        max_tokens: Option<u32>,
+    ) -> CreateSession {
+        CreateSession {
+            instructions: instructions.map(str::to_string),
+            examples,
+            max_tokens,
+            ..CreateSession::default()
+        }
+    }
+
     #[test]
     fn the_prefix_is_instructions_guides_then_the_example() {
         let d = AgentDefaults::default();
         let c = config(
             &d,
-            Some("Be brief.".into()),
-            Some(vec![
-                json!({"role": "user", "content": "wait for my job"}),
-                json!({"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "wait_create", "arguments": "{}"}}]}),
-                json!({"role": "tool", "tool_call_id": "c1", "content": "{}"}),
-            ]),
-            None,
-            None,
+            asked(
+                Some("Be brief."),
+                Some(vec![
+                    json!({"role": "user", "content": "wait for my job"}),
+                    json!({"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "wait_create", "arguments": "{}"}}]}),
+                    json!({"role": "tool", "tool_call_id": "c1", "content": "{}"}),
+                ]),
+                None,
+            ),
         )
         .expect("valid");
         let p = build(&c);
@@ -115,39 +138,30 @@ mod tests {
             max_tokens: Some(256),
             ..AgentDefaults::default()
         };
-        let c = config(&d, None, None, None, None).expect("defaults");
+        let c = config(&d, CreateSession::default()).expect("defaults");
         assert_eq!(c.instructions, DEFAULT_INSTRUCTIONS);
         assert_eq!(c.max_tokens, Some(256));
-        assert!(
-            config(
-                &d,
-                None,
-                Some(vec![json!({"role": "system", "content": "x"})]),
-                None,
-                None
-            )
-            .is_err()
+        assert!(!c.unattended);
+        assert_eq!(
+            c.policy.require_approval.as_deref(),
+            Some(&["device_exec".to_string()][..]),
+            "starting a command on a device asks a person unless a policy says otherwise"
         );
-        assert!(
-            config(
-                &d,
-                None,
-                Some(vec![json!({"content": "no role"})]),
-                None,
-                None
-            )
-            .is_err()
-        );
-        assert!(config(&d, None, None, Some(0), None).is_err());
-        assert!(
-            config(
-                &d,
-                Some("x".repeat(MAX_INSTRUCTIONS_BYTES + 1)),
-                None,
-                None,
-                None
-            )
-            .is_err()
-        );
+        let system = Some(vec![json!({"role": "system", "content": "x"})]);
+        assert!(config(&d, asked(None, system, None)).is_err());
+        let no_role = Some(vec![json!({"content": "no role"})]);
+        assert!(config(&d, asked(None, no_role, None)).is_err());
+        assert!(config(&d, asked(None, None, Some(0))).is_err());
+        let long = "x".repeat(MAX_INSTRUCTIONS_BYTES + 1);
+        assert!(config(&d, asked(Some(&long), None, None)).is_err());
+        let unknown_tool = CreateSession {
+            policy: Some(Policy {
+                deny: Some(vec!["rm_rf".into()]),
+                ..Policy::default()
+            }),
+            ..CreateSession::default()
+        };
+        let e = config(&d, unknown_tool).expect_err("an unknown tool in a policy");
+        assert!(e.contains("rm_rf"), "{e}");
     }
 }

@@ -1,24 +1,37 @@
 //! The runner's writes: each runs inside one store write, so a step boundary (inbox
-//! taken, run started or ended, next step begun) and a step's result (the model's reply,
-//! its tool calls run and answered) each land whole or not at all. A crash between them
-//! leaves the session `running` in the ready queue, and the restarted runner goes on from
+//! taken, answers and cancels applied, open tool calls gated and run, run started or
+//! ended, next step begun) and a step's result (the model's reply, its calls opened) each
+//! land whole or not at all. A crash between them leaves the session `running` in the
+//! ready queue (or parked on a person, out of it), and the restarted runner goes on from
 //! the transcript: a model call cut off is simply made again.
+//!
+//! A reply's tool calls are answered strictly in the model's order: each announced
+//! (`tool-start`), gated (`super::gate`), then run. The first that waits on a person
+//! parks the session (the calls after it are neither run nor refused until it is
+//! answered); one that needs preparing outside the store, or has work outside the hub,
+//! hands control back to the driver, which comes back with it ([`calls_ready`],
+//! [`external_done`]).
+
+use std::collections::HashMap;
 
 use cortex_protocol::api::{
-    DeltaChannel, Envelope, EventBody, Observation, RunError, RunInput, RunMeta, RunResult,
-    SessionResult, ToolCallView, Usage,
+    AnswerItem, CreateSession, Decision, DeltaChannel, Envelope, EventBody, Observation,
+    PendingRequest, Question, RunError, RunInput, RunMeta, RunResult, SessionResult, ToolCallView,
+    Usage,
 };
+use serde_json::json;
 
+use super::gate::{self, Gate};
 use super::{prefix, rules, tools};
 use crate::config::AgentDefaults;
 use crate::model::{ChatMessage, StepOutput, ToolCall};
-use crate::store::agent::{AgentRecord, RunStatus, Turn};
+use crate::store::agent::{AgentConfig, AgentRecord, OpenCall, RunStatus, Turn};
 use crate::store::{StoreError, Tx};
 
 /// What the runner does next for a session.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Next {
-    /// Nothing unread: the session was handed back, idle.
+    /// Nothing to do: the session was handed back (idle, or parked on a person).
     Idle,
     /// Make model call `step` of run `run_id`.
     Step {
@@ -28,7 +41,24 @@ pub enum Next {
         /// The session log's newest seq (live pieces carry it).
         seq: u64,
     },
+    /// Prepare these open calls outside the store and bring them to [`calls_ready`].
+    Prepare {
+        run_id: String,
+        calls: Vec<ToolCall>,
+    },
+    /// Do this call's work outside the hub (`device_exec`), then [`external_done`].
+    External { run_id: String, call: ToolCall },
 }
+
+/// What a write of the runner needs besides the store.
+pub struct Env<'a> {
+    pub defaults: &'a AgentDefaults,
+    pub signal_url: &'a str,
+    pub now: u64,
+}
+
+/// The marker after the text of a reply a cancel cut off.
+pub const INTERRUPTED_MARKER: &str = "[Request interrupted by user]";
 
 /// A retry the model client made during a step, recorded with the step.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,9 +93,19 @@ fn failed(code: &str, stop: Option<&str>, message: String) -> RunResult {
 /// the model must read for the rest of the run.
 pub type Unredacted = (u64, String);
 
-fn inbox_item(body: EventBody, seq: u64) -> Option<(RunInput, bool)> {
+/// An inbox item as a boundary takes it.
+enum Item {
+    /// Input for the model, and whether it joins a running turn (`when: now`).
+    Input(RunInput, bool),
+    Answer(AnswerItem),
+    Cancel {
+        turn_only: bool,
+    },
+}
+
+fn inbox_item(body: EventBody, seq: u64) -> Option<Item> {
     match body {
-        EventBody::Message { text, when, .. } => Some((
+        EventBody::Message { text, when, .. } => Some(Item::Input(
             RunInput {
                 seq,
                 kind: "message".into(),
@@ -73,7 +113,7 @@ fn inbox_item(body: EventBody, seq: u64) -> Option<(RunInput, bool)> {
             },
             when == cortex_protocol::api::When::Now,
         )),
-        EventBody::Wake(w) => Some((
+        EventBody::Wake(w) => Some(Item::Input(
             RunInput {
                 seq,
                 kind: "wake".into(),
@@ -81,22 +121,33 @@ fn inbox_item(body: EventBody, seq: u64) -> Option<(RunInput, bool)> {
             },
             false,
         )),
+        EventBody::Timer { text, .. } => Some(Item::Input(
+            RunInput {
+                seq,
+                kind: "timer".into(),
+                text,
+            },
+            false,
+        )),
+        EventBody::Answer(a) => Some(Item::Answer(*a)),
+        EventBody::Cancel { turn_only } => Some(Item::Cancel { turn_only }),
         _ => None,
     }
 }
 
-/// The inbox items of `sid` after log seq `after`, with whether each joins a running
-/// turn, and the newest seq looked at (the runner's own events in between are passed
-/// over once, not at every boundary).
-fn unread(t: &Tx<'_>, sid: &str, after: u64) -> Result<(Vec<(RunInput, bool)>, u64), StoreError> {
+/// The inbox items of `sid` after log seq `after`, and the newest seq looked at (the
+/// runner's own events in between are passed over once, not at every boundary).
+#[allow(clippy::type_complexity)]
+fn unread(t: &Tx<'_>, sid: &str, after: u64) -> Result<(Vec<Item>, u64, Option<u64>), StoreError> {
     let mut out = Vec::new();
     let mut cursor = after;
+    let mut last_item = None;
     loop {
         let Some(page) = t.events_after(sid, cursor, 1_000)? else {
-            return Ok((out, cursor));
+            break;
         };
         if page.is_empty() {
-            return Ok((out, cursor));
+            break;
         }
         for raw in page {
             let ev: cortex_protocol::api::Event = serde_json::from_slice(&raw)
@@ -104,9 +155,11 @@ fn unread(t: &Tx<'_>, sid: &str, after: u64) -> Result<(Vec<(RunInput, bool)>, u
             cursor = ev.seq;
             if let Some(item) = inbox_item(ev.body, ev.seq) {
                 out.push(item);
+                last_item = Some(ev.seq);
             }
         }
     }
+    Ok((out, cursor, last_item))
 }
 
 fn event(t: &mut Tx<'_>, sid: &str, body: EventBody, now: u64) -> Result<u64, StoreError> {
@@ -114,15 +167,19 @@ fn event(t: &mut Tx<'_>, sid: &str, body: EventBody, now: u64) -> Result<u64, St
         .ok_or_else(|| StoreError::Decode(format!("session {sid} vanished mid-write")))
 }
 
-/// A step boundary: takes what the inbox holds, starts a run if none is going and there
-/// is input, ends one whose bounds are spent, and begins the next step; or hands the
-/// session back idle. Also claims the session (`running`).
+/// A step boundary: takes what the inbox holds (input, answers, cancels), answers the
+/// open calls it can (gated, then run from `prepared`, the calls the caller prepared), starts a
+/// run if none is going and there is input, ends one whose bounds are spent, and begins
+/// the next step; or hands the session back: idle, or parked on a person. Also claims the
+/// session (`running`). Answers whose stored copy hides a secret go to `unredacted`.
 pub fn boundary(
     t: &mut Tx<'_>,
     sid: &str,
-    defaults: &AgentDefaults,
-    now: u64,
+    env: &Env<'_>,
+    prepared: &mut HashMap<String, tools::Prepared>,
+    unredacted: &mut Vec<Unredacted>,
 ) -> Result<Next, StoreError> {
+    let now = env.now;
     if t.get_session(sid)?.is_none() {
         return Ok(Next::Idle);
     }
@@ -130,7 +187,8 @@ pub fn boundary(
     let config = match rec.config.clone() {
         Some(c) => c,
         None => {
-            let c = prefix::config(defaults, None, None, None, None).map_err(StoreError::Decode)?;
+            let c = prefix::config(env.defaults, CreateSession::default())
+                .map_err(StoreError::Decode)?;
             let p = prefix::build(&c);
             t.fix_agent(sid, &mut rec, c.clone(), &p)?;
             c
@@ -143,64 +201,113 @@ pub fn boundary(
     }
     rec.status = RunStatus::Running;
     loop {
-        let (items, seen) = unread(t, sid, rec.read_through)?;
+        let (items, seen, last) = unread(t, sid, rec.read_through)?;
         rec.read_through = seen;
-        if let Some((last, _)) = items.last() {
-            event(t, sid, EventBody::InputTaken { through: last.seq }, now)?;
+        if let Some(through) = last {
+            event(t, sid, EventBody::InputTaken { through }, now)?;
         }
-        let turn = match rec.turn.take() {
-            Some(turn) => {
-                for (item, now_joins) in items {
-                    if now_joins {
-                        t.append_transcript(sid, &mut rec, &ChatMessage::user(item.text))?;
+        for item in items {
+            if rec.cancelled {
+                break;
+            }
+            match item {
+                Item::Input(i, joins) => {
+                    if joins && rec.turn.is_some() {
+                        rec.joining.push(i);
                     } else {
-                        rec.deferred.push(item);
+                        rec.deferred.push(i);
                     }
                 }
-                turn
-            }
-            None => {
-                let mut input = std::mem::take(&mut rec.deferred);
-                input.extend(items.into_iter().map(|(i, _)| i));
-                if input.is_empty() {
-                    t.make_idle(sid, &mut rec)?;
-                    t.put_agent(sid, &rec)?;
-                    return Ok(Next::Idle);
-                }
-                for i in &input {
-                    t.append_transcript(sid, &mut rec, &ChatMessage::user(i.text.clone()))?;
-                }
-                let run_id = crate::secret::new_id("run");
-                event(
-                    t,
-                    sid,
-                    EventBody::RunStart {
-                        run_id: run_id.clone(),
-                        input,
-                    },
-                    now,
-                )?;
-                Turn {
-                    run_id,
-                    started_at: now,
-                    steps: 0,
-                    usage: Usage::default(),
-                    repeat: None,
+                Item::Answer(a) => answered(t, sid, &mut rec, &config, a, now)?,
+                Item::Cancel { turn_only } => {
+                    if rec.turn.is_some() {
+                        interrupt(t, sid, &mut rec, now)?;
+                    }
+                    if !turn_only {
+                        t.end_agent_session(sid, &mut rec, now)?;
+                    }
                 }
             }
+        }
+        if rec.cancelled {
+            // Ended by a cancel (which ends the session where it is posted): a turn
+            // still going stops here.
+            if rec.turn.is_some() {
+                interrupt(t, sid, &mut rec, now)?;
+            }
+            t.make_idle(sid, &mut rec)?;
+            t.put_agent(sid, &rec)?;
+            return Ok(Next::Idle);
+        }
+        if rec.turn.is_none() {
+            let input = std::mem::take(&mut rec.deferred);
+            if input.is_empty() {
+                // Timers that came due during the turn fire now, once each; their
+                // items are taken on the next pass.
+                if fire_due_timers(t, sid, &mut rec, now)? {
+                    continue;
+                }
+                t.make_idle(sid, &mut rec)?;
+                t.put_agent(sid, &rec)?;
+                return Ok(Next::Idle);
+            }
+            for i in &input {
+                t.append_transcript(sid, &mut rec, &ChatMessage::user(i.text.clone()))?;
+            }
+            let run_id = crate::secret::new_id("run");
+            event(
+                t,
+                sid,
+                EventBody::RunStart {
+                    run_id: run_id.clone(),
+                    input,
+                },
+                now,
+            )?;
+            rec.turn = Some(Turn {
+                run_id,
+                started_at: now,
+                steps: 0,
+                usage: Usage::default(),
+                repeat: None,
+            });
+        }
+        if rec.parked.is_some() {
+            // Still waiting on a person: handed back without a task.
+            t.make_idle(sid, &mut rec)?;
+            t.put_agent(sid, &rec)?;
+            return Ok(Next::Idle);
+        }
+        match advance(t, sid, &mut rec, &config, env, prepared, unredacted)? {
+            Progress::Done => {}
+            Progress::Parked | Progress::Ended => continue,
+            Progress::Prepare(calls) => {
+                let run_id = run_of(&rec);
+                t.put_agent(sid, &rec)?;
+                return Ok(Next::Prepare { run_id, calls });
+            }
+            Progress::External(call) => {
+                let run_id = run_of(&rec);
+                t.put_agent(sid, &rec)?;
+                return Ok(Next::External { run_id, call });
+            }
+        }
+        for i in std::mem::take(&mut rec.joining) {
+            t.append_transcript(sid, &mut rec, &ChatMessage::user(i.text))?;
+        }
+        let Some(turn) = rec.turn.as_mut() else {
+            continue;
         };
-        if let Some(stop) = rules::stop_before_step(&turn, &config.stop, now) {
+        if let Some(stop) = rules::stop_before_step(turn, &config.stop, now) {
             end_run(
                 t,
                 sid,
                 &mut rec,
-                &turn,
                 failed("stopped", Some(stop.stop), stop.message),
                 now,
             )?;
             continue;
         }
-        let mut turn = turn;
         turn.steps += 1;
         let step = turn.steps;
         let run_id = turn.run_id.clone();
@@ -213,7 +320,6 @@ pub fn boundary(
             },
             now,
         )?;
-        rec.turn = Some(turn);
         t.put_agent(sid, &rec)?;
         return Ok(Next::Step {
             run_id,
@@ -224,15 +330,405 @@ pub fn boundary(
     }
 }
 
-/// Ends the run `turn` with `result` (the caller saves `rec`).
+fn run_of(rec: &AgentRecord) -> String {
+    rec.turn
+        .as_ref()
+        .map(|t| t.run_id.clone())
+        .unwrap_or_default()
+}
+
+/// How far [`advance`] got with the open calls.
+enum Progress {
+    /// All answered.
+    Done,
+    /// The first waits on a person.
+    Parked,
+    /// The run ended (it needed a person and nobody is there).
+    Ended,
+    /// These calls need preparing before they can run.
+    Prepare(Vec<ToolCall>),
+    /// This call's work is outside the hub.
+    External(ToolCall),
+}
+
+/// Answers the open calls in order: each is announced (`tool-start`), gated, then run
+/// from `prepared`. Stops at the first that waits on a person, that is not prepared, or
+/// whose work is outside the hub.
+fn advance(
+    t: &mut Tx<'_>,
+    sid: &str,
+    rec: &mut AgentRecord,
+    config: &AgentConfig,
+    env: &Env<'_>,
+    prepared: &mut HashMap<String, tools::Prepared>,
+    unredacted: &mut Vec<Unredacted>,
+) -> Result<Progress, StoreError> {
+    let now = env.now;
+    while let Some(first) = rec.open.first().cloned() {
+        let name = first.call.function.name.clone();
+        if !first.announced {
+            event(
+                t,
+                sid,
+                EventBody::ToolStart {
+                    run_id: run_of(rec),
+                    step: first.step,
+                    call: view(&first.call),
+                },
+                now,
+            )?;
+            rec.open[0].announced = true;
+        }
+        if !first.allowed {
+            match gate::gate(&config.policy, &rec.always, &name) {
+                Gate::Deny(reason) => {
+                    answer_first(t, sid, rec, false, json!({"error": reason}), now)?;
+                    continue;
+                }
+                Gate::Ask(reason) => {
+                    if config.unattended {
+                        needs_human(t, sid, rec, &name, &reason, now)?;
+                        return Ok(Progress::Ended);
+                    }
+                    let expires_at = config
+                        .policy
+                        .approval_timeout_ms
+                        .map(|ms| now.saturating_add(ms));
+                    park(t, sid, rec, "approval", reason, Vec::new(), expires_at, now)?;
+                    return Ok(Progress::Parked);
+                }
+                Gate::Allow => {
+                    rec.open[0].allowed = true;
+                    let by = if rec.always.contains(&name) {
+                        "person (always)"
+                    } else {
+                        "policy"
+                    };
+                    rec.open[0].approved_by = Some(by.into());
+                }
+            }
+        }
+        match prepared.remove(&first.call.id) {
+            None => {
+                return Ok(Progress::Prepare(
+                    rec.open.iter().map(|o| o.call.clone()).collect(),
+                ));
+            }
+            Some(tools::Prepared::Ask { questions }) => {
+                if config.unattended {
+                    needs_human(t, sid, rec, &name, "a question for the person", now)?;
+                    return Ok(Progress::Ended);
+                }
+                let reason = "the model asks the person".to_string();
+                park(t, sid, rec, "question", reason, questions, None, now)?;
+                return Ok(Progress::Parked);
+            }
+            Some(tools::Prepared::External) => {
+                rec.open[0].started = true;
+                return Ok(Progress::External(first.call));
+            }
+            Some(p) => {
+                let a = tools::execute(t, sid, rec, p, env.signal_url, now)?;
+                if a.secret.is_some() {
+                    unredacted.push((rec.transcript_len, a.result.to_string()));
+                }
+                let stored = tools::redacted(&a.result, a.secret.as_deref());
+                answer_first(t, sid, rec, a.ok, stored, now)?;
+            }
+        }
+    }
+    Ok(Progress::Done)
+}
+
+fn view(call: &ToolCall) -> ToolCallView {
+    ToolCallView {
+        id: call.id.clone(),
+        name: call.function.name.clone(),
+        args: args_value(call),
+    }
+}
+
+/// Answers the first open call with `result` (as stored) and takes it off the list.
+fn answer_first(
+    t: &mut Tx<'_>,
+    sid: &str,
+    rec: &mut AgentRecord,
+    ok: bool,
+    result: serde_json::Value,
+    now: u64,
+) -> Result<(), StoreError> {
+    if rec.open.is_empty() {
+        return Ok(());
+    }
+    let first = rec.open.remove(0);
+    let call = first.call;
+    let text = result.to_string();
+    t.append_transcript(sid, rec, &ChatMessage::tool(call.id.clone(), text.clone()))?;
+    let run_id = run_of(rec);
+    if let Some(turn) = rec.turn.as_mut() {
+        turn.repeat = Some(rules::count_repeat(
+            turn.repeat.take(),
+            format!(
+                "{}\u{0}{}\u{0}{text}",
+                call.function.name, call.function.arguments
+            ),
+        ));
+    }
+    event(
+        t,
+        sid,
+        EventBody::ToolEnd {
+            run_id,
+            step: first.step,
+            observation: Observation {
+                call_id: call.id,
+                name: call.function.name,
+                ok,
+                result,
+            },
+        },
+        now,
+    )?;
+    Ok(())
+}
+
+/// Parks the first open call on a person (the caller saves `rec`).
+#[allow(clippy::too_many_arguments)]
+fn park(
+    t: &mut Tx<'_>,
+    sid: &str,
+    rec: &mut AgentRecord,
+    kind: &str,
+    reason: String,
+    questions: Vec<Question>,
+    expires_at: Option<u64>,
+    now: u64,
+) -> Result<(), StoreError> {
+    let Some(first) = rec.open.first() else {
+        return Ok(());
+    };
+    let request = PendingRequest {
+        id: crate::secret::new_id("req"),
+        kind: kind.into(),
+        tool: first.call.function.name.clone(),
+        call_id: first.call.id.clone(),
+        args: args_value(&first.call),
+        reason,
+        questions,
+        asked_at: now,
+        expires_at,
+    };
+    let step = first.step;
+    event(
+        t,
+        sid,
+        EventBody::ApprovalRequired {
+            run_id: run_of(rec),
+            step,
+            approval: request.clone(),
+        },
+        now,
+    )?;
+    t.park(sid, rec, request)
+}
+
+/// An answer came for what the session waits on (one for anything else is passed over:
+/// answered before, withdrawn, or never asked).
+fn answered(
+    t: &mut Tx<'_>,
+    sid: &str,
+    rec: &mut AgentRecord,
+    config: &AgentConfig,
+    a: AnswerItem,
+    now: u64,
+) -> Result<(), StoreError> {
+    let Some(p) = rec.parked.clone().filter(|p| p.id == a.request_id) else {
+        return Ok(());
+    };
+    t.clear_parked(sid, rec)?;
+    if rec.open.first().is_none_or(|o| o.call.id != p.call_id) {
+        return Ok(());
+    }
+    if p.kind == "question" {
+        return match a.decision {
+            Some(Decision::Deny) => answer_first(
+                t,
+                sid,
+                rec,
+                false,
+                json!({"error": "the person declined to answer"}),
+                now,
+            ),
+            _ => answer_first(
+                t,
+                sid,
+                rec,
+                true,
+                json!({"answers": a.data.unwrap_or(serde_json::Value::Null)}),
+                now,
+            ),
+        };
+    }
+    match a.decision {
+        Some(Decision::Allow) => {
+            let first = &mut rec.open[0];
+            first.allowed = true;
+            first.approved_by = Some(
+                if a.always {
+                    "person (always)"
+                } else {
+                    "person"
+                }
+                .into(),
+            );
+            if let Some(args) = a.args {
+                first.call.function.arguments = match args {
+                    serde_json::Value::String(s) => s,
+                    other => other.to_string(),
+                };
+            }
+            if a.always && !rec.always.contains(&p.tool) {
+                rec.always.push(p.tool);
+            }
+            Ok(())
+        }
+        _ => {
+            let why = if a.by == "timeout" {
+                format!(
+                    "not run: nobody approved {} within {} ms (policy.approvalTimeoutMs); go on without it",
+                    p.tool,
+                    config.policy.approval_timeout_ms.unwrap_or_default()
+                )
+            } else {
+                format!(
+                    "not run: the person denied this {} call; go on without it",
+                    p.tool
+                )
+            };
+            answer_first(t, sid, rec, false, json!({"error": why}), now)
+        }
+    }
+}
+
+/// A cancel stops the running turn: open calls answered "interrupted", what waited on
+/// a person withdrawn, the run ended `aborted`. `now` messages that had not joined yet
+/// wait for the next turn.
+fn interrupt(t: &mut Tx<'_>, sid: &str, rec: &mut AgentRecord, now: u64) -> Result<(), StoreError> {
+    t.clear_parked(sid, rec)?;
+    while let Some(first) = rec.open.first().cloned() {
+        if !first.announced {
+            event(
+                t,
+                sid,
+                EventBody::ToolStart {
+                    run_id: run_of(rec),
+                    step: first.step,
+                    call: view(&first.call),
+                },
+                now,
+            )?;
+        }
+        let mut why = "interrupted: the person stopped the turn".to_string();
+        if first.started {
+            why.push_str("; the command may have started on the device");
+        }
+        answer_first(t, sid, rec, false, json!({"error": why}), now)?;
+    }
+    end_run(
+        t,
+        sid,
+        rec,
+        failed(
+            "aborted",
+            None,
+            "the person stopped the turn (cancel)".into(),
+        ),
+        now,
+    )
+}
+
+/// The turn needs a person and the session is unattended: the open calls are answered
+/// "not run" and the run ends `needs_human`.
+fn needs_human(
+    t: &mut Tx<'_>,
+    sid: &str,
+    rec: &mut AgentRecord,
+    tool: &str,
+    reason: &str,
+    now: u64,
+) -> Result<(), StoreError> {
+    while !rec.open.is_empty() {
+        let announced = rec.open[0].announced;
+        if !announced {
+            let first = rec.open[0].clone();
+            event(
+                t,
+                sid,
+                EventBody::ToolStart {
+                    run_id: run_of(rec),
+                    step: first.step,
+                    call: view(&first.call),
+                },
+                now,
+            )?;
+        }
+        answer_first(
+            t,
+            sid,
+            rec,
+            false,
+            json!({"error": "not run: the turn ended waiting for a person, and this session is unattended"}),
+            now,
+        )?;
+    }
+    end_run(
+        t,
+        sid,
+        rec,
+        failed(
+            "needs_human",
+            None,
+            format!("{tool} needs a person ({reason}), and this session is unattended"),
+        ),
+        now,
+    )
+}
+
+/// Fires the timers that came due during the turn; `true` if any did.
+fn fire_due_timers(
+    t: &mut Tx<'_>,
+    sid: &str,
+    rec: &mut AgentRecord,
+    now: u64,
+) -> Result<bool, StoreError> {
+    if !rec.timers.iter().any(|x| x.due) {
+        return Ok(false);
+    }
+    let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut rec.timers)
+        .into_iter()
+        .partition(|x| x.due);
+    rec.timers = keep;
+    t.put_agent(sid, rec)?;
+    for timer in due {
+        t.fire_timer(sid, timer, now)?;
+    }
+    if let Some(r) = t.agent(sid)? {
+        *rec = r;
+    }
+    Ok(true)
+}
+
+/// Ends the run in progress with `result` (the caller saves `rec`).
 fn end_run(
     t: &mut Tx<'_>,
     sid: &str,
     rec: &mut AgentRecord,
-    turn: &Turn,
     result: RunResult,
     now: u64,
 ) -> Result<(), StoreError> {
+    let Some(turn) = rec.turn.take() else {
+        return Ok(());
+    };
     let meta = RunMeta {
         usage: turn.usage,
         strategy: "emit".into(),
@@ -255,7 +751,8 @@ fn end_run(
         result,
         meta,
     });
-    rec.turn = None;
+    let joining = std::mem::take(&mut rec.joining);
+    rec.deferred.extend(joining);
     Ok(())
 }
 
@@ -285,16 +782,10 @@ fn record_retries(
     Ok(())
 }
 
-/// The turn of `rec` if it is run `run_id`; a stale result (the run ended meanwhile) is
-/// dropped.
-fn current(rec: &mut AgentRecord, run_id: &str) -> Option<Turn> {
-    match rec.turn.take() {
-        Some(t) if t.run_id == run_id => Some(t),
-        other => {
-            rec.turn = other;
-            None
-        }
-    }
+/// Whether `rec`'s run in progress is `run_id` (else a result is stale: the run ended
+/// meanwhile, and it is dropped).
+fn is_current(rec: &AgentRecord, run_id: &str) -> bool {
+    rec.turn.as_ref().is_some_and(|t| t.run_id == run_id)
 }
 
 /// A model call's arguments, parsed for people and gates; the raw text when not JSON.
@@ -306,41 +797,22 @@ fn args_value(call: &ToolCall) -> serde_json::Value {
     serde_json::from_str(raw).unwrap_or_else(|_| serde_json::Value::String(raw.to_string()))
 }
 
-/// Step `step` of run `run_id` came back: records the reply, runs and answers its tool
-/// calls (each prepared by the caller), ends the run when the reply has none, and goes on
-/// to the next boundary. Returns what to do next and the answers whose stored copy hides
-/// a secret.
-#[allow(clippy::too_many_arguments)]
-pub fn step_done(
+/// Records the model's reply to step `at` and its text, with the retries it took.
+fn record_reply(
     t: &mut Tx<'_>,
+    rec: &mut AgentRecord,
     at: &StepAt,
-    out: StepOutput,
-    retries: Vec<RetryNote>,
-    calls: Vec<(ToolCall, tools::Prepared)>,
-    signal_url: &str,
-    defaults: &AgentDefaults,
+    out: &StepOutput,
+    calls: Vec<ToolCall>,
     now: u64,
-) -> Result<(Next, Vec<Unredacted>), StoreError> {
+) -> Result<(), StoreError> {
     let (sid, run_id, step) = (at.sid.as_str(), at.run_id.as_str(), at.step);
-    let mut unredacted = Vec::new();
-    let Some(mut rec) = t.agent(sid)? else {
-        return Ok((Next::Idle, unredacted));
-    };
-    let Some(mut turn) = current(&mut rec, run_id) else {
-        return Ok((boundary(t, sid, defaults, now)?, unredacted));
-    };
-    record_retries(t, sid, run_id, step, retries, now)?;
-    if let Some(u) = out.usage {
+    if let (Some(u), Some(turn)) = (out.usage, rec.turn.as_mut()) {
         turn.usage.prompt_tokens += u.prompt_tokens;
         turn.usage.completion_tokens += u.completion_tokens;
         turn.usage.total_tokens += u.total_tokens;
     }
-    let tool_calls: Vec<ToolCall> = calls.iter().map(|(c, _)| c.clone()).collect();
-    t.append_transcript(
-        sid,
-        &mut rec,
-        &ChatMessage::assistant(out.text.clone(), tool_calls),
-    )?;
+    t.append_transcript(sid, rec, &ChatMessage::assistant(out.text.clone(), calls))?;
     for (text, channel) in [
         (&out.reasoning, DeltaChannel::Reasoning),
         (&out.text, DeltaChannel::Text),
@@ -360,13 +832,40 @@ pub fn step_done(
             )?;
         }
     }
+    Ok(())
+}
+
+/// Step `at` came back: records the reply, ends the run when it has no tool calls, else
+/// opens its calls (each prepared by the caller), and goes on to the boundary, which
+/// gates and runs them. Returns what to do next and the answers whose stored copy hides
+/// a secret.
+pub fn step_done(
+    t: &mut Tx<'_>,
+    at: &StepAt,
+    out: StepOutput,
+    retries: Vec<RetryNote>,
+    calls: Vec<(ToolCall, tools::Prepared)>,
+    env: &Env<'_>,
+) -> Result<(Next, Vec<Unredacted>), StoreError> {
+    let sid = at.sid.as_str();
+    let mut unredacted = Vec::new();
+    let mut prepared = HashMap::new();
+    let Some(mut rec) = t.agent(sid)? else {
+        return Ok((Next::Idle, unredacted));
+    };
+    if !is_current(&rec, &at.run_id) {
+        let next = boundary(t, sid, env, &mut prepared, &mut unredacted)?;
+        return Ok((next, unredacted));
+    }
+    record_retries(t, sid, &at.run_id, at.step, retries, env.now)?;
+    let tool_calls: Vec<ToolCall> = calls.iter().map(|(c, _)| c.clone()).collect();
+    record_reply(t, &mut rec, at, &out, tool_calls, env.now)?;
     if calls.is_empty() {
         let response = out.text.trim().to_string();
         end_run(
             t,
             sid,
             &mut rec,
-            &turn,
             RunResult {
                 ok: true,
                 output: Some(Envelope {
@@ -376,92 +875,126 @@ pub fn step_done(
                 }),
                 error: None,
             },
-            now,
+            env.now,
         )?;
-        t.put_agent(sid, &rec)?;
-        return Ok((boundary(t, sid, defaults, now)?, unredacted));
+    } else {
+        for (call, p) in calls {
+            prepared.insert(call.id.clone(), p);
+            rec.open.push(OpenCall {
+                call,
+                step: at.step,
+                announced: false,
+                allowed: false,
+                started: false,
+                approved_by: None,
+            });
+        }
     }
-    for (call, prepared) in calls {
-        let view = ToolCallView {
-            id: call.id.clone(),
-            name: call.function.name.clone(),
-            args: args_value(&call),
+    t.put_agent(sid, &rec)?;
+    let next = boundary(t, sid, env, &mut prepared, &mut unredacted)?;
+    Ok((next, unredacted))
+}
+
+/// A cancel stopped step `at` while the model was answering: the text so far is kept,
+/// followed by [`INTERRUPTED_MARKER`], and the boundary takes the cancel.
+pub fn step_interrupted(
+    t: &mut Tx<'_>,
+    at: &StepAt,
+    partial: String,
+    retries: Vec<RetryNote>,
+    env: &Env<'_>,
+) -> Result<(Next, Vec<Unredacted>), StoreError> {
+    let sid = at.sid.as_str();
+    let (mut unredacted, mut prepared) = (Vec::new(), HashMap::new());
+    if let Some(mut rec) = t.agent(sid)?
+        && is_current(&rec, &at.run_id)
+    {
+        record_retries(t, sid, &at.run_id, at.step, retries, env.now)?;
+        let text = if partial.trim().is_empty() {
+            INTERRUPTED_MARKER.to_string()
+        } else {
+            format!("{partial}\n\n{INTERRUPTED_MARKER}")
         };
-        event(
-            t,
-            sid,
-            EventBody::ToolStart {
-                run_id: run_id.to_string(),
-                step,
-                call: view,
-            },
-            now,
-        )?;
-        let answered = tools::execute(t, sid, prepared, signal_url, now)?;
-        let stored = tools::redacted(&answered.result, answered.secret.as_deref());
-        let stored_text = stored.to_string();
+        let out = StepOutput {
+            text,
+            ..StepOutput::default()
+        };
+        record_reply(t, &mut rec, at, &out, Vec::new(), env.now)?;
+        t.put_agent(sid, &rec)?;
+    }
+    let next = boundary(t, sid, env, &mut prepared, &mut unredacted)?;
+    Ok((next, unredacted))
+}
+
+/// The calls a boundary asked to prepare ([`Next::Prepare`]) are: it goes on with them.
+pub fn calls_ready(
+    t: &mut Tx<'_>,
+    sid: &str,
+    calls: Vec<(ToolCall, tools::Prepared)>,
+    env: &Env<'_>,
+) -> Result<(Next, Vec<Unredacted>), StoreError> {
+    let mut unredacted = Vec::new();
+    let mut prepared: HashMap<String, tools::Prepared> =
+        calls.into_iter().map(|(c, p)| (c.id, p)).collect();
+    let next = boundary(t, sid, env, &mut prepared, &mut unredacted)?;
+    Ok((next, unredacted))
+}
+
+/// The work outside the hub of call `call_id` of run `run_id` ended with `outside`, which
+/// is finished here (a started job's wait armed) and answers the call.
+pub fn external_done(
+    t: &mut Tx<'_>,
+    sid: &str,
+    run_id: &str,
+    call_id: &str,
+    outside: super::external::Outside,
+    env: &Env<'_>,
+) -> Result<(Next, Vec<Unredacted>), StoreError> {
+    let (mut unredacted, mut prepared) = (Vec::new(), HashMap::new());
+    if let Some(mut rec) = t.agent(sid)?
+        && is_current(&rec, run_id)
+        && let Some(first) = rec
+            .open
+            .first()
+            .filter(|o| o.call.id == call_id && o.started)
+            .cloned()
+    {
+        let answered = super::external::finish(t, sid, &first, outside, env.now)?;
         if answered.secret.is_some() {
             unredacted.push((rec.transcript_len, answered.result.to_string()));
         }
-        t.append_transcript(
-            sid,
-            &mut rec,
-            &ChatMessage::tool(call.id.clone(), stored_text.clone()),
-        )?;
-        turn.repeat = Some(rules::count_repeat(
-            turn.repeat.take(),
-            format!(
-                "{}\u{0}{}\u{0}{stored_text}",
-                call.function.name, call.function.arguments
-            ),
-        ));
-        event(
-            t,
-            sid,
-            EventBody::ToolEnd {
-                run_id: run_id.to_string(),
-                step,
-                observation: Observation {
-                    call_id: call.id,
-                    name: call.function.name,
-                    ok: answered.ok,
-                    result: stored,
-                },
-            },
-            now,
-        )?;
+        let stored = tools::redacted(&answered.result, answered.secret.as_deref());
+        answer_first(t, sid, &mut rec, answered.ok, stored, env.now)?;
+        t.put_agent(sid, &rec)?;
     }
-    rec.turn = Some(turn);
-    t.put_agent(sid, &rec)?;
-    Ok((boundary(t, sid, defaults, now)?, unredacted))
+    let next = boundary(t, sid, env, &mut prepared, &mut unredacted)?;
+    Ok((next, unredacted))
 }
 
-/// Step `step` of run `run_id` failed for good (the model server): the run ends with
-/// `model_call_failed`, and the session goes on to its next boundary.
+/// Step `at` failed for good (the model server): the run ends with `model_call_failed`,
+/// and the session goes on to its next boundary.
 pub fn step_failed(
     t: &mut Tx<'_>,
     at: &StepAt,
     message: String,
     retries: Vec<RetryNote>,
-    defaults: &AgentDefaults,
-    now: u64,
-) -> Result<Next, StoreError> {
-    let (sid, run_id, step) = (at.sid.as_str(), at.run_id.as_str(), at.step);
-    let Some(mut rec) = t.agent(sid)? else {
-        return Ok(Next::Idle);
-    };
-    let Some(turn) = current(&mut rec, run_id) else {
-        return boundary(t, sid, defaults, now);
-    };
-    record_retries(t, sid, run_id, step, retries, now)?;
-    end_run(
-        t,
-        sid,
-        &mut rec,
-        &turn,
-        failed("model_call_failed", None, message),
-        now,
-    )?;
-    t.put_agent(sid, &rec)?;
-    boundary(t, sid, defaults, now)
+    env: &Env<'_>,
+) -> Result<(Next, Vec<Unredacted>), StoreError> {
+    let sid = at.sid.as_str();
+    let (mut unredacted, mut prepared) = (Vec::new(), HashMap::new());
+    if let Some(mut rec) = t.agent(sid)?
+        && is_current(&rec, &at.run_id)
+    {
+        record_retries(t, sid, &at.run_id, at.step, retries, env.now)?;
+        end_run(
+            t,
+            sid,
+            &mut rec,
+            failed("model_call_failed", None, message),
+            env.now,
+        )?;
+        t.put_agent(sid, &rec)?;
+    }
+    let next = boundary(t, sid, env, &mut prepared, &mut unredacted)?;
+    Ok((next, unredacted))
 }

@@ -70,19 +70,13 @@ pub async fn create_session(
             "bytes",
         ));
     }
-    let config = prefix::config(
-        &state.agent_defaults,
-        req.instructions,
-        req.examples,
-        req.max_tokens,
-        req.stop,
-    )
-    .map_err(ApiError::bad_request)?;
+    let title = req.title.clone();
+    let config = prefix::config(&state.agent_defaults, req).map_err(ApiError::bad_request)?;
     let prefix = prefix::build(&config);
     let view = state
         .store
         .exec(move |t| {
-            let view = t.create_session(req.title, now_ms())?;
+            let view = t.create_session(title, now_ms())?;
             let mut rec = AgentRecord::new(None);
             t.fix_agent(&view.id, &mut rec, config, &prefix)?;
             t.put_agent(&view.id, &rec)?;
@@ -183,9 +177,22 @@ pub async fn post_message(
     let s = sid.clone();
     let posted = state
         .store
-        .exec(move |t| t.post_message(&s, req.text, req.when, req.dedupe_key, now_ms()))
+        .exec(move |t| {
+            if t.agent_cancelled(&s)? {
+                return Ok(Err(()));
+            }
+            t.post_message(&s, req.text, req.when, req.dedupe_key, now_ms())
+                .map(Ok)
+        })
         .await
         .map_err(ApiError::store)?;
+    let Ok(posted) = posted else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "session_cancelled",
+            format!("session {sid} was cancelled; it takes no more messages (start a new session)"),
+        ));
+    };
     match posted.map(|p| MessagePosted {
         runs: state.runs_model,
         ..p

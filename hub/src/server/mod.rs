@@ -8,6 +8,7 @@ pub mod devices;
 pub mod error;
 pub mod http;
 pub mod log;
+pub mod people;
 pub mod signal;
 pub(crate) mod spool;
 mod timers;
@@ -35,6 +36,9 @@ pub fn router(state: AppState) -> Router {
             get(api::get_session).delete(api::delete_session),
         )
         .route("/sessions/{sid}/messages", post(api::post_message))
+        .route("/sessions/{sid}/answers", post(people::answer))
+        .route("/sessions/{sid}/cancel", post(people::cancel))
+        .route("/approvals", get(people::approvals))
         .route("/sessions/{sid}/result", get(api::session_result))
         .route("/sessions/{sid}/events", get(api::events))
         .route(
@@ -109,6 +113,7 @@ pub async fn run_with_mesh(
         devices: crate::registry::Registry::default(),
         mesh_url: mesh.as_ref().map(|m| m.url.clone()),
         live: crate::live::Live::default(),
+        stops: Arc::default(),
         agent_defaults: config.settings.agent.clone(),
         runs_model: config.model.is_some(),
     });

@@ -15,13 +15,20 @@
 //! - `transcript`: (session, n) → one chat message (JSON, the bytes the request carries)
 //! - `ready`: (order, session) → (): sessions the runner must drive, oldest first. An entry
 //!   stays while its session runs, so a restarted hub finds the runs a crash cut off.
+//! - `pending`: (asked at, session) → (): sessions waiting on a person, oldest first.
 
-use cortex_protocol::api::{RunInput, SessionResult, StopConfig, Usage};
+use cortex_protocol::api::{
+    AnswerItem, Decision, EventBody, MessagePosted, PendingRequest, Policy, PostAnswer, RunInput,
+    SessionResult, StopConfig, Usage,
+};
 use serde::{Deserialize, Serialize};
 
 use super::kernel::error::StoreError;
-use super::tables::{AGENTS, META, READY, TRANSCRIPT, Tx, decode, encode};
-use crate::model::ChatMessage;
+use super::tables::{
+    AGENTS, MESSAGE_KEYS, META, PENDING, READY, TIMER_AGENT, TIMER_APPROVAL, TRANSCRIPT, Tx,
+    decode, encode,
+};
+use crate::model::{ChatMessage, ToolCall};
 
 /// The notice raised when a session became ready; its value is the ready order.
 pub const TOPIC_READY: &str = "ready";
@@ -35,6 +42,48 @@ pub struct AgentConfig {
     pub examples: Vec<ChatMessage>,
     pub max_tokens: Option<u32>,
     pub stop: StopConfig,
+    /// The gate before every tool call, each list resolved against the hub's defaults.
+    #[serde(default)]
+    pub policy: Policy,
+    /// A turn that needs a person ends with `needs_human` instead of waiting.
+    #[serde(default)]
+    pub unattended: bool,
+}
+
+/// A tool call of the model's last reply that has no answer yet. Calls are answered in
+/// the model's order; the first open call is the one being gated, run or waited on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpenCall {
+    /// The call (its arguments as a person edited them, if one did).
+    pub call: ToolCall,
+    pub step: u32,
+    /// Its `tool-start` is in the log.
+    #[serde(default)]
+    pub announced: bool,
+    /// The gate (or a person) let it through: it runs once prepared.
+    #[serde(default)]
+    pub allowed: bool,
+    /// Its work outside the hub began (`device_exec`): after a crash it is made again
+    /// under the same identity, which the device recognises.
+    #[serde(default)]
+    pub started: bool,
+    /// Who let it run: `policy`, `person` or `person (always)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_by: Option<String>,
+}
+
+/// A timer the model set (`schedule_wakeup`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionTimer {
+    pub name: String,
+    /// When it is due (ms since the epoch).
+    pub at: u64,
+    pub text: String,
+    /// The log seq current when it was set: with the name, its firing's dedupe key.
+    pub set_seq: u64,
+    /// It came due during a turn: it fires once the turn ends.
+    #[serde(default)]
+    pub due: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,6 +139,23 @@ pub struct AgentRecord {
     pub prefix_len: u64,
     pub turn: Option<Turn>,
     pub last_run: Option<SessionResult>,
+    /// The calls of the turn's last reply not answered yet, in the model's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub open: Vec<OpenCall>,
+    /// What the first open call waits for: a person's approval or answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked: Option<PendingRequest>,
+    /// Tools a person allowed for the rest of the session (`always`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub always: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timers: Vec<SessionTimer>,
+    /// `now` messages taken while calls were open: they join at the next step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joining: Vec<RunInput>,
+    /// The session was cancelled: it runs no more turns.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancelled: bool,
 }
 
 impl AgentRecord {
@@ -104,6 +170,12 @@ impl AgentRecord {
             prefix_len: 0,
             turn: None,
             last_run: None,
+            open: Vec::new(),
+            parked: None,
+            always: Vec::new(),
+            timers: Vec::new(),
+            joining: Vec::new(),
+            cancelled: false,
         }
     }
 }
@@ -255,7 +327,238 @@ impl Tx<'_> {
         for n in 0..rec.transcript_len {
             self.table_mut(&TRANSCRIPT).remove((sid, n))?;
         }
+        let mut rec = rec;
+        self.clear_parked(sid, &mut rec)?;
+        self.clear_timers(sid, &mut rec)?;
         self.table_mut(&AGENTS).remove(sid)?;
         Ok(())
     }
+
+    /// Parks `sid` on `request`: listed as waiting on a person, and, with an expiry, a
+    /// timer that denies it then (the caller saves `rec`).
+    pub fn park(
+        &mut self,
+        sid: &str,
+        rec: &mut AgentRecord,
+        request: PendingRequest,
+    ) -> Result<(), StoreError> {
+        self.clear_parked(sid, rec)?;
+        self.table_mut(&PENDING)
+            .insert((request.asked_at, sid), ())?;
+        if let Some(at) = request.expires_at {
+            self.reschedule(TIMER_APPROVAL, &timer_id(sid, &request.id), None, Some(at))?;
+        }
+        rec.parked = Some(request);
+        Ok(())
+    }
+
+    /// Takes back what `sid` waits on (answered, withdrawn, or the session deleted).
+    pub fn clear_parked(&mut self, sid: &str, rec: &mut AgentRecord) -> Result<(), StoreError> {
+        if let Some(p) = rec.parked.take() {
+            self.table_mut(&PENDING).remove((p.asked_at, sid))?;
+            if let Some(at) = p.expires_at {
+                self.reschedule(TIMER_APPROVAL, &timer_id(sid, &p.id), Some(at), None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets (or moves) the timer `timer.name` of `sid` (the caller saves `rec`).
+    pub fn set_timer(
+        &mut self,
+        sid: &str,
+        rec: &mut AgentRecord,
+        timer: SessionTimer,
+    ) -> Result<(), StoreError> {
+        if let Some(i) = rec.timers.iter().position(|t| t.name == timer.name) {
+            let old = rec.timers.remove(i);
+            if !old.due {
+                self.reschedule(TIMER_AGENT, &timer_id(sid, &old.name), Some(old.at), None)?;
+            }
+        }
+        self.reschedule(
+            TIMER_AGENT,
+            &timer_id(sid, &timer.name),
+            None,
+            Some(timer.at),
+        )?;
+        rec.timers.push(timer);
+        Ok(())
+    }
+
+    /// Drops every timer of `sid` (the caller saves `rec`).
+    pub fn clear_timers(&mut self, sid: &str, rec: &mut AgentRecord) -> Result<(), StoreError> {
+        for t in std::mem::take(&mut rec.timers) {
+            if !t.due {
+                self.reschedule(TIMER_AGENT, &timer_id(sid, &t.name), Some(t.at), None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Up to `limit` sessions waiting on a person, oldest first, with what they wait on.
+    pub fn pending_requests(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(String, PendingRequest)>, StoreError> {
+        let mut out = Vec::new();
+        let mut sids = Vec::new();
+        for r in self.table(&PENDING).iter()? {
+            let (k, _) = r?;
+            sids.push(k.value().1.to_string());
+            if sids.len() >= limit {
+                break;
+            }
+        }
+        for sid in sids {
+            if let Some(p) = self.agent(&sid)?.and_then(|r| r.parked) {
+                out.push((sid, p));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What became of an answer posted to a session.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AnswerOutcome {
+    Posted(MessagePosted),
+    NoSession,
+    /// Nothing of the session waits under that id (never asked, answered, withdrawn).
+    NotPending,
+    /// The answer does not fit what is asked; the text says why.
+    Invalid(String),
+}
+
+/// What became of a cancel posted to a session.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelPosted {
+    Posted(MessagePosted),
+    NoSession,
+    /// The session was cancelled before.
+    Ended,
+}
+
+impl Tx<'_> {
+    /// `POST /api/sessions/{sid}/answers`: an answer for what `sid` waits on, posted to
+    /// its inbox under the key `answer:REQUEST` (a repeat returns the first post).
+    pub fn post_answer(
+        &mut self,
+        sid: &str,
+        a: PostAnswer,
+        now: u64,
+    ) -> Result<AnswerOutcome, StoreError> {
+        if self.get_session(sid)?.is_none() {
+            return Ok(AnswerOutcome::NoSession);
+        }
+        let key = format!("answer:{}", a.request_id);
+        if let Some(seq) = self.table(&MESSAGE_KEYS).get((sid, key.as_str()))? {
+            return Ok(AnswerOutcome::Posted(MessagePosted {
+                seq: seq.value(),
+                duplicate: true,
+                runs: false,
+            }));
+        }
+        let Some(p) = self
+            .agent(sid)?
+            .and_then(|r| r.parked)
+            .filter(|p| p.id == a.request_id)
+        else {
+            return Ok(AnswerOutcome::NotPending);
+        };
+        if p.kind == "approval" && a.decision.is_none() {
+            return Ok(AnswerOutcome::Invalid(
+                "an approval needs a decision: \"allow\" or \"deny\"".into(),
+            ));
+        }
+        if p.kind == "question" && a.decision != Some(Decision::Deny) && a.data.is_none() {
+            return Ok(AnswerOutcome::Invalid(
+                "a question's answer goes in data (e.g. {\"answers\": [\"yes\"]}), or decide \"deny\" to decline".into(),
+            ));
+        }
+        if let Some(args) = &a.args {
+            if p.kind != "approval" || a.decision != Some(Decision::Allow) {
+                return Ok(AnswerOutcome::Invalid(
+                    "args (edited arguments) go only with an approval's \"allow\"".into(),
+                ));
+            }
+            if !args.is_object() {
+                return Ok(AnswerOutcome::Invalid(
+                    "args must be a JSON object: the call's arguments as they should run".into(),
+                ));
+            }
+        }
+        let body = EventBody::Answer(Box::new(AnswerItem {
+            request_id: a.request_id,
+            decision: a.decision,
+            always: a.always,
+            args: a.args,
+            data: a.data,
+            by: "person".into(),
+        }));
+        Ok(match self.post_inbox(sid, body, Some(key), now)? {
+            Some(p) => AnswerOutcome::Posted(p),
+            None => AnswerOutcome::NoSession,
+        })
+    }
+
+    /// `POST /api/sessions/{sid}/cancel`: posted to its inbox, where the runner takes it
+    /// (stopping the turn). A whole-session cancel also ends the session here and now:
+    /// its waitpoints and timers are cancelled, and it takes no more messages.
+    pub fn post_cancel(
+        &mut self,
+        sid: &str,
+        turn_only: bool,
+        now: u64,
+    ) -> Result<CancelPosted, StoreError> {
+        if self.get_session(sid)?.is_none() {
+            return Ok(CancelPosted::NoSession);
+        }
+        let mut rec = self.agent(sid)?.unwrap_or_else(|| AgentRecord::new(None));
+        if rec.cancelled {
+            return Ok(CancelPosted::Ended);
+        }
+        if !turn_only {
+            self.end_agent_session(sid, &mut rec, now)?;
+            self.put_agent(sid, &rec)?;
+        }
+        Ok(
+            match self.post_inbox(sid, EventBody::Cancel { turn_only }, None, now)? {
+                Some(p) => CancelPosted::Posted(p),
+                None => CancelPosted::NoSession,
+            },
+        )
+    }
+
+    /// The session ends: it runs no more turns, its waitpoints and timers are cancelled,
+    /// its unread input dropped (the caller saves `rec`; a turn in progress is the
+    /// runner's to stop).
+    pub fn end_agent_session(
+        &mut self,
+        sid: &str,
+        rec: &mut AgentRecord,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        rec.cancelled = true;
+        rec.deferred.clear();
+        rec.joining.clear();
+        self.clear_timers(sid, rec)?;
+        self.cancel_session_waitpoints(sid, "session-cancelled", now)?;
+        Ok(())
+    }
+
+    /// Whether `sid` was cancelled (it takes no more messages).
+    pub fn agent_cancelled(&self, sid: &str) -> Result<bool, StoreError> {
+        Ok(self.agent(sid)?.is_some_and(|r| r.cancelled))
+    }
+}
+
+/// A session's timer id in the timer queue: `SESSION/NAME` (a session id has no `/`).
+pub fn timer_id(sid: &str, name: &str) -> String {
+    format!("{sid}/{name}")
+}
+
+/// The session and name of a timer id.
+pub fn split_timer_id(id: &str) -> Option<(&str, &str)> {
+    id.split_once('/')
 }

@@ -121,6 +121,9 @@ pub struct NewDeviceWait {
     pub title: String,
     pub label: String,
     pub intent: String,
+    /// The waitpoint's id when the caller chose it (a job started with it in its
+    /// environment); else a fresh one.
+    pub waitpoint_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -234,7 +237,7 @@ impl Tx<'_> {
             device: Some(new.device.clone()),
             ..CreateParams::default()
         };
-        let wp = match self.create_waitpoint(&sid, params, secret_hash, now)? {
+        let wp = match self.create_waitpoint_as(&sid, new.waitpoint_id, params, secret_hash, now)? {
             CreateOutcome::Created(wp) => wp,
             CreateOutcome::NoSession => return Ok(CreateDeviceWaitOutcome::NoSession),
             CreateOutcome::Invalid(e) => {

@@ -245,6 +245,37 @@ impl Store {
         rx.await.map_err(|_| Arc::new(StoreError::Closed))?
     }
 
+    /// Runs `f` on the writer like [`Store::exec`], but answers as soon as `f` ran, before
+    /// the batch is durable; the returned [`Durable`] says when (and whether) it is. For
+    /// work that may start early and be thrown away: the runner calls the model with a
+    /// step's result while the step's record goes to disk, and awaits the `Durable` before
+    /// anything it does outside the hub. Whatever `f` changed is seen by others only once
+    /// durable (notices and readers wait for the journal as usual); should the journal
+    /// fail, the changes are undone and the `Durable` carries the error.
+    pub async fn exec_ahead<R, F>(&self, f: F) -> Result<(R, Durable), Arc<StoreError>>
+    where
+        R: Send + 'static,
+        F: for<'a> FnOnce(&mut Tx<'a>) -> Result<R, StoreError> + Send + 'static,
+    {
+        let (early_tx, early_rx) = oneshot::channel::<Result<R, Arc<StoreError>>>();
+        let (durable_tx, durable_rx) = oneshot::channel::<Result<(), Arc<StoreError>>>();
+        self.send(Job::Run(Box::new(move |t: Option<&mut Tx<'_>>| {
+            let r = match t {
+                None => Err(Arc::new(StoreError::Closed)),
+                Some(t) => f(t).map_err(Arc::new),
+            };
+            let failed = r.is_err();
+            let _ = early_tx.send(r);
+            let done: Completion = Box::new(move |durable| {
+                let _ = durable_tx.send(durable);
+            });
+            (done, failed)
+        })))
+        .await?;
+        let r = early_rx.await.map_err(|_| Arc::new(StoreError::Closed))??;
+        Ok((r, Durable(durable_rx)))
+    }
+
     /// A remote wait's outcome, without a task waiting for it: `then` runs on the writer
     /// thread with the answer, the moment the change is durable (so it must be quick: a
     /// log line, a channel send). For a device's link, which has a loop of its own to
@@ -536,6 +567,17 @@ where
         });
         (done, failed)
     }))
+}
+
+/// When a write answered early by [`Store::exec_ahead`] is durable.
+#[must_use = "a write answered early must be awaited before anything depends on it outside the hub"]
+pub struct Durable(oneshot::Receiver<Result<(), Arc<StoreError>>>);
+
+impl Durable {
+    /// Waits until the write is in the journal; the error when it could not be.
+    pub async fn wait(self) -> Result<(), Arc<StoreError>> {
+        self.0.await.map_err(|_| Arc::new(StoreError::Closed))?
+    }
 }
 
 /// Answers a job the writer will never see (it has stopped).

@@ -78,7 +78,14 @@ impl Tx<'_> {
         let Some(mut rec) = self.get_session(sid)? else {
             return Ok(None);
         };
-        let inbox_item = matches!(body, EventBody::Message { .. } | EventBody::Wake(_));
+        let inbox_item = matches!(
+            body,
+            EventBody::Message { .. }
+                | EventBody::Wake(_)
+                | EventBody::Answer(_)
+                | EventBody::Cancel { .. }
+                | EventBody::Timer { .. }
+        );
         rec.last_seq += 1;
         let ev = Event {
             seq: rec.last_seq,
@@ -104,6 +111,24 @@ impl Tx<'_> {
         dedupe_key: Option<String>,
         now: u64,
     ) -> Result<Option<MessagePosted>, StoreError> {
+        let body = EventBody::Message {
+            text,
+            when,
+            dedupe_key: dedupe_key.clone(),
+        };
+        self.post_inbox(sid, body, dedupe_key, now)
+    }
+
+    /// Posts an inbox item (a message, an answer, a cancel, a timer's firing) to `sid`;
+    /// with `dedupe_key`, a key posted before returns that post's seq and does nothing.
+    /// `None` if the session does not exist.
+    pub fn post_inbox(
+        &mut self,
+        sid: &str,
+        body: EventBody,
+        dedupe_key: Option<String>,
+        now: u64,
+    ) -> Result<Option<MessagePosted>, StoreError> {
         if let Some(k) = &dedupe_key
             && let Some(seq) = self.msg_keys().get((sid, k.as_str()))?
         {
@@ -113,11 +138,6 @@ impl Tx<'_> {
                 runs: false,
             }));
         }
-        let body = EventBody::Message {
-            text,
-            when,
-            dedupe_key: dedupe_key.clone(),
-        };
         let Some(seq) = self.append_event(sid, body, now)? else {
             return Ok(None);
         };
@@ -129,6 +149,23 @@ impl Tx<'_> {
             duplicate: false,
             runs: false,
         }))
+    }
+
+    /// Cancels every armed waitpoint of `sid` (a cancelled session); returns how many.
+    pub fn cancel_session_waitpoints(
+        &mut self,
+        sid: &str,
+        by: &str,
+        now: u64,
+    ) -> Result<usize, StoreError> {
+        let ids = seconds_of(&self.table(&SESSION_WPS), sid)?;
+        let mut n = 0;
+        for id in ids {
+            if self.cancel_waitpoint(&id, Some(sid), by, now)? == CancelOutcome::Cancelled {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// Deletes a session and its log; its armed waitpoints are cancelled, so a late
@@ -175,13 +212,37 @@ impl Tx<'_> {
         secret_hash: [u8; 32],
         now: u64,
     ) -> Result<CreateOutcome, StoreError> {
+        self.create_waitpoint_as(sid, None, params, secret_hash, now)
+    }
+
+    /// [`Tx::create_waitpoint`] under a chosen id (one a job was already told); an id in
+    /// use is refused as invalid.
+    pub fn create_waitpoint_as(
+        &mut self,
+        sid: &str,
+        chosen: Option<String>,
+        params: CreateParams,
+        secret_hash: [u8; 32],
+        now: u64,
+    ) -> Result<CreateOutcome, StoreError> {
         if self.get_session(sid)?.is_none() {
             return Ok(CreateOutcome::NoSession);
         }
-        let mut id = secret::new_id("wp");
-        while self.wps().get((id.as_str(), STATE))?.is_some() {
-            id = secret::new_id("wp");
-        }
+        let id = match chosen {
+            Some(id) => {
+                if self.wps().get((id.as_str(), STATE))?.is_some() {
+                    return Ok(CreateOutcome::Invalid(CreateError::Taken(id)));
+                }
+                id
+            }
+            None => {
+                let mut id = secret::new_id("wp");
+                while self.wps().get((id.as_str(), STATE))?.is_some() {
+                    id = secret::new_id("wp");
+                }
+                id
+            }
+        };
         let wp = match Waitpoint::create(
             id,
             sid.to_string(),

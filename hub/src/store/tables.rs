@@ -54,9 +54,11 @@ const LEGACY_DEVICE_WAIT_DUE: TableSpec<(u64, &str), &str> = TableSpec::new(13, 
 pub(crate) const AGENTS: TableSpec<&str, &[u8]> = TableSpec::new(14, "agents");
 pub(crate) const TRANSCRIPT: TableSpec<(&str, u64), &[u8]> = TableSpec::new(15, "transcript");
 pub(crate) const READY: TableSpec<(u64, &str), ()> = TableSpec::new(16, "ready");
+/// Sessions waiting on a person: (asked at, session) → ().
+pub(crate) const PENDING: TableSpec<(u64, &str), ()> = TableSpec::new(17, "pending");
 
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 17] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 18] = [
     &META,
     &TIMER_QUEUE,
     &WAITPOINTS,
@@ -74,12 +76,18 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 17] = [
     &AGENTS,
     &TRANSCRIPT,
     &READY,
+    &PENDING,
 ];
 
 /// The timer kinds of the hub's domains (see [`super::kernel::timers`]): a decided wake
-/// (id: the waitpoint), a remote wait's hub deadline (id: its waitpoint).
+/// (id: the waitpoint), a remote wait's hub deadline (id: its waitpoint), a session's own
+/// timer and an approval's expiry.
 pub const TIMER_WAKE: &str = "wake";
 pub const TIMER_DEVICE_WAIT: &str = "device-wait";
+/// A timer a session's model set (id: `SESSION/NAME`).
+pub const TIMER_AGENT: &str = "agent-timer";
+/// An approval's expiry (id: `SESSION/REQUEST`).
+pub const TIMER_APPROVAL: &str = "approval";
 
 /// The keys in [`META`] of the settings the running hub applies, stored at each start:
 /// journal records an older hub wrote (operations, not their changes) are replayed with

@@ -1,8 +1,9 @@
 use super::*;
 use crate::engine::{CreateParams, State};
+use crate::store::agent::{AgentRecord, AnswerOutcome, CancelPosted};
 use crate::store::ops::{CancelOutcome, CreateOutcome};
 use cortex_protocol::SignalRequest;
-use cortex_protocol::api::{Event, EventBody, WakeReason};
+use cortex_protocol::api::{Decision, Event, EventBody, PendingRequest, PostAnswer, WakeReason};
 
 const T0: u64 = 1_796_000_000_000;
 
@@ -1087,4 +1088,174 @@ async fn a_missing_journal_after_a_crash_refuses_to_start_but_not_after_a_clean_
     std::fs::remove_file(clean.path().join("hub.journal")).expect("rm");
     let (store, _guard) = open(clean.path());
     assert_eq!(store.read(|r| r.sessions()).await.expect("read").len(), 1);
+}
+
+/// A session parked on a request of `kind` (as the runner parks one), and the request.
+async fn parked(store: &Store, kind: &str, expires_at: Option<u64>) -> (String, PendingRequest) {
+    let sid = session(store).await;
+    let request = PendingRequest {
+        id: "req_1".into(),
+        kind: kind.into(),
+        tool: "devices".into(),
+        call_id: "call_1".into(),
+        args: serde_json::json!({}),
+        reason: "asked".into(),
+        questions: Vec::new(),
+        asked_at: T0,
+        expires_at,
+    };
+    let (s, r) = (sid.clone(), request.clone());
+    store
+        .exec(move |t| {
+            let mut rec = AgentRecord::new(None);
+            t.park(&s, &mut rec, r)?;
+            t.put_agent(&s, &rec)
+        })
+        .await
+        .expect("park");
+    (sid, request)
+}
+
+fn post(request_id: &str) -> PostAnswer {
+    PostAnswer {
+        request_id: request_id.into(),
+        decision: None,
+        always: false,
+        args: None,
+        data: None,
+    }
+}
+
+#[tokio::test]
+async fn an_answer_must_fit_what_waits_and_is_taken_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _g) = open(dir.path());
+    let (sid, _) = parked(&store, "approval", None).await;
+    let answer = |a: PostAnswer| {
+        let s = sid.clone();
+        store.exec(move |t| t.post_answer(&s, a, T0 + 1))
+    };
+    assert_eq!(
+        answer(post("req_2")).await.expect("ok"),
+        AnswerOutcome::NotPending
+    );
+    assert!(matches!(
+        answer(post("req_1")).await.expect("ok"),
+        AnswerOutcome::Invalid(_)
+    ));
+    let deny_with_args = PostAnswer {
+        decision: Some(Decision::Deny),
+        args: Some(serde_json::json!({"x": 1})),
+        ..post("req_1")
+    };
+    assert!(matches!(
+        answer(deny_with_args).await.expect("ok"),
+        AnswerOutcome::Invalid(_)
+    ));
+    let allow_list_args = PostAnswer {
+        decision: Some(Decision::Allow),
+        args: Some(serde_json::json!([1])),
+        ..post("req_1")
+    };
+    assert!(matches!(
+        answer(allow_list_args).await.expect("ok"),
+        AnswerOutcome::Invalid(_)
+    ));
+    let allow = PostAnswer {
+        decision: Some(Decision::Allow),
+        ..post("req_1")
+    };
+    let AnswerOutcome::Posted(first) = answer(allow.clone()).await.expect("ok") else {
+        panic!("not posted");
+    };
+    assert!(!first.duplicate);
+    let AnswerOutcome::Posted(again) = answer(allow).await.expect("ok") else {
+        panic!("not posted");
+    };
+    assert!(again.duplicate && again.seq == first.seq, "{again:?}");
+    let listed = store.exec(|t| t.pending_requests(10)).await.expect("list");
+    assert_eq!(
+        listed.len(),
+        1,
+        "still listed until the runner takes the answer"
+    );
+    let ses = sid.clone();
+    let rec = store
+        .exec(move |t| t.agent(&ses))
+        .await
+        .expect("rec")
+        .expect("row");
+    assert_eq!(
+        rec.status,
+        crate::store::agent::RunStatus::Ready,
+        "the answer woke it"
+    );
+}
+
+#[tokio::test]
+async fn an_expired_approval_is_denied_by_timeout_and_a_question_needs_data() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _g) = open(dir.path());
+    let (sid, _) = parked(&store, "approval", Some(T0 + 500)).await;
+    let fired = store
+        .exec(|t| t.fire_due(T0 + 600, &Default::default()))
+        .await
+        .expect("fire");
+    assert_eq!(fired, 1);
+    let evs = events(&store, &sid).await;
+    let Some(EventBody::Answer(a)) = evs.last().map(|e| e.body.clone()) else {
+        panic!("no answer: {evs:?}");
+    };
+    assert_eq!(
+        (a.by.as_str(), a.decision),
+        ("timeout", Some(Decision::Deny))
+    );
+
+    let (qsid, _) = parked(&store, "question", None).await;
+    let s = qsid.clone();
+    let out = store
+        .exec(move |t| {
+            let allow = PostAnswer {
+                decision: Some(Decision::Allow),
+                ..post("req_1")
+            };
+            t.post_answer(&s, allow, T0)
+        })
+        .await
+        .expect("ok");
+    assert!(matches!(out, AnswerOutcome::Invalid(_)), "{out:?}");
+}
+
+#[tokio::test]
+async fn a_session_cancel_ends_it_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _g) = open(dir.path());
+    let sid = session(&store).await;
+    let (wp, _) = waitpoint(&store, &sid, params()).await;
+    let s = sid.clone();
+    let out = store
+        .exec(move |t| t.post_cancel(&s, false, T0))
+        .await
+        .expect("cancel");
+    assert!(matches!(out, CancelPosted::Posted(_)), "{out:?}");
+    let s = sid.clone();
+    let again = store
+        .exec(move |t| t.post_cancel(&s, true, T0))
+        .await
+        .expect("cancel");
+    assert_eq!(again, CancelPosted::Ended);
+    let state = store
+        .exec(move |t| t.get_wp(&wp))
+        .await
+        .expect("wp")
+        .expect("exists")
+        .state;
+    assert_eq!(state, State::Cancelled);
+    let s = sid.clone();
+    assert!(
+        store
+            .exec(move |t| t.agent_cancelled(&s))
+            .await
+            .expect("read")
+    );
 }

@@ -1,12 +1,16 @@
 //! The hub's timer kinds and their handlers, over the kernel's timer queue: a decided
-//! wake (`wake`) and a remote wait's hub deadline (`device-wait`). The server's one
+//! wake (`wake`), a remote wait's hub deadline (`device-wait`), a timer a session's model
+//! set (`agent-timer`) and an approval's expiry (`approval`). The server's one
 //! timer loop calls [`Tx::fire_due`] when the queue's earliest time has come.
 
 use std::collections::HashSet;
 
 use super::kernel::error::StoreError;
 use super::ops::PASS_LIMIT;
-use super::tables::{TIMER_DEVICE_WAIT, TIMER_WAKE, Tx};
+use cortex_protocol::api::{AnswerItem, Decision, EventBody};
+
+use super::agent::{SessionTimer, split_timer_id};
+use super::tables::{TIMER_AGENT, TIMER_APPROVAL, TIMER_DEVICE_WAIT, TIMER_WAKE, Tx};
 
 impl Tx<'_> {
     /// Runs every timer due at `now` (at most a pass's worth): each kind's handler removes
@@ -18,6 +22,14 @@ impl Tx<'_> {
             match d.kind.as_str() {
                 TIMER_WAKE => self.wake_due(&d.id, d.at, now)?,
                 TIMER_DEVICE_WAIT => self.device_wait_due(&d.id, d.at, now, online)?,
+                TIMER_AGENT => {
+                    self.reschedule(TIMER_AGENT, &d.id, Some(d.at), None)?;
+                    self.agent_timer_due(&d.id, d.at, now)?;
+                }
+                TIMER_APPROVAL => {
+                    self.reschedule(TIMER_APPROVAL, &d.id, Some(d.at), None)?;
+                    self.approval_due(&d.id, d.at, now)?;
+                }
                 other => {
                     tracing::warn!(kind = other, id = %d.id, "a timer of a kind this hub does not know; dropped");
                     self.reschedule(other, &d.id, Some(d.at), None)?;
@@ -36,5 +48,74 @@ impl Tx<'_> {
             self.reschedule(kind, &d.id, Some(d.at), Some(until))?;
         }
         Ok(due.len())
+    }
+
+    /// A session's timer came due: it fires now if the session is idle, else once its
+    /// turn ends (marked due). Firing posts its text to the inbox, keyed
+    /// `timer:NAME:SEQ`, so it counts once however often it is posted.
+    fn agent_timer_due(&mut self, id: &str, at: u64, now: u64) -> Result<(), StoreError> {
+        let Some((sid, name)) = split_timer_id(id) else {
+            return Ok(());
+        };
+        let Some(mut rec) = self.agent(sid)? else {
+            return Ok(());
+        };
+        let Some(i) = rec
+            .timers
+            .iter()
+            .position(|t| t.name == name && t.at == at && !t.due)
+        else {
+            return Ok(());
+        };
+        if rec.turn.is_some() && !rec.cancelled {
+            rec.timers[i].due = true;
+            return self.put_agent(sid, &rec);
+        }
+        let timer = rec.timers.remove(i);
+        self.put_agent(sid, &rec)?;
+        if !rec.cancelled {
+            self.fire_timer(sid, timer, now)?;
+        }
+        Ok(())
+    }
+
+    /// Posts a timer's firing to its session's inbox (the caller has taken it out of the
+    /// session's row and saved that).
+    pub fn fire_timer(&mut self, sid: &str, t: SessionTimer, now: u64) -> Result<(), StoreError> {
+        let key = format!("timer:{}:{}", t.name, t.set_seq);
+        let body = EventBody::Timer {
+            name: t.name,
+            text: t.text,
+            dedupe_key: key.clone(),
+        };
+        self.post_inbox(sid, body, Some(key), now)?;
+        Ok(())
+    }
+
+    /// An approval expired unanswered: it is denied, as an answer from `timeout`.
+    fn approval_due(&mut self, id: &str, at: u64, now: u64) -> Result<(), StoreError> {
+        let Some((sid, request)) = split_timer_id(id) else {
+            return Ok(());
+        };
+        let Some(rec) = self.agent(sid)? else {
+            return Ok(());
+        };
+        if !rec
+            .parked
+            .as_ref()
+            .is_some_and(|p| p.id == request && p.expires_at == Some(at))
+        {
+            return Ok(());
+        }
+        let body = EventBody::Answer(Box::new(AnswerItem {
+            request_id: request.to_string(),
+            decision: Some(Decision::Deny),
+            always: false,
+            args: None,
+            data: None,
+            by: "timeout".into(),
+        }));
+        self.post_inbox(sid, body, Some(format!("answer:{request}")), now)?;
+        Ok(())
     }
 }

@@ -37,6 +37,7 @@ fn new_wait(device: &str, pid: i32, timeout_ms: u64, session: Option<String>) ->
         title: format!("wait pid {pid} on {device}"),
         label: format!("pid {pid} on {device}"),
         intent: "wake when it exits".into(),
+        waitpoint_id: None,
     }
 }
 

@@ -1,0 +1,165 @@
+//! The gate before every tool call: a session's policy (lists of tool names over the
+//! hub's defaults) and what a person allowed for the rest of the session decide whether
+//! a call runs, is refused (the model is told, and goes on), or waits for a person.
+
+use cortex_protocol::api::Policy;
+
+use super::tools;
+
+/// What the gate decided for one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    Allow,
+    /// Refused: the model reads this as the call's error.
+    Deny(String),
+    /// A person decides; the reason is shown to them.
+    Ask(String),
+}
+
+/// The tools a gate asks about unless a policy names its own `requireApproval`.
+pub const ASK_BY_DEFAULT: &[&str] = &["device_exec"];
+
+fn names(list: Option<&Vec<String>>, tool: &str) -> bool {
+    list.is_some_and(|l| l.iter().any(|n| n == "*" || n == tool))
+}
+
+/// The rule, in order: `deny` refuses; a tool a person allowed `always` runs;
+/// `requireApproval` asks; a tool missing from a given `allow` list is refused; the rest
+/// runs.
+pub fn gate(policy: &Policy, always: &[String], tool: &str) -> Gate {
+    if names(policy.deny.as_ref(), tool) {
+        return Gate::Deny(format!(
+            "{tool} is denied by this session's policy (policy.deny); do without it"
+        ));
+    }
+    if always.iter().any(|t| t == tool) {
+        return Gate::Allow;
+    }
+    if names(policy.require_approval.as_ref(), tool) {
+        return Gate::Ask(format!(
+            "{tool} needs a person's approval (policy.requireApproval)"
+        ));
+    }
+    if policy.allow.is_some() && !names(policy.allow.as_ref(), tool) {
+        return Gate::Deny(format!(
+            "{tool} is not on this session's allow list (policy.allow); do without it"
+        ));
+    }
+    Gate::Allow
+}
+
+/// A session's policy over the hub's: each list the session gives replaces the hub's,
+/// and `requireApproval` given by neither is [`ASK_BY_DEFAULT`]. `Err` names a list entry
+/// that is no tool.
+pub fn resolve(session: Option<Policy>, hub: Option<Policy>) -> Result<Policy, String> {
+    let s = session.unwrap_or_default();
+    let h = hub.unwrap_or_default();
+    let p = Policy {
+        allow: s.allow.or(h.allow),
+        deny: s.deny.or(h.deny),
+        require_approval: s
+            .require_approval
+            .or(h.require_approval)
+            .or_else(|| Some(ASK_BY_DEFAULT.iter().map(|t| t.to_string()).collect())),
+        approval_timeout_ms: s.approval_timeout_ms.or(h.approval_timeout_ms),
+    };
+    if p.approval_timeout_ms == Some(0) {
+        return Err(
+            "policy.approvalTimeoutMs must be above 0 (leave it out to wait as long as it takes)"
+                .into(),
+        );
+    }
+    let known: Vec<String> = tools::specs().into_iter().map(|t| t.name).collect();
+    for (field, list) in [
+        ("allow", &p.allow),
+        ("deny", &p.deny),
+        ("requireApproval", &p.require_approval),
+    ] {
+        for name in list.iter().flatten() {
+            if name != "*" && !known.contains(name) {
+                return Err(format!(
+                    "policy.{field} names {name:?}, which is no tool; the tools are {} (or \"*\" for all)",
+                    known.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(names: &[&str]) -> Option<Vec<String>> {
+        Some(names.iter().map(|n| n.to_string()).collect())
+    }
+
+    #[test]
+    fn the_rule_in_order() {
+        let p = Policy {
+            allow: list(&["wait_create", "device_exec"]),
+            deny: list(&["wait_cancel"]),
+            require_approval: list(&["device_exec", "wait_cancel"]),
+            approval_timeout_ms: None,
+        };
+        let always = vec!["devices".to_string()];
+        let cases: &[(&str, &[String], &str)] = &[
+            // deny beats everything, even a listed approval
+            ("wait_cancel", &[], "deny"),
+            ("wait_cancel", &always, "deny"),
+            ("device_exec", &[], "ask"),
+            ("device_exec", &["device_exec".to_string()], "allow"),
+            ("wait_create", &[], "allow"),
+            // not on the given allow list
+            ("wait_check", &[], "deny"),
+            // ... unless a person allowed it for the session
+            ("devices", &always, "allow"),
+        ];
+        for (tool, always, want) in cases {
+            let got = match gate(&p, always, tool) {
+                Gate::Allow => "allow",
+                Gate::Deny(_) => "deny",
+                Gate::Ask(_) => "ask",
+            };
+            assert_eq!(got, *want, "{tool} with always={always:?}");
+        }
+        let everything = Policy {
+            require_approval: list(&["*"]),
+            ..Policy::default()
+        };
+        assert!(matches!(gate(&everything, &[], "devices"), Gate::Ask(_)));
+        assert_eq!(gate(&Policy::default(), &[], "devices"), Gate::Allow);
+    }
+
+    #[test]
+    fn a_session_list_replaces_the_hubs_and_exec_asks_by_default() {
+        let hub = Policy {
+            deny: list(&["devices"]),
+            approval_timeout_ms: Some(5_000),
+            ..Policy::default()
+        };
+        let p = resolve(None, Some(hub.clone())).expect("valid");
+        assert_eq!(p.deny, list(&["devices"]));
+        assert_eq!(p.require_approval, list(&["device_exec"]));
+        assert_eq!(p.approval_timeout_ms, Some(5_000));
+        let own = Policy {
+            deny: Some(Vec::new()),
+            require_approval: Some(Vec::new()),
+            ..Policy::default()
+        };
+        let p = resolve(Some(own), Some(hub)).expect("valid");
+        assert_eq!(p.deny, Some(Vec::new()));
+        assert_eq!(p.require_approval, Some(Vec::new()));
+        assert!(
+            resolve(
+                Some(Policy {
+                    approval_timeout_ms: Some(0),
+                    ..Policy::default()
+                }),
+                None
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,108 @@
+//! What a person does to a session's agent: answer what it waits on (an approval or a
+//! question), stop its turn or end it, and see what waits on people across sessions.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use cortex_protocol::api::{ApprovalList, PendingView, PostAnswer, PostCancel};
+use serde_json::json;
+
+use super::error::{ApiError, parse_json};
+use crate::state::AppState;
+use crate::store::agent::{AnswerOutcome, CancelPosted};
+use crate::time::now_ms;
+
+/// Pending requests listed at most.
+const LIST_LIMIT: usize = 1_000;
+
+/// `POST /api/sessions/{sid}/answers`: allow or deny an approval (optionally `always`,
+/// optionally with edited `args`), or answer a question with `data`. 404 for an id
+/// nothing waits under.
+pub async fn answer(
+    State(state): State<AppState>,
+    Path(sid): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: PostAnswer = parse_json(&body)?;
+    if req.request_id.trim().is_empty() {
+        return Err(ApiError::bad_request(
+            "request_id is empty; it is the id of the approval-required event (cortex approvals lists them)",
+        ));
+    }
+    let id = req.request_id.clone();
+    let s = sid.clone();
+    let outcome = state
+        .store
+        .exec(move |t| t.post_answer(&s, req, now_ms()))
+        .await
+        .map_err(ApiError::store)?;
+    match outcome {
+        AnswerOutcome::Posted(p) if p.duplicate => Ok((StatusCode::OK, Json(p)).into_response()),
+        AnswerOutcome::Posted(p) => Ok((StatusCode::CREATED, Json(p)).into_response()),
+        AnswerOutcome::NoSession => Err(ApiError::not_found("session", &sid)),
+        AnswerOutcome::NotPending => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_pending",
+            format!(
+                "session {sid} waits on nothing under {id}: it was answered, withdrawn by a cancel, or never asked (cortex approvals lists what waits)"
+            ),
+        )),
+        AnswerOutcome::Invalid(why) => Err(ApiError::bad_request(why)),
+    }
+}
+
+/// `POST /api/sessions/{sid}/cancel` `{turn_only?}`: stops the running turn at once
+/// (with `turn_only`), or ends the session. 202: the stop is recorded; the turn ends
+/// as soon as the runner hears it.
+pub async fn cancel(
+    State(state): State<AppState>,
+    Path(sid): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: PostCancel = if body.iter().all(u8::is_ascii_whitespace) {
+        PostCancel::default()
+    } else {
+        parse_json(&body)?
+    };
+    let s = sid.clone();
+    let turn_only = req.turn_only;
+    let outcome = state
+        .store
+        .exec(move |t| t.post_cancel(&s, turn_only, now_ms()))
+        .await
+        .map_err(ApiError::store)?;
+    match outcome {
+        CancelPosted::Posted(p) => {
+            // After the item is durable: a driver that hears it finds it.
+            let running = state.stops.ring(&sid);
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(json!({"seq": p.seq, "turn_only": turn_only, "running": running})),
+            )
+                .into_response())
+        }
+        CancelPosted::NoSession => Err(ApiError::not_found("session", &sid)),
+        CancelPosted::Ended => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "session_cancelled",
+            format!("session {sid} was cancelled before; it runs no more turns"),
+        )),
+    }
+}
+
+/// `GET /api/approvals`: what waits on a person (approvals and questions) across
+/// sessions, oldest first.
+pub async fn approvals(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let list = state
+        .store
+        .read(|r| r.pending_requests(LIST_LIMIT))
+        .await
+        .map_err(ApiError::store)?;
+    let approvals = list
+        .into_iter()
+        .map(|(session, request)| PendingView { session, request })
+        .collect();
+    Ok(Json(ApprovalList { approvals }).into_response())
+}
