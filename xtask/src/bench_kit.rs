@@ -4,6 +4,7 @@
 //! HTTP request over `ureq` for the benches' setup and checks (never on a measured path),
 //! and finding and building the release binaries and tools.
 
+pub mod agent;
 pub mod cpu;
 pub mod hub;
 pub mod procs;

@@ -19,11 +19,11 @@ use std::time::Duration;
 use anyhow::{Context, bail, ensure};
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 
+use crate::bench_kit::agent::Agent;
 use crate::bench_kit::hub::{Hub, Monitor};
 use crate::bench_kit::procs::{Procs, ScratchDir, poll};
 use crate::bench_kit::report::{self, thousands, us};
 use crate::bench_kit::{cargo_build, cpu, target_dir, workspace_root};
-use agent::Agent;
 use spool::SIZES;
 
 /// The targets.

@@ -4,7 +4,9 @@
 //! hub pointed at it, a device agent, and a `sleep` process on "the device"; then it asks a
 //! session to wake it when the process exits, and checks the structure (never the words):
 //! the model's tool call was parsed and executed, the turn ended, the process's exit woke
-//! the session, and the wake ran a turn. It prints the session's events as it goes.
+//! the session, and the wake ran a turn. Then a second session starts a job on the
+//! device (`device_exec`, which asks a person first): the task allows it and checks the
+//! job started and its exit woke the session. It prints the sessions' events as it goes.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -13,10 +15,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use serde_json::{Value, json};
 
+use crate::bench_kit::agent::Agent;
 use crate::bench_kit::hub::Hub;
 use crate::bench_kit::procs::{Procs, ScratchDir, free_port, poll};
 use crate::bench_kit::{cargo_build, target_dir, workspace_root};
-use crate::bench_mesh::agent::Agent;
 
 /// How long a turn of a small local model may take (generation runs at ~60 tokens/s here).
 const TURN: Duration = Duration::from_secs(180);
@@ -165,11 +167,12 @@ fn story(
     let hub = Hub::start_with_mesh_env(&release.join("cortex-hub"), &hub_home, &env, procs)?;
     let agent_dir = scratch.join("agent");
     std::fs::create_dir_all(&agent_dir).context("the agent's dir")?;
-    let _agent = Agent::start(
+    let _agent = Agent::start_with(
         &release.join("cortex-device-agent"),
         &hub,
         "gpu1",
         &agent_dir,
+        &["--allow-exec"],
         procs,
     )?;
     let sleep = Command::new("sleep")
@@ -249,6 +252,140 @@ fn story(
     );
     println!(
         "real-model: the story holds (a tool call parsed and executed, the turn ended, the exit woke the session, the wake ran a turn)"
+    );
+    exec_story(&hub)?;
+    println!(
+        "real-model: the exec story holds (device_exec asked for approval, ran once allowed, and the job's exit woke the session)"
+    );
+    Ok(())
+}
+
+/// A worked `device_exec` call, for the second session's prefix.
+fn exec_example() -> Vec<Value> {
+    vec![
+        json!({"role": "user", "content": "Run `sleep 2` on device box-a and wake me when it ends."}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_ex2", "type": "function", "function": {"name": "device_exec", "arguments": "{\"device\": \"box-a\", \"argv\": [\"sleep\", \"2\"], \"wait\": true}"}}]}),
+        json!({"role": "tool", "tool_call_id": "call_ex2", "content": "{\"pid\": 4242, \"log\": \"/home/me/.cortex/exec/ex_1.log\", \"waitpoint\": {\"id\": \"wp_example\", \"label\": \"sleep on box-a\", \"state\": \"armed\"}}"}),
+        json!({"role": "assistant", "content": "Started sleep on box-a (pid 4242); I will tell you when it ends."}),
+    ]
+}
+
+/// The second story: the model starts a job on the device with `device_exec`, which asks
+/// a person first (the hub's default gate); the task allows it, the job runs, and its exit
+/// wakes the session.
+fn exec_story(hub: &Hub) -> anyhow::Result<()> {
+    let s = hub.api_json(
+        "POST",
+        "/api/sessions",
+        Some(json!({
+            "title": "real model, exec",
+            "instructions": "You start jobs on devices. When asked to run a command on a device, call device_exec with the device, the command as an argv list, and wait set to true, then say you started it.",
+            "examples": exec_example(),
+        })),
+        201,
+    )?;
+    let sid = s["id"].as_str().context("a session id")?.to_string();
+    let text = "Run `sleep 4` on device gpu1 and wake me when it ends.";
+    eprintln!("real-model: session {sid}; asking: {text}");
+    let started = Instant::now();
+    hub.api_json(
+        "POST",
+        &format!("/api/sessions/{sid}/messages"),
+        Some(json!({ "text": text })),
+        201,
+    )?;
+    // The model's call parks the session on an approval (or the turn ends without one).
+    let mut after = 0;
+    let request = loop {
+        ensure!(
+            started.elapsed() < TURN,
+            "no approval asked within {} s",
+            TURN.as_secs()
+        );
+        let page = hub.api_json(
+            "GET",
+            &format!("/api/sessions/{sid}/events?after={after}&wait=10"),
+            None,
+            200,
+        )?;
+        let mut found = None;
+        for e in page["events"].as_array().cloned().unwrap_or_default() {
+            after = after.max(e["seq"].as_u64().unwrap_or(0));
+            println!("  {}", one_line(&e));
+            if e["kind"] == "run-end" {
+                bail!(
+                    "the turn ended without asking to run anything (the model did not call device_exec)"
+                );
+            }
+            if e["kind"] == "approval-required" {
+                found = Some(e["approval"].clone());
+            }
+        }
+        if let Some(r) = found {
+            break r;
+        }
+    };
+    ensure!(
+        request["tool"] == "device_exec",
+        "the approval is for {} (the model called another tool): {request}",
+        request["tool"]
+    );
+    let listed = hub.api_json("GET", "/api/approvals", None, 200)?;
+    ensure!(
+        listed["approvals"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|p| p["id"] == request["id"])),
+        "GET /api/approvals does not list {}: {listed}",
+        request["id"]
+    );
+    println!(
+        "device_exec {} waits for approval {}; allowing it",
+        request["args"], request["id"]
+    );
+    hub.api_json(
+        "POST",
+        &format!("/api/sessions/{sid}/answers"),
+        Some(json!({"request_id": request["id"], "decision": "allow"})),
+        201,
+    )?;
+    let first = follow(hub, &sid, &mut after, 1)?;
+    let exec = first
+        .iter()
+        .find(|e| e["kind"] == "tool-end" && e["observation"]["name"] == "device_exec")
+        .context("no device_exec answer after the approval")?;
+    let obs = &exec["observation"];
+    ensure!(
+        obs["ok"] == true,
+        "device_exec was allowed but did not start (the model's arguments, or the device): {obs}"
+    );
+    let pid = obs["result"]["pid"]
+        .as_i64()
+        .context("no pid in the answer")?;
+    println!(
+        "turn 1 ended in {:.1} s; the job runs on gpu1 as pid {pid}",
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(wp) = obs["result"]["waitpoint"]["id"].as_str() {
+        let second = follow(hub, &sid, &mut after, 1)?;
+        ensure!(
+            second
+                .iter()
+                .any(|e| e["kind"] == "wake" && e["waitpoint"]["id"] == wp),
+            "the run after the job's exit was not started by its wake"
+        );
+        println!("the job's exit woke the session and ran turn 2");
+    } else {
+        println!(
+            "the model started the job without wait: true; no wake to check (its answer: {})",
+            obs["result"]
+        );
+    }
+    let events = hub.api_json("GET", "/api/events", None, 200)?;
+    ensure!(
+        events["events"].as_array().is_some_and(|l| l
+            .iter()
+            .any(|e| e["kind"] == "device-exec" && e["approved_by"] == "person")),
+        "the hub's events hold no device-exec approved by a person: {events}"
     );
     Ok(())
 }
