@@ -67,6 +67,16 @@ fn a_denied_call_is_seen_by_the_model_which_goes_on() {
             .is_some_and(|c| c.contains("denied")),
         "{told}"
     );
+    // A denied tool is not shown; called anyway, it is still gated.
+    let reqs = model.requests();
+    let shown: Vec<&str> = reqs[0]["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert!(!shown.contains(&"devices"), "{shown:?}");
+    assert!(shown.contains(&"wait_create"), "{shown:?}");
 }
 
 #[test]

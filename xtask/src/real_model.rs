@@ -189,6 +189,9 @@ fn story(
             "title": "real model",
             "instructions": "You watch processes on devices. When asked to wait for a process, call device_wait_pid with the device and pid, then say you are waiting.",
             "examples": example(),
+            // A small model's context is short (2,048 tokens a slot here): show it only
+            // the tool it needs.
+            "policy": {"allow": ["device_wait_pid"]},
         })),
         201,
     )?;
@@ -281,6 +284,8 @@ fn exec_story(hub: &Hub) -> anyhow::Result<()> {
             "title": "real model, exec",
             "instructions": "You start jobs on devices. When asked to run a command on a device, call device_exec with the device, the command as an argv list, and wait set to true, then say you started it.",
             "examples": exec_example(),
+            // device_exec alone; the hub's default gate still asks before it runs.
+            "policy": {"allow": ["device_exec"]},
         })),
         201,
     )?;

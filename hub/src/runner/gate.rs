@@ -48,6 +48,17 @@ pub fn gate(policy: &Policy, always: &[String], tool: &str) -> Gate {
     Gate::Allow
 }
 
+/// Whether the model is shown `tool` at all: not a denied one, and with an `allow` list
+/// only those on it or asked about. A tool it is not shown is still gated if called.
+pub fn shown(policy: &Policy, tool: &str) -> bool {
+    if names(policy.deny.as_ref(), tool) {
+        return false;
+    }
+    policy.allow.is_none()
+        || names(policy.allow.as_ref(), tool)
+        || names(policy.require_approval.as_ref(), tool)
+}
+
 /// A session's policy over the hub's: each list the session gives replaces the hub's,
 /// and `requireApproval` given by neither is [`ASK_BY_DEFAULT`]. `Err` names a list entry
 /// that is no tool.
@@ -130,6 +141,27 @@ mod tests {
         };
         assert!(matches!(gate(&everything, &[], "devices"), Gate::Ask(_)));
         assert_eq!(gate(&Policy::default(), &[], "devices"), Gate::Allow);
+    }
+
+    #[test]
+    fn the_model_is_shown_only_what_it_may_call() {
+        let p = Policy {
+            allow: list(&["wait_create"]),
+            deny: list(&["devices"]),
+            require_approval: list(&["device_exec"]),
+            approval_timeout_ms: None,
+        };
+        assert!(shown(&p, "wait_create"));
+        assert!(shown(&p, "device_exec"), "asked about: shown");
+        assert!(!shown(&p, "devices"), "denied");
+        assert!(!shown(&p, "wait_check"), "not on the allow list");
+        let open = Policy::default();
+        assert!(shown(&open, "wait_check"));
+        let none = Policy {
+            deny: list(&["*"]),
+            ..Policy::default()
+        };
+        assert!(!shown(&none, "wait_check"));
     }
 
     #[test]

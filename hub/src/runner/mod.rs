@@ -23,7 +23,7 @@ use cortex_host::timing;
 use cortex_protocol::api::{DeltaChannel, Event, EventBody};
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::model::{ChatMessage, Delta, Model, StepRequest, ToolCall};
+use crate::model::{ChatMessage, Delta, Model, StepRequest, ToolCall, ToolSpec};
 use crate::state::AppState;
 use crate::store::agent::{RunStatus, TOPIC_READY};
 use crate::store::{Durable, StoreError, Tx};
@@ -187,6 +187,18 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
         Ok((next, secrets))
     })
     .await?;
+    // The tools the model is shown: fixed with the session's policy (read once, after
+    // the first write fixed a configuration for a session made without one).
+    let policy = {
+        let s = sid.to_string();
+        state
+            .store
+            .read(move |r| Ok(r.agent(&s)?.and_then(|a| a.config).map(|c| c.policy)))
+            .await
+            .map_err(|e| DriveError::Store(Arc::new(e)))?
+            .unwrap_or_default()
+    };
+    let specs = tools::specs_for(&policy);
     // The last step's record, answered before it was durable: the next model call goes
     // out while it is written, and nothing else happens until it is on disk.
     let mut writing: Option<Durable> = None;
@@ -249,6 +261,7 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
                     model,
                     sid,
                     &messages,
+                    &specs,
                     &unredacted,
                     &mut stop,
                     StepCall {
@@ -289,6 +302,7 @@ async fn step_once(
     model: &dyn Model,
     sid: &str,
     messages: &[ChatMessage],
+    specs: &[ToolSpec],
     unredacted: &HashMap<u64, String>,
     stop: &mut crate::stops::Listener,
     c: StepCall,
@@ -307,7 +321,6 @@ async fn step_once(
         patched = copy;
         &patched
     };
-    let specs = tools::specs();
     let mut retries: Vec<RetryNote> = Vec::new();
     // The reply's text so far, kept if a cancel cuts it off.
     let mut partial = String::new();
@@ -326,7 +339,7 @@ async fn step_once(
         let call = model.step(
             StepRequest {
                 messages: sent,
-                tools: &specs,
+                tools: specs,
                 max_tokens: c.max_tokens,
             },
             &mut on_delta,
