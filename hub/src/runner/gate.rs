@@ -65,14 +65,24 @@ pub fn shown(policy: &Policy, tool: &str) -> bool {
 pub fn resolve(session: Option<Policy>, hub: Option<Policy>) -> Result<Policy, String> {
     let s = session.unwrap_or_default();
     let h = hub.unwrap_or_default();
+    let allow = s.allow.or(h.allow);
+    // The default asks never widen a given allow list: with `allow: ["devices"]`,
+    // `device_exec` is refused (and not shown), not asked about.
+    let default_asks = || {
+        ASK_BY_DEFAULT
+            .iter()
+            .filter(|t| allow.is_none() || names(allow.as_ref(), t))
+            .map(|t| t.to_string())
+            .collect()
+    };
     let p = Policy {
-        allow: s.allow.or(h.allow),
         deny: s.deny.or(h.deny),
         require_approval: s
             .require_approval
             .or(h.require_approval)
-            .or_else(|| Some(ASK_BY_DEFAULT.iter().map(|t| t.to_string()).collect())),
+            .or_else(|| Some(default_asks())),
         approval_timeout_ms: s.approval_timeout_ms.or(h.approval_timeout_ms),
+        allow,
     };
     if p.approval_timeout_ms == Some(0) {
         return Err(
@@ -183,6 +193,21 @@ mod tests {
         let p = resolve(Some(own), Some(hub)).expect("valid");
         assert_eq!(p.deny, Some(Vec::new()));
         assert_eq!(p.require_approval, Some(Vec::new()));
+        // The default ask stays within a given allow list.
+        let narrow = Policy {
+            allow: list(&["device_wait_pid"]),
+            ..Policy::default()
+        };
+        let p = resolve(Some(narrow), None).expect("valid");
+        assert_eq!(p.require_approval, Some(Vec::new()));
+        assert!(matches!(gate(&p, &[], "device_exec"), Gate::Deny(_)));
+        assert!(!shown(&p, "device_exec"));
+        let exec = Policy {
+            allow: list(&["device_exec"]),
+            ..Policy::default()
+        };
+        let p = resolve(Some(exec), None).expect("valid");
+        assert!(matches!(gate(&p, &[], "device_exec"), Gate::Ask(_)));
         assert!(
             resolve(
                 Some(Policy {
