@@ -273,10 +273,25 @@ fn exec_example() -> Vec<Value> {
     ]
 }
 
+/// How many fresh sessions the exec story gives a small model to make its call at all.
+const EXEC_ATTEMPTS: usize = 3;
+
 /// The second story: the model starts a job on the device with `device_exec`, which asks
 /// a person first (the hub's default gate); the task allows it, the job runs, and its exit
-/// wakes the session.
+/// wakes the session. A 135M model does not always call the tool: a turn that ends in
+/// prose is printed and tried again in a fresh session, up to [`EXEC_ATTEMPTS`] times.
 fn exec_story(hub: &Hub) -> anyhow::Result<()> {
+    for attempt in 1..=EXEC_ATTEMPTS {
+        match exec_attempt(hub)? {
+            None => return Ok(()),
+            Some(why) => println!("exec attempt {attempt} of {EXEC_ATTEMPTS}: {why}"),
+        }
+    }
+    bail!("in {EXEC_ATTEMPTS} fresh sessions the model never called device_exec")
+}
+
+/// One session of the exec story; `Some(why)` when the model made no call to gate.
+fn exec_attempt(hub: &Hub) -> anyhow::Result<Option<String>> {
     let s = hub.api_json(
         "POST",
         "/api/sessions",
@@ -318,9 +333,9 @@ fn exec_story(hub: &Hub) -> anyhow::Result<()> {
             after = after.max(e["seq"].as_u64().unwrap_or(0));
             println!("  {}", one_line(&e));
             if e["kind"] == "run-end" {
-                bail!(
-                    "the turn ended without asking to run anything (the model did not call device_exec)"
-                );
+                return Ok(Some(
+                    "the turn ended without asking to run anything (the model wrote prose)".into(),
+                ));
             }
             if e["kind"] == "approval-required" {
                 found = Some(e["approval"].clone());
@@ -392,7 +407,7 @@ fn exec_story(hub: &Hub) -> anyhow::Result<()> {
             .any(|e| e["kind"] == "device-exec" && e["approved_by"] == "person")),
         "the hub's events hold no device-exec approved by a person: {events}"
     );
-    Ok(())
+    Ok(None)
 }
 
 /// Prints the session's events after `after` until `runs` more `run-end`s; returns them.
