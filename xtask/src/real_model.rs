@@ -182,52 +182,18 @@ fn story(
         .context("starting sleep")?;
     let pid = sleep.id();
     let sleep_index = procs.add("sleep", sleep);
-    let s = hub.api_json(
-        "POST",
-        "/api/sessions",
-        Some(json!({
-            "title": "real model",
-            "instructions": "You watch processes on devices. When asked to wait for a process, call device_wait_pid with the device and pid, then say you are waiting.",
-            "examples": example(),
-            // A small model's context is short (2,048 tokens a slot here): show it only
-            // the tool it needs.
-            "policy": {"allow": ["device_wait_pid"]},
-        })),
-        201,
-    )?;
-    let sid = s["id"].as_str().context("a session id")?.to_string();
-    let text = format!("Process {pid} on device gpu1 is my training run. Wake me when it exits.");
-    eprintln!("real-model: session {sid}; asking: {text}");
-    let started = Instant::now();
-    hub.api_json(
-        "POST",
-        &format!("/api/sessions/{sid}/messages"),
-        Some(json!({ "text": text })),
-        201,
-    )?;
-    let mut after = 0;
-    let first = follow(&hub, &sid, &mut after, 1)?;
-    println!("turn 1 ended in {:.1} s", started.elapsed().as_secs_f64());
-    let calls: Vec<&Value> = first.iter().filter(|e| e["kind"] == "tool-end").collect();
-    ensure!(
-        !calls.is_empty(),
-        "the model made no tool call the hub could run (structure, not words, is checked: it wrote prose only)"
-    );
-    let armed = calls.iter().find_map(|e| {
-        let o = &e["observation"];
-        (o["name"] == "device_wait_pid" && o["ok"] == true)
-            .then(|| o["result"]["waitpoint"]["id"].as_str().map(str::to_string))
-            .flatten()
-    });
-    let Some(wp) = armed else {
-        bail!(
-            "the model's calls ran but none armed a wait on the process: {}",
-            calls
-                .iter()
-                .map(|e| e["observation"].to_string())
-                .collect::<Vec<_>>()
-                .join("; ")
-        );
+    let mut armed = None;
+    for attempt in 1..=ATTEMPTS {
+        match wait_attempt(&hub, pid)? {
+            Ok(found) => {
+                armed = Some(found);
+                break;
+            }
+            Err(why) => println!("attempt {attempt} of {ATTEMPTS}: {why}"),
+        }
+    }
+    let Some((sid, wp, mut after)) = armed else {
+        bail!("in {ATTEMPTS} fresh sessions the model never armed a wait on the process");
     };
     println!("the model armed {wp} on gpu1 for pid {pid}; ending the process");
     poll(Duration::from_secs(20), "the wait armed on gpu1", || {
@@ -263,6 +229,65 @@ fn story(
     Ok(())
 }
 
+/// How many fresh sessions each story gives a small model to make its call: a 135M model
+/// does not always call the tool, or calls it with a wrong argument; each miss is printed.
+const ATTEMPTS: usize = 3;
+
+/// One session of the first story: the model asked to wait for `pid` on gpu1. `Ok(Err(why))`
+/// when it armed nothing; else the session, the waitpoint and the log seq read so far.
+#[allow(clippy::type_complexity)]
+fn wait_attempt(hub: &Hub, pid: u32) -> anyhow::Result<Result<(String, String, u64), String>> {
+    let s = hub.api_json(
+        "POST",
+        "/api/sessions",
+        Some(json!({
+            "title": "real model",
+            "instructions": "You watch processes on devices. When asked to wait for a process, call device_wait_pid with the device and pid, then say you are waiting.",
+            "examples": example(),
+            // A small model's context is short (2,048 tokens a slot here): show it only
+            // the tool it needs.
+            "policy": {"allow": ["device_wait_pid"]},
+        })),
+        201,
+    )?;
+    let sid = s["id"].as_str().context("a session id")?.to_string();
+    let text = format!("Process {pid} on device gpu1 is my training run. Wake me when it exits.");
+    eprintln!("real-model: session {sid}; asking: {text}");
+    let started = Instant::now();
+    hub.api_json(
+        "POST",
+        &format!("/api/sessions/{sid}/messages"),
+        Some(json!({ "text": text })),
+        201,
+    )?;
+    let mut after = 0;
+    let first = follow(hub, &sid, &mut after, 1)?;
+    println!("turn 1 ended in {:.1} s", started.elapsed().as_secs_f64());
+    let calls: Vec<&Value> = first.iter().filter(|e| e["kind"] == "tool-end").collect();
+    if calls.is_empty() {
+        return Ok(Err(
+            "the model made no tool call the hub could run (it wrote prose only)".into(),
+        ));
+    }
+    let armed = calls.iter().find_map(|e| {
+        let o = &e["observation"];
+        (o["name"] == "device_wait_pid" && o["ok"] == true)
+            .then(|| o["result"]["waitpoint"]["id"].as_str().map(str::to_string))
+            .flatten()
+    });
+    let Some(wp) = armed else {
+        return Ok(Err(format!(
+            "the model's calls ran but none armed a wait on the process: {}",
+            calls
+                .iter()
+                .map(|e| e["observation"].to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        )));
+    };
+    Ok(Ok((sid, wp, after)))
+}
+
 /// A worked `device_exec` call, for the second session's prefix.
 fn exec_example() -> Vec<Value> {
     vec![
@@ -273,21 +298,18 @@ fn exec_example() -> Vec<Value> {
     ]
 }
 
-/// How many fresh sessions the exec story gives a small model to make its call at all.
-const EXEC_ATTEMPTS: usize = 3;
-
 /// The second story: the model starts a job on the device with `device_exec`, which asks
 /// a person first (the hub's default gate); the task allows it, the job runs, and its exit
 /// wakes the session. A 135M model does not always call the tool: a turn that ends in
-/// prose is printed and tried again in a fresh session, up to [`EXEC_ATTEMPTS`] times.
+/// prose is printed and tried again in a fresh session, up to [`ATTEMPTS`] times.
 fn exec_story(hub: &Hub) -> anyhow::Result<()> {
-    for attempt in 1..=EXEC_ATTEMPTS {
+    for attempt in 1..=ATTEMPTS {
         match exec_attempt(hub)? {
             None => return Ok(()),
-            Some(why) => println!("exec attempt {attempt} of {EXEC_ATTEMPTS}: {why}"),
+            Some(why) => println!("exec attempt {attempt} of {ATTEMPTS}: {why}"),
         }
     }
-    bail!("in {EXEC_ATTEMPTS} fresh sessions the model never called device_exec")
+    bail!("in {ATTEMPTS} fresh sessions the model never called device_exec")
 }
 
 /// One session of the exec story; `Some(why)` when the model made no call to gate.
