@@ -433,6 +433,7 @@ fn exec_attempt(hub: &Hub) -> anyhow::Result<Option<String>> {
 }
 
 /// Prints the session's events after `after` until `runs` more `run-end`s; returns them.
+/// An approval asked meanwhile is denied.
 fn follow(hub: &Hub, sid: &str, after: &mut u64, runs: usize) -> anyhow::Result<Vec<Value>> {
     let start = Instant::now();
     let mut seen = Vec::new();
@@ -454,6 +455,20 @@ fn follow(hub: &Hub, sid: &str, after: &mut u64, runs: usize) -> anyhow::Result<
             println!("  {}", one_line(&e));
             if e["kind"] == "run-end" {
                 ends += 1;
+            }
+            if e["kind"] == "approval-required" {
+                // Only the story's own first call is allowed (before this follows); a
+                // small model's repeat of it is denied, as a person would.
+                println!(
+                    "  denying {} (a call after the one the story allowed)",
+                    e["approval"]["id"]
+                );
+                hub.api_json(
+                    "POST",
+                    &format!("/api/sessions/{sid}/answers"),
+                    Some(json!({"request_id": e["approval"]["id"], "decision": "deny"})),
+                    201,
+                )?;
             }
             seen.push(e);
         }
