@@ -11,6 +11,7 @@
 
 pub mod external;
 pub mod gate;
+pub mod output;
 pub mod prefix;
 pub mod rules;
 pub mod tools;

@@ -1,0 +1,224 @@
+use serde_json::json;
+
+use super::*;
+
+fn config(v: Value) -> OutputConfig {
+    serde_json::from_value(v).expect("parse")
+}
+
+fn small() -> Value {
+    json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": false})
+}
+
+fn open() -> Value {
+    json!({"type": "object", "properties": {"items": {"type": "array"}}, "required": ["items"]})
+}
+
+#[test]
+fn the_config_reads_as_the_api_takes_it() {
+    let c =
+        config(json!({"schema": small(), "strategy": "respond", "forceTool": true, "doc": "off"}));
+    assert_eq!(c.strategy, Strategy::Respond);
+    assert!(c.force_tool);
+    assert_eq!(c.doc.as_deref(), Some("off"));
+    let d = config(json!({"schema": small()}));
+    assert_eq!(
+        (d.strategy, d.force_tool, d.doc),
+        (Strategy::Auto, false, None)
+    );
+    assert!(
+        serde_json::from_value::<OutputConfig>(json!({"schema": {}, "strategy": "grammar"}))
+            .is_err()
+    );
+    let round = serde_json::to_value(&c).expect("encode");
+    assert_eq!(round["forceTool"], true);
+}
+
+/// (config, accepted, words the error must hold).
+#[test]
+fn validate_refuses_what_cannot_run() {
+    let cases = [
+        (json!({"schema": small()}), None),
+        (json!({"schema": true}), None),
+        (
+            json!({"schema": {"type": "bogus"}}),
+            Some("output.schema is not a usable JSON Schema"),
+        ),
+        (json!({"schema": 5}), Some("output.schema")),
+        (
+            json!({"schema": {"$ref": "https://example.com/s.json"}}),
+            Some("output.schema"),
+        ),
+        (
+            json!({"schema": small(), "strategy": "emit", "forceTool": true}),
+            Some("\"emit\""),
+        ),
+        (
+            json!({"schema": small(), "strategy": "native", "forceTool": true}),
+            Some("\"native\""),
+        ),
+        (
+            json!({"schema": small(), "strategy": "respond", "forceTool": true}),
+            None,
+        ),
+    ];
+    for (v, want) in cases {
+        let got = config(v.clone()).validate();
+        match (got, want) {
+            (Ok(()), None) => {}
+            (Err(e), Some(word)) => assert!(e.to_string().contains(word), "{v}: {e}"),
+            (got, want) => panic!("{v}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
+/// What a session gets on each kind of endpoint: (output, endpoint, transport, respond
+/// params, doc injected, response_format sent).
+#[test]
+fn plans_per_endpoint_and_schema() {
+    let strict = config(json!({"schema": small()}))
+        .compile()
+        .expect("compile");
+    let loose = config(json!({"schema": open()}))
+        .compile()
+        .expect("compile");
+    let chat = Output::chat();
+    let cases = [
+        (
+            &strict,
+            Endpoint::OpenAi,
+            Transport::Native,
+            None,
+            false,
+            true,
+        ),
+        (
+            &strict,
+            Endpoint::LlamaCpp,
+            Transport::Respond,
+            Some(Params::Strict),
+            false,
+            false,
+        ),
+        (&strict, Endpoint::Groq, Transport::Emit, None, true, false),
+        (&loose, Endpoint::OpenAi, Transport::Emit, None, true, false),
+        (&loose, Endpoint::Vllm, Transport::Emit, None, true, false),
+        (
+            &chat,
+            Endpoint::Ollama,
+            Transport::Respond,
+            Some(Params::Strict),
+            false,
+            false,
+        ),
+        (&chat, Endpoint::Groq, Transport::Emit, None, true, false),
+    ];
+    for (output, endpoint, transport, params, doc, format) in cases {
+        let plan = output.plan(&endpoint.caps(), true);
+        assert_eq!(plan.transport, transport, "{endpoint:?}");
+        assert_eq!(
+            plan.respond.as_ref().map(|r| r.params),
+            params,
+            "{endpoint:?}"
+        );
+        assert_eq!(plan.doc.is_some(), doc, "{endpoint:?}");
+        assert_eq!(plan.response_format.is_some(), format, "{endpoint:?}");
+        assert!(!plan.tool_choice_required);
+    }
+}
+
+#[test]
+fn explicit_respond_with_a_large_schema_goes_loose_with_the_doc() {
+    let out = config(json!({"schema": open(), "strategy": "respond", "forceTool": true}))
+        .compile()
+        .expect("compile");
+    let plan = out.plan(&Endpoint::Other.caps(), true);
+    assert_eq!(plan.transport, Transport::Respond);
+    assert_eq!(plan.respond.as_ref().map(|r| r.params), Some(Params::Loose));
+    assert!(plan.tool_choice_required);
+    let doc = plan.doc.expect("doc");
+    assert!(
+        doc.starts_with("OUTPUT SCHEMA\n") && doc.contains("calling `respond` alone"),
+        "{doc}"
+    );
+}
+
+#[test]
+fn the_doc_setting_turns_it_off_or_replaces_it() {
+    let caps = Endpoint::Groq.caps();
+    let off = config(json!({"schema": open(), "doc": "off"}))
+        .compile()
+        .expect("compile");
+    assert_eq!(off.plan(&caps, true).doc, None);
+    let own = config(json!({"schema": open(), "doc": "Answer with a Nova screen."}))
+        .compile()
+        .expect("compile");
+    assert_eq!(
+        own.plan(&caps, true).doc.as_deref(),
+        Some("Answer with a Nova screen.")
+    );
+}
+
+#[test]
+fn native_sends_the_strict_envelope_when_it_fits() {
+    let strict = config(json!({"schema": small()}))
+        .compile()
+        .expect("compile");
+    let rf = strict.response_format();
+    assert_eq!(rf["type"], "json_schema");
+    assert_eq!(rf["json_schema"]["strict"], true);
+    assert_eq!(
+        rf["json_schema"]["schema"]["required"],
+        json!(["response", "data", "reasoning"])
+    );
+    let forced = config(json!({"schema": open(), "strategy": "native"}))
+        .compile()
+        .expect("compile");
+    let rf = forced.response_format();
+    assert_eq!(rf["json_schema"]["strict"], false);
+    assert_eq!(rf["json_schema"]["schema"]["required"], json!(["data"]));
+}
+
+#[test]
+fn a_compiled_output_judges_answers() {
+    let out = config(json!({"schema": small()}))
+        .compile()
+        .expect("compile");
+    assert_eq!(out.schema(), Some(&small()));
+    let ok = out.judge_text("```json\n{\"data\": {\"ok\": true}, \"response\": \"yes\"}\n```");
+    assert!(
+        matches!(
+            ok,
+            Verdict::Accepted {
+                unwrapped: false,
+                ..
+            }
+        ),
+        "{ok:?}"
+    );
+    let bare = out.judge_text("{\"ok\": false}");
+    assert!(
+        matches!(
+            bare,
+            Verdict::Accepted {
+                unwrapped: true,
+                ..
+            }
+        ),
+        "{bare:?}"
+    );
+    let refused = out.judge_text("{\"data\": {\"ok\": \"yes\"}}");
+    let Verdict::Refused { issues, .. } = refused else {
+        panic!("{refused:?}")
+    };
+    let text = correct::refused(&issues, Transport::Emit);
+    assert!(text.contains("at /data/ok:"), "{text}");
+    assert_eq!(
+        out.judge_text("I am done."),
+        Verdict::NoEnvelope { syntax: None }
+    );
+    assert!(
+        out.validate_envelope(&json!({"ok": false})).is_err(),
+        "no unwrap rung here"
+    );
+}
