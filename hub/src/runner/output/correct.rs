@@ -87,7 +87,10 @@ mod tests {
         assert!(text.contains("- at /data/9: bad\n- and 2 more\n"), "{text}");
         assert!(!text.contains("/data/10"), "{text}");
         assert!(
-            text.contains(&format!("call `{}` alone", crate::runner::output::RESPOND)),
+            text.contains(&format!(
+                "call `{}` alone",
+                crate::runner::output::respond::RESPOND
+            )),
             "{text}"
         );
     }

@@ -22,19 +22,7 @@ use serde_json::{Value, json};
 pub use envelope::{Checker, Envelope, Issue, Verdict, envelope_schema, strict_envelope_schema};
 pub use respond::{Calls, Params, RESPOND, RespondTool, respond_alone, respond_tool};
 pub use strict::{fits_strict, strict_problems};
-pub use transport::{Caps, Endpoint, Transport, choose};
-
-/// How the envelope should travel (`output.strategy`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Strategy {
-    /// The transport that enforces the most on the endpoint ([`choose`]).
-    #[default]
-    Auto,
-    Emit,
-    Respond,
-    Native,
-}
+pub use transport::{Caps, Endpoint, Strategy, Transport, choose};
 
 /// A session's output settings, as `POST /api/sessions` takes them under `output`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -4,8 +4,19 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::Strategy;
 use super::strict::fits_strict;
+
+/// How the envelope should travel (`output.strategy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// The transport that enforces the most on the endpoint ([`choose`]).
+    #[default]
+    Auto,
+    Emit,
+    Respond,
+    Native,
+}
 
 /// The channel the envelope travels on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
