@@ -396,10 +396,12 @@ fn exec_attempt(hub: &Hub) -> anyhow::Result<Option<String>> {
         .find(|e| e["kind"] == "tool-end" && e["observation"]["name"] == "device_exec")
         .context("no device_exec answer after the approval")?;
     let obs = &exec["observation"];
-    ensure!(
-        obs["ok"] == true,
-        "device_exec was allowed but did not start (the model's arguments, or the device): {obs}"
-    );
+    if obs["ok"] != true {
+        return Ok(Some(format!(
+            "device_exec was asked for, allowed and sent, but did not start (the model's arguments): {}",
+            obs["result"]
+        )));
+    }
     let pid = obs["result"]["pid"]
         .as_i64()
         .context("no pid in the answer")?;
