@@ -410,11 +410,20 @@ fn exec_attempt(hub: &Hub) -> anyhow::Result<Option<String>> {
         started.elapsed().as_secs_f64()
     );
     if let Some(wp) = obs["result"]["waitpoint"]["id"].as_str() {
+        // A short job may end while turn 1 still runs: its wake is then among turn 1's
+        // events; either way it starts the next run.
         let second = follow(hub, &sid, &mut after, 1)?;
+        let wake_seq = first
+            .iter()
+            .chain(second.iter())
+            .find(|e| e["kind"] == "wake" && e["waitpoint"]["id"] == wp)
+            .and_then(|e| e["seq"].as_u64())
+            .context("the job's exit woke nothing")?;
         ensure!(
-            second
-                .iter()
-                .any(|e| e["kind"] == "wake" && e["waitpoint"]["id"] == wp),
+            second.iter().any(|e| e["kind"] == "run-start"
+                && e["input"]
+                    .as_array()
+                    .is_some_and(|i| i.iter().any(|x| x["seq"] == wake_seq))),
             "the run after the job's exit was not started by its wake"
         );
         println!("the job's exit woke the session and ran turn 2");
