@@ -224,7 +224,7 @@ fn story(
     );
     exec_story(&hub)?;
     println!(
-        "real-model: the exec story holds (device_exec asked for approval, ran once allowed, and the job's exit woke the session)"
+        "real-model: the exec story holds (device_exec asked for approval and ran once allowed; with wait: true, the job's exit woke the session)"
     );
     Ok(())
 }
