@@ -123,7 +123,7 @@ async fn scenario() {
     let mut agent = start_agent(&url, dev_home.path(), &token, &agent_log);
     until("the device online", || state.devices.link("gpu1").is_some()).await;
 
-    let script = r#"echo "secret=$CORTEX_SIGNAL_SECRET token=${CORTEX_DEVICE_TOKEN:-unset}"; pwd; while [ ! -e go ]; do sleep 0.05; done"#;
+    let script = r#"echo "secret=$CORTEX_SIGNAL_SECRET token=${CORTEX_DEVICE_TOKEN:-unset}"; pwd; i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"#;
     let first = exec(&state, "gpu1", request(script, work.path()))
         .await
         .expect("started");

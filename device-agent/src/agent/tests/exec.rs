@@ -108,9 +108,10 @@ async fn a_command_starts_detached_logs_and_its_exit_reaches_a_pid_wait() {
         "{hello:?}"
     );
 
-    // Waits for a file, so the test decides when it ends.
+    // Waits for a file, so the test decides when it ends (at most 30 s: a test that fails
+    // before it writes the file leaves no command running for ever).
     let script = "echo out; echo err >&2; echo \"env $EXEC_TEST_SECRET\"; pwd; \
-                  while [ ! -e go ]; do sleep 0.02; done; exit 3";
+                  i=0; while [ ! -e go ] && [ $i -lt 1500 ]; do sleep 0.02; i=$((i+1)); done; exit 3";
     conn.send(&exec_frame(
         "ex_a",
         &["sh", "-c", script],
@@ -255,7 +256,7 @@ async fn a_run_outlives_its_agent_and_a_restarted_agent_answers_already() {
     let agent = Agent::start(exec_config(home.path(), &hub.url()));
     let mut conn = hub.accept().await;
     conn.welcome_default().await;
-    let script = "while [ ! -e go ]; do sleep 0.02; done";
+    let script = "i=0; while [ ! -e go ] && [ $i -lt 1500 ]; do sleep 0.02; i=$((i+1)); done";
     conn.send(&exec_frame("ex_b", &[script], true, work.path()))
         .await;
     let pid = match answer(&mut conn).await {
