@@ -59,6 +59,15 @@ pub fn shown(policy: &Policy, tool: &str) -> bool {
         || names(policy.require_approval.as_ref(), tool)
 }
 
+/// The tools a session with `policy` is shown, in [`tools::specs`]' order (fixed for the
+/// session: its requests all start with the same bytes).
+pub fn shown_specs(policy: &Policy) -> Vec<crate::model::ToolSpec> {
+    tools::specs()
+        .into_iter()
+        .filter(|s| shown(policy, &s.name))
+        .collect()
+}
+
 /// A session's policy over the hub's: each list the session gives replaces the hub's,
 /// and `requireApproval` given by neither is [`ASK_BY_DEFAULT`]. `Err` names a list entry
 /// that is no tool.

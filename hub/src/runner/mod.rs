@@ -199,7 +199,7 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
             .map_err(|e| DriveError::Store(Arc::new(e)))?
             .unwrap_or_default()
     };
-    let specs = tools::specs_for(&policy);
+    let specs = gate::shown_specs(&policy);
     // The last step's record, answered before it was durable: the next model call goes
     // out while it is written, and nothing else happens until it is on disk.
     let mut writing: Option<Durable> = None;

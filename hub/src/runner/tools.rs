@@ -156,15 +156,6 @@ pub fn specs() -> Vec<ToolSpec> {
     ]
 }
 
-/// The tools a session with `policy` is shown, in [`specs`]' order (fixed for the
-/// session: its requests all start with the same bytes).
-pub fn specs_for(policy: &cortex_protocol::api::Policy) -> Vec<ToolSpec> {
-    specs()
-        .into_iter()
-        .filter(|s| super::gate::shown(policy, &s.name))
-        .collect()
-}
-
 /// The tool guides, one section of the prefix.
 pub fn guides() -> &'static str {
     "TOOL GUIDES\n\

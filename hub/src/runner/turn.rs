@@ -895,6 +895,29 @@ pub fn step_done(
     Ok((next, unredacted))
 }
 
+/// Applies `f` to `sid`'s row when its run in progress is `run_id` (a result for a run
+/// that ended meanwhile is dropped), saves it, and takes the boundary.
+fn on_current<F>(
+    t: &mut Tx<'_>,
+    sid: &str,
+    run_id: &str,
+    env: &Env<'_>,
+    f: F,
+) -> Result<(Next, Vec<Unredacted>), StoreError>
+where
+    F: FnOnce(&mut Tx<'_>, &mut AgentRecord, &mut Vec<Unredacted>) -> Result<(), StoreError>,
+{
+    let (mut unredacted, mut prepared) = (Vec::new(), HashMap::new());
+    if let Some(mut rec) = t.agent(sid)?
+        && is_current(&rec, run_id)
+    {
+        f(t, &mut rec, &mut unredacted)?;
+        t.put_agent(sid, &rec)?;
+    }
+    let next = boundary(t, sid, env, &mut prepared, &mut unredacted)?;
+    Ok((next, unredacted))
+}
+
 /// A cancel stopped step `at` while the model was answering: the text so far is kept,
 /// followed by [`INTERRUPTED_MARKER`], and the boundary takes the cancel.
 pub fn step_interrupted(
@@ -904,12 +927,8 @@ pub fn step_interrupted(
     retries: Vec<RetryNote>,
     env: &Env<'_>,
 ) -> Result<(Next, Vec<Unredacted>), StoreError> {
-    let sid = at.sid.as_str();
-    let (mut unredacted, mut prepared) = (Vec::new(), HashMap::new());
-    if let Some(mut rec) = t.agent(sid)?
-        && is_current(&rec, &at.run_id)
-    {
-        record_retries(t, sid, &at.run_id, at.step, retries, env.now)?;
+    on_current(t, &at.sid, &at.run_id, env, |t, rec, _| {
+        record_retries(t, &at.sid, &at.run_id, at.step, retries, env.now)?;
         let text = if partial.trim().is_empty() {
             INTERRUPTED_MARKER.to_string()
         } else {
@@ -919,11 +938,8 @@ pub fn step_interrupted(
             text,
             ..StepOutput::default()
         };
-        record_reply(t, &mut rec, at, &out, Vec::new(), env.now)?;
-        t.put_agent(sid, &rec)?;
-    }
-    let next = boundary(t, sid, env, &mut prepared, &mut unredacted)?;
-    Ok((next, unredacted))
+        record_reply(t, rec, at, &out, Vec::new(), env.now)
+    })
 }
 
 /// The calls a boundary asked to prepare ([`Next::Prepare`]) are: it goes on with them.
@@ -950,25 +966,22 @@ pub fn external_done(
     outside: super::external::Outside,
     env: &Env<'_>,
 ) -> Result<(Next, Vec<Unredacted>), StoreError> {
-    let (mut unredacted, mut prepared) = (Vec::new(), HashMap::new());
-    if let Some(mut rec) = t.agent(sid)?
-        && is_current(&rec, run_id)
-        && let Some(first) = rec
+    on_current(t, sid, run_id, env, |t, rec, unredacted| {
+        let Some(first) = rec
             .open
             .first()
             .filter(|o| o.call.id == call_id && o.started)
             .cloned()
-    {
+        else {
+            return Ok(());
+        };
         let answered = super::external::finish(t, sid, &first, outside, env.now)?;
         if answered.secret.is_some() {
             unredacted.push((rec.transcript_len, answered.result.to_string()));
         }
         let stored = tools::redacted(&answered.result, answered.secret.as_deref());
-        answer_first(t, sid, &mut rec, answered.ok, stored, env.now)?;
-        t.put_agent(sid, &rec)?;
-    }
-    let next = boundary(t, sid, env, &mut prepared, &mut unredacted)?;
-    Ok((next, unredacted))
+        answer_first(t, sid, rec, answered.ok, stored, env.now)
+    })
 }
 
 /// Step `at` failed for good (the model server): the run ends with `model_call_failed`,
@@ -980,21 +993,14 @@ pub fn step_failed(
     retries: Vec<RetryNote>,
     env: &Env<'_>,
 ) -> Result<(Next, Vec<Unredacted>), StoreError> {
-    let sid = at.sid.as_str();
-    let (mut unredacted, mut prepared) = (Vec::new(), HashMap::new());
-    if let Some(mut rec) = t.agent(sid)?
-        && is_current(&rec, &at.run_id)
-    {
-        record_retries(t, sid, &at.run_id, at.step, retries, env.now)?;
+    on_current(t, &at.sid, &at.run_id, env, |t, rec, _| {
+        record_retries(t, &at.sid, &at.run_id, at.step, retries, env.now)?;
         end_run(
             t,
-            sid,
-            &mut rec,
+            &at.sid,
+            rec,
             failed("model_call_failed", None, message),
             env.now,
-        )?;
-        t.put_agent(sid, &rec)?;
-    }
-    let next = boundary(t, sid, env, &mut prepared, &mut unredacted)?;
-    Ok((next, unredacted))
+        )
+    })
 }
