@@ -237,29 +237,16 @@ const ATTEMPTS: usize = 3;
 /// when it armed nothing; else the session, the waitpoint and the log seq read so far.
 #[allow(clippy::type_complexity)]
 fn wait_attempt(hub: &Hub, pid: u32) -> anyhow::Result<Result<(String, String, u64), String>> {
-    let s = hub.api_json(
-        "POST",
-        "/api/sessions",
-        Some(json!({
-            "title": "real model",
-            "instructions": "You watch processes on devices. When asked to wait for a process, call device_wait_pid with the device and pid, then say you are waiting.",
-            "examples": example(),
-            // A small model's context is short (2,048 tokens a slot here): show it only
-            // the tool it needs.
-            "policy": {"allow": ["device_wait_pid"]},
-        })),
-        201,
-    )?;
-    let sid = s["id"].as_str().context("a session id")?.to_string();
     let text = format!("Process {pid} on device gpu1 is my training run. Wake me when it exits.");
-    eprintln!("real-model: session {sid}; asking: {text}");
-    let started = Instant::now();
-    hub.api_json(
-        "POST",
-        &format!("/api/sessions/{sid}/messages"),
-        Some(json!({ "text": text })),
-        201,
-    )?;
+    // A small model's context is short (2,048 tokens a slot here): show it only the tool
+    // it needs.
+    let session = json!({
+        "title": "real model",
+        "instructions": "You watch processes on devices. When asked to wait for a process, call device_wait_pid with the device and pid, then say you are waiting.",
+        "examples": example(),
+        "policy": {"allow": ["device_wait_pid"]},
+    });
+    let (sid, started) = ask(hub, session, &text)?;
     let mut after = 0;
     let first = follow(hub, &sid, &mut after, 1)?;
     println!("turn 1 ended in {:.1} s", started.elapsed().as_secs_f64());
@@ -314,28 +301,15 @@ fn exec_story(hub: &Hub) -> anyhow::Result<()> {
 
 /// One session of the exec story; `Some(why)` when the model made no call to gate.
 fn exec_attempt(hub: &Hub) -> anyhow::Result<Option<String>> {
-    let s = hub.api_json(
-        "POST",
-        "/api/sessions",
-        Some(json!({
-            "title": "real model, exec",
-            "instructions": "You start jobs on devices. When asked to run a command on a device, call device_exec with the device, the command as an argv list, and wait set to true, then say you started it.",
-            "examples": exec_example(),
-            // device_exec alone; the hub's default gate still asks before it runs.
-            "policy": {"allow": ["device_exec"]},
-        })),
-        201,
-    )?;
-    let sid = s["id"].as_str().context("a session id")?.to_string();
+    // device_exec alone; the hub's default gate still asks before it runs.
+    let session = json!({
+        "title": "real model, exec",
+        "instructions": "You start jobs on devices. When asked to run a command on a device, call device_exec with the device, the command as an argv list, and wait set to true, then say you started it.",
+        "examples": exec_example(),
+        "policy": {"allow": ["device_exec"]},
+    });
     let text = "Run `sleep 4` on device gpu1 and wake me when it ends.";
-    eprintln!("real-model: session {sid}; asking: {text}");
-    let started = Instant::now();
-    hub.api_json(
-        "POST",
-        &format!("/api/sessions/{sid}/messages"),
-        Some(json!({ "text": text })),
-        201,
-    )?;
+    let (sid, started) = ask(hub, session, text)?;
     // The model's call parks the session on an approval (or the turn ends without one).
     let mut after = 0;
     let request = loop {
@@ -344,16 +318,8 @@ fn exec_attempt(hub: &Hub) -> anyhow::Result<Option<String>> {
             "no approval asked within {} s",
             TURN.as_secs()
         );
-        let page = hub.api_json(
-            "GET",
-            &format!("/api/sessions/{sid}/events?after={after}&wait=10"),
-            None,
-            200,
-        )?;
         let mut found = None;
-        for e in page["events"].as_array().cloned().unwrap_or_default() {
-            after = after.max(e["seq"].as_u64().unwrap_or(0));
-            println!("  {}", one_line(&e));
+        for e in page(hub, &sid, &mut after)? {
             if e["kind"] == "run-end" {
                 return Ok(Some(
                     "the turn ended without asking to run anything (the model wrote prose)".into(),
@@ -455,15 +421,7 @@ fn follow(hub: &Hub, sid: &str, after: &mut u64, runs: usize) -> anyhow::Result<
             "no run-end within {} s",
             TURN.as_secs()
         );
-        let page = hub.api_json(
-            "GET",
-            &format!("/api/sessions/{sid}/events?after={after}&wait=10"),
-            None,
-            200,
-        )?;
-        for e in page["events"].as_array().cloned().unwrap_or_default() {
-            *after = (*after).max(e["seq"].as_u64().unwrap_or(0));
-            println!("  {}", one_line(&e));
+        for e in page(hub, sid, after)? {
             if e["kind"] == "run-end" {
                 ends += 1;
             }
@@ -485,6 +443,38 @@ fn follow(hub: &Hub, sid: &str, after: &mut u64, runs: usize) -> anyhow::Result<
         }
     }
     Ok(seen)
+}
+
+/// Creates a session with `body`, posts `text` to it; the session and when it was posted.
+fn ask(hub: &Hub, body: Value, text: &str) -> anyhow::Result<(String, Instant)> {
+    let s = hub.api_json("POST", "/api/sessions", Some(body), 201)?;
+    let sid = s["id"].as_str().context("a session id")?.to_string();
+    eprintln!("real-model: session {sid}; asking: {text}");
+    let started = Instant::now();
+    hub.api_json(
+        "POST",
+        &format!("/api/sessions/{sid}/messages"),
+        Some(json!({ "text": text })),
+        201,
+    )?;
+    Ok((sid, started))
+}
+
+/// The session's events after `after` (a long poll of up to 10 s), each printed in one
+/// line; `after` moves past them.
+fn page(hub: &Hub, sid: &str, after: &mut u64) -> anyhow::Result<Vec<Value>> {
+    let page = hub.api_json(
+        "GET",
+        &format!("/api/sessions/{sid}/events?after={after}&wait=10"),
+        None,
+        200,
+    )?;
+    let events = page["events"].as_array().cloned().unwrap_or_default();
+    for e in &events {
+        *after = (*after).max(e["seq"].as_u64().unwrap_or(0));
+        println!("  {}", one_line(e));
+    }
+    Ok(events)
 }
 
 /// An event in one line: its kind and what matters of it, cut at 160 characters.

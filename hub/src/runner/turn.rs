@@ -366,19 +366,7 @@ fn advance(
     let now = env.now;
     while let Some(first) = rec.open.first().cloned() {
         let name = first.call.function.name.clone();
-        if !first.announced {
-            event(
-                t,
-                sid,
-                EventBody::ToolStart {
-                    run_id: run_of(rec),
-                    step: first.step,
-                    call: view(&first.call),
-                },
-                now,
-            )?;
-            rec.open[0].announced = true;
-        }
+        announce_first(t, sid, rec, now)?;
         if !first.allowed {
             match gate::gate(&config.policy, &rec.always, &name) {
                 Gate::Deny(reason) => {
@@ -610,41 +598,66 @@ fn answered(
     }
 }
 
+/// Emits `tool-start` for the first open call unless it was (the caller saves `rec`).
+fn announce_first(
+    t: &mut Tx<'_>,
+    sid: &str,
+    rec: &mut AgentRecord,
+    now: u64,
+) -> Result<(), StoreError> {
+    let Some(first) = rec.open.first().filter(|o| !o.announced).cloned() else {
+        return Ok(());
+    };
+    event(
+        t,
+        sid,
+        EventBody::ToolStart {
+            run_id: run_of(rec),
+            step: first.step,
+            call: view(&first.call),
+        },
+        now,
+    )?;
+    rec.open[0].announced = true;
+    Ok(())
+}
+
+/// Ends the run with `result`, every open call answered first with the error `why`
+/// (given whether its work outside the hub began), so the transcript stays one a model
+/// server takes.
+fn close_open(
+    t: &mut Tx<'_>,
+    sid: &str,
+    rec: &mut AgentRecord,
+    why: impl Fn(bool) -> String,
+    result: RunResult,
+    now: u64,
+) -> Result<(), StoreError> {
+    while let Some(started) = rec.open.first().map(|o| o.started) {
+        announce_first(t, sid, rec, now)?;
+        answer_first(t, sid, rec, false, json!({"error": why(started)}), now)?;
+    }
+    end_run(t, sid, rec, result, now)
+}
+
 /// A cancel stops the running turn: open calls answered "interrupted", what waited on
 /// a person withdrawn, the run ended `aborted`. `now` messages that had not joined yet
 /// wait for the next turn.
 fn interrupt(t: &mut Tx<'_>, sid: &str, rec: &mut AgentRecord, now: u64) -> Result<(), StoreError> {
     t.clear_parked(sid, rec)?;
-    while let Some(first) = rec.open.first().cloned() {
-        if !first.announced {
-            event(
-                t,
-                sid,
-                EventBody::ToolStart {
-                    run_id: run_of(rec),
-                    step: first.step,
-                    call: view(&first.call),
-                },
-                now,
-            )?;
+    let why = |started: bool| match started {
+        true => {
+            "interrupted: the person stopped the turn; the command may have started on the device"
+                .into()
         }
-        let mut why = "interrupted: the person stopped the turn".to_string();
-        if first.started {
-            why.push_str("; the command may have started on the device");
-        }
-        answer_first(t, sid, rec, false, json!({"error": why}), now)?;
-    }
-    end_run(
-        t,
-        sid,
-        rec,
-        failed(
-            "aborted",
-            None,
-            "the person stopped the turn (cancel)".into(),
-        ),
-        now,
-    )
+        false => "interrupted: the person stopped the turn".into(),
+    };
+    let result = failed(
+        "aborted",
+        None,
+        "the person stopped the turn (cancel)".into(),
+    );
+    close_open(t, sid, rec, why, result, now)
 }
 
 /// The turn needs a person and the session is unattended: the open calls are answered
@@ -657,41 +670,10 @@ fn needs_human(
     reason: &str,
     now: u64,
 ) -> Result<(), StoreError> {
-    while !rec.open.is_empty() {
-        let announced = rec.open[0].announced;
-        if !announced {
-            let first = rec.open[0].clone();
-            event(
-                t,
-                sid,
-                EventBody::ToolStart {
-                    run_id: run_of(rec),
-                    step: first.step,
-                    call: view(&first.call),
-                },
-                now,
-            )?;
-        }
-        answer_first(
-            t,
-            sid,
-            rec,
-            false,
-            json!({"error": "not run: the turn ended waiting for a person, and this session is unattended"}),
-            now,
-        )?;
-    }
-    end_run(
-        t,
-        sid,
-        rec,
-        failed(
-            "needs_human",
-            None,
-            format!("{tool} needs a person ({reason}), and this session is unattended"),
-        ),
-        now,
-    )
+    let why =
+        |_| "not run: the turn ended waiting for a person, and this session is unattended".into();
+    let message = format!("{tool} needs a person ({reason}), and this session is unattended");
+    close_open(t, sid, rec, why, failed("needs_human", None, message), now)
 }
 
 /// Fires the timers that came due during the turn; `true` if any did.
