@@ -16,8 +16,8 @@
 //! restart, SIGTERM or SIGKILL of the agent leaves it running). The launcher exists
 //! because `setsid` between fork and exec needs `pre_exec`, which is `unsafe`, and this
 //! workspace forbids `unsafe` code. The agent answers only once the command leads its
-//! session (it polls `getsid`, bounded), so the hub never gets a pid whose process group is
-//! still the agent's. Its stdin is `/dev/null`, its stdout and stderr are appended to
+//! session (it polls the session field of `/proc/<pid>/stat`, bounded), so the hub never
+//! gets a pid whose process group is still the agent's. Its stdin is `/dev/null`, its stdout and stderr are appended to
 //! `$CORTEX_HOME/exec/<exec_id>.log` (0600).
 //!
 //! Reaping: the daemon loop calls [`Execs::reap`] on every SIGCHLD, and a pid wait that
@@ -664,24 +664,20 @@ impl Execs {
 const SESSION_WAIT: Duration = Duration::from_secs(2);
 
 /// Polls until `pid` leads its own session; false if it ended first or the bound passed.
+///
+/// The session comes from `/proc/<pid>/stat`, not `getsid(2)`: inside a container the
+/// launcher's session, begun outside the pid namespace, reads as 0 before its `setsid`.
 fn wait_for_session(pid: i32) -> bool {
-    let Some(p) = rustix::process::Pid::from_raw(pid) else {
-        return false;
-    };
     let deadline = std::time::Instant::now() + SESSION_WAIT;
     loop {
-        match rustix::process::getsid(Some(p)) {
-            Ok(sid) if sid == p => return true,
-            Ok(_) => {}
-            Err(_) => return false,
+        match cortex_host::wait::read_stat(pid) {
+            Ok(Some(s)) if s.session == pid => return true,
+            // Ended before its setsid (the launcher could not start it): nothing to wait for.
+            Ok(Some(s)) if s.exited() => return false,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return false,
         }
-        // Ended before its setsid (the launcher could not start it): nothing to wait for.
-        if cortex_host::wait::read_stat(pid)
-            .ok()
-            .flatten()
-            .is_none_or(|s| s.exited())
-            || std::time::Instant::now() >= deadline
-        {
+        if std::time::Instant::now() >= deadline {
             return false;
         }
         std::thread::sleep(Duration::from_micros(100));

@@ -52,6 +52,9 @@ pub struct ProcStat {
     pub comm: String,
     /// Field 3: `R`, `S`, `D`, `Z` (exited, not yet reaped), `X`, …
     pub state: char,
+    /// Field 6: the session id as this pid namespace sees it; 0 when the session's leader
+    /// lies outside the namespace (a container's processes started from outside).
+    pub session: i32,
     /// Field 22: start time in clock ticks since boot.
     pub start_time: u64,
 }
@@ -70,12 +73,14 @@ pub fn parse_stat(line: &str) -> Option<ProcStat> {
     let close = line.rfind(')')?;
     let comm = line.get(open + 1..close)?.to_string();
     let mut rest = line.get(close + 1..)?.split_ascii_whitespace();
-    // `rest` starts at field 3 (state); field 22 is 19 further on.
+    // `rest` starts at field 3 (state); field 6 is 3 further on, field 22 16 after that.
     let state = rest.next()?.chars().next()?;
-    let start_time = rest.nth(18)?.parse().ok()?;
+    let session = rest.nth(2)?.parse().ok()?;
+    let start_time = rest.nth(15)?.parse().ok()?;
     Some(ProcStat {
         comm,
         state,
+        session,
         start_time,
     })
 }

@@ -90,6 +90,7 @@ fn parses_proc_stat_after_the_last_paren() {
         ProcStat {
             comm: "sleep".into(),
             state: 'S',
+            session: 3,
             start_time: 777
         }
     );
