@@ -45,6 +45,66 @@ pub struct CreateSession {
     /// `needs_human` instead of waiting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unattended: Option<bool>,
+    /// A typed answer: every run ends in an envelope whose `data` the schema checks.
+    /// Without it the session is a chat agent (its answer is `response`, text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputConfig>,
+}
+
+/// A session's output settings (`POST /api/sessions` `output`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OutputConfig {
+    /// The JSON Schema of the envelope's `data`.
+    pub schema: serde_json::Value,
+    #[serde(default)]
+    pub strategy: OutputStrategy,
+    /// Every turn must be a tool call (`tool_choice: "required"`), so `respond` is the
+    /// only exit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force_tool: bool,
+    /// The schema documentation in the prompt: `"off"` for none, any other text to
+    /// replace the one rendered from the schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doc: Option<String>,
+}
+
+/// How the envelope travels from the model (`output.strategy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputStrategy {
+    /// The transport that enforces the most on the model server.
+    #[default]
+    Auto,
+    /// The completion is the envelope, as raw JSON.
+    Emit,
+    /// The arguments of a `respond` tool (or an emitted envelope).
+    Respond,
+    /// The completion under the server's grammar (`response_format: json_schema`).
+    Native,
+}
+
+/// The channel the envelope travels on, as `meta.strategy` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputTransport {
+    /// The completion is the envelope, as raw JSON on the content channel.
+    Emit,
+    /// The arguments of a synthetic `respond` tool (or an emitted envelope).
+    Respond,
+    /// The content channel under the server's grammar (`response_format: json_schema`).
+    Native,
+}
+
+impl OutputTransport {
+    /// The word `meta.strategy` reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputTransport::Emit => "emit",
+            OutputTransport::Respond => "respond",
+            OutputTransport::Native => "native",
+        }
+    }
 }
 
 /// The gate before every tool call, as lists of tool names (`"*"`: every tool). A call
@@ -65,7 +125,8 @@ pub struct Policy {
     pub approval_timeout_ms: Option<u64>,
 }
 
-/// A run's bounds; `steps` defaults to 20 and `repeatedCalls` to 3, the others to none.
+/// A run's bounds; `steps` defaults to 20, `repeatedCalls` and `outputRetries` to 3, the
+/// others to none.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct StopConfig {
@@ -77,6 +138,9 @@ pub struct StopConfig {
     pub duration_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repeated_calls: Option<u32>,
+    /// Answers refused by the output schema that are sent back for another try (3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_retries: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -176,9 +240,11 @@ pub enum EventBody {
         step: u32,
         observation: Observation,
     },
-    /// A model call is made again (`cause`: "provider" for the model server's failure;
-    /// later "output" and "termination"), after `delay_ms`; consumers reset what they
-    /// built from the attempt's deltas.
+    /// A model call is made again after `delay_ms`; consumers reset what they built from
+    /// the attempt's deltas. `cause`: `provider` (the model server failed), `output` (the
+    /// answer was refused by the output schema; `attempt` counts against
+    /// `outputRetries`), `termination` (the turn ended in prose with no envelope; not
+    /// counted).
     Retry {
         run_id: String,
         step: u32,
@@ -186,6 +252,24 @@ pub enum EventBody {
         attempt: u32,
         issues: String,
         delay_ms: u64,
+    },
+    /// A piece of the answer's envelope as it streams (live only, never stored): the
+    /// completion's text, or a `respond` call's arguments.
+    OutputDelta {
+        run_id: String,
+        step: u32,
+        text: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        live: bool,
+    },
+    /// The envelope as far as it has streamed, parsed (live only, never stored): each
+    /// one replaces the last; a `retry` voids them.
+    OutputPartial {
+        run_id: String,
+        step: u32,
+        partial: serde_json::Value,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        live: bool,
     },
     /// A run ended.
     RunEnd {
@@ -365,7 +449,7 @@ pub struct RunResult {
 
 /// A run's answer: prose for a person (`response`), data for a program (`data`), and the
 /// model's own short reason (`reasoning`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response: Option<String>,

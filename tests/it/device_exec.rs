@@ -110,6 +110,7 @@ async fn scenario() {
         live: Default::default(),
         agent_defaults: Default::default(),
         runs_model: false,
+        caps: Default::default(),
         stops: Default::default(),
     });
     cortex_hub::mesh::start(&state).await.expect("mesh start");

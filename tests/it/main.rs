@@ -22,4 +22,5 @@ mod signal_load;
 mod signal_route;
 mod spool_collect;
 mod torture;
+mod typed;
 mod waitpoints;

@@ -248,6 +248,19 @@ pub struct NewArgs {
     /// Nobody answers: a turn that needs a person ends with needs_human
     #[arg(long)]
     pub unattended: bool,
+    /// A typed answer: @FILE (or @-) holding the JSON Schema of the answer's data; every
+    /// run then ends in {response?, data, reasoning?} checked against it
+    #[arg(long, value_name = "@FILE")]
+    pub schema: Option<String>,
+    /// How the typed answer travels from the model [default: auto, what the model server
+    /// enforces best]
+    #[arg(long, value_name = "auto|emit|respond|native", requires = "schema", value_parser = parse_strategy)]
+    pub strategy: Option<cortex_protocol::api::OutputStrategy>,
+}
+
+fn parse_strategy(v: &str) -> Result<cortex_protocol::api::OutputStrategy, String> {
+    serde_json::from_value(serde_json::Value::String(v.trim().to_ascii_lowercase()))
+        .map_err(|_| format!("{v:?} is not a strategy; give auto, emit, respond or native"))
 }
 
 #[derive(Debug, Clone, Args)]

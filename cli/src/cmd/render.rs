@@ -203,6 +203,9 @@ impl Render {
             EventBody::RunStart { run_id, .. } => {
                 self.spoke.remove(run_id);
             }
+            // The envelope as it streams: the text shows as model-delta already, and the
+            // whole answer comes with run-end.
+            EventBody::OutputDelta { .. } | EventBody::OutputPartial { .. } => {}
             EventBody::Message { text, .. } => {
                 self.note(&mut out, format!("» {}", first_line(text)));
             }
@@ -343,6 +346,9 @@ impl Render {
                 out.push(Out::Text(r.to_string()));
             }
             self.end_line(out);
+            if let Some(d) = result.output.as_ref().and_then(|o| o.data.as_ref()) {
+                out.push(Out::Note(format!("= data {}", compact(d))));
+            }
         } else {
             let line = match &result.error {
                 Some(e) => format!("✗ run failed: {}", failure(e, first_line(&e.message))),
@@ -370,6 +376,8 @@ pub fn run_of(body: &EventBody) -> Option<&str> {
         | EventBody::ToolStart { run_id, .. }
         | EventBody::ToolEnd { run_id, .. }
         | EventBody::Retry { run_id, .. }
+        | EventBody::OutputDelta { run_id, .. }
+        | EventBody::OutputPartial { run_id, .. }
         | EventBody::ApprovalRequired { run_id, .. }
         | EventBody::RunEnd { run_id, .. } => Some(run_id),
         _ => None,

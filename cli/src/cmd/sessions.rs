@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use cortex_protocol::api::{
-    CreateSession, MessagePosted, Policy, PostMessage, SessionResult, SessionView, When,
+    CreateSession, Envelope, MessagePosted, OutputConfig, Policy, PostMessage, SessionResult,
+    SessionView, When,
 };
 use serde_json::Value;
 
@@ -113,6 +114,25 @@ pub fn create_body(
             .approval_timeout
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
     });
+    let output = match &args.schema {
+        Some(v) => {
+            anyhow::ensure!(
+                v.starts_with('@') && !v.starts_with("@@"),
+                "--schema takes @FILE (or @-): a file holding the JSON Schema of the answer's data"
+            );
+            let text = load("--schema", v)?;
+            let schema: Value = serde_json::from_str(&text).with_context(|| {
+                format!("--schema {v}: not JSON (a JSON Schema is a JSON object)")
+            })?;
+            Some(OutputConfig {
+                schema,
+                strategy: args.strategy.unwrap_or_default(),
+                force_tool: false,
+                doc: None,
+            })
+        }
+        None => None,
+    };
     Ok(CreateSession {
         title: args.title.clone(),
         instructions,
@@ -121,6 +141,7 @@ pub fn create_body(
         stop: None,
         policy,
         unattended: args.unattended.then_some(true),
+        output,
     })
 }
 
@@ -296,11 +317,7 @@ pub fn result(
     if json {
         print_raw(out, &reply)?;
     } else if let Some(o) = res.result.output.as_ref().filter(|_| res.result.ok) {
-        match (&o.response, &o.data) {
-            (Some(r), _) => writeln!(out, "{}", r.trim_end())?,
-            (None, Some(d)) => writeln!(out, "{d}")?,
-            (None, None) => {}
-        }
+        print_envelope(o, out, err)?;
     }
     if res.result.ok {
         return Ok(0);
@@ -317,6 +334,22 @@ pub fn result(
         }
     }
     Ok(1)
+}
+
+/// An answer on the terminal: its `data` as JSON on stdout (for `jq` and scripts) with
+/// its `response` on stderr; without data, the `response` on stdout.
+fn print_envelope(o: &Envelope, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<()> {
+    match (&o.response, &o.data) {
+        (r, Some(d)) => {
+            writeln!(out, "{}", serde_json::to_string_pretty(d)?)?;
+            if let Some(r) = r.as_deref().map(str::trim_end).filter(|r| !r.is_empty()) {
+                writeln!(err, "{r}")?;
+            }
+        }
+        (Some(r), None) => writeln!(out, "{}", r.trim_end())?,
+        (None, None) => {}
+    }
+    Ok(())
 }
 
 /// Prints the events after `after`; with `follow`, keeps long-polling for new ones and rides

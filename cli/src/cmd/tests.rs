@@ -654,6 +654,8 @@ fn instructions_text_at_at_and_stdin() {
         allow: None,
         approval_timeout: None,
         unattended: false,
+        schema: None,
+        strategy: None,
     };
     let mut stdin = || Ok("from stdin".to_string());
     let body = sessions::create_body(&args("plain"), &mut stdin).expect("body");
@@ -841,6 +843,56 @@ fn result_prints_the_response_or_the_error() {
     assert_eq!(code, 1);
     assert!(err.contains("no run has ended in ses_1"), "{err}");
     assert_eq!(server.next_request().path, "/api/sessions/ses_1/result");
+}
+
+#[test]
+fn result_prints_data_as_json_and_the_response_beside_it() {
+    let typed = json!({"run_id": "r3", "result": {"ok": true, "output":
+        {"response": "It converged.", "data": {"converged": true, "loss": 0.12}}},
+        "meta": run_end("r3", true)["meta"]});
+    let server = TestServer::canned(vec![answer(200, &typed.to_string())]);
+    let (code, out, err) = exec(&server, &["session", "result", "ses_1"]);
+    assert_eq!(code, 0, "{err}");
+    let data: Value = serde_json::from_str(&out).expect("stdout is the data as JSON");
+    assert_eq!(data, json!({"converged": true, "loss": 0.12}));
+    assert_eq!(err, "It converged.\n");
+}
+
+#[test]
+fn schema_flag_reads_the_file_into_the_output_setting() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let good = dir.path().join("s.json");
+    std::fs::write(
+        &good,
+        r#"{"type":"object","properties":{"loss":{"type":"number"}}}"#,
+    )
+    .expect("write");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{not json").expect("write");
+    let body = |argv: &[&str]| {
+        let mut full = vec!["session", "new"];
+        full.extend_from_slice(argv);
+        let cli = parse(&full).expect("flags parse");
+        let Command::Session(SessionCommand::New(a)) = &cli.command else {
+            panic!("not session new: {cli:?}");
+        };
+        sessions::create_body(a, &mut || Ok(String::new()))
+    };
+    let at = format!("@{}", good.display());
+    let b = body(&["--schema", &at, "--strategy", "Respond"]).expect("body");
+    let out = b.output.expect("an output setting");
+    assert_eq!(out.schema["properties"]["loss"]["type"], "number");
+    assert_eq!(out.strategy, cortex_protocol::api::OutputStrategy::Respond);
+    assert_eq!(body(&[]).expect("body").output, None);
+    let e = body(&["--schema", &format!("@{}", bad.display())]).expect_err("bad JSON");
+    assert!(format!("{e:#}").contains("not JSON"), "{e:#}");
+    let e = body(&["--schema", "{}"]).expect_err("not a file");
+    assert!(e.to_string().contains("--schema takes @FILE"), "{e}");
+    assert!(
+        parse(&["session", "new", "--strategy", "emit"]).is_err(),
+        "needs --schema"
+    );
+    assert!(parse(&["session", "new", "--schema", &at, "--strategy", "grammar"]).is_err());
 }
 
 #[test]

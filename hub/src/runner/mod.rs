@@ -24,11 +24,13 @@ use cortex_host::timing;
 use cortex_protocol::api::{DeltaChannel, Event, EventBody};
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::model::{ChatMessage, Delta, Model, StepRequest, ToolCall, ToolSpec};
+use crate::model::{ChatMessage, Delta, Model, StepRequest, ToolSpec};
 use crate::state::AppState;
+use crate::store::agent::AgentConfig;
 use crate::store::agent::{RunStatus, TOPIC_READY};
 use crate::store::{Durable, StoreError, Tx};
 use crate::time::now_ms;
+use output::{Judged, Output, Transport};
 use turn::{Next, RetryNote, StepAt};
 
 /// Ready sessions read per pass over the queue.
@@ -188,18 +190,18 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
         Ok((next, secrets))
     })
     .await?;
-    // The tools the model is shown: fixed with the session's policy (read once, after
-    // the first write fixed a configuration for a session made without one).
-    let policy = {
+    // The tools the model is shown and how its answer travels: fixed with the session's
+    // configuration (read once, after the first write fixed one for a session made
+    // without).
+    let config = {
         let s = sid.to_string();
         state
             .store
-            .read(move |r| Ok(r.agent(&s)?.and_then(|a| a.config).map(|c| c.policy)))
+            .read(move |r| Ok(r.agent(&s)?.and_then(|a| a.config)))
             .await
             .map_err(|e| DriveError::Store(Arc::new(e)))?
-            .unwrap_or_default()
     };
-    let specs = gate::shown_specs(&policy);
+    let shape = Shape::of(config.as_ref(), &state.caps);
     // The last step's record, answered before it was durable: the next model call goes
     // out while it is written, and nothing else happens until it is on disk.
     let mut writing: Option<Durable> = None;
@@ -262,7 +264,7 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
                     model,
                     sid,
                     &messages,
-                    &specs,
+                    &shape,
                     &unredacted,
                     &mut stop,
                     StepCall {
@@ -285,6 +287,47 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
     }
 }
 
+/// What a session's model calls carry, fixed for the life of a driving task: the tools
+/// the model is shown (the session's policy, and `respond` when the answer travels on
+/// it) and its output's checks and transport.
+struct Shape {
+    specs: Vec<ToolSpec>,
+    output: Output,
+    transport: Transport,
+    plan: Option<output::Plan>,
+}
+
+impl Shape {
+    fn of(config: Option<&AgentConfig>, caps: &output::Caps) -> Shape {
+        let mut specs = config.map_or_else(
+            || gate::shown_specs(&Default::default()),
+            |c| gate::shown_specs(&c.policy),
+        );
+        let plan = config.and_then(|c| prefix::output_plan(c, caps));
+        let output = config
+            .and_then(|c| c.output.as_ref())
+            .map_or_else(Output::chat, |o| match output::compile(o) {
+                Ok(out) => out,
+                Err(e) => {
+                    // Checked when the session was made; should a newer validator refuse
+                    // it, every answer is refused with the reason rather than let through.
+                    tracing::error!(error = %e, "a session's output schema no longer compiles; its answers are refused");
+                    Output::refusing(o.clone())
+                }
+            });
+        if let Some(tool) = plan.as_ref().and_then(|p| p.respond.as_ref()) {
+            specs.push(tool.spec.clone());
+        }
+        let transport = plan.as_ref().map_or(Transport::Emit, |p| p.transport);
+        Shape {
+            specs,
+            output,
+            transport,
+            plan,
+        }
+    }
+}
+
 /// One model call's coordinates.
 struct StepCall {
     run_id: String,
@@ -303,7 +346,7 @@ async fn step_once(
     model: &dyn Model,
     sid: &str,
     messages: &[ChatMessage],
-    specs: &[ToolSpec],
+    shape: &Shape,
     unredacted: &HashMap<u64, String>,
     stop: &mut crate::stops::Listener,
     c: StepCall,
@@ -328,19 +371,31 @@ async fn step_once(
     // Benchmarks' timing records (`CORTEX_TIMING_FILE`): where a step's time goes.
     let mark = format!("{}/{}", c.run_id, c.step);
     timing::record("runner_model_call", &mark, None);
+    // The answer's envelope as it streams (`output-delta`, `output-partial`).
+    let mut stream = output::Stream::new(shape.output.config().map(|_| shape.transport));
     let outcome = {
         let mut on_delta = |d: Delta| {
-            match &d {
-                Delta::Text(t) => partial.push_str(t),
-                Delta::Retry { .. } => partial.clear(),
-                Delta::Reasoning(_) => {}
+            let piece = match &d {
+                Delta::Text(t) => {
+                    partial.push_str(t);
+                    stream.text(t)
+                }
+                Delta::Retry { .. } => {
+                    partial.clear();
+                    stream.reset();
+                    None
+                }
+                Delta::Reasoning(_) => None,
+            };
+            live_piece(state, sid, &c.run_id, c.step, c.seq, d, &mut retries);
+            if let Some(p) = piece {
+                live_output(state, sid, &c, p);
             }
-            live_piece(state, sid, &c.run_id, c.step, c.seq, d, &mut retries)
         };
         let call = model.step(
             StepRequest {
                 messages: sent,
-                tools: specs,
+                tools: &shape.specs,
                 max_tokens: c.max_tokens,
             },
             &mut on_delta,
@@ -390,17 +445,29 @@ async fn step_once(
     };
     let (w, durable) = match outcome {
         Ok(out) => {
-            let mut calls: Vec<(ToolCall, tools::Prepared)> = Vec::new();
-            for (n, mut call) in out.tool_calls.clone().into_iter().enumerate() {
+            let mut made = out.tool_calls.clone();
+            for (n, call) in made.iter_mut().enumerate() {
                 if call.id.trim().is_empty() {
                     call.id = format!("call_{}_{n}", c.step);
                 }
-                let p = tools::prepare(state, sid, &call).await;
-                calls.push((call, p));
             }
+            let reply = match shape.output.judge_turn(shape.transport, &out.text, made) {
+                Judged::Calls { run, dropped } => {
+                    if dropped > 0 {
+                        tracing::debug!(session = %sid, step = c.step, dropped, "respond called beside other tools: dropped");
+                    }
+                    let mut calls = Vec::with_capacity(run.len());
+                    for call in run {
+                        let p = tools::prepare(state, sid, &call).await;
+                        calls.push((call, p));
+                    }
+                    turn::Reply::Calls(calls)
+                }
+                Judged::Answer { verdict, via } => turn::Reply::Answer { verdict, via },
+            };
             stop.clear();
             record(Box::new(move |t, env| {
-                turn::step_done(t, &at, out, retries, calls, env)
+                turn::step_done(t, &at, out, retries, reply, env)
             }))
             .await?
         }
@@ -421,6 +488,33 @@ async fn step_once(
 type StepResult = Result<(Next, Vec<turn::Unredacted>), StoreError>;
 /// A step's record, run in the store's write.
 type StepWrite = Box<dyn FnOnce(&mut Tx<'_>, &turn::Env<'_>) -> StepResult + Send>;
+
+/// Sends a piece of the answer's envelope to `sid`'s followers (live only: the run's
+/// `run-end` holds the envelope).
+fn live_output(state: &AppState, sid: &str, c: &StepCall, p: output::stream::Piece) {
+    let delta = EventBody::OutputDelta {
+        run_id: c.run_id.clone(),
+        step: c.step,
+        text: p.delta,
+        live: true,
+    };
+    let partial = p.partial.map(|partial| EventBody::OutputPartial {
+        run_id: c.run_id.clone(),
+        step: c.step,
+        partial,
+        live: true,
+    });
+    for body in std::iter::once(delta).chain(partial) {
+        state.live.send(sid, || {
+            serde_json::to_string(&Event {
+                seq: c.seq,
+                ts: now_ms(),
+                body,
+            })
+            .unwrap_or_default()
+        });
+    }
+}
 
 /// Sends one streamed piece to `sid`'s followers; a retry is also kept for the record.
 fn live_piece(

@@ -1,12 +1,14 @@
 //! A session's prefix: the messages every model request of the session starts with,
 //! written into its transcript once, when its configuration is fixed, and never rebuilt,
-//! so a server's prefix cache keeps hitting: the instructions with the tool guides, then
-//! the worked example.
+//! so a server's prefix cache keeps hitting: the instructions with the tool guides (and,
+//! when the answer's transport leaves the output schema to the prompt, its OUTPUT SCHEMA
+//! documentation), then the worked example.
 
 #[cfg(test)]
 use cortex_protocol::api::Policy;
 use cortex_protocol::api::{CreateSession, MAX_EXAMPLES, MAX_INSTRUCTIONS_BYTES};
 
+use super::output::{self, Caps};
 use super::tools;
 use crate::config::AgentDefaults;
 use crate::model::{ChatMessage, Role};
@@ -15,21 +17,36 @@ use crate::store::agent::AgentConfig;
 /// The instructions of a session whose creator and hub give none.
 pub const DEFAULT_INSTRUCTIONS: &str = "You are an agent working inside cortex. Answer the person plainly. When work takes long (a training run, a build, a process on another machine), do not wait in a loop: arm a waitpoint or a device wait, hand the job its signal line, and end your turn. You will be woken with the result and can act on it then.";
 
-/// The prefix of a session with `config`.
-pub fn build(config: &AgentConfig) -> Vec<ChatMessage> {
+/// The prefix of a session with `config`, made on a model server that can enforce `caps`.
+pub fn build(config: &AgentConfig, caps: &Caps) -> Vec<ChatMessage> {
     let mut out = Vec::with_capacity(1 + config.examples.len());
-    out.push(ChatMessage::system(format!(
-        "{}\n\n{}",
-        config.instructions.trim(),
-        tools::guides()
-    )));
+    let mut system = format!("{}\n\n{}", config.instructions.trim(), tools::guides());
+    if let Some(doc) = output_plan(config, caps).and_then(|p| p.doc) {
+        system.push_str("\n\n");
+        system.push_str(&doc);
+    }
+    out.push(ChatMessage::system(system));
     out.extend(config.examples.iter().cloned());
     out
 }
 
-/// What a session's creator asked for (`req`, its title aside), over the hub's defaults;
-/// `Err` says what is wrong.
-pub fn config(defaults: &AgentDefaults, req: CreateSession) -> Result<AgentConfig, String> {
+/// The output plan of a session with `config` (none for a chat agent): what its requests
+/// carry and whether its prefix documents the schema.
+pub fn output_plan(config: &AgentConfig, caps: &Caps) -> Option<output::Plan> {
+    let (out, transport) = (config.output.as_ref()?, config.transport?);
+    // Checked when the session was made; a schema that stopped compiling (a newer
+    // validator) leaves the session without a plan, and its answers are then refused.
+    let compiled = output::compile(out).ok()?;
+    Some(compiled.plan_for(transport, caps))
+}
+
+/// What a session's creator asked for (`req`, its title aside), over the hub's defaults,
+/// on a model server that can enforce `caps`; `Err` says what is wrong.
+pub fn config(
+    defaults: &AgentDefaults,
+    caps: &Caps,
+    req: CreateSession,
+) -> Result<AgentConfig, String> {
     let CreateSession {
         instructions,
         examples,
@@ -37,6 +54,7 @@ pub fn config(defaults: &AgentDefaults, req: CreateSession) -> Result<AgentConfi
         stop,
         policy,
         unattended,
+        output,
         ..
     } = req;
     let instructions = instructions
@@ -76,6 +94,14 @@ pub fn config(defaults: &AgentDefaults, req: CreateSession) -> Result<AgentConfi
         return Err("stop.steps and stop.repeatedCalls must be above 0".into());
     }
     let policy = super::gate::resolve(policy, defaults.policy.clone())?;
+    let transport = match &output {
+        Some(o) => {
+            let compiled = output::compile(o).map_err(|e| e.to_string())?;
+            let has_tools = !super::gate::shown_specs(&policy).is_empty();
+            Some(compiled.plan(caps, has_tools).transport)
+        }
+        None => None,
+    };
     Ok(AgentConfig {
         instructions,
         examples: parsed,
@@ -83,6 +109,8 @@ pub fn config(defaults: &AgentDefaults, req: CreateSession) -> Result<AgentConfi
         stop,
         policy,
         unattended: unattended.or(defaults.unattended).unwrap_or(false),
+        output,
+        transport,
     })
 }
 
@@ -107,8 +135,7 @@ mod tests {
     #[test]
     fn the_prefix_is_instructions_guides_then_the_example() {
         let d = AgentDefaults::default();
-        let c = config(
-            &d,
+        let c = config(&d, &Caps::default(),
             asked(
                 Some("Be brief."),
                 Some(vec![
@@ -120,14 +147,14 @@ mod tests {
             ),
         )
         .expect("valid");
-        let p = build(&c);
+        let p = build(&c, &Caps::default());
         assert_eq!(p.len(), 4);
         let sys = p[0].content.as_deref().unwrap_or_default();
         assert!(sys.starts_with("Be brief.\n\nTOOL GUIDES"), "{sys}");
         assert_eq!(p[2].tool_calls[0].function.name, "wait_create");
         // Built twice, the same bytes.
         assert_eq!(
-            serde_json::to_string(&build(&c)).expect("json"),
+            serde_json::to_string(&build(&c, &Caps::default())).expect("json"),
             serde_json::to_string(&p).expect("json")
         );
     }
@@ -138,7 +165,7 @@ mod tests {
             max_tokens: Some(256),
             ..AgentDefaults::default()
         };
-        let c = config(&d, CreateSession::default()).expect("defaults");
+        let c = config(&d, &Caps::default(), CreateSession::default()).expect("defaults");
         assert_eq!(c.instructions, DEFAULT_INSTRUCTIONS);
         assert_eq!(c.max_tokens, Some(256));
         assert!(!c.unattended);
@@ -148,12 +175,12 @@ mod tests {
             "starting a command on a device asks a person unless a policy says otherwise"
         );
         let system = Some(vec![json!({"role": "system", "content": "x"})]);
-        assert!(config(&d, asked(None, system, None)).is_err());
+        assert!(config(&d, &Caps::default(), asked(None, system, None)).is_err());
         let no_role = Some(vec![json!({"content": "no role"})]);
-        assert!(config(&d, asked(None, no_role, None)).is_err());
-        assert!(config(&d, asked(None, None, Some(0))).is_err());
+        assert!(config(&d, &Caps::default(), asked(None, no_role, None)).is_err());
+        assert!(config(&d, &Caps::default(), asked(None, None, Some(0))).is_err());
         let long = "x".repeat(MAX_INSTRUCTIONS_BYTES + 1);
-        assert!(config(&d, asked(Some(&long), None, None)).is_err());
+        assert!(config(&d, &Caps::default(), asked(Some(&long), None, None)).is_err());
         let unknown_tool = CreateSession {
             policy: Some(Policy {
                 deny: Some(vec!["rm_rf".into()]),
@@ -161,7 +188,8 @@ mod tests {
             }),
             ..CreateSession::default()
         };
-        let e = config(&d, unknown_tool).expect_err("an unknown tool in a policy");
+        let e =
+            config(&d, &Caps::default(), unknown_tool).expect_err("an unknown tool in a policy");
         assert!(e.contains("rm_rf"), "{e}");
     }
 }

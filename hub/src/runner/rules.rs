@@ -10,6 +10,9 @@ pub const DEFAULT_STEPS: u32 = 20;
 /// The same call with the same answer this many times in a row ends a run
 /// (`repeatedCalls(3)`).
 pub const DEFAULT_REPEATED_CALLS: u32 = 3;
+/// Answers the output schema refused that go back to the model for another try, per run
+/// (`outputRetries(3)`); the next refusal ends the run `output_invalid`.
+pub const DEFAULT_OUTPUT_RETRIES: u32 = 3;
 
 /// Why a run stops before its next step: the `stop` word of its `run-end` and a sentence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,7 +28,14 @@ pub fn merged(session: StopConfig, hub: StopConfig) -> StopConfig {
         tokens: session.tokens.or(hub.tokens),
         duration_ms: session.duration_ms.or(hub.duration_ms),
         repeated_calls: session.repeated_calls.or(hub.repeated_calls),
+        output_retries: session.output_retries.or(hub.output_retries),
     }
+}
+
+/// After an answer the output schema refused, `used` refusals already sent back this run:
+/// whether this one goes back too (`false`: the run ends `output_invalid`).
+pub fn may_retry_output(used: u32, bounds: &StopConfig) -> bool {
+    used < bounds.output_retries.unwrap_or(DEFAULT_OUTPUT_RETRIES)
 }
 
 /// Whether `turn` must stop before making another model call at `now`.
@@ -95,6 +105,7 @@ mod tests {
                 total_tokens: tokens,
             },
             repeat: repeat.map(|(s, n)| (s.to_string(), n)),
+            ..Turn::default()
         }
     }
 
@@ -106,6 +117,7 @@ mod tests {
             tokens: Some(1_000),
             duration_ms: Some(60_000),
             repeated_calls: Some(2),
+            output_retries: Some(1),
         };
         // (turn, bounds, now, expected stop word)
         let cases: Vec<(Turn, StopConfig, u64, Option<&str>)> = vec![
@@ -136,6 +148,25 @@ mod tests {
         for (t, b, now, want) in cases {
             let got = stop_before_step(&t, &b, now).map(|s| s.stop);
             assert_eq!(got, want, "turn {t:?} bounds {b:?} at {now}");
+        }
+    }
+
+    #[test]
+    fn refused_answers_go_back_up_to_the_bound() {
+        let none = StopConfig::default();
+        let zero = StopConfig {
+            output_retries: Some(0),
+            ..StopConfig::default()
+        };
+        // (used, bounds, another try)
+        let cases = [
+            (0, none, true),
+            (2, none, true),
+            (3, none, false),
+            (0, zero, false),
+        ];
+        for (used, b, want) in cases {
+            assert_eq!(may_retry_output(used, &b), want, "{used} {b:?}");
         }
     }
 

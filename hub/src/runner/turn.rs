@@ -15,13 +15,13 @@
 use std::collections::HashMap;
 
 use cortex_protocol::api::{
-    AnswerItem, CreateSession, Decision, DeltaChannel, Envelope, EventBody, Observation,
-    PendingRequest, Question, RunError, RunInput, RunMeta, RunResult, SessionResult, ToolCallView,
-    Usage,
+    AnswerItem, CreateSession, Decision, DeltaChannel, EventBody, Observation, PendingRequest,
+    Question, RunError, RunInput, RunMeta, RunResult, SessionResult, ToolCallView, Usage,
 };
 use serde_json::json;
 
 use super::gate::{self, Gate};
+use super::output::{Transport, Verdict, correct, last_output};
 use super::{prefix, rules, tools};
 use crate::config::AgentDefaults;
 use crate::model::{ChatMessage, StepOutput, ToolCall};
@@ -187,9 +187,11 @@ pub fn boundary(
     let config = match rec.config.clone() {
         Some(c) => c,
         None => {
-            let c = prefix::config(env.defaults, CreateSession::default())
+            // A chat agent (no output schema): what the server enforces is moot.
+            let caps = super::output::Caps::default();
+            let c = prefix::config(env.defaults, &caps, CreateSession::default())
                 .map_err(StoreError::Decode)?;
-            let p = prefix::build(&c);
+            let p = prefix::build(&c, &caps);
             t.fix_agent(sid, &mut rec, c.clone(), &p)?;
             c
         }
@@ -270,6 +272,8 @@ pub fn boundary(
                 steps: 0,
                 usage: Usage::default(),
                 repeat: None,
+                output_retries: 0,
+                terminations: 0,
             });
         }
         if rec.parked.is_some() {
@@ -711,11 +715,16 @@ fn end_run(
     let Some(turn) = rec.turn.take() else {
         return Ok(());
     };
+    let strategy = rec
+        .config
+        .as_ref()
+        .and_then(|c| c.transport)
+        .unwrap_or(Transport::Emit);
     let meta = RunMeta {
         usage: turn.usage,
-        strategy: "emit".into(),
+        strategy: strategy.as_str().into(),
         steps: turn.steps,
-        output_retries: 0,
+        output_retries: turn.output_retries,
         elapsed_ms: now.saturating_sub(turn.started_at),
     };
     event(
@@ -817,16 +826,27 @@ fn record_reply(
     Ok(())
 }
 
-/// Step `at` came back: records the reply, ends the run when it has no tool calls, else
-/// opens its calls (each prepared by the caller), and goes on to the boundary, which
-/// gates and runs them. Returns what to do next and the answers whose stored copy hides
-/// a secret.
+/// A model turn as the driver judged it ([`super::output::Output::judge_turn`]).
+pub enum Reply {
+    /// Tool calls to open, each prepared by the driver.
+    Calls(Vec<(ToolCall, tools::Prepared)>),
+    /// The turn's answer, carried by its text or by `via` (a `respond` call made alone).
+    Answer {
+        verdict: Verdict,
+        via: Option<ToolCall>,
+    },
+}
+
+/// Step `at` came back: records the reply; opens its calls, which the boundary gates and
+/// runs; or takes its answer: a valid one ends the run, a refused one or none goes back
+/// to the model with a correction (the run goes on). Returns what to do next and the
+/// answers whose stored copy hides a secret.
 pub fn step_done(
     t: &mut Tx<'_>,
     at: &StepAt,
     out: StepOutput,
     retries: Vec<RetryNote>,
-    calls: Vec<(ToolCall, tools::Prepared)>,
+    reply: Reply,
     env: &Env<'_>,
 ) -> Result<(Next, Vec<Unredacted>), StoreError> {
     let sid = at.sid.as_str();
@@ -840,41 +860,150 @@ pub fn step_done(
         return Ok((next, unredacted));
     }
     record_retries(t, sid, &at.run_id, at.step, retries, env.now)?;
-    let tool_calls: Vec<ToolCall> = calls.iter().map(|(c, _)| c.clone()).collect();
-    record_reply(t, &mut rec, at, &out, tool_calls, env.now)?;
-    if calls.is_empty() {
-        let response = out.text.trim().to_string();
-        end_run(
-            t,
-            sid,
-            &mut rec,
-            RunResult {
-                ok: true,
-                output: Some(Envelope {
-                    response: Some(response),
-                    data: None,
-                    reasoning: None,
-                }),
-                error: None,
-            },
-            env.now,
-        )?;
-    } else {
-        for (call, p) in calls {
-            prepared.insert(call.id.clone(), p);
-            rec.open.push(OpenCall {
-                call,
-                step: at.step,
-                announced: false,
-                allowed: false,
-                started: false,
-                approved_by: None,
-            });
+    match reply {
+        Reply::Calls(calls) => {
+            let tool_calls: Vec<ToolCall> = calls.iter().map(|(c, _)| c.clone()).collect();
+            record_reply(t, &mut rec, at, &out, tool_calls, env.now)?;
+            for (call, p) in calls {
+                prepared.insert(call.id.clone(), p);
+                rec.open.push(OpenCall {
+                    call,
+                    step: at.step,
+                    announced: false,
+                    allowed: false,
+                    started: false,
+                    approved_by: None,
+                });
+            }
+        }
+        Reply::Answer { verdict, via } => {
+            record_reply(
+                t,
+                &mut rec,
+                at,
+                &out,
+                via.iter().cloned().collect(),
+                env.now,
+            )?;
+            take_answer(t, at, &mut rec, verdict, via, env.now)?;
         }
     }
     t.put_agent(sid, &rec)?;
     let next = boundary(t, sid, env, &mut prepared, &mut unredacted)?;
     Ok((next, unredacted))
+}
+
+/// What the respond call that carried an accepted answer is told (every recorded call
+/// gets an answer, so the transcript stays one a model server takes).
+const RESPOND_ACCEPTED: &str = "accepted: this answer ends your turn";
+
+/// Takes step `at`'s answer (the caller saves `rec`). A valid envelope ends the run. One
+/// that parsed and was refused goes back with the validator's issues while
+/// `stop.outputRetries` allows, else the run ends `output_invalid` with it as the last
+/// output. A turn with no envelope in it goes back with a correction that offers every
+/// exit and is not counted (`stop.steps` bounds a model that keeps writing prose).
+fn take_answer(
+    t: &mut Tx<'_>,
+    at: &StepAt,
+    rec: &mut AgentRecord,
+    verdict: Verdict,
+    via: Option<ToolCall>,
+    now: u64,
+) -> Result<(), StoreError> {
+    let sid = at.sid.as_str();
+    let Some(config) = rec.config.clone() else {
+        return Ok(());
+    };
+    let transport = config.transport.unwrap_or(Transport::Emit);
+    // A correction (or the respond call's answer) follows the reply: as the respond
+    // call's answer when one carried it, else as a message of its own.
+    let follow = |t: &mut Tx<'_>, rec: &mut AgentRecord, text: String| match &via {
+        Some(call) => t.append_transcript(sid, rec, &ChatMessage::tool(call.id.clone(), text)),
+        None => t.append_transcript(sid, rec, &ChatMessage::user(text)),
+    };
+    match verdict {
+        Verdict::Accepted { envelope, .. } => {
+            if via.is_some() {
+                follow(t, rec, RESPOND_ACCEPTED.into())?;
+            }
+            let result = RunResult {
+                ok: true,
+                output: Some(envelope),
+                error: None,
+            };
+            end_run(t, sid, rec, result, now)
+        }
+        Verdict::Refused { issues, output } => {
+            let used = rec.turn.as_ref().map_or(0, |x| x.output_retries);
+            let listed = issues
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ");
+            let correction = correct::refused(&issues, transport);
+            if !rules::may_retry_output(used, &config.stop) {
+                follow(t, rec, correction)?;
+                let message = format!(
+                    "the answer did not match the output schema after {used} retries (stop.outputRetries): {listed}"
+                );
+                let result = RunResult {
+                    ok: false,
+                    output: Some(last_output(&output)),
+                    error: Some(RunError {
+                        code: "output_invalid".into(),
+                        stop: None,
+                        message,
+                    }),
+                };
+                return end_run(t, sid, rec, result, now);
+            }
+            if let Some(turn) = rec.turn.as_mut() {
+                turn.output_retries = used + 1;
+            }
+            retry_event(t, at, "output", used + 1, listed, now)?;
+            follow(t, rec, correction)
+        }
+        Verdict::NoEnvelope { syntax } => {
+            let n = rec.turn.as_mut().map_or(1, |x| {
+                x.terminations += 1;
+                x.terminations
+            });
+            let issues = match &syntax {
+                Some(e) => {
+                    format!("the turn ended without an answer; its JSON does not parse: {e}")
+                }
+                None => "the turn ended without an answer in the required form".into(),
+            };
+            retry_event(t, at, "termination", n, issues, now)?;
+            follow(t, rec, correct::no_envelope(transport, syntax.as_deref()))
+        }
+    }
+}
+
+/// A `retry` event for step `at`'s answer sent back to the model (no delay: the next
+/// step is the retry).
+fn retry_event(
+    t: &mut Tx<'_>,
+    at: &StepAt,
+    cause: &str,
+    attempt: u32,
+    issues: String,
+    now: u64,
+) -> Result<(), StoreError> {
+    event(
+        t,
+        &at.sid,
+        EventBody::Retry {
+            run_id: at.run_id.clone(),
+            step: at.step,
+            cause: cause.into(),
+            attempt,
+            issues,
+            delay_ms: 0,
+        },
+        now,
+    )
+    .map(drop)
 }
 
 /// Applies `f` to `sid`'s row when its run in progress is `run_id` (a result for a run

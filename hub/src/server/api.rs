@@ -71,8 +71,9 @@ pub async fn create_session(
         ));
     }
     let title = req.title.clone();
-    let config = prefix::config(&state.agent_defaults, req).map_err(ApiError::bad_request)?;
-    let prefix = prefix::build(&config);
+    let config =
+        prefix::config(&state.agent_defaults, &state.caps, req).map_err(ApiError::bad_request)?;
+    let prefix = prefix::build(&config, &state.caps);
     let view = state
         .store
         .exec(move |t| {

@@ -116,6 +116,8 @@ pub async fn run_with_mesh(
         stops: Arc::default(),
         agent_defaults: config.settings.agent.clone(),
         runs_model: config.model.is_some(),
+        // Until the model layer says what its server enforces: nothing assumed.
+        caps: Default::default(),
     });
     crate::mesh::start(&state).await?;
 

@@ -18,8 +18,8 @@
 //! - `pending`: (asked at, session) → (): sessions waiting on a person, oldest first.
 
 use cortex_protocol::api::{
-    AnswerItem, Decision, EventBody, MessagePosted, PendingRequest, Policy, PostAnswer, RunInput,
-    SessionResult, StopConfig, Usage,
+    AnswerItem, Decision, EventBody, MessagePosted, OutputConfig, OutputTransport, PendingRequest,
+    Policy, PostAnswer, RunInput, SessionResult, StopConfig, Usage,
 };
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +48,13 @@ pub struct AgentConfig {
     /// A turn that needs a person ends with `needs_human` instead of waiting.
     #[serde(default)]
     pub unattended: bool,
+    /// The output schema's settings (none: a chat agent, whose answer is its text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputConfig>,
+    /// The transport chosen for `output` when the session was made (its prefix says how
+    /// to answer, so later runs keep it whatever the model server's settings become).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<OutputTransport>,
 }
 
 /// A tool call of the model's last reply that has no answer yet. Calls are answered in
@@ -109,7 +116,7 @@ impl RunStatus {
 }
 
 /// The run (one turn) in progress.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Turn {
     pub run_id: String,
     pub started_at: u64,
@@ -119,6 +126,13 @@ pub struct Turn {
     /// The last tool call's name, arguments and answer, and how many times in a row the
     /// model made it with that answer.
     pub repeat: Option<(String, u32)>,
+    /// Answers the output schema refused and sent back to the model this run.
+    #[serde(default)]
+    pub output_retries: u32,
+    /// Turns that ended with no answer in them, sent back with a correction this run
+    /// (not bounded by `outputRetries`).
+    #[serde(default)]
+    pub terminations: u32,
 }
 
 /// One session's runner row.

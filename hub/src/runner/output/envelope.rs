@@ -3,7 +3,7 @@
 //! (envelope first, then the unwrap rung).
 
 use jsonschema::Validator;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::emit;
@@ -23,15 +23,7 @@ const ISSUE_MESSAGE_MAX: usize = 300;
 const UNKNOWN_KEY: &str = "__unknown_key__";
 
 /// A run's answer. `data` is absent for a chat agent (a session without a schema).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Envelope {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub response: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reasoning: Option<String>,
-}
+pub use cortex_protocol::api::Envelope;
 
 /// One thing the validator refused: where (a JSON pointer into the answer; empty for the
 /// whole answer) and why, worded for the model that has to fix it.
@@ -236,6 +228,29 @@ impl Checker {
             Err(none) => Verdict::NoEnvelope {
                 syntax: none.syntax,
             },
+        }
+    }
+}
+
+/// A refused answer kept as a run's last output: its envelope fields where they have the
+/// envelope's types (`response`, `reasoning` strings; `data` anything), else the whole
+/// answer as `data`.
+pub fn last_output(value: &Value) -> Envelope {
+    let text = |k: &str| value.get(k).and_then(Value::as_str).map(str::to_owned);
+    let typed = plausible_envelope(value)
+        && [RESPONSE, REASONING]
+            .iter()
+            .all(|k| value.get(*k).is_none_or(Value::is_string));
+    if typed {
+        Envelope {
+            response: text(RESPONSE),
+            data: value.get(DATA).cloned(),
+            reasoning: text(REASONING),
+        }
+    } else {
+        Envelope {
+            data: Some(value.clone()),
+            ..Envelope::default()
         }
     }
 }

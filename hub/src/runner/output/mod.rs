@@ -13,33 +13,23 @@ pub mod emit;
 pub mod envelope;
 pub mod partial;
 pub mod respond;
+pub mod stream;
 pub mod strict;
 pub mod transport;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-pub use envelope::{Checker, Envelope, Issue, Verdict, envelope_schema, strict_envelope_schema};
+use crate::model::ToolCall;
+
+pub use envelope::{
+    Checker, Envelope, Issue, Verdict, envelope_schema, last_output, strict_envelope_schema,
+};
 pub use respond::{Calls, Params, RESPOND, RespondTool, respond_alone, respond_tool};
+pub use stream::Stream;
 pub use strict::{fits_strict, strict_problems};
 pub use transport::{Caps, Endpoint, Strategy, Transport, choose};
 
-/// A session's output settings, as `POST /api/sessions` takes them under `output`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct OutputConfig {
-    /// The JSON Schema of the envelope's `data`.
-    pub schema: Value,
-    #[serde(default)]
-    pub strategy: Strategy,
-    /// Every turn must be a tool call (`tool_choice: "required"`), so `respond` is the
-    /// only exit.
-    #[serde(default)]
-    pub force_tool: bool,
-    /// The schema documentation: `"off"` for none, any other text to replace it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub doc: Option<String>,
-}
+pub use cortex_protocol::api::OutputConfig;
 
 /// Why a session's output settings cannot be used (a 400, in these words).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,26 +43,24 @@ pub enum ConfigError {
     ForceTool(&'static str),
 }
 
-impl OutputConfig {
-    /// Checks the settings: the schema compiles, and `forceTool` is not combined with a
-    /// transport whose answer is a content-only turn (`emit`, `native`).
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        self.compile().map(drop)
-    }
+/// Checks a session's output settings: the schema compiles, and `forceTool` is not
+/// combined with a transport whose answer is a content-only turn (`emit`, `native`).
+pub fn validate(config: &OutputConfig) -> Result<(), ConfigError> {
+    compile(config).map(drop)
+}
 
-    /// The settings compiled for a run.
-    pub fn compile(&self) -> Result<Output, ConfigError> {
-        match (self.force_tool, self.strategy) {
-            (true, Strategy::Emit) => return Err(ConfigError::ForceTool("emit")),
-            (true, Strategy::Native) => return Err(ConfigError::ForceTool("native")),
-            _ => {}
-        }
-        let checker = Checker::new(Some(&self.schema)).map_err(ConfigError::Schema)?;
-        Ok(Output {
-            config: Some(self.clone()),
-            checker,
-        })
+/// A session's output settings compiled for its runs.
+pub fn compile(config: &OutputConfig) -> Result<Output, ConfigError> {
+    match (config.force_tool, config.strategy) {
+        (true, Strategy::Emit) => return Err(ConfigError::ForceTool("emit")),
+        (true, Strategy::Native) => return Err(ConfigError::ForceTool("native")),
+        _ => {}
     }
+    let checker = Checker::new(Some(&config.schema)).map_err(ConfigError::Schema)?;
+    Ok(Output {
+        config: Some(config.clone()),
+        checker,
+    })
 }
 
 /// A session's output, compiled: its settings (none for a chat agent) and the checks.
@@ -80,6 +68,19 @@ impl OutputConfig {
 pub struct Output {
     config: Option<OutputConfig>,
     checker: Checker,
+}
+
+/// A finished model turn, judged ([`Output::judge_turn`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Judged {
+    /// Tool calls to run (the run goes on); `dropped` `respond` calls stood beside them
+    /// and are left out of the record, the model told nothing.
+    Calls { run: Vec<ToolCall>, dropped: usize },
+    /// The turn's answer, carried by its text or by `via`, a `respond` call made alone.
+    Answer {
+        verdict: Verdict,
+        via: Option<ToolCall>,
+    },
 }
 
 /// What the runner sends for a session's runs, fixed at run start.
@@ -105,6 +106,17 @@ impl Output {
         let checker = Checker::new(None).expect("the envelope's own schema compiles");
         Output {
             config: None,
+            checker,
+        }
+    }
+
+    /// A session whose stored schema no longer compiles (a newer validator refuses what
+    /// an older one took): every answer is refused, none let through unchecked.
+    pub fn refusing(config: OutputConfig) -> Output {
+        // `false` is a schema that refuses every value; it always compiles.
+        let checker = Checker::new(Some(&Value::Bool(false))).expect("the schema `false` compiles");
+        Output {
+            config: Some(config),
             checker,
         }
     }
@@ -136,6 +148,55 @@ impl Output {
         self.checker.judge_text(text)
     }
 
+    /// A finished model turn judged on `transport`: its tool calls to run, or its answer.
+    ///
+    /// - A chat agent's turn with no tool calls answers with its text as `response`.
+    /// - Under `respond`, `respond` counts only alone ([`respond_alone`]): beside other
+    ///   calls it is dropped and the others run; alone, its arguments are the answer; with
+    ///   no call at all, the text is judged (an emitted envelope is a legal exit too).
+    /// - Under `emit` and `native` a turn with tool calls runs them; one without is judged
+    ///   by its text.
+    pub fn judge_turn(&self, transport: Transport, text: &str, calls: Vec<ToolCall>) -> Judged {
+        if self.config.is_none() {
+            if !calls.is_empty() {
+                return Judged::Calls {
+                    run: calls,
+                    dropped: 0,
+                };
+            }
+            let envelope = Envelope {
+                response: Some(text.trim().to_owned()),
+                ..Envelope::default()
+            };
+            return Judged::Answer {
+                verdict: Verdict::Accepted {
+                    envelope,
+                    unwrapped: false,
+                },
+                via: None,
+            };
+        }
+        let (run, respond, dropped) = if transport == Transport::Respond {
+            let c = respond_alone(calls);
+            (c.run, c.respond, c.dropped.len())
+        } else {
+            (calls, None, 0)
+        };
+        if !run.is_empty() {
+            return Judged::Calls { run, dropped };
+        }
+        match respond {
+            Some(call) => Judged::Answer {
+                verdict: self.judge_text(&call.function.arguments),
+                via: Some(call),
+            },
+            None => Judged::Answer {
+                verdict: self.judge_text(text),
+                via: None,
+            },
+        }
+    }
+
     /// What to send on an endpoint with `caps`. The schema documentation goes in the
     /// prefix when the transport leaves the schema to the prompt (`emit`, or `respond`
     /// with loose or permissive params), unless `output.doc` is `"off"`; another `doc`
@@ -146,6 +207,13 @@ impl Output {
             .as_ref()
             .map_or((Strategy::Auto, false), |c| (c.strategy, c.force_tool));
         let transport = choose(strategy, caps, self.schema(), has_tools, force_tool);
+        self.plan_for(transport, caps)
+    }
+
+    /// What to send for `transport` once it is chosen (a session keeps the transport
+    /// chosen when it was made, so its prefix and its requests agree).
+    pub fn plan_for(&self, transport: Transport, caps: &Caps) -> Plan {
+        let force_tool = self.config.as_ref().is_some_and(|c| c.force_tool);
         let respond = (transport == Transport::Respond).then(|| respond_tool(self.schema(), caps));
         let response_format = (transport == Transport::Native).then(|| self.response_format());
         let needs_doc = match &respond {

@@ -63,7 +63,7 @@ fn validate_refuses_what_cannot_run() {
         ),
     ];
     for (v, want) in cases {
-        let got = config(v.clone()).validate();
+        let got = validate(&config(v.clone()));
         match (got, want) {
             (Ok(()), None) => {}
             (Err(e), Some(word)) => assert!(e.to_string().contains(word), "{v}: {e}"),
@@ -76,12 +76,8 @@ fn validate_refuses_what_cannot_run() {
 /// params, doc injected, response_format sent).
 #[test]
 fn plans_per_endpoint_and_schema() {
-    let strict = config(json!({"schema": small()}))
-        .compile()
-        .expect("compile");
-    let loose = config(json!({"schema": open()}))
-        .compile()
-        .expect("compile");
+    let strict = compile(&config(json!({"schema": small()}))).expect("compile");
+    let loose = compile(&config(json!({"schema": open()}))).expect("compile");
     let chat = Output::chat();
     let cases = [
         (
@@ -129,9 +125,10 @@ fn plans_per_endpoint_and_schema() {
 
 #[test]
 fn explicit_respond_with_a_large_schema_goes_loose_with_the_doc() {
-    let out = config(json!({"schema": open(), "strategy": "respond", "forceTool": true}))
-        .compile()
-        .expect("compile");
+    let out = compile(&config(
+        json!({"schema": open(), "strategy": "respond", "forceTool": true}),
+    ))
+    .expect("compile");
     let plan = out.plan(&Endpoint::Other.caps(), true);
     assert_eq!(plan.transport, Transport::Respond);
     assert_eq!(plan.respond.as_ref().map(|r| r.params), Some(Params::Loose));
@@ -146,13 +143,12 @@ fn explicit_respond_with_a_large_schema_goes_loose_with_the_doc() {
 #[test]
 fn the_doc_setting_turns_it_off_or_replaces_it() {
     let caps = Endpoint::Groq.caps();
-    let off = config(json!({"schema": open(), "doc": "off"}))
-        .compile()
-        .expect("compile");
+    let off = compile(&config(json!({"schema": open(), "doc": "off"}))).expect("compile");
     assert_eq!(off.plan(&caps, true).doc, None);
-    let own = config(json!({"schema": open(), "doc": "Answer with a Nova screen."}))
-        .compile()
-        .expect("compile");
+    let own = compile(&config(
+        json!({"schema": open(), "doc": "Answer with a Nova screen."}),
+    ))
+    .expect("compile");
     assert_eq!(
         own.plan(&caps, true).doc.as_deref(),
         Some("Answer with a Nova screen.")
@@ -161,9 +157,7 @@ fn the_doc_setting_turns_it_off_or_replaces_it() {
 
 #[test]
 fn native_sends_the_strict_envelope_when_it_fits() {
-    let strict = config(json!({"schema": small()}))
-        .compile()
-        .expect("compile");
+    let strict = compile(&config(json!({"schema": small()}))).expect("compile");
     let rf = strict.response_format();
     assert_eq!(rf["type"], "json_schema");
     assert_eq!(rf["json_schema"]["strict"], true);
@@ -171,9 +165,8 @@ fn native_sends_the_strict_envelope_when_it_fits() {
         rf["json_schema"]["schema"]["required"],
         json!(["response", "data", "reasoning"])
     );
-    let forced = config(json!({"schema": open(), "strategy": "native"}))
-        .compile()
-        .expect("compile");
+    let forced =
+        compile(&config(json!({"schema": open(), "strategy": "native"}))).expect("compile");
     let rf = forced.response_format();
     assert_eq!(rf["json_schema"]["strict"], false);
     assert_eq!(rf["json_schema"]["schema"]["required"], json!(["data"]));
@@ -181,9 +174,7 @@ fn native_sends_the_strict_envelope_when_it_fits() {
 
 #[test]
 fn a_compiled_output_judges_answers() {
-    let out = config(json!({"schema": small()}))
-        .compile()
-        .expect("compile");
+    let out = compile(&config(json!({"schema": small()}))).expect("compile");
     assert_eq!(out.schema(), Some(&small()));
     let ok = out.judge_text("```json\n{\"data\": {\"ok\": true}, \"response\": \"yes\"}\n```");
     assert!(

@@ -6,40 +6,11 @@ use serde_json::Value;
 
 use super::strict::fits_strict;
 
-/// How the envelope should travel (`output.strategy`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Strategy {
-    /// The transport that enforces the most on the endpoint ([`choose`]).
-    #[default]
-    Auto,
-    Emit,
-    Respond,
-    Native,
-}
+/// How the envelope should travel (`output.strategy`); `auto` is [`choose`]'s rule.
+pub use cortex_protocol::api::OutputStrategy as Strategy;
 
-/// The channel the envelope travels on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Transport {
-    /// The completion is the envelope, as raw JSON on the content channel.
-    Emit,
-    /// The arguments of a synthetic `respond` tool (or an emitted envelope).
-    Respond,
-    /// The content channel under the endpoint's grammar (`response_format: json_schema`).
-    Native,
-}
-
-impl Transport {
-    /// The word `meta.strategy` reports.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Transport::Emit => "emit",
-            Transport::Respond => "respond",
-            Transport::Native => "native",
-        }
-    }
-}
+/// The channel the envelope travels on (a session keeps the one chosen when it was made).
+pub use cortex_protocol::api::OutputTransport as Transport;
 
 /// What an OpenAI-compatible endpoint (with the model it serves) can enforce.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
