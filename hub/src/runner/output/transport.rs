@@ -1,79 +1,17 @@
 //! Which channel carries the envelope (`emit`, `respond`, `native`), chosen from what the
-//! endpoint can enforce: the endpoint's capabilities, and `auto`'s rule over them.
+//! endpoint can enforce (its [`Caps`], which the model client knows): `auto`'s rule.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::strict::fits_strict;
+pub use crate::model::{Caps, Endpoint};
 
 /// How the envelope should travel (`output.strategy`); `auto` is [`choose`]'s rule.
 pub use cortex_protocol::api::OutputStrategy as Strategy;
 
 /// The channel the envelope travels on (a session keeps the one chosen when it was made).
 pub use cortex_protocol::api::OutputTransport as Transport;
-
-/// What an OpenAI-compatible endpoint (with the model it serves) can enforce.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Caps {
-    /// `response_format: json_schema` is enforced by a grammar.
-    pub structured_output: bool,
-    /// ... and still with tools in the same request (without it the endpoint refuses the
-    /// pair, or the grammar leaves no room for a tool call).
-    pub structured_with_tools: bool,
-    /// The endpoint checks tool arguments against the parameters itself and fails the
-    /// whole request on a mismatch (Groq's `tool_use_failed`).
-    pub validates_tool_args: bool,
-    /// The model garbles nested payloads in tool-call arguments.
-    pub mangles_nested_tool_args: bool,
-}
-
-/// The OpenAI-compatible servers the hub knows, by what each can enforce. What `auto`
-/// gives each, with tools in the request (a session always has its built-in tools) and
-/// a small strict-compatible schema; any other schema gets `emit` everywhere:
-///
-/// | endpoint | `auto` | why |
-/// |---|---|---|
-/// | OpenAI | `native` | strict `response_format` is enforced beside tools |
-/// | vLLM | `respond` | guided decoding covers the whole completion, so no tool calls beside it |
-/// | Ollama | `respond` | `format` is a grammar over the whole reply, not beside tools |
-/// | llama.cpp server | `respond` | refuses a grammar (`response_format`) together with tools |
-/// | Groq | `emit` | validates tool args itself, so `respond`'s params would enforce nothing |
-/// | other | `respond` | nothing known: no grammar is asked for |
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Endpoint {
-    #[serde(rename = "openai")]
-    OpenAi,
-    Vllm,
-    Ollama,
-    #[serde(rename = "llamacpp")]
-    LlamaCpp,
-    Groq,
-    #[default]
-    Other,
-}
-
-impl Endpoint {
-    /// What the endpoint enforces.
-    pub fn caps(self) -> Caps {
-        let grammar_alone = Caps {
-            structured_output: true,
-            ..Caps::default()
-        };
-        match self {
-            Endpoint::OpenAi => Caps {
-                structured_with_tools: true,
-                ..grammar_alone
-            },
-            Endpoint::Vllm | Endpoint::Ollama | Endpoint::LlamaCpp => grammar_alone,
-            Endpoint::Groq => Caps {
-                validates_tool_args: true,
-                ..Caps::default()
-            },
-            Endpoint::Other => Caps::default(),
-        }
-    }
-}
 
 /// The transport for a session. An explicit strategy is honored as it is. `auto` takes
 /// the transport that enforces the most:
@@ -199,13 +137,7 @@ mod tests {
     }
 
     #[test]
-    fn endpoints_and_transports_have_their_wire_names() {
-        let e: Endpoint = serde_json::from_value(json!("llamacpp")).expect("parse");
-        assert_eq!(e, Endpoint::LlamaCpp);
-        assert_eq!(
-            serde_json::to_value(Endpoint::OpenAi).expect("encode"),
-            "openai"
-        );
+    fn transports_have_their_wire_names() {
         assert_eq!(
             serde_json::to_value(Transport::Respond).expect("encode"),
             "respond"

@@ -1,0 +1,114 @@
+//! What an OpenAI-compatible endpoint can enforce: the servers the hub knows
+//! ([`Endpoint`]) and their capabilities ([`Caps`]), which decide how a typed answer
+//! travels.
+
+use serde::{Deserialize, Serialize};
+
+/// What an OpenAI-compatible endpoint (with the model it serves) can enforce.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    /// `response_format: json_schema` is enforced by a grammar.
+    pub structured_output: bool,
+    /// ... and still with tools in the same request (without it the endpoint refuses the
+    /// pair, or the grammar leaves no room for a tool call).
+    pub structured_with_tools: bool,
+    /// The endpoint checks tool arguments against the parameters itself and fails the
+    /// whole request on a mismatch (Groq's `tool_use_failed`).
+    pub validates_tool_args: bool,
+    /// The model garbles nested payloads in tool-call arguments.
+    pub mangles_nested_tool_args: bool,
+}
+
+/// The OpenAI-compatible servers the hub knows, by what each can enforce. What the
+/// runner's `auto` transport gives each, with tools in the request (a session always has
+/// its built-in tools) and a small strict-compatible schema; any other schema gets `emit`
+/// everywhere:
+///
+/// | endpoint | `auto` | why |
+/// |---|---|---|
+/// | OpenAI | `native` | strict `response_format` is enforced beside tools |
+/// | vLLM | `respond` | guided decoding covers the whole completion, so no tool calls beside it |
+/// | Ollama | `respond` | `format` is a grammar over the whole reply, not beside tools |
+/// | llama.cpp server | `respond` | refuses a grammar (`response_format`) together with tools |
+/// | Groq | `emit` | validates tool args itself, so `respond`'s params would enforce nothing |
+/// | other | `respond` | nothing known: no grammar is asked for |
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Endpoint {
+    #[serde(rename = "openai")]
+    OpenAi,
+    Vllm,
+    Ollama,
+    #[serde(rename = "llamacpp")]
+    LlamaCpp,
+    Groq,
+    #[default]
+    Other,
+}
+
+impl Endpoint {
+    /// What the endpoint enforces.
+    pub fn caps(self) -> Caps {
+        let grammar_alone = Caps {
+            structured_output: true,
+            ..Caps::default()
+        };
+        match self {
+            Endpoint::OpenAi => Caps {
+                structured_with_tools: true,
+                ..grammar_alone
+            },
+            Endpoint::Vllm | Endpoint::Ollama | Endpoint::LlamaCpp => grammar_alone,
+            Endpoint::Groq => Caps {
+                validates_tool_args: true,
+                ..Caps::default()
+            },
+            Endpoint::Other => Caps::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Each endpoint's caps: the "why" column of [`Endpoint`]'s table.
+    #[test]
+    fn caps_per_endpoint() {
+        use Endpoint::*;
+        // (endpoint, structured_output, structured_with_tools, validates_tool_args,
+        //  mangles_nested_tool_args)
+        let cases = [
+            (OpenAi, true, true, false, false),
+            (Vllm, true, false, false, false),
+            (Ollama, true, false, false, false),
+            (LlamaCpp, true, false, false, false),
+            (Groq, false, false, true, false),
+            (Other, false, false, false, false),
+        ];
+        for (endpoint, so, swt, vta, mnta) in cases {
+            assert_eq!(
+                endpoint.caps(),
+                Caps {
+                    structured_output: so,
+                    structured_with_tools: swt,
+                    validates_tool_args: vta,
+                    mangles_nested_tool_args: mnta,
+                },
+                "{endpoint:?}"
+            );
+        }
+        assert_eq!(Endpoint::default(), Other);
+    }
+
+    #[test]
+    fn endpoints_have_their_wire_names() {
+        let e: Endpoint = serde_json::from_value(json!("llamacpp")).expect("parse");
+        assert_eq!(e, Endpoint::LlamaCpp);
+        assert_eq!(
+            serde_json::to_value(Endpoint::OpenAi).expect("encode"),
+            "openai"
+        );
+    }
+}
