@@ -81,7 +81,7 @@ pub struct Inner {
     /// Whether the hub runs a model (a message to a session then starts a turn).
     pub runs_model: bool,
     /// What the model server can enforce (an output schema's transport is chosen by it).
-    pub caps: crate::runner::output::Caps,
+    pub caps: crate::model::Caps,
     /// Stops for the turns being driven (a cancel rings them).
     pub stops: Arc<crate::stops::Stops>,
 }
