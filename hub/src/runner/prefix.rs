@@ -192,4 +192,89 @@ mod tests {
             config(&d, &Caps::default(), unknown_tool).expect_err("an unknown tool in a policy");
         assert!(e.contains("rm_rf"), "{e}");
     }
+
+    /// The transport is chosen when the session is made, and the OUTPUT SCHEMA goes in the
+    /// prefix only when the transport leaves the schema to the prompt: (endpoint, schema,
+    /// strategy, transport, documented).
+    #[test]
+    fn the_output_schema_is_documented_when_the_transport_needs_it() {
+        use crate::model::Endpoint;
+        use cortex_protocol::api::{OutputConfig, OutputStrategy, OutputTransport};
+        let small = json!({"type": "object", "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"], "additionalProperties": false});
+        let open = json!({"type": "object", "additionalProperties": {"type": "string"}});
+        let d = AgentDefaults::default();
+        let cases = [
+            (
+                Endpoint::Other,
+                &small,
+                OutputStrategy::Auto,
+                OutputTransport::Respond,
+                false,
+            ),
+            (
+                Endpoint::Other,
+                &open,
+                OutputStrategy::Auto,
+                OutputTransport::Emit,
+                true,
+            ),
+            (
+                Endpoint::Groq,
+                &small,
+                OutputStrategy::Auto,
+                OutputTransport::Emit,
+                true,
+            ),
+            (
+                Endpoint::Groq,
+                &small,
+                OutputStrategy::Respond,
+                OutputTransport::Respond,
+                true,
+            ),
+            (
+                Endpoint::OpenAi,
+                &small,
+                OutputStrategy::Auto,
+                OutputTransport::Native,
+                false,
+            ),
+            (
+                Endpoint::Other,
+                &small,
+                OutputStrategy::Emit,
+                OutputTransport::Emit,
+                true,
+            ),
+        ];
+        for (endpoint, schema, strategy, transport, documented) in cases {
+            let caps = endpoint.caps();
+            let req = CreateSession {
+                output: Some(OutputConfig {
+                    schema: schema.clone(),
+                    strategy,
+                    force_tool: false,
+                    doc: None,
+                }),
+                ..CreateSession::default()
+            };
+            let c = config(&d, &caps, req).expect("config");
+            assert_eq!(c.transport, Some(transport), "{endpoint:?} {strategy:?}");
+            let system = build(&c, &caps)[0].content.clone().unwrap_or_default();
+            assert_eq!(
+                system.contains("OUTPUT SCHEMA"),
+                documented,
+                "{endpoint:?} {strategy:?}: {system}"
+            );
+        }
+        // A chat agent has no transport and no schema documentation.
+        let chat = config(&d, &Caps::default(), CreateSession::default()).expect("config");
+        assert_eq!(chat.transport, None);
+        let system = build(&chat, &Caps::default())[0]
+            .content
+            .clone()
+            .unwrap_or_default();
+        assert!(!system.contains("OUTPUT SCHEMA"));
+    }
 }

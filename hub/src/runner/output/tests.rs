@@ -213,3 +213,128 @@ fn a_compiled_output_judges_answers() {
         "no unwrap rung here"
     );
 }
+
+fn call(id: &str, name: &str, args: &str) -> crate::model::ToolCall {
+    crate::model::ToolCall {
+        id: id.into(),
+        kind: "function".into(),
+        function: crate::model::FunctionCall {
+            name: name.into(),
+            arguments: args.into(),
+        },
+    }
+}
+
+/// What a finished turn comes to, per session kind and transport: (output, transport,
+/// text, calls, the calls that run, the call that carried the answer, the verdict's kind).
+#[test]
+fn a_turn_is_judged_by_its_transport() {
+    let typed = compile(&config(json!({"schema": small()}))).expect("compile");
+    let chat = Output::chat();
+    let good = r#"{"data": {"ok": true}}"#;
+    let w = call("c1", "wait_check", "{}");
+    let r = call("c2", RESPOND, good);
+    #[derive(Debug, PartialEq)]
+    enum Kind {
+        Calls(Vec<&'static str>, usize),
+        Accepted(Option<&'static str>),
+        Refused(Option<&'static str>),
+        NoEnvelope(Option<&'static str>),
+    }
+    use Transport::*;
+    let cases: Vec<(&Output, Transport, &str, Vec<crate::model::ToolCall>, Kind)> = vec![
+        // A chat agent: its text is the answer; tool calls run.
+        (&chat, Emit, "Hello.", vec![], Kind::Accepted(None)),
+        (&chat, Emit, "", vec![w.clone()], Kind::Calls(vec!["c1"], 0)),
+        // respond: alone it answers; beside others it is dropped; none: the text is judged.
+        (
+            &typed,
+            Respond,
+            "",
+            vec![r.clone()],
+            Kind::Accepted(Some("c2")),
+        ),
+        (
+            &typed,
+            Respond,
+            "",
+            vec![w.clone(), r.clone()],
+            Kind::Calls(vec!["c1"], 1),
+        ),
+        (&typed, Respond, good, vec![], Kind::Accepted(None)),
+        (&typed, Respond, "thinking…", vec![], Kind::NoEnvelope(None)),
+        (
+            &typed,
+            Respond,
+            "",
+            vec![call("c3", RESPOND, r#"{"data": {"ok": 1}}"#)],
+            Kind::Refused(Some("c3")),
+        ),
+        // emit and native: a call named respond is no exit there, the text is.
+        (
+            &typed,
+            Emit,
+            "",
+            vec![r.clone()],
+            Kind::Calls(vec!["c2"], 0),
+        ),
+        (&typed, Emit, good, vec![], Kind::Accepted(None)),
+        (
+            &typed,
+            Native,
+            "{\"data\": {}}",
+            vec![],
+            Kind::Refused(None),
+        ),
+        (&typed, Native, "no", vec![], Kind::NoEnvelope(None)),
+    ];
+    for (out, transport, text, calls, want) in cases {
+        let got = match out.judge_turn(transport, text, calls.clone()) {
+            Judged::Calls { run, dropped } => Kind::Calls(
+                run.iter()
+                    .map(|c| match c.id.as_str() {
+                        "c1" => "c1",
+                        "c2" => "c2",
+                        _ => "other",
+                    })
+                    .collect(),
+                dropped,
+            ),
+            Judged::Answer { verdict, via } => {
+                let via = via.map(|c| match c.id.as_str() {
+                    "c2" => "c2",
+                    "c3" => "c3",
+                    _ => "other",
+                });
+                match verdict {
+                    Verdict::Accepted { .. } => Kind::Accepted(via),
+                    Verdict::Refused { .. } => Kind::Refused(via),
+                    Verdict::NoEnvelope { .. } => Kind::NoEnvelope(via),
+                }
+            }
+        };
+        assert_eq!(got, want, "{transport:?} {text:?} {calls:?}");
+    }
+}
+
+#[test]
+fn a_refused_answer_is_kept_as_the_last_output() {
+    assert_eq!(
+        last_output(&json!({"data": {"ok": 1}, "response": "r"})),
+        Envelope {
+            response: Some("r".into()),
+            data: Some(json!({"ok": 1})),
+            reasoning: None,
+        }
+    );
+    // Not an envelope (another key, or a field of the wrong type): all of it as data.
+    for v in [json!({"ok": 1, "x": 2}), json!({"response": 5}), json!([1])] {
+        assert_eq!(
+            last_output(&v),
+            Envelope {
+                data: Some(v.clone()),
+                ..Envelope::default()
+            }
+        );
+    }
+}
