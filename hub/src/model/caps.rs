@@ -1,6 +1,6 @@
 //! What an OpenAI-compatible endpoint can enforce: the servers the hub knows
-//! ([`Endpoint`]) and their capabilities ([`Caps`]), which decide how a typed answer
-//! travels.
+//! ([`Endpoint`], named by `llm.endpoint` or told from the base URL's host) and their
+//! capabilities ([`Caps`]), which decide how a typed answer travels.
 
 use serde::{Deserialize, Serialize};
 
@@ -47,6 +47,16 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// Every endpoint, in the order the words are listed to an operator.
+    pub const ALL: [Endpoint; 6] = [
+        Endpoint::OpenAi,
+        Endpoint::Vllm,
+        Endpoint::Ollama,
+        Endpoint::LlamaCpp,
+        Endpoint::Groq,
+        Endpoint::Other,
+    ];
+
     /// What the endpoint enforces.
     pub fn caps(self) -> Caps {
         let grammar_alone = Caps {
@@ -65,6 +75,46 @@ impl Endpoint {
             },
             Endpoint::Other => Caps::default(),
         }
+    }
+
+    /// The word that names it (`llm.endpoint`, `CORTEX_LLM_ENDPOINT`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::OpenAi => "openai",
+            Endpoint::Vllm => "vllm",
+            Endpoint::Ollama => "ollama",
+            Endpoint::LlamaCpp => "llamacpp",
+            Endpoint::Groq => "groq",
+            Endpoint::Other => "other",
+        }
+    }
+
+    /// The endpoint a word names, case and surrounding blanks aside.
+    pub fn from_word(word: &str) -> Option<Endpoint> {
+        let word = word.trim();
+        Endpoint::ALL
+            .into_iter()
+            .find(|e| e.as_str().eq_ignore_ascii_case(word))
+    }
+
+    /// The endpoint told from a base URL's host, when none is named: the hosted APIs by
+    /// their hosts; anything else (a local server, a proxy) is `Other`, which asks for no
+    /// grammar, since a wrong guess there would send what the server cannot enforce.
+    pub fn from_base_url(base_url: &str) -> Endpoint {
+        let host = reqwest::Url::parse(base_url)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_ascii_lowercase));
+        match host.as_deref().map(|h| h.trim_end_matches('.')) {
+            Some("api.openai.com") => Endpoint::OpenAi,
+            Some("api.groq.com") => Endpoint::Groq,
+            _ => Endpoint::Other,
+        }
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -110,5 +160,32 @@ mod tests {
             serde_json::to_value(Endpoint::OpenAi).expect("encode"),
             "openai"
         );
+        // The words, serde's names and `as_str` agree, and each word reads back.
+        for e in Endpoint::ALL {
+            assert_eq!(serde_json::to_value(e).expect("encode"), e.as_str());
+            assert_eq!(Endpoint::from_word(e.as_str()), Some(e));
+            assert_eq!(e.to_string(), e.as_str());
+        }
+        assert_eq!(Endpoint::from_word(" LlamaCpp "), Some(Endpoint::LlamaCpp));
+        assert_eq!(Endpoint::from_word("llama.cpp"), None);
+        assert_eq!(Endpoint::from_word(""), None);
+    }
+
+    #[test]
+    fn told_from_the_host() {
+        let cases = [
+            ("https://api.openai.com/v1", Endpoint::OpenAi),
+            ("https://API.OpenAI.com./v1", Endpoint::OpenAi),
+            ("https://api.groq.com/openai/v1", Endpoint::Groq),
+            ("http://127.0.0.1:8080/v1", Endpoint::Other),
+            ("http://localhost:11434/v1", Endpoint::Other),
+            ("https://proxy.example/api.openai.com/v1", Endpoint::Other),
+            ("https://api.openai.com.evil.example/v1", Endpoint::Other),
+            ("https://user:pw@api.groq.com/openai/v1?x=1", Endpoint::Groq),
+            ("not a url", Endpoint::Other),
+        ];
+        for (url, want) in cases {
+            assert_eq!(Endpoint::from_base_url(url), want, "{url}");
+        }
     }
 }

@@ -1,11 +1,12 @@
-//! Where the model is and how patiently to talk to it: [`ModelConfig`] and
-//! [`llm_config`], which reads it from settings.json's `llm` object and the
-//! `CORTEX_LLM_*` environment.
+//! Where the model is, which server it is and how patiently to talk to it:
+//! [`ModelConfig`] and [`llm_config`], which reads it from settings.json's `llm` object
+//! and the `CORTEX_LLM_*` environment.
 
 use std::time::Duration;
 
 use serde_json::Value;
 
+use super::caps::Endpoint;
 use super::error::ModelError;
 
 /// An OpenAI-compatible endpoint and the client's timeouts and retries.
@@ -15,6 +16,8 @@ pub struct ModelConfig {
     /// `{base_url}/chat/completions`.
     pub base_url: String,
     pub model: String,
+    /// Which server it is, for what it can enforce.
+    pub endpoint: Endpoint,
     /// Sent as `Authorization: Bearer`; never logged, never shown by `Debug`.
     pub api_key: Option<String>,
     pub connect_timeout: Duration,
@@ -29,10 +32,13 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// An endpoint with the default timeouts and retries.
+    /// An endpoint with the default timeouts and retries, its server told from the base
+    /// URL's host ([`Endpoint::from_base_url`]).
     pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        let base_url = base_url.into();
         ModelConfig {
-            base_url: base_url.into(),
+            endpoint: Endpoint::from_base_url(&base_url),
+            base_url,
             model: model.into(),
             api_key: None,
             connect_timeout: Duration::from_secs(10),
@@ -49,6 +55,7 @@ impl std::fmt::Debug for ModelConfig {
         f.debug_struct("ModelConfig")
             .field("base_url", &self.base_url)
             .field("model", &self.model)
+            .field("endpoint", &self.endpoint)
             .field("api_key", &self.api_key.as_ref().map(|_| "<set>"))
             .field("connect_timeout", &self.connect_timeout)
             .field("first_byte_timeout", &self.first_byte_timeout)
@@ -63,6 +70,7 @@ impl std::fmt::Debug for ModelConfig {
 const KEYS: &[&str] = &[
     "baseUrl",
     "model",
+    "endpoint",
     "apiKeyEnv",
     "connectTimeoutMs",
     "firstByteTimeoutMs",
@@ -72,14 +80,19 @@ const KEYS: &[&str] = &[
 ];
 
 /// The model the hub's runner calls, from settings.json's `llm` object
-/// (`{baseUrl, model, apiKeyEnv, connectTimeoutMs, firstByteTimeoutMs, idleTimeoutMs,
-/// maxRetries, backoffMs}`, all optional) and the environment (`CORTEX_LLM_BASE_URL`,
-/// `CORTEX_LLM_MODEL`, `CORTEX_LLM_API_KEY`).
+/// (`{baseUrl, model, endpoint, apiKeyEnv, connectTimeoutMs, firstByteTimeoutMs,
+/// idleTimeoutMs, maxRetries, backoffMs}`, all optional) and the environment
+/// (`CORTEX_LLM_BASE_URL`, `CORTEX_LLM_MODEL`, `CORTEX_LLM_ENDPOINT`,
+/// `CORTEX_LLM_API_KEY`).
 ///
 /// As with the hub's other settings, a key in settings.json wins and the environment
 /// fills what it leaves out. The API key is never in the file: `apiKeyEnv` names the
 /// variable that holds it (which must then be set), else `CORTEX_LLM_API_KEY` is read
 /// (and may be absent: local servers need none). Empty values count as absent.
+///
+/// `endpoint` names the server (`openai`, `vllm`, `ollama`, `llamacpp`, `groq`, `other`)
+/// for what it can enforce; unset, it is told from the base URL's host
+/// ([`Endpoint::from_base_url`]).
 ///
 /// `Ok(None)` when no base URL is set: the hub then runs no turns. A base URL without a
 /// model, a URL that is not `http://` or `https://`, an unknown key or a bad number is
@@ -147,6 +160,19 @@ pub fn llm_config(
     .filter(|k| !k.is_empty());
     let mut cfg = ModelConfig::new(base_url, model);
     cfg.api_key = api_key;
+    if let Some(word) = text("endpoint", "CORTEX_LLM_ENDPOINT")? {
+        cfg.endpoint = Endpoint::from_word(&word).ok_or_else(|| {
+            let from = match llm.get("endpoint") {
+                None | Some(Value::Null) => "CORTEX_LLM_ENDPOINT",
+                Some(_) => "settings.json llm.endpoint",
+            };
+            let words: Vec<&str> = Endpoint::ALL.iter().map(|e| e.as_str()).collect();
+            ModelError::Config(format!(
+                "{from} is {word:?}, which is not a server the hub knows; it is one of {}",
+                words.join(", ")
+            ))
+        })?;
+    }
     let ms = |key: &str, default: Duration| -> Result<Duration, ModelError> {
         match llm.get(key) {
             None | Some(Value::Null) => Ok(default),
@@ -374,6 +400,81 @@ mod tests {
         assert!(shape.contains("must be an object"), "{shape}");
         let number = err(llm_config(Some(&json!({"baseUrl": 7})), &env_of(&[])));
         assert!(number.contains("llm.baseUrl must be a string"), "{number}");
+    }
+
+    #[test]
+    fn the_endpoint_is_named_or_told_from_the_host() {
+        use Endpoint::*;
+        // (settings.json llm.endpoint, CORTEX_LLM_ENDPOINT, base URL, the endpoint)
+        let cases: [(Option<Value>, Option<&str>, &str, Endpoint); 12] = [
+            (None, None, "http://127.0.0.1:8080/v1", Other),
+            (None, None, "https://api.openai.com/v1", OpenAi),
+            (None, None, "https://api.groq.com/openai/v1", Groq),
+            (None, Some("llamacpp"), "http://127.0.0.1:8080/v1", LlamaCpp),
+            (Some(json!("vllm")), None, "http://gpu:8000/v1", Vllm),
+            (Some(json!("Ollama")), None, "http://h:11434/v1", Ollama),
+            // Settings win over the environment, and a named endpoint over the host.
+            (Some(json!("vllm")), Some("ollama"), "http://h/v1", Vllm),
+            (None, Some("other"), "https://api.openai.com/v1", Other),
+            (Some(json!("groq")), None, "https://api.openai.com/v1", Groq),
+            // Empty is unset: the environment, then the host.
+            (Some(json!(" ")), Some("ollama"), "http://h/v1", Other),
+            (Some(json!(null)), Some("openai"), "http://h/v1", OpenAi),
+            (None, Some(""), "https://api.groq.com/openai/v1", Groq),
+        ];
+        for (setting, var, url, want) in cases {
+            let mut llm = json!({"baseUrl": url, "model": "m"});
+            if let Some(s) = &setting {
+                llm["endpoint"] = s.clone();
+            }
+            let pairs: Vec<(&str, &str)> = var
+                .map(|v| ("CORTEX_LLM_ENDPOINT", v))
+                .into_iter()
+                .collect();
+            let env = env_of(&pairs);
+            let cfg = llm_config(Some(&llm), &env).expect("ok").expect("some");
+            assert_eq!(cfg.endpoint, want, "{setting:?} {var:?} {url}");
+        }
+        assert_eq!(
+            ModelConfig::new("https://api.openai.com/v1", "m").endpoint,
+            OpenAi
+        );
+    }
+
+    #[test]
+    fn an_unknown_endpoint_is_named_with_the_words() {
+        // (settings.json llm.endpoint, CORTEX_LLM_ENDPOINT, where the error says it came from)
+        let cases = [
+            (Some(json!("llama.cpp")), None, "settings.json llm.endpoint"),
+            (None, Some("azure"), "CORTEX_LLM_ENDPOINT"),
+            (
+                Some(json!("nope")),
+                Some("vllm"),
+                "settings.json llm.endpoint",
+            ),
+        ];
+        for (setting, var, from) in cases {
+            let mut llm = json!({"baseUrl": "http://h/v1", "model": "m"});
+            if let Some(s) = &setting {
+                llm["endpoint"] = s.clone();
+            }
+            let pairs: Vec<(&str, &str)> = var
+                .map(|v| ("CORTEX_LLM_ENDPOINT", v))
+                .into_iter()
+                .collect();
+            let env = env_of(&pairs);
+            let m = err(llm_config(Some(&llm), &env));
+            assert!(m.starts_with(from), "{m}");
+            assert!(
+                m.contains("openai, vllm, ollama, llamacpp, groq, other"),
+                "{m}"
+            );
+        }
+        let number = err(llm_config(
+            Some(&json!({"baseUrl": "http://h/v1", "model": "m", "endpoint": 3})),
+            &env_of(&[]),
+        ));
+        assert!(number.contains("llm.endpoint must be a string"), "{number}");
     }
 
     #[test]
