@@ -39,6 +39,7 @@ fn tools() -> Vec<ToolSpec> {
         name: "wait_create".into(),
         description: "arm a waitpoint".into(),
         parameters: json!({"type": "object", "properties": {"label": {"type": "string"}}}),
+        strict: false,
     }]
 }
 
@@ -55,6 +56,8 @@ async fn step(
         messages: &messages,
         tools,
         max_tokens: Some(64),
+        response_format: None,
+        tool_choice_required: false,
     };
     let mut deltas = Vec::new();
     let out = client.step(req, &mut |d| deltas.push(d)).await;
@@ -360,6 +363,8 @@ fn dropping_a_step_closes_its_connection_at_once() {
             messages: &messages,
             tools: &[],
             max_tokens: None,
+            response_format: None,
+            tool_choice_required: false,
         };
         let mut on_delta = move |d: Delta| {
             let _ = tx.send(d);
@@ -395,6 +400,8 @@ fn a_rule_based_model_answers_by_the_transcript() {
             messages: &transcript,
             tools: &tools,
             max_tokens: None,
+            response_format: None,
+            tool_choice_required: false,
         };
         client.step(req, &mut |_| {}).await
     })
@@ -408,6 +415,8 @@ fn a_rule_based_model_answers_by_the_transcript() {
             messages: &transcript,
             tools: &tools,
             max_tokens: None,
+            response_format: None,
+            tool_choice_required: false,
         };
         client.step(req, &mut |_| {}).await
     })

@@ -15,6 +15,7 @@ use reqwest::header::{
 use serde::Serialize;
 
 use super::assemble::{Assembler, Progress, excerpt, server_error};
+use super::caps::{Caps, Endpoint};
 use super::config::{ModelConfig, base_url_of};
 use super::error::ModelError;
 use super::retry;
@@ -39,6 +40,8 @@ pub struct ModelClient {
     /// The endpoint as errors show it: no user info, no query.
     shown: String,
     model: String,
+    /// Which server it is, for what it enforces.
+    server: Endpoint,
     /// `Bearer …`, marked sensitive; the one place the key lives.
     auth: Option<HeaderValue>,
     first_byte_timeout: Duration,
@@ -54,6 +57,7 @@ impl std::fmt::Debug for ModelClient {
         f.debug_struct("ModelClient")
             .field("endpoint", &self.shown)
             .field("model", &self.model)
+            .field("server", &self.server)
             .finish_non_exhaustive()
     }
 }
@@ -68,6 +72,10 @@ struct ChatRequest<'a> {
     tools: &'a [ToolSpec],
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<&'a serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -90,6 +98,8 @@ pub fn request_body(model: &str, req: &StepRequest<'_>) -> Result<Vec<u8>, Model
         },
         tools: req.tools,
         max_tokens: req.max_tokens,
+        response_format: req.response_format,
+        tool_choice: req.tool_choice_required.then_some("required"),
     })
     .map_err(|e| ModelError::Config(format!("the request could not be encoded: {e}")))
 }
@@ -144,6 +154,7 @@ impl ModelClient {
             endpoint,
             shown: shown_url.to_string(),
             model: cfg.model.trim().to_string(),
+            server: cfg.endpoint,
             auth,
             first_byte_timeout: cfg.first_byte_timeout,
             idle_timeout: cfg.idle_timeout,
@@ -465,6 +476,10 @@ impl ModelClient {
 }
 
 impl Model for ModelClient {
+    fn caps(&self) -> Caps {
+        self.server.caps()
+    }
+
     fn step<'a>(
         &'a self,
         req: StepRequest<'a>,

@@ -9,15 +9,21 @@ use std::time::Duration;
 
 use cortex_protocol::api::Usage;
 
+use super::caps::Caps;
 use super::error::ModelError;
 use super::wire::{ChatMessage, ToolCall, ToolSpec};
 
-/// One model call: the whole transcript, the tools, the per-step token cap.
+/// One model call: the whole transcript, the tools, the per-step token cap, and what a
+/// typed answer asks of the endpoint.
 #[derive(Debug, Clone, Copy)]
 pub struct StepRequest<'a> {
     pub messages: &'a [ChatMessage],
     pub tools: &'a [ToolSpec],
     pub max_tokens: Option<u32>,
+    /// Sent as the request's `response_format` (e.g. `{"type": "json_schema", …}`).
+    pub response_format: Option<&'a serde_json::Value>,
+    /// Sends `tool_choice: "required"`: the model must call a tool.
+    pub tool_choice_required: bool,
 }
 
 /// A piece of a step as it streams.
@@ -53,6 +59,11 @@ pub type StepFuture<'a> = Pin<Box<dyn Future<Output = Result<StepOutput, ModelEr
 
 /// A model the runner can call. Dropping the future stops the call at once.
 pub trait Model: Send + Sync + 'static {
+    /// What the endpoint enforces; nothing, unless the model says otherwise.
+    fn caps(&self) -> Caps {
+        Caps::default()
+    }
+
     fn step<'a>(
         &'a self,
         req: StepRequest<'a>,

@@ -396,11 +396,14 @@ fn the_request_body_has_what_servers_need_and_nothing_empty() {
         name: "devices".into(),
         description: "the fleet".into(),
         parameters: json!({"type": "object", "properties": {}}),
+        strict: false,
     }];
     let req = StepRequest {
         messages: &messages,
         tools: &tools,
         max_tokens: Some(256),
+        response_format: None,
+        tool_choice_required: false,
     };
     let v: Value = serde_json::from_slice(&request_body("m", &req).expect("body")).expect("json");
     assert_eq!(v["model"], "m");
@@ -414,6 +417,8 @@ fn the_request_body_has_what_servers_need_and_nothing_empty() {
         messages: &messages,
         tools: &[],
         max_tokens: None,
+        response_format: None,
+        tool_choice_required: false,
     };
     let v: Value = serde_json::from_slice(&request_body("m", &bare).expect("body")).expect("json");
     let keys: Vec<&str> = v
@@ -423,6 +428,126 @@ fn the_request_body_has_what_servers_need_and_nothing_empty() {
         .map(String::as_str)
         .collect();
     assert_eq!(keys, ["messages", "model", "stream", "stream_options"]);
+    // A typed answer's asks: `response_format` as given, `tool_choice` only when
+    // required, `strict` inside the function only when set.
+    let format = json!({"type": "json_schema", "json_schema": {"name": "envelope", "strict": true, "schema": {"type": "object"}}});
+    let strict = [ToolSpec {
+        strict: true,
+        ..tools[0].clone()
+    }];
+    let typed = StepRequest {
+        messages: &messages,
+        tools: &strict,
+        max_tokens: None,
+        response_format: Some(&format),
+        tool_choice_required: true,
+    };
+    let v: Value = serde_json::from_slice(&request_body("m", &typed).expect("body")).expect("json");
+    assert_eq!(v["response_format"], format);
+    assert_eq!(v["tool_choice"], "required");
+    assert_eq!(v["tools"][0]["function"]["strict"], true);
+    let v: Value = serde_json::from_slice(&request_body("m", &req).expect("body")).expect("json");
+    assert!(v.get("tool_choice").is_none(), "{v}");
+    assert!(v.get("response_format").is_none(), "{v}");
+    assert!(v["tools"][0]["function"].get("strict").is_none(), "{v}");
+}
+
+/// A one-shot HTTP server on loopback: answers the first request with `stream` (an SSE
+/// body) and hands back the request's body.
+async fn one_answer(stream: String) -> (String, tokio::task::JoinHandle<Value>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/v1", listener.local_addr().expect("addr"));
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let (head_end, length) = loop {
+            let n = s.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "the request ended early");
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..at]).to_ascii_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .expect("a content length");
+                break (at + 4, length);
+            }
+        };
+        while buf.len() < head_end + length {
+            let n = s.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "the body ended early");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let body: Value = serde_json::from_slice(&buf[head_end..head_end + length]).expect("json");
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{stream}"
+        );
+        s.write_all(answer.as_bytes()).await.expect("write");
+        let _ = s.shutdown().await;
+        body
+    });
+    (url, server)
+}
+
+/// Over HTTP: the typed answer's asks reach the server as sent, and the client answers
+/// its endpoint's caps.
+#[tokio::test]
+async fn a_typed_step_over_http_streams_its_tool_call() {
+    use super::{Caps, Endpoint, Model};
+    let args = |s: &str| json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": s}}]}}]});
+    let stream = sse(&[
+        json!({"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "respond", "arguments": ""}}]}}]}),
+        args("{\"data\": {\"lo"),
+        args("ss\": 0.5}}"),
+        finish("tool_calls"),
+        json!("[DONE]"),
+    ]);
+    let (url, server) = one_answer(stream).await;
+    let mut cfg = quick(url, 0);
+    cfg.endpoint = Endpoint::LlamaCpp;
+    let client = ModelClient::new(cfg).expect("client");
+    assert_eq!(Model::caps(&client), Endpoint::LlamaCpp.caps());
+    let messages = [ChatMessage::user("the loss?")];
+    let tools = [ToolSpec {
+        name: "respond".into(),
+        description: "answer".into(),
+        parameters: json!({"type": "object", "properties": {"data": {"type": "object"}}, "required": ["data"], "additionalProperties": false}),
+        strict: true,
+    }];
+    let format = json!({"type": "json_schema", "json_schema": {"name": "envelope", "schema": {"type": "object"}}});
+    let req = StepRequest {
+        messages: &messages,
+        tools: &tools,
+        max_tokens: None,
+        response_format: Some(&format),
+        tool_choice_required: true,
+    };
+    let out = client.step(req, &mut |_| {}).await.expect("step");
+    assert_eq!(
+        calls(&out),
+        [("c1", "respond", "{\"data\": {\"loss\": 0.5}}")]
+    );
+    let sent = server.await.expect("server");
+    assert_eq!(sent["response_format"], format);
+    assert_eq!(sent["tool_choice"], "required");
+    assert_eq!(sent["tools"][0]["function"]["strict"], true);
+    // A model that says nothing of its endpoint enforces nothing.
+    struct Bare;
+    impl Model for Bare {
+        fn step<'a>(
+            &'a self,
+            _: StepRequest<'a>,
+            _: &'a mut (dyn FnMut(Delta) + Send),
+        ) -> super::StepFuture<'a> {
+            Box::pin(async { Ok(StepOutput::default()) })
+        }
+    }
+    assert_eq!(Bare.caps(), Caps::default());
 }
 
 fn quick(base_url: String, retries: u32) -> ModelConfig {
@@ -447,6 +572,8 @@ async fn a_refused_connection_is_retried_then_named_with_its_url() {
         messages: &messages,
         tools: &[],
         max_tokens: None,
+        response_format: None,
+        tool_choice_required: false,
     };
     let mut deltas = Vec::new();
     let err = client
@@ -504,6 +631,8 @@ async fn https_goes_through_rustls_without_a_provider_clash() {
         messages: &messages,
         tools: &[],
         max_tokens: None,
+        response_format: None,
+        tool_choice_required: false,
     };
     let err = client.step(req, &mut |_| {}).await.expect_err("not TLS");
     assert!(matches!(err, ModelError::Connect { .. }), "{err:?}");

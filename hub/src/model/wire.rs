@@ -94,26 +94,29 @@ pub struct FunctionCall {
 }
 
 /// A tool the model may call. On the wire:
-/// `{"type":"function","function":{"name","description","parameters"}}`.
+/// `{"type":"function","function":{"name","description","parameters","strict"?}}`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolSpec {
     pub name: String,
     pub description: String,
     /// The arguments' JSON Schema.
     pub parameters: serde_json::Value,
+    /// Asks the endpoint to hold the arguments to `parameters` exactly (OpenAI's strict
+    /// mode, which needs a strict-compatible schema); sent only when set.
+    pub strict: bool,
 }
 
 impl Serialize for ToolSpec {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        serde_json::json!({
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            }
-        })
-        .serialize(s)
+        let mut function = serde_json::json!({
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+        });
+        if self.strict {
+            function["strict"] = serde_json::Value::Bool(true);
+        }
+        serde_json::json!({"type": "function", "function": function}).serialize(s)
     }
 }
 
@@ -142,9 +145,16 @@ mod tests {
             name: "devices".into(),
             description: "the fleet".into(),
             parameters: serde_json::json!({"type": "object", "properties": {}}),
+            strict: false,
         };
         let v = serde_json::to_value(&t).expect("encode");
         assert_eq!(v["type"], "function");
         assert_eq!(v["function"]["name"], "devices");
+        // Not strict: no `strict` key at all, so a server without strict mode sees nothing new.
+        assert!(v["function"].get("strict").is_none(), "{v}");
+        let strict = ToolSpec { strict: true, ..t };
+        let v = serde_json::to_value(&strict).expect("encode");
+        assert_eq!(v["function"]["strict"], true);
+        assert!(v.get("strict").is_none(), "{v}");
     }
 }

@@ -397,6 +397,8 @@ async fn step_once(
                 messages: sent,
                 tools: &shape.specs,
                 max_tokens: c.max_tokens,
+                response_format: None,
+                tool_choice_required: false,
             },
             &mut on_delta,
         );

@@ -53,7 +53,8 @@ pub fn specs() -> Vec<ToolSpec> {
                 },
                 "required": ["label", "intent"]
             }),
-        },
+strict: false,
+},
         ToolSpec {
             name: "wait_check".into(),
             description: "Show this session's waitpoints (or one, by id): state, signals so far, expiry. Never the secret.".into(),
@@ -61,7 +62,8 @@ pub fn specs() -> Vec<ToolSpec> {
                 "type": "object",
                 "properties": {"id": {"type": "string", "description": "one waitpoint's id (optional)"}}
             }),
-        },
+strict: false,
+},
         ToolSpec {
             name: "wait_cancel".into(),
             description: "Cancel one of this session's armed waitpoints.".into(),
@@ -70,12 +72,14 @@ pub fn specs() -> Vec<ToolSpec> {
                 "properties": {"id": {"type": "string", "description": "the waitpoint's id"}},
                 "required": ["id"]
             }),
-        },
+strict: false,
+},
         ToolSpec {
             name: "devices".into(),
             description: "List the devices (other machines) with their state (online or offline), host and active waits, to choose one for a device_wait_* call.".into(),
             parameters: json!({"type": "object", "properties": {}}),
-        },
+strict: false,
+},
         ToolSpec {
             name: "device_wait_pid".into(),
             description: "Wake when a process on a device exits. Answers at once with the waitpoint; end your turn and you are woken with the exit.".into(),
@@ -83,7 +87,8 @@ pub fn specs() -> Vec<ToolSpec> {
                 "a process that outlives it is reported as timed out",
                 ("pid", json!({"type": "integer", "description": "the process id on the device"})),
             ),
-        },
+strict: false,
+},
         ToolSpec {
             name: "device_wait_file".into(),
             description: "Wake when a file on a device is written and closed. Answers at once with the waitpoint; end your turn and you are woken when it happens.".into(),
@@ -91,7 +96,8 @@ pub fn specs() -> Vec<ToolSpec> {
                 "",
                 ("path", json!({"type": "string", "description": "the file's absolute path on the device"})),
             ),
-        },
+strict: false,
+},
         ToolSpec {
             name: "device_exec".into(),
             description: "Start a command on a device (a training run, a build), detached, with its output in a log file on the device. Answers with its pid and the log's path; with wait: true it also arms a device_wait_pid on it, so you can end your turn and be woken when it exits. A person may have to approve it first.".into(),
@@ -108,7 +114,8 @@ pub fn specs() -> Vec<ToolSpec> {
                 },
                 "required": ["device", "argv"]
             }),
-        },
+strict: false,
+},
         ToolSpec {
             name: "ask_user".into(),
             description: "Ask the person one or more questions and wait for the answers (you are woken with them). Use it when you cannot go on without a decision.".into(),
@@ -130,7 +137,8 @@ pub fn specs() -> Vec<ToolSpec> {
                 },
                 "required": ["questions"]
             }),
-        },
+strict: false,
+},
         ToolSpec {
             name: "schedule_wakeup".into(),
             description: "Wake this session later: after in_s seconds or at a time (RFC 3339), with text as the message. It fires only when no turn is running. Setting a name again moves that timer.".into(),
@@ -144,7 +152,8 @@ pub fn specs() -> Vec<ToolSpec> {
                 },
                 "required": ["name"]
             }),
-        },
+strict: false,
+},
         ToolSpec {
             name: "device_wait_flock".into(),
             description: "Wake when a lock file on a device is free (flock). Answers at once with the waitpoint; end your turn and you are woken when it is free.".into(),
@@ -152,7 +161,8 @@ pub fn specs() -> Vec<ToolSpec> {
                 "",
                 ("path", json!({"type": "string", "description": "the lock file's absolute path on the device"})),
             ),
-        },
+strict: false,
+},
     ]
 }
 

@@ -38,11 +38,6 @@ impl RespondTool {
     pub fn needs_doc(&self) -> bool {
         self.params != Params::Strict
     }
-
-    /// Whether to mark the tool `strict` on the wire.
-    pub fn strict(&self) -> bool {
-        self.params == Params::Strict
-    }
 }
 
 /// The `respond` tool. Permissive params when the endpoint validates tool args itself;
@@ -73,6 +68,7 @@ pub fn respond_tool(data: Option<&Value>, caps: &Caps) -> RespondTool {
         name: RESPOND.into(),
         description,
         parameters,
+        strict: params == Params::Strict,
     };
     RespondTool { spec, params }
 }
@@ -216,6 +212,7 @@ mod tests {
             let tool = respond_tool(data, caps);
             assert_eq!(tool.params, want, "{data:?}");
             assert_eq!(tool.spec.name, RESPOND);
+            assert_eq!(tool.spec.strict, want == Params::Strict);
             assert_eq!(tool.needs_doc(), want != Params::Strict);
             assert_eq!(
                 tool.spec.description.contains("OUTPUT SCHEMA"),
