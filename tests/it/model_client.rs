@@ -238,6 +238,7 @@ fn an_error_inside_a_200_stream_is_retried_when_passing() {
             Delta::Text(_) => "text",
             Delta::Reasoning(_) => "reasoning",
             Delta::Retry { .. } => "retry",
+            Delta::ToolArgs { .. } => "tool_args",
         })
         .collect();
     assert_eq!(kinds.first(), Some(&"text"));

@@ -1,6 +1,7 @@
 //! Chat completion chunks into one step. Each SSE `data` payload is a chunk (or
 //! `[DONE]`); its text and reasoning go out as deltas at once, its tool call pieces are
-//! put together by `index` (or by `id` where a server sends none), its `usage` kept
+//! put together by `index` (or by `id` where a server sends none) and go out as
+//! [`Delta::ToolArgs`] as they come, its `usage` kept
 //! wherever it comes (a last chunk with empty `choices`, or beside the finish). The
 //! shapes of the servers people run are all taken: a whole call in one chunk, an
 //! id-and-name chunk then argument fragments, `finish_reason: "stop"` beside tool calls,
@@ -182,7 +183,7 @@ impl Assembler {
                     on_delta(Delta::Reasoning(reasoning));
                 }
                 for piece in m.tool_calls.unwrap_or_default() {
-                    self.call_piece(piece);
+                    self.call_piece(piece, on_delta);
                 }
             }
             if let Some(f) = choice.finish_reason.filter(|f| !f.is_empty()) {
@@ -192,7 +193,7 @@ impl Assembler {
         Ok(())
     }
 
-    fn call_piece(&mut self, piece: CallPiece) {
+    fn call_piece(&mut self, piece: CallPiece, on_delta: &mut (dyn FnMut(Delta) + Send)) {
         let id = piece.id.filter(|s| !s.is_empty());
         let (name, arguments) = match piece.function {
             Some(f) => (
@@ -212,16 +213,27 @@ impl Assembler {
         {
             slot.id = id;
         }
+        // What this piece added to the name, as the delta tells it.
+        let mut added = None;
         if let Some(name) = name {
             // A name sent again whole is the same name; a different one is the next
             // fragment of a name streamed in pieces.
             if slot.name.is_empty() {
-                slot.name = name;
+                slot.name.clone_from(&name);
+                added = Some(name);
             } else if slot.name != name {
                 slot.name.push_str(&name);
+                added = Some(name);
             }
         }
         slot.arguments.push_str(&arguments);
+        if added.is_some() || !arguments.is_empty() {
+            on_delta(Delta::ToolArgs {
+                index: at,
+                name: added,
+                text: arguments,
+            });
+        }
     }
 
     /// Which call a piece belongs to.

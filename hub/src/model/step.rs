@@ -32,6 +32,18 @@ pub enum Delta {
     Text(String),
     /// Reasoning tokens some servers stream beside the text.
     Reasoning(String),
+    /// A piece of a tool call as it streams. `index`: the call's position in the step,
+    /// counted from 0 in the order the calls began (the same call keeps its index; the
+    /// step's `tool_calls` follow the server's numbering, which is this order unless a
+    /// server interleaves calls out of it). `name`: on the piece that carries the
+    /// function's name (a fragment of it, where a server streams the name in pieces:
+    /// the pieces joined are the name). `text`: this piece's fragment of the arguments
+    /// (empty when only the name came); the fragments joined are the call's arguments.
+    ToolArgs {
+        index: usize,
+        name: Option<String>,
+        text: String,
+    },
     /// The call is made again after `delay`: what was built from this attempt's deltas
     /// is void.
     Retry {

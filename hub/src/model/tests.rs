@@ -74,6 +74,7 @@ fn joined(deltas: &[Delta]) -> (String, String) {
             Delta::Text(t) => text.push_str(t),
             Delta::Reasoning(r) => reasoning.push_str(r),
             Delta::Retry { .. } => panic!("no retry expected: {d:?}"),
+            Delta::ToolArgs { .. } => {}
         }
     }
     (text, reasoning)
@@ -100,6 +101,30 @@ fn finish(reason: &str) -> Value {
 
 fn usage_only(p: u64, c: u64) -> Value {
     json!({"choices": [], "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}})
+}
+
+/// The tool-call pieces among `deltas`: (index, name, text).
+fn tool_args(deltas: &[Delta]) -> Vec<(usize, Option<&str>, &str)> {
+    deltas
+        .iter()
+        .filter_map(|d| match d {
+            Delta::ToolArgs { index, name, text } => Some((*index, name.as_deref(), text.as_str())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Each call's pieces joined, by index: (name, arguments).
+fn joined_calls(deltas: &[Delta]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for (index, name, text) in tool_args(deltas) {
+        if out.len() <= index {
+            out.resize(index + 1, Default::default());
+        }
+        out[index].0.push_str(name.unwrap_or_default());
+        out[index].1.push_str(text);
+    }
+    out
 }
 
 fn calls(out: &StepOutput) -> Vec<(&str, &str, &str)> {
@@ -158,7 +183,17 @@ fn vllm_tool_call_as_id_and_name_then_fragments_split_mid_string() {
         json!("[DONE]"),
     ]);
     let (deltas, out) = run(&stream);
-    assert!(deltas.is_empty(), "{deltas:?}");
+    // The call streams as it comes: the name first, then each fragment as sent.
+    assert_eq!(
+        tool_args(&deltas),
+        [
+            (0, Some("wait_create"), ""),
+            (0, None, "{\"lab"),
+            (0, None, "el\": \"trai"),
+            (0, None, "n\", \"intent\": \"é"),
+            (0, None, "\"}"),
+        ]
+    );
     let out = out.expect("step");
     assert_eq!(
         calls(&out),
@@ -241,11 +276,77 @@ fn parallel_calls_interleaved_by_index_come_out_in_index_order() {
         finish("tool_calls"),
         json!("[DONE]"),
     ]);
-    let out = run(&stream).1.expect("step");
+    let (deltas, out) = run(&stream);
+    let out = out.expect("step");
     assert_eq!(
         calls(&out),
         [("A", "first", "{\"a\":1}"), ("B", "second", "{\"b\":2}")]
     );
+    // The pieces are numbered in the order the calls began: `second` began first.
+    assert_eq!(
+        tool_args(&deltas),
+        [
+            (0, Some("second"), ""),
+            (1, Some("first"), ""),
+            (0, None, "{\"b\""),
+            (1, None, "{\"a\""),
+            (1, None, ":1}"),
+            (0, None, ":2}"),
+        ]
+    );
+    assert_eq!(
+        joined_calls(&deltas),
+        [
+            ("second".to_string(), "{\"b\":2}".to_string()),
+            ("first".to_string(), "{\"a\":1}".to_string())
+        ]
+    );
+}
+
+#[test]
+fn tool_call_pieces_stream_as_they_come_and_join_into_the_calls() {
+    // A name in two pieces, a name sent again whole with a fragment, a call whose
+    // arguments come as an object, two calls numbered 0 told apart by id, and pieces
+    // that add nothing (an id alone, an empty fragment).
+    let piece = |v: Value| json!({"choices": [{"index": 0, "delta": {"tool_calls": [v]}}]});
+    let stream = sse(&[
+        piece(json!({"index": 0, "id": "a", "function": {"name": "wait_"}})),
+        piece(json!({"index": 0, "function": {"name": "check", "arguments": ""}})),
+        piece(json!({"index": 0, "function": {"name": "wait_check", "arguments": "{\"id\":"}})),
+        piece(json!({"index": 0, "id": "a"})),
+        piece(json!({"index": 0, "function": {"arguments": "\"wp_1\"}"}})),
+        piece(
+            json!({"index": 0, "id": "b", "function": {"name": "respond", "arguments": {"data": {"loss": 0.5}}}}),
+        ),
+        finish("tool_calls"),
+        json!("[DONE]"),
+    ]);
+    let (deltas, out) = run(&stream);
+    let out = out.expect("step");
+    assert_eq!(
+        tool_args(&deltas),
+        [
+            (0, Some("wait_"), ""),
+            (0, Some("check"), ""),
+            (0, None, "{\"id\":"),
+            (0, None, "\"wp_1\"}"),
+            (1, Some("respond"), "{\"data\":{\"loss\":0.5}}"),
+        ]
+    );
+    // Nothing but tool-call pieces streamed.
+    assert_eq!(tool_args(&deltas).len(), deltas.len(), "{deltas:?}");
+    // The pieces joined are the step's calls.
+    let want: Vec<(String, String)> = out
+        .tool_calls
+        .iter()
+        .map(|c| (c.function.name.clone(), c.function.arguments.clone()))
+        .collect();
+    assert_eq!(joined_calls(&deltas), want);
+    // Every way of cutting the stream gives the same pieces (they follow the chunks).
+    for piece in [1, 5, stream.len()] {
+        let (d, _) = run_pieces(stream.as_bytes(), piece);
+        assert_eq!(d, deltas, "pieces of {piece}");
+    }
 }
 
 #[test]
@@ -380,13 +481,16 @@ fn a_line_that_is_not_a_chunk_is_malformed() {
 fn a_non_streamed_answer_is_one_chunk() {
     let body = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [{"id": "call_9", "type": "function", "function": {"name": "devices", "arguments": "{}"}}]}, "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}});
     let mut asm = Assembler::new();
-    let mut none = |d: Delta| panic!("{d:?}");
+    let mut deltas = Vec::new();
     assert_eq!(
-        asm.payload(&body.to_string(), &mut none).expect("ok"),
+        asm.payload(&body.to_string(), &mut |d| deltas.push(d))
+            .expect("ok"),
         Progress::More
     );
     let out = asm.finish().expect("step");
     assert_eq!(calls(&out), [("call_9", "devices", "{}")]);
+    // The whole call is one piece.
+    assert_eq!(tool_args(&deltas), [(0, Some("devices"), "{}")]);
 }
 
 #[test]
@@ -494,8 +598,8 @@ async fn one_answer(stream: String) -> (String, tokio::task::JoinHandle<Value>) 
     (url, server)
 }
 
-/// Over HTTP: the typed answer's asks reach the server as sent, and the client answers
-/// its endpoint's caps.
+/// Over HTTP: the typed answer's asks reach the server as sent, the tool call streams
+/// as `ToolArgs` pieces, and the client answers its endpoint's caps.
 #[tokio::test]
 async fn a_typed_step_over_http_streams_its_tool_call() {
     use super::{Caps, Endpoint, Model};
@@ -527,10 +631,22 @@ async fn a_typed_step_over_http_streams_its_tool_call() {
         response_format: Some(&format),
         tool_choice_required: true,
     };
-    let out = client.step(req, &mut |_| {}).await.expect("step");
+    let mut deltas = Vec::new();
+    let out = client
+        .step(req, &mut |d| deltas.push(d))
+        .await
+        .expect("step");
     assert_eq!(
         calls(&out),
         [("c1", "respond", "{\"data\": {\"loss\": 0.5}}")]
+    );
+    assert_eq!(
+        tool_args(&deltas),
+        [
+            (0, Some("respond"), ""),
+            (0, None, "{\"data\": {\"lo"),
+            (0, None, "ss\": 0.5}}"),
+        ]
     );
     let sent = server.await.expect("server");
     assert_eq!(sent["response_format"], format);

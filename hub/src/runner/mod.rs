@@ -385,6 +385,9 @@ async fn step_once(
                     stream.reset();
                     None
                 }
+                Delta::ToolArgs { index, name, text } => {
+                    stream.tool_args(*index, name.as_deref(), text)
+                }
                 Delta::Reasoning(_) => None,
             };
             live_piece(state, sid, &c.run_id, c.step, c.seq, d, &mut retries);
@@ -529,6 +532,8 @@ fn live_piece(
     retries: &mut Vec<RetryNote>,
 ) {
     let body = match d {
+        // Not shown live yet.
+        Delta::ToolArgs { .. } => return,
         Delta::Text(text) => EventBody::ModelDelta {
             run_id: run_id.to_string(),
             step,

@@ -1,7 +1,6 @@
 //! Which channel carries the envelope (`emit`, `respond`, `native`), chosen from what the
 //! endpoint can enforce (its [`Caps`], which the model client knows): `auto`'s rule.
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::strict::fits_strict;
