@@ -29,7 +29,7 @@ pub struct Caps {
 /// | OpenAI | `native` | strict `response_format` is enforced beside tools |
 /// | vLLM | `respond` | guided decoding covers the whole completion, so no tool calls beside it |
 /// | Ollama | `respond` | `format` is a grammar over the whole reply, not beside tools |
-/// | llama.cpp server | `respond` | refuses a grammar (`response_format`) together with tools |
+/// | llama.cpp server | `respond` | takes `response_format` beside tools, but its grammar then covers the whole reply and no tool call comes; a call's args follow the tool's params by grammar, `strict` or not |
 /// | Groq | `emit` | validates tool args itself, so `respond`'s params would enforce nothing |
 /// | other | `respond` | nothing known: no grammar is asked for |
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
