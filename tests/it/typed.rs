@@ -178,6 +178,7 @@ fn respond_is_the_exit_and_counts_only_alone() {
     let (hub, _tmp) = hub(&model);
     // `auto` on a server the hub knows nothing of, with a small strict schema: respond.
     let sid = new_session(&hub, typed("auto"));
+    let seen = follow(&hub, &sid, LIMIT);
     say(&hub, &sid, json!({"text": "did run 7 converge?"}));
     let end = run_end(&hub, &sid, 1);
     assert_eq!(end["result"]["ok"], true, "{end}");
@@ -202,7 +203,21 @@ fn respond_is_the_exit_and_counts_only_alone() {
         "number",
         "{respond}"
     );
+    assert_eq!(respond["function"]["strict"], true, "{respond}");
     assert!(!system_prompt(&first).contains("OUTPUT SCHEMA"));
+    assert!(first.get("response_format").is_none(), "{first}");
+    assert!(first.get("tool_choice").is_none(), "{first}");
+    // The respond calls' arguments streamed as the answer (the dropped one too: it came
+    // before the turn was judged); the other call's did not.
+    let seen = seen.join().expect("follower");
+    let step_text = |step: u64| -> String {
+        seen.iter()
+            .filter(|e| e["kind"] == "output-delta" && e["step"] == step)
+            .map(|e| e["text"].as_str().unwrap_or_default())
+            .collect()
+    };
+    assert_eq!(step_text(1), good);
+    assert_eq!(step_text(2), good);
     // The dropped call is not in the record: the second request's assistant message holds
     // only wait_check, answered.
     let second = model.request(1).expect("request 2");
@@ -222,6 +237,59 @@ fn respond_is_the_exit_and_counts_only_alone() {
     assert_eq!(last_message(&second)["role"], "tool");
     let events = hub.events(&sid, 0);
     assert_eq!(count(&events, "tool-start"), 1, "respond is no tool call");
+}
+
+#[test]
+fn native_sends_the_grammar_and_auto_takes_it_where_the_server_enforces_it() {
+    let answer =
+        r#"{"response": null, "data": {"converged": true, "loss": 0.2}, "reasoning": null}"#;
+    let model = ScriptedModel::start(vec![Reply::text(answer), Reply::text(answer)]);
+    // An endpoint that enforces a strict response_format beside tools.
+    let (hub, _tmp) = hub_with(&model, json!({"llm": {"endpoint": "openai"}}));
+    for (n, strategy) in ["auto", "native"].into_iter().enumerate() {
+        let sid = new_session(&hub, typed(strategy));
+        say(&hub, &sid, json!({"text": "report"}));
+        let end = run_end(&hub, &sid, 1);
+        assert_eq!(end["result"]["ok"], true, "{strategy}: {end}");
+        assert_eq!(end["meta"]["strategy"], "native", "{strategy}");
+        assert_eq!(
+            end["result"]["output"],
+            json!({"data": {"converged": true, "loss": 0.2}}),
+            "the strict form's nulls are absent fields"
+        );
+        let req = model.request(n).expect("request");
+        let rf = &req["response_format"];
+        assert_eq!(rf["type"], "json_schema", "{req}");
+        assert_eq!(rf["json_schema"]["strict"], true);
+        assert_eq!(
+            rf["json_schema"]["schema"]["properties"]["data"]["properties"]["loss"]["type"],
+            "number"
+        );
+        assert!(!tool_names(&req).contains(&"respond".to_string()));
+        assert!(
+            !system_prompt(&req).contains("OUTPUT SCHEMA"),
+            "the grammar carries it"
+        );
+    }
+}
+
+#[test]
+fn force_tool_asks_for_a_tool_call_on_every_step() {
+    let model = ScriptedModel::start(vec![Reply::tool_call(
+        "respond",
+        r#"{"data": {"converged": true, "loss": 1.5}}"#,
+    )]);
+    let (hub, _tmp) = hub(&model);
+    let sid = new_session(
+        &hub,
+        json!({"output": {"schema": report_schema(), "forceTool": true}}),
+    );
+    say(&hub, &sid, json!({"text": "report"}));
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(end["result"]["ok"], true, "{end}");
+    assert_eq!(end["meta"]["strategy"], "respond");
+    let req = model.request(0).expect("request");
+    assert_eq!(req["tool_choice"], "required", "{req}");
 }
 
 #[test]

@@ -400,8 +400,8 @@ async fn step_once(
                 messages: sent,
                 tools: &shape.specs,
                 max_tokens: c.max_tokens,
-                response_format: None,
-                tool_choice_required: false,
+                response_format: shape.plan.as_ref().and_then(|p| p.response_format.as_ref()),
+                tool_choice_required: shape.plan.as_ref().is_some_and(|p| p.tool_choice_required),
             },
             &mut on_delta,
         );

@@ -116,8 +116,7 @@ pub async fn run_with_mesh(
         stops: Arc::default(),
         agent_defaults: config.settings.agent.clone(),
         runs_model: config.model.is_some(),
-        // Until the model layer says what its server enforces: nothing assumed.
-        caps: Default::default(),
+        caps: config.model.as_ref().map(|m| m.caps()).unwrap_or_default(),
     });
     crate::mesh::start(&state).await?;
 
