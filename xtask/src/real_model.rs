@@ -6,7 +6,9 @@
 //! the model's tool call was parsed and executed, the turn ended, the process's exit woke
 //! the session, and the wake ran a turn. Then a second session starts a job on the
 //! device (`device_exec`, which asks a person first): the task allows it and checks the
-//! job started and its exit woke the session. It prints the sessions' events as it goes.
+//! job started and its exit woke the session. Then typed answers: a session with an
+//! output schema under `native` and one under `respond` each end a run with data the
+//! schema accepts. It prints the sessions' events as it goes.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -151,11 +153,16 @@ fn story(
     scratch: &Path,
     procs: &mut Procs,
 ) -> anyhow::Result<()> {
-    let env = [
+    let mut env = vec![
         ("CORTEX_LLM_BASE_URL", base_url),
         ("CORTEX_LLM_MODEL", opts.model.as_str()),
         ("RUST_LOG", "info"),
     ];
+    // The server the serve script starts is llama.cpp's: named, `auto` knows what it
+    // enforces.
+    if opts.base_url.is_none() {
+        env.push(("CORTEX_LLM_ENDPOINT", "llamacpp"));
+    }
     let hub_home = scratch.join("hub-home");
     std::fs::create_dir_all(&hub_home).context("the hub's home")?;
     // Small models ramble: bound each step's generation.
@@ -225,6 +232,99 @@ fn story(
     exec_story(&hub)?;
     println!(
         "real-model: the exec story holds (device_exec asked for approval and ran once allowed; with wait: true, the job's exit woke the session)"
+    );
+    typed_story(&hub, opts.base_url.is_none())?;
+    Ok(())
+}
+
+/// The data schema of the typed story's answer.
+fn report_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"converged": {"type": "boolean"}, "loss": {"type": "number"}},
+        "required": ["converged", "loss"],
+        "additionalProperties": false
+    })
+}
+
+/// The worked example of the `respond` story: a report given by calling `respond`.
+fn respond_example() -> Vec<Value> {
+    let args = json!({"data": {"converged": false, "loss": 1.3}}).to_string();
+    vec![
+        json!({"role": "user", "content": "The run finished: loss 1.3, not converged. Report it."}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_ex3", "type": "function", "function": {"name": "respond", "arguments": args}}]}),
+        json!({"role": "tool", "tool_call_id": "call_ex3", "content": "accepted: this answer ends your turn"}),
+    ]
+}
+
+/// The third story: typed answers. A session with an output schema and no tools under
+/// `native` (the server's grammar holds the reply to the envelope), then one with a tool
+/// under `respond` (the answer is a `respond` call; its params are the strict envelope).
+/// Checked: the run ends `ok` on the transport asked for, and its data holds the schema's
+/// fields with their types (the hub validated it; the words and numbers are the model's).
+/// When the story started the server itself it is known as llama.cpp, and `auto` is
+/// checked too: with tools there it is `respond`.
+fn typed_story(hub: &Hub, known_llamacpp: bool) -> anyhow::Result<()> {
+    let text = "The training run finished: loss 0.42, and it converged. Report it.";
+    let mut cases = vec![
+        (
+            "native",
+            json!({"title": "real model, native", "instructions": "You report on training runs.",
+                "policy": {"allow": []},
+                "output": {"schema": report_schema(), "strategy": "native"}}),
+        ),
+        (
+            "respond",
+            json!({"title": "real model, respond", "instructions": "You report on training runs. Give your report by calling respond.",
+                "examples": respond_example(), "policy": {"allow": ["wait_check"]},
+                "output": {"schema": report_schema(), "strategy": "respond"}}),
+        ),
+    ];
+    if known_llamacpp {
+        cases.push((
+            "respond",
+            json!({"title": "real model, auto", "instructions": "You report on training runs. Give your report by calling respond.",
+                "examples": respond_example(), "policy": {"allow": ["wait_check"]},
+                "output": {"schema": report_schema()}}),
+        ));
+    }
+    for (want, body) in cases {
+        let mut last = String::new();
+        let mut held = false;
+        for attempt in 1..=ATTEMPTS {
+            let (sid, _) = ask(hub, body.clone(), text)?;
+            let mut after = 0;
+            let seen = follow(hub, &sid, &mut after, 1)?;
+            let end = seen
+                .iter()
+                .find(|e| e["kind"] == "run-end")
+                .context("a run-end")?;
+            let strategy = end["meta"]["strategy"].as_str().unwrap_or_default();
+            ensure!(
+                strategy == want,
+                "{}: the run went by {strategy}, not {want}",
+                body["title"]
+            );
+            let data = &end["result"]["output"]["data"];
+            if end["result"]["ok"] == true && data["converged"].is_boolean() && data["loss"].is_number() {
+                println!(
+                    "typed ({}): ok by {strategy} in {} steps, {} output retries: data {data}",
+                    body["title"], end["meta"]["steps"], end["meta"]["outputRetries"]
+                );
+                held = true;
+                break;
+            }
+            last = format!("{}", end["result"]);
+            println!("typed attempt {attempt} of {ATTEMPTS} ({}): {last}", body["title"]);
+        }
+        ensure!(
+            held,
+            "{}: in {ATTEMPTS} fresh sessions no run ended ok with valid data; the last: {last}",
+            body["title"]
+        );
+    }
+    println!(
+        "real-model: the typed story holds (native's grammar and respond's call each ended a run with data the schema accepts)"
     );
     Ok(())
 }
