@@ -306,7 +306,10 @@ fn typed_story(hub: &Hub, known_llamacpp: bool) -> anyhow::Result<()> {
                 body["title"]
             );
             let data = &end["result"]["output"]["data"];
-            if end["result"]["ok"] == true && data["converged"].is_boolean() && data["loss"].is_number() {
+            if end["result"]["ok"] == true
+                && data["converged"].is_boolean()
+                && data["loss"].is_number()
+            {
                 println!(
                     "typed ({}): ok by {strategy} in {} steps, {} output retries: data {data}",
                     body["title"], end["meta"]["steps"], end["meta"]["outputRetries"]
@@ -315,7 +318,10 @@ fn typed_story(hub: &Hub, known_llamacpp: bool) -> anyhow::Result<()> {
                 break;
             }
             last = format!("{}", end["result"]);
-            println!("typed attempt {attempt} of {ATTEMPTS} ({}): {last}", body["title"]);
+            println!(
+                "typed attempt {attempt} of {ATTEMPTS} ({}): {last}",
+                body["title"]
+            );
         }
         ensure!(
             held,

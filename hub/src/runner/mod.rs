@@ -303,27 +303,30 @@ impl Shape {
             || gate::shown_specs(&Default::default()),
             |c| gate::shown_specs(&c.policy),
         );
-        let plan = config.and_then(|c| prefix::output_plan(c, caps));
-        let output = config
-            .and_then(|c| c.output.as_ref())
-            .map_or_else(Output::chat, |o| match output::compile(o) {
-                Ok(out) => out,
-                Err(e) => {
-                    // Checked when the session was made; should a newer validator refuse
-                    // it, every answer is refused with the reason rather than let through.
-                    tracing::error!(error = %e, "a session's output schema no longer compiles; its answers are refused");
-                    Output::refusing(o.clone())
-                }
-            });
-        if let Some(tool) = plan.as_ref().and_then(|p| p.respond.as_ref()) {
+        let typed = config.and_then(|c| c.output.as_ref().zip(c.transport));
+        let Some((o, transport)) = typed else {
+            return Shape {
+                specs,
+                output: Output::chat(),
+                transport: Transport::Emit,
+                plan: None,
+            };
+        };
+        let output = output::compile(o).unwrap_or_else(|e| {
+            // Checked when the session was made; should a newer validator refuse it,
+            // every answer is refused rather than let through unchecked.
+            tracing::error!(error = %e, "a session's output schema no longer compiles; its answers are refused");
+            Output::refusing(o.clone())
+        });
+        let plan = output.plan_for(transport, caps);
+        if let Some(tool) = &plan.respond {
             specs.push(tool.spec.clone());
         }
-        let transport = plan.as_ref().map_or(Transport::Emit, |p| p.transport);
         Shape {
             specs,
             output,
             transport,
-            plan,
+            plan: Some(plan),
         }
     }
 }
@@ -371,8 +374,16 @@ async fn step_once(
     // Benchmarks' timing records (`CORTEX_TIMING_FILE`): where a step's time goes.
     let mark = format!("{}/{}", c.run_id, c.step);
     timing::record("runner_model_call", &mark, None);
-    // The answer's envelope as it streams (`output-delta`, `output-partial`).
-    let mut stream = output::Stream::new(shape.output.config().map(|_| shape.transport));
+    // The answer's envelope as it streams (`output-delta`, `output-partial`), parsed only
+    // when someone follows the session as the call begins.
+    let followed = state.live.followed(sid);
+    let mut stream = output::Stream::new(
+        shape
+            .output
+            .config()
+            .filter(|_| followed)
+            .map(|_| shape.transport),
+    );
     let outcome = {
         let mut on_delta = |d: Delta| {
             let piece = match &d {
