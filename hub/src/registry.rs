@@ -11,11 +11,11 @@
 //! request's id. They end with the link: a waiter of an ended link sees its channel
 //! closed, and a new link starts with none.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cortex_protocol::mesh::{AgentFrame, HostFacts, HubFrame, SpoolCounts};
+use cortex_protocol::mesh::{AgentFrame, FileOutcome, HostFacts, HubFrame, SpoolCounts};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use cortex_protocol::api::DeviceView;
@@ -244,6 +244,26 @@ struct Inner {
 pub struct Registry {
     inner: Mutex<Inner>,
     next_id: AtomicU64,
+    /// Each device's latest spool files and what the hub answered them (the page's device
+    /// view); in memory only, since the hub started. Its own lock, off the auth path.
+    files: Mutex<HashMap<String, VecDeque<FileNote>>>,
+}
+
+/// Files remembered per device, newest kept.
+pub const FILE_NOTES: usize = 100;
+
+/// One spool file a device sent and the hub's answer to it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FileNote {
+    /// When the hub answered (ms since the epoch).
+    pub at: u64,
+    /// The file's name in the device's spool.
+    pub name: String,
+    /// `accepted`, `duplicate`, `resolved`, `refused` (parked under `bad/`) or `retry`.
+    pub outcome: &'static str,
+    /// Why it was refused or is to be sent again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Compared against when the device is unknown, so both answers take the same time.
@@ -271,6 +291,10 @@ impl Registry {
         g.tokens.remove(name);
         let link = g.links.remove(name);
         drop(g);
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
         match link {
             Some(l) => {
                 l.end(End::Revoked);
@@ -355,6 +379,37 @@ impl Registry {
 }
 
 impl Registry {
+    /// Remembers a device's file and the hub's answer (the newest [`FILE_NOTES`]).
+    pub fn note_file(&self, device: &str, name: &str, outcome: &FileOutcome, at: u64) {
+        let (outcome, reason) = match outcome {
+            FileOutcome::Accepted => ("accepted", None),
+            FileOutcome::Duplicate => ("duplicate", None),
+            FileOutcome::Resolved => ("resolved", None),
+            FileOutcome::Refused { reason } => ("refused", Some(reason.clone())),
+            FileOutcome::Retry { reason } => ("retry", Some(reason.clone())),
+        };
+        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        let notes = files.entry(device.to_string()).or_default();
+        if notes.len() >= FILE_NOTES {
+            notes.pop_front();
+        }
+        notes.push_back(FileNote {
+            at,
+            name: name.to_string(),
+            outcome,
+            reason,
+        });
+    }
+
+    /// A device's remembered files, newest first.
+    pub fn files(&self, device: &str) -> Vec<FileNote> {
+        let files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        files
+            .get(device)
+            .map(|n| n.iter().rev().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// A stored device merged with its live link, if it has one; `waits` is the count of
     /// its active remote waits.
     pub fn view(&self, rec: DeviceRecord, waits: u32) -> DeviceView {

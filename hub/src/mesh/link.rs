@@ -718,6 +718,9 @@ where
             }
             Event::FileDone(Some((name, outcome))) => {
                 self.in_flight = self.in_flight.saturating_sub(1);
+                self.state
+                    .devices
+                    .note_file(&self.link.device, &name, &outcome, now_ms());
                 self.send(HubFrame::Ack { name, outcome }).await
             }
             Event::FileDone(None) => {

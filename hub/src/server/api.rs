@@ -1,12 +1,14 @@
 //! `/api/...`: sessions, their event logs (long poll and SSE) and waitpoints. Every route
 //! here sits behind the operator token (see `auth`).
 
-use axum::Json;
+use std::sync::Arc;
+
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use cortex_protocol::api::{
     CreateSession, CreateWaitpoint, MAX_DEDUPE_KEY_CHARS, MAX_INSTRUCTIONS_BYTES, MAX_TEXT_BYTES,
     MAX_TITLE_CHARS, MessagePosted, PostMessage, WaitpointList,
@@ -15,6 +17,7 @@ use serde::Deserialize;
 
 use super::error::{ApiError, parse_json};
 use super::log::{self, LogQuery};
+use super::page::{self, CookieAuth, Logins};
 use crate::engine::CreateParams;
 use crate::runner::prefix;
 use crate::state::AppState;
@@ -23,23 +26,46 @@ use crate::store::ops::{CancelOutcome, CreateOutcome};
 use crate::time::now_ms;
 use crate::{secret, text};
 
-/// `Authorization: Bearer <operator token>`, compared in constant time.
-pub async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
+/// `Authorization: Bearer <operator token>`, compared in constant time; or the page's
+/// login cookie from a loopback peer, with its CSRF token on anything but GET and HEAD
+/// (`page::cookie_auth`).
+pub async fn auth(
+    State(state): State<AppState>,
+    logins: Option<Extension<Arc<Logins>>>,
+    req: Request,
+    next: Next,
+) -> Response {
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match given {
-        Some(t) if secret::matches(t, &state.token_hash) => next.run(req).await,
-        _ => ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "this route needs the operator token: send Authorization: Bearer <token> (CORTEX_WEBHOOK_TOKEN, or the file $CORTEX_HOME/hub/token on the hub's machine)",
+    if let Some(t) = given {
+        if secret::matches(t, &state.token_hash) {
+            return next.run(req).await;
+        }
+        return unauthorized();
+    }
+    match logins.map(|Extension(l)| page::cookie_auth(&l, &req)) {
+        Some(CookieAuth::Allowed) => next.run(req).await,
+        Some(CookieAuth::NoCsrf) => ApiError::new(
+            StatusCode::FORBIDDEN,
+            "csrf",
+            "a change made with the page's login must carry its X-CSRF-Token; reload the page",
         )
         .into_response(),
+        Some(CookieAuth::None) | None => unauthorized(),
     }
+}
+
+fn unauthorized() -> Response {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "this route needs the operator token: send Authorization: Bearer <token> (CORTEX_WEBHOOK_TOKEN, or the file $CORTEX_HOME/hub/token on the hub's machine)",
+    )
+    .into_response()
 }
 
 fn json_or_empty<T: serde::de::DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, ApiError> {

@@ -143,6 +143,29 @@ pub async fn get_device(
     Ok(Json(v).into_response())
 }
 
+/// `GET /api/devices/{name}/files`: the device's latest spool files (at most
+/// `registry::FILE_NOTES`, newest first, since the hub started) and what the hub answered
+/// each: `{"files": [{at, name, outcome, reason?}]}`. A refused file is one the agent
+/// parked under `bad/`, with the reason it was given.
+pub async fn device_files(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let exists = state
+        .store
+        .read({
+            let name = name.clone();
+            move |r| Ok(r.device(&name)?.is_some())
+        })
+        .await
+        .map_err(ApiError::store)?;
+    if !exists {
+        return Err(no_device(&name));
+    }
+    let files = state.devices.files(&name);
+    Ok(Json(serde_json::json!({ "files": files })).into_response())
+}
+
 /// `POST /api/devices/{name}/waits`.
 pub async fn create_wait(
     State(state): State<AppState>,

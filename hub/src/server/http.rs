@@ -73,7 +73,7 @@ pub async fn serve(
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             accepted = listener.accept() => {
                 let stream = match accepted {
-                    Ok((s, _)) => s,
+                    Ok(pair) => pair,
                     Err(e) => {
                         // Out of descriptors (the cap should prevent it) or a connection
                         // reset before it was taken: pause a moment, never spin.
@@ -90,8 +90,9 @@ pub async fn serve(
                     }
                     continue;
                 };
+                let (stream, peer) = stream;
                 let _ = stream.set_nodelay(true);
-                tasks.spawn(connection(stream, app.clone(), conn, shutdown.clone()));
+                tasks.spawn(connection(stream, peer, app.clone(), conn, shutdown.clone()));
             }
         }
     }
@@ -106,11 +107,20 @@ pub async fn serve(
     while tasks.join_next().await.is_some() {}
 }
 
-async fn connection(stream: TcpStream, app: Router, conn: Admitted, shutdown: Shutdown) {
+async fn connection(
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    app: Router,
+    conn: Admitted,
+    shutdown: Shutdown,
+) {
     let busy = conn.busy.clone();
-    let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+    let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         let app = app.clone();
         let guard = InFlight::enter(busy.clone());
+        // The peer's address, for the routes that answer only loopback (the page).
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
         async move {
             let resp = match app.oneshot(req.map(Body::new)).await {
                 Ok(r) => r,
@@ -404,14 +414,15 @@ pub async fn edge(req: Request, next: Next) -> Response {
 }
 
 /// An error answer the handlers did not write (axum's rejections of a path, query or
-/// body; a wrong method) as the JSON error shape, keeping its headers (`Allow`).
+/// body; a wrong method) as the JSON error shape (HTML is the page's, left as it is), keeping its headers (`Allow`).
 async fn as_json_error(resp: Response, method: &Method, path: &str) -> Response {
     let status = resp.status();
     let is_json = resp
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
+        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("text/html"));
+    // The page's own answers (its login form with an error) are HTML, written on purpose.
     if !(status.is_client_error() || status.is_server_error()) || is_json {
         return resp;
     }

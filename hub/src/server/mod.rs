@@ -8,6 +8,7 @@ pub mod devices;
 pub mod error;
 pub mod http;
 pub mod log;
+pub mod page;
 pub mod people;
 pub mod signal;
 pub(crate) mod spool;
@@ -58,6 +59,7 @@ pub fn router(state: AppState) -> Router {
             get(devices::get_device).delete(devices::revoke_device),
         )
         .route("/devices/{name}/waits", post(devices::create_wait))
+        .route("/devices/{name}/files", get(devices::device_files))
         .route("/events", get(devices::hub_events))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -69,8 +71,14 @@ pub fn router(state: AppState) -> Router {
             get(|| async { axum::Json(serde_json::json!({"ok": true})) }),
         )
         .route("/webhook/signal", post(signal::route))
+        .route("/", get(page::index))
+        .route("/login", post(page::login))
+        .route("/logout", post(page::logout))
+        .route("/page/app.js", get(page::script))
+        .route("/page/app.css", get(page::style))
         .nest("/api", api)
         .fallback(api::not_found)
+        .layer(axum::Extension(page::Logins::shared()))
         .layer(axum::middleware::from_fn(http::edge))
         .with_state(state)
 }
