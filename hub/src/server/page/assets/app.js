@@ -31,6 +31,11 @@
     for (let i = 2; i < arguments.length; i++) append(e, arguments[i]);
     return e;
   }
+  // Replaces the view's content; null and false are left out.
+  function show() {
+    deviceIndex = null;
+    view.replaceChildren.apply(view, Array.prototype.filter.call(arguments, function (n) { return n !== null && n !== undefined && n !== false; }));
+  }
   function append(parent, c) {
     if (c === null || c === undefined || c === false) return;
     if (Array.isArray(c)) { c.forEach(function (x) { append(parent, x); }); return; }
@@ -131,30 +136,48 @@
   }
   function onHubEvent(ev) {
     if (!ev || !ev.device) return;
+    const rows = [];
     const row = findDevice(ev.device);
+    if (row) rows.push(row);
+    if (route && route.name === 'device' && route.arg === ev.device) {
+      const d = view.querySelector('[data-test=device-detail]');
+      if (d) rows.push(d);
+    }
     if (ev.kind === 'device-online' || ev.kind === 'device-offline') {
       const state = ev.kind === 'device-online' ? 'online' : 'offline';
-      document.querySelectorAll('[data-test=device][data-name="' + cssEscape(ev.device) + '"], [data-test=device-detail][data-name="' + cssEscape(ev.device) + '"]').forEach(function (r) {
+      rows.forEach(function (r) {
         r.setAttribute('data-state', state);
         const s = r.querySelector('[data-test=device-state]');
         if (s) s.textContent = state + ' · since ' + ago(ev.ts);
       });
     }
-    if (row || ev.kind === 'device-added' || ev.kind === 'device-revoked' || (route && route.name === 'device')) {
+    if (rows.length || ev.kind === 'device-added' || ev.kind === 'device-revoked') {
       clearTimeout(deviceRefresh);
       deviceRefresh = setTimeout(refreshDevices, 300);
     }
   }
+  // The device list's rows by name, rebuilt when the list is (not a selector per event:
+  // the stream replays the hub's whole history when it opens).
+  let deviceIndex = null;
   function findDevice(name) {
-    return document.querySelector('[data-test=device][data-name="' + cssEscape(name) + '"]');
+    if (!deviceIndex) {
+      deviceIndex = new Map();
+      view.querySelectorAll('[data-test=device]').forEach(function (r) { deviceIndex.set(r.getAttribute('data-name'), r); });
+    }
+    return deviceIndex.get(name) || null;
   }
   function cssEscape(s) {
     return window.CSS && CSS.escape ? CSS.escape(s) : String(s).replace(/["\\]/g, '\\$&');
   }
   function refreshDevices() {
     if (!route) return;
-    if (route.name === 'devices') loadDevices(route, true);
-    else if (route.name === 'device') loadDevice(route, true);
+    const r = route;
+    const done = function (e) {
+      if (r !== route || !e) return;
+      if (e.status === 404 && r.name === 'device') show(el('p', { class: 'empty' }, 'Device ' + r.arg + ' is gone (revoked). '), el('a', { href: '#/devices' }, 'All devices'));
+    };
+    if (r.name === 'devices') loadDevices(r, true).catch(done);
+    else if (r.name === 'device') loadDevice(r, true).catch(done);
   }
 
   // ------------------------------------------------------------------ routing
@@ -177,14 +200,14 @@
       const t = a.getAttribute('data-test').replace('nav-', '');
       a.classList.toggle('here', t === r.name || t === r.name + 's');
     });
-    view.replaceChildren(el('p', { class: 'loading' }, 'Loading…'));
+    show(el('p', { class: 'loading' }, 'Loading…'));
     const load = { devices: loadDevices, device: loadDevice, sessions: loadSessions, session: loadSession, approvals: loadApprovals }[r.name];
     const mine = route;
     load(mine, false).then(function () {
       if (mine === route) document.body.setAttribute('data-ready', '1');
     }, function (e) {
       if (mine !== route) return;
-      view.replaceChildren(el('p', { class: 'error' }, 'Could not load: ' + e.message));
+      show(el('p', { class: 'error' }, 'Could not load: ' + e.message));
       document.body.setAttribute('data-ready', '1');
     });
     refreshApprovalCount();
@@ -204,32 +227,37 @@
     return s;
   }
   function fillDevice(row, d) {
+    const f = row.cells || (row.cells = {
+      state: row.querySelector('[data-test=device-state]'), seen: row.querySelector('[data-test=device-last-seen]'),
+      version: row.querySelector('[data-test=device-version]'), host: row.querySelector('[data-test=device-host]'),
+      spool: row.querySelector('[data-test=device-spool]'), waits: row.querySelector('[data-test=device-waits]'),
+      why: row.querySelector('.why'),
+    });
     row.setAttribute('data-state', d.state);
-    row.querySelector('[data-test=device-state]').textContent = d.state + ' · since ' + (d.since ? ago(d.since) : 'unknown');
-    row.querySelector('[data-test=device-last-seen]').textContent = 'seen ' + ago(d.last_seen);
-    row.querySelector('[data-test=device-version]').textContent = d.agent_version ? 'agent ' + d.agent_version : 'agent ?';
-    row.querySelector('[data-test=device-host]').textContent = hostWords(d.host);
-    row.querySelector('[data-test=device-spool]').textContent = d.spool.pending + ' pending · ' + d.spool.bad + ' bad';
-    row.querySelector('[data-test=device-spool]').classList.toggle('warn', d.spool.bad > 0);
-    row.querySelector('[data-test=device-waits]').textContent = d.waits + (d.waits === 1 ? ' wait' : ' waits');
-    const why = row.querySelector('.why');
-    if (why) why.textContent = d.state === 'offline' && d.offline_reason ? d.offline_reason : '';
+    f.state.textContent = d.state + ' · since ' + (d.since ? ago(d.since) : 'unknown');
+    f.seen.textContent = 'seen ' + ago(d.last_seen);
+    f.version.textContent = d.agent_version ? 'agent ' + d.agent_version : 'agent ?';
+    f.host.textContent = hostWords(d.host);
+    f.spool.textContent = d.spool.pending + ' pending · ' + d.spool.bad + ' bad';
+    if (d.spool.bad > 0) f.spool.classList.add('warn'); else f.spool.classList.remove('warn');
+    f.waits.textContent = d.waits + (d.waits === 1 ? ' wait' : ' waits');
+    f.why.textContent = d.state === 'offline' && d.offline_reason ? d.offline_reason : '';
   }
   function deviceRow(d) {
+    const c = {
+      state: el('span', { class: 'state', 'data-test': 'device-state' }), why: el('span', { class: 'why' }),
+      seen: el('span', { class: 'seen', 'data-test': 'device-last-seen' }), version: el('span', { class: 'version', 'data-test': 'device-version' }),
+      host: el('span', { class: 'host', 'data-test': 'device-host' }), spool: el('span', { class: 'spool', 'data-test': 'device-spool' }),
+      waits: el('span', { class: 'waits', 'data-test': 'device-waits' }),
+    };
     const row = el('div', { class: 'device', 'data-test': 'device', 'data-name': d.name, 'data-state': d.state },
       el('span', { class: 'state-dot', 'aria-hidden': 'true' }),
       el('a', { class: 'name', href: '#/device/' + encodeURIComponent(d.name) }, d.name),
-      el('span', { class: 'state', 'data-test': 'device-state' }),
-      el('span', { class: 'why' }),
-      el('span', { class: 'seen', 'data-test': 'device-last-seen' }),
-      el('span', { class: 'version', 'data-test': 'device-version' }),
-      el('span', { class: 'host', 'data-test': 'device-host' }),
-      el('span', { class: 'spool', 'data-test': 'device-spool' }),
-      el('span', { class: 'waits', 'data-test': 'device-waits' }));
+      c.state, c.why, c.seen, c.version, c.host, c.spool, c.waits);
+    row.cells = c;
     fillDevice(row, d);
     return row;
   }
-
   async function loadDevices(r, again) {
     const list = await api('GET', '/api/devices');
     if (r !== route) return;
@@ -237,16 +265,19 @@
     let box = view.querySelector('.device-list');
     if (again && box) {
       const seen = {};
+      const rows = {};
+      box.querySelectorAll('[data-test=device]').forEach(function (row) { rows[row.getAttribute('data-name')] = row; });
       const frag = document.createDocumentFragment();
       list.forEach(function (d) {
         seen[d.name] = true;
-        const row = findDevice(d.name);
+        const row = rows[d.name];
         if (row) fillDevice(row, d); else frag.appendChild(deviceRow(d));
       });
       box.querySelectorAll('[data-test=device]').forEach(function (row) {
         if (!seen[row.getAttribute('data-name')]) row.remove();
       });
       box.appendChild(frag);
+      deviceIndex = null;
       updateDeviceCount(list);
       return;
     }
@@ -256,7 +287,7 @@
     box.appendChild(frag);
     const enrol = el('section', { class: 'enrol' },
       el('button', { type: 'button', 'data-test': 'enrol', onclick: function () { openEnrol(enrol); } }, 'Enrol a device'));
-    view.replaceChildren(
+    show(
       el('div', { class: 'heading' }, el('h1', {}, 'Devices'), el('span', { class: 'sub', id: 'device-count' })),
       enrol,
       list.length ? null : el('p', { class: 'empty' }, 'No devices yet. Enrol one to run remote waits on it.'),
@@ -308,6 +339,7 @@
     const row = findDevice(created.name);
     if (!row) {
       const list = view.querySelector('.device-list');
+      deviceIndex = null;
       if (list) list.appendChild(deviceRow({ name: created.name, state: 'offline', since: null, last_seen: null, agent_version: null, host: null, spool: { pending: 0, bad: 0 }, waits: 0 }));
     }
   }
@@ -356,8 +388,8 @@
     detail.appendChild(bad.length ? el('ul', { class: 'rows' }, bad) : el('p', { class: 'empty' }, 'None.'));
     detail.appendChild(el('div', { class: 'actions' },
       el('button', { type: 'button', class: 'danger', 'data-test': 'revoke', onclick: function () { revoke(d.name); } }, 'Revoke ' + d.name)));
-    view.replaceChildren(el('p', {}, el('a', { href: '#/devices' }, '← Devices')), el('h1', {}, d.name), detail);
-    if (!again) every(r, 15000, function () { loadDevice(r, true).catch(function () { /* next time */ }); });
+    show(el('p', {}, el('a', { href: '#/devices' }, '← Devices')), el('h1', {}, d.name), detail);
+    if (!again) every(r, 15000, refreshDevices);
   }
   async function revoke(name) {
     if (!(await confirmDialog('Revoke ' + name + '? Its link ends now and its token stops working.', 'Revoke'))) return;
@@ -430,7 +462,7 @@
     approvalCache.forEach(function (p) { frag.appendChild(approvalCard(p)); });
     const box = el('div', { class: 'approvals' });
     box.appendChild(frag);
-    view.replaceChildren(el('h1', {}, 'Waiting on you'),
+    show(el('h1', {}, 'Waiting on you'),
       approvalCache.length ? null : el('p', { class: 'empty' }, 'Nothing waits on a person.'), box);
     every(r, 5000, async function () {
       const n = await api('GET', '/api/approvals');
@@ -474,7 +506,7 @@
     list.forEach(function (s) { frag.appendChild(sessionRow(s, !!waiting[s.id])); });
     const box = el('div', { class: 'session-list' });
     box.appendChild(frag);
-    view.replaceChildren(
+    show(
       el('div', { class: 'heading' }, el('h1', {}, 'Sessions'),
         el('span', { class: 'legend' }, el('span', { class: 'ring' }), ' waiting on a machine ', el('span', { class: 'amber' }), ' waiting on you')),
       list.length ? null : el('p', { class: 'empty' }, 'No sessions.'), box);
@@ -506,7 +538,7 @@
     }
     send.onclick = doSend;
     composer.onkeydown = function (e) { if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) { e.preventDefault(); doSend(); } };
-    view.replaceChildren(
+    show(
       el('p', {}, el('a', { href: '#/sessions' }, '← Sessions')),
       el('div', { class: 'heading' }, el('h1', {}, s.title || '(untitled)'), el('span', { class: 'mono sub' }, s.id)),
       el('div', { class: 'session-page' }, transcript, pending, capsuleSlot,
@@ -698,8 +730,8 @@
   function renderCapsule(st) {
     const armed = st.waitpoints.filter(function (wp) { return wp.state === 'armed'; });
     if (!armed.length) {
+      if (st.panelOpen) closePanel();
       st.capsuleSlot.replaceChildren();
-      if (st.panelOpen && !st.waitpoints.length) closePanel();
       return;
     }
     let text;
@@ -710,7 +742,9 @@
     const cap = el('button', { type: 'button', class: 'capsule', 'data-test': 'capsule', 'aria-haspopup': 'dialog', 'aria-expanded': String(st.panelOpen), title: armed.length + ' armed', onclick: function () { if (st.panelOpen) closePanel(); else openPanel(st); } },
       el('span', { class: 'ring small', 'aria-hidden': 'true' }), el('span', { class: 'capsule-text' }, text),
       dot ? el('span', { class: 'capsule-dot', 'data-test': 'capsule-dot', title: 'something needs a look' }) : null);
+    const open = st.capsuleSlot.querySelector('[data-test=wp-panel]');
     st.capsuleSlot.replaceChildren(cap);
+    if (open) st.capsuleSlot.appendChild(open);
   }
 
   let panelState = null;
