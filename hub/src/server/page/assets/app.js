@@ -498,7 +498,12 @@
       if (r === route) renderSessions(b[0], b[1].approvals || []);
     });
   }
+  let sessionsShown = '';
   function renderSessions(list, approvals) {
+    // Polled: rebuilt only when something changed, so the list keeps its scroll.
+    const sig = JSON.stringify([list, approvals.map(function (p) { return p.session; })]);
+    if (sig === sessionsShown && view.querySelector('.session-list')) return;
+    sessionsShown = sig;
     const waiting = {};
     approvals.forEach(function (p) { waiting[p.session] = true; });
     list.sort(function (a, b) { return b.created_at - a.created_at; });
@@ -574,6 +579,14 @@
     es.addEventListener('live', function (m) {
       let ev;
       try { ev = JSON.parse(m.data); } catch (e) { return; }
+      if (ev.kind === 'retry') {
+        // The attempt's text so far is void: the call is made again.
+        ['text', 'reasoning'].forEach(function (ch) {
+          const key = ev.run_id + ':' + ev.step + ':' + ch;
+          if (st.live[key]) { st.live[key].remove(); delete st.live[key]; }
+        });
+        return;
+      }
       if (ev.kind === 'model-delta') {
         const stick = transcript.scrollTop + transcript.clientHeight >= transcript.scrollHeight - 40;
         liveText(st, ev).textContent += ev.text;
