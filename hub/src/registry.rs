@@ -441,3 +441,35 @@ impl Registry {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_devices_files_are_kept_newest_first_up_to_the_cap_and_go_with_a_revoke() {
+        let r = Registry::default();
+        let refused = FileOutcome::Refused {
+            reason: "wrong secret".into(),
+        };
+        r.note_file("gpu1", "a.json", &FileOutcome::Accepted, 1);
+        r.note_file("gpu1", "b.json", &refused, 2);
+        r.note_file("gpu2", "c.json", &FileOutcome::Duplicate, 3);
+        let files = r.files("gpu1");
+        assert_eq!(files.len(), 2);
+        assert_eq!(files[0].name, "b.json");
+        assert_eq!(files[0].outcome, "refused");
+        assert_eq!(files[0].reason.as_deref(), Some("wrong secret"));
+        assert_eq!(files[1].outcome, "accepted");
+        assert_eq!(files[1].reason, None);
+        for i in 0..FILE_NOTES as u64 + 5 {
+            r.note_file("gpu1", &format!("{i}.json"), &FileOutcome::Resolved, 10 + i);
+        }
+        let files = r.files("gpu1");
+        assert_eq!(files.len(), FILE_NOTES);
+        assert_eq!(files[0].name, format!("{}.json", FILE_NOTES + 4));
+        r.revoke("gpu1");
+        assert!(r.files("gpu1").is_empty());
+        assert_eq!(r.files("gpu2").len(), 1);
+    }
+}

@@ -378,3 +378,26 @@ fn forms_and_cookies_parse() {
     );
     assert!(login_page(Some("<b>")).contains("&lt;b&gt;"));
 }
+
+#[tokio::test]
+async fn a_devices_files_route_answers_for_a_known_device_only() {
+    let h = hub();
+    let (pair, csrf) = logged_in(&h.app).await;
+    let add = req("POST", "/api/devices", local())
+        .header(header::COOKIE, pair.clone())
+        .header(CSRF_HEADER, csrf)
+        .body(Body::from(r#"{"name":"gpu1"}"#))
+        .expect("req");
+    let (status, _, body) = send(&h.app, add).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let files = |name: &str| {
+        req("GET", &format!("/api/devices/{name}/files"), local())
+            .header(header::COOKIE, pair.clone())
+            .body(Body::empty())
+            .expect("req")
+    };
+    let (status, _, body) = send(&h.app, files("gpu1")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, r#"{"files":[]}"#);
+    assert_eq!(send(&h.app, files("nope")).await.0, StatusCode::NOT_FOUND);
+}
