@@ -24,3 +24,4 @@ mod spool_collect;
 mod torture;
 mod typed;
 mod waitpoints;
+mod webdriver;
