@@ -13,6 +13,7 @@ mod mesh_e2e;
 mod mesh_hub;
 mod model_client;
 mod packaging;
+mod page;
 mod people;
 mod powerloss;
 mod remote_waits;
