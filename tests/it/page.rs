@@ -213,7 +213,7 @@ fn capsule_follows_signals(b: &Browser, hub: &Hub, shots: &Path) -> String {
     assert!(
         b.find("[data-test=capsule] [data-test=capsule-dot]")
             .is_none(),
-        "no badge yet, so no dot"
+        "no badge yet (no wake, no failure, no retry), so no [data-test=capsule-dot]"
     );
     let above = b.execute(
         "const c = document.querySelector('[data-test=capsule]').getBoundingClientRect();
@@ -352,10 +352,12 @@ fn performance(b: &Browser, hub: &Hub) {
     assert_eq!(b.find_all("[data-test=device]").len(), MANY);
 
     let prefix = format!("{MANY} waiting items · ");
+    // `innerText`: the capsule's text as shown, as WebDriver reads it (text hidden by CSS,
+    // such as a narrow screen's variant, left out).
     let ms = b.time_until(
         &hub.url(&format!("/#/session/{sid}")),
         &format!(
-            "document.body.dataset.ready === '1' && ((c) => c !== null && c.textContent.replace(/\\s+/g, ' ').trim().startsWith({prefix:?}))(document.querySelector('[data-test=capsule]'))"
+            "document.body.dataset.ready === '1' && ((c) => c !== null && c.innerText.replace(/\\s+/g, ' ').trim().startsWith({prefix:?}))(document.querySelector('[data-test=capsule]'))"
         ),
         BIG,
     );
