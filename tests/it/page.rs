@@ -150,7 +150,7 @@ fn device_goes_online_then_offline(b: &Browser, hub: &Hub, shots: &Path) -> Agen
     hub.wait_online("gpu1");
     b.click_on("a[data-test=nav-devices]", T);
     let online = "[data-test=device][data-name=gpu1][data-state=online]";
-    let row = b.wait_for(online, T);
+    b.wait_for(online, T);
     ready(b);
     let state = inside(b, online, "[data-test=device-state]");
     assert!(state.contains("online"), "{state:?}");
@@ -162,10 +162,7 @@ fn device_goes_online_then_offline(b: &Browser, hub: &Hub, shots: &Path) -> Agen
         "[data-test=device-spool]",
         "[data-test=device-waits]",
     ] {
-        assert!(
-            !b.find_in(Some(&row), hook).is_empty(),
-            "{hook} inside {online}"
-        );
+        b.wait_for(&format!("{online} {hook}"), T);
     }
     screenshots(b, shots, "devices", "[data-test=device][data-name=gpu1]");
 
@@ -239,17 +236,18 @@ fn capsule_follows_signals(b: &Browser, hub: &Hub, shots: &Path) -> String {
     // The panel.
     b.click_on(capsule, T);
     b.wait_for("[data-test=wp-panel]", T);
-    let one = format!("[data-test=wp-panel] [data-test=wp][data-id={wid}]");
-    let row = b.wait_for(&one, T);
+    let one = format!("[data-test=wp-panel] [data-test=wp][data-id=\"{wid}\"]");
+    b.wait_for(&one, T);
     let intent = inside(b, &one, "[data-test=wp-intent]");
     assert!(intent.contains("both arms report"), "{intent:?}");
     let quorum = inside(b, &one, "[data-test=wp-quorum]");
     assert!(quorum.contains('2'), "{quorum:?}");
-    assert_eq!(b.find_in(Some(&row), "[data-test=wp-member]").len(), 2);
-    let signals = b.find_in(Some(&row), "[data-test=wp-signal]");
-    assert_eq!(signals.len(), 1);
-    let signal = b.text(&signals[0]);
-    assert!(signal.contains("http"), "the signal's source: {signal:?}");
+    wait_count(b, &format!("{one} [data-test=wp-member]"), 2);
+    wait_count(b, &format!("{one} [data-test=wp-signal]"), 1);
+    let signal = b.wait_text(&format!("{one} [data-test=wp-signal]"), T, |t| {
+        t.contains("http")
+    });
+    println!("page: the panel's signal row {signal:?}");
     let html = b.execute("return document.documentElement.outerHTML;", vec![]);
     assert!(
         !html.as_str().unwrap_or_default().contains(&secret),
@@ -290,7 +288,7 @@ fn approval_is_answered(b: &Browser, hub: &Hub) {
     let rid = req["id"].as_str().expect("request id").to_string();
 
     b.goto(&hub.url("/#/sessions"));
-    let row = format!("[data-test=session][data-id={sid}]");
+    let row = format!("[data-test=session][data-id=\"{sid}\"]");
     b.wait_for(&format!("{row} [data-test=amber]"), T);
     ready(b);
     assert!(
@@ -299,11 +297,11 @@ fn approval_is_answered(b: &Browser, hub: &Hub) {
     );
 
     b.goto(&hub.url("/#/approvals"));
-    b.wait_for(&format!("[data-test=approval][data-id={rid}]"), T);
+    b.wait_for(&format!("[data-test=approval][data-id=\"{rid}\"]"), T);
     ready(b);
 
     b.goto(&hub.url(&format!("/#/session/{sid}")));
-    let one = format!("[data-test=approval][data-id={rid}]");
+    let one = format!("[data-test=approval][data-id=\"{rid}\"]");
     b.wait_for(&one, T);
     let args = inside(b, &one, "[data-test=approval-args]");
     let parsed: Result<Value, _> = serde_json::from_str(args.trim());
@@ -382,6 +380,14 @@ fn log_out(b: &Browser, hub: &Hub) {
 /// Waits for `body[data-ready="1"]`.
 fn ready(b: &Browser) {
     b.wait_for("body[data-ready='1']", T);
+}
+
+/// Waits until exactly `n` elements match `css` (found afresh each time: the page may
+/// render them again as events arrive).
+fn wait_count(b: &Browser, css: &str, n: usize) {
+    b.wait(&format!("{n} elements matching {css}"), T, |b| {
+        (b.find_all(css).len() == n).then_some(())
+    });
 }
 
 /// The text of the first `inner` inside the first `outer`, waiting for it.
