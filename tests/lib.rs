@@ -9,6 +9,7 @@
 pub mod agent;
 pub mod scripted_model;
 pub mod sim;
+pub mod webdriver;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
