@@ -290,7 +290,7 @@
     show(
       el('div', { class: 'heading' }, el('h1', {}, 'Devices'), el('span', { class: 'sub', id: 'device-count' })),
       enrol,
-      list.length ? null : el('p', { class: 'empty' }, 'No devices yet. Enrol one to run remote waits on it.'),
+      el('p', { class: 'empty', id: 'no-devices', hidden: list.length ? '' : null }, 'No devices yet. Enrol one to run remote waits on it.'),
       box);
     updateDeviceCount(list);
     every(r, 15000, function () { loadDevices(r, true).catch(function () { /* next time */ }); });
@@ -300,6 +300,9 @@
     if (!c) return;
     const on = list.filter(function (d) { return d.state === 'online'; }).length;
     c.textContent = on + ' online · ' + (list.length - on) + ' offline';
+    // The empty-state line goes once a device is listed (an enrolment arrives live).
+    const none = document.getElementById('no-devices');
+    if (none) none.hidden = list.length > 0;
   }
 
   function openEnrol(box) {
@@ -412,8 +415,9 @@
     } catch (e) { /* shown on the next try */ }
   }
 
+  // `GET /api/approvals` lists each request's fields beside its `session`.
   function approvalCard(p, after) {
-    const q = p.request;
+    const q = p;
     const inputs = [];
     const card = el('div', { class: 'approval ' + q.kind, 'data-test': 'approval', 'data-id': q.id },
       el('div', { class: 'approval-head' },
@@ -470,7 +474,7 @@
       const have = {};
       box.querySelectorAll('[data-test=approval]').forEach(function (c) { have[c.getAttribute('data-id')] = c; });
       (n.approvals || []).forEach(function (p) {
-        if (have[p.request.id]) delete have[p.request.id]; else box.appendChild(approvalCard(p));
+        if (have[p.id]) delete have[p.id]; else box.appendChild(approvalCard(p));
       });
       Object.keys(have).forEach(function (k) { have[k].remove(); });
     });
@@ -790,7 +794,10 @@
     else if (narrow) {
       document.body.appendChild(el('div', { class: 'sheet-shade', onclick: closePanel }));
       document.body.appendChild(panel);
-    } else st.capsuleSlot.parentNode.insertBefore(panel, st.capsuleSlot);
+    } else st.capsuleSlot.appendChild(panel);
+    // A popover opens above the capsule; when the page has no room above it (a short
+    // transcript), it opens below instead, never off the top of the page.
+    if (!narrow && panel.getBoundingClientRect().top < 0) panel.classList.add('below');
     panel.scrollTop = scroll;
   }
 
