@@ -263,32 +263,11 @@ pub async fn index(
     }
 }
 
-/// The value of `name` in a form-encoded body (`a=1&b=2`), decoded.
+/// The value of `name` in a form-encoded body (`a=1&b=2`), decoded; `None` when the
+/// body is not a form or lacks the field.
 pub fn form_field(body: &[u8], name: &str) -> Option<String> {
-    let body = std::str::from_utf8(body).ok()?;
-    body.split('&')
-        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
-        .find(|(k, _)| percent_decode(k).as_deref() == Some(name))
-        .and_then(|(_, v)| percent_decode(v))
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 2;
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).ok()
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(body).ok()?;
+    pairs.into_iter().find(|(k, _)| k == name).map(|(_, v)| v)
 }
 
 /// `POST /login` `token=...`: right, a new login and 303 to `/`; wrong, 401 with the
