@@ -59,6 +59,7 @@ fn the_page_in_a_browser() {
     let allowed_severe = wrong_token_is_refused(&b, &hub);
     log_in(&b, &hub);
     let _agent = device_goes_online_then_offline(&b, &hub, &shots);
+    enrol_and_revoke(&b, &hub);
     let secret = capsule_follows_signals(&b, &hub, &shots);
     approval_is_answered(&b, &hub);
     performance(&b, &hub);
@@ -186,6 +187,53 @@ fn device_goes_online_then_offline(b: &Browser, hub: &Hub, shots: &Path) -> Agen
     b.wait_for("button[data-test=revoke]", T);
     ready(b);
     agent
+}
+
+/// Enrol through the page: the new device's token is shown once with the install lines
+/// filled in, and the hub knows the device; revoke from its page asks first, and once
+/// confirmed the hub no longer knows it.
+fn enrol_and_revoke(b: &Browser, hub: &Hub) {
+    b.goto(&hub.url("/#/devices"));
+    ready(b);
+    b.click_on("button[data-test=enrol]", T);
+    let name = b.wait_for("input[data-test=enrol-name]", T);
+    b.send_keys(&name, "box9");
+    b.click_on("button[data-test=enrol-submit]", T);
+    let token = b.wait_text("[data-test=enrol-token]", T, |t| t.trim().len() >= 16);
+    let token = token.trim().to_string();
+    let install = b.wait_text("[data-test=enrol-install]", T, |t| !t.is_empty());
+    assert!(
+        install.contains(&token),
+        "the install lines hold the token: {install}"
+    );
+    assert!(
+        install.contains("box9"),
+        "the install lines name the device: {install}"
+    );
+    let (st, _) = hub.api(Method::Get, "/api/devices/box9", None);
+    assert_eq!(st, 200, "the hub knows the enrolled device");
+    b.wait_for("[data-test=device][data-name=box9]", T);
+
+    b.goto(&hub.url("/#/device/box9"));
+    ready(b);
+    b.click_on("button[data-test=revoke]", T);
+    b.wait_for("[data-test=confirm]", T);
+    b.click_on("button[data-test=confirm-no]", T);
+    b.wait_gone("[data-test=confirm]", T);
+    assert_eq!(
+        hub.api(Method::Get, "/api/devices/box9", None).0,
+        200,
+        "no kept it"
+    );
+    b.click_on("button[data-test=revoke]", T);
+    b.wait_for("[data-test=confirm]", T);
+    b.click_on("button[data-test=confirm-yes]", T);
+    wait_until(T, "the device revoked", || {
+        (hub.api(Method::Get, "/api/devices/box9", None).0 == 404).then_some(())
+    });
+    println!(
+        "page: box9 enrolled (token shown once, install lines filled in) and revoked after a confirmation"
+    );
 }
 
 /// A two-member waitpoint on a session: the capsule reads `0/2`, then `1/2` after a
