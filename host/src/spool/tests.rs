@@ -999,12 +999,18 @@ fn a_file_open_for_writing_is_never_settled_and_a_closed_one_at_once() {
     // that starts a process forks with every descriptor open, this file's too, until the
     // child's exec closes them: under load that window reaches milliseconds, so the
     // check is given a bound (no holder of our own is left; the file is never written).
+    within_forks(
+        "closed after writing (IN_CLOSE_WRITE): parked once no process holds it",
+        || f.spool.settled("x.json", true).then_some(()).ok_or("held"),
+    );
+}
+
+/// Polls `f` until it is `Ok`, for at most 5 s: long enough for another test's forked
+/// child to reach its exec and drop the copies of our descriptors it holds.
+fn within_forks<E: std::fmt::Display>(what: &str, mut f: impl FnMut() -> Result<(), E>) {
     let limit = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while !f.spool.settled("x.json", true) {
-        assert!(
-            std::time::Instant::now() < limit,
-            "closed after writing (IN_CLOSE_WRITE): parked once no process holds it"
-        );
+    while let Err(e) = f() {
+        assert!(std::time::Instant::now() < limit, "{what}: {e}");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
@@ -1088,14 +1094,7 @@ fn a_second_collector_is_refused_and_told_who_holds_the_spool() {
     drop(f.spool);
     // A forked child of another test may hold a copy of the lock's descriptor until its
     // exec closes it (the flock is the open file's, shared by the copy): a bounded retry.
-    let limit = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while let Err(e) = second.claim(&hub()) {
-        assert!(
-            std::time::Instant::now() < limit,
-            "free once the first is gone: {e}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    within_forks("free once the first is gone", || second.claim(&hub()));
     let third = Spool::open(&f.dir).expect("open");
     assert!(held_by(third.claim(&agent("x")).expect_err("refused")).starts_with("cortex-hub pid"));
 }

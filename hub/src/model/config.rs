@@ -423,22 +423,33 @@ mod tests {
             (None, Some(""), "https://api.groq.com/openai/v1", Groq),
         ];
         for (setting, var, url, want) in cases {
-            let mut llm = json!({"baseUrl": url, "model": "m"});
-            if let Some(s) = &setting {
-                llm["endpoint"] = s.clone();
-            }
-            let pairs: Vec<(&str, &str)> = var
-                .map(|v| ("CORTEX_LLM_ENDPOINT", v))
-                .into_iter()
-                .collect();
-            let env = env_of(&pairs);
-            let cfg = llm_config(Some(&llm), &env).expect("ok").expect("some");
+            let cfg = with_endpoint(setting.as_ref(), var, url)
+                .expect("ok")
+                .expect("some");
             assert_eq!(cfg.endpoint, want, "{setting:?} {var:?} {url}");
         }
         assert_eq!(
             ModelConfig::new("https://api.openai.com/v1", "m").endpoint,
             OpenAi
         );
+    }
+
+    /// The config read with settings.json `llm.endpoint` = `setting` and
+    /// `CORTEX_LLM_ENDPOINT` = `var` (each when given) for a server at `url`.
+    fn with_endpoint(
+        setting: Option<&Value>,
+        var: Option<&str>,
+        url: &str,
+    ) -> Result<Option<ModelConfig>, ModelError> {
+        let mut llm = json!({"baseUrl": url, "model": "m"});
+        if let Some(s) = setting {
+            llm["endpoint"] = s.clone();
+        }
+        let pairs: Vec<(&str, &str)> = var
+            .map(|v| ("CORTEX_LLM_ENDPOINT", v))
+            .into_iter()
+            .collect();
+        llm_config(Some(&llm), &env_of(&pairs))
     }
 
     #[test]
@@ -454,16 +465,7 @@ mod tests {
             ),
         ];
         for (setting, var, from) in cases {
-            let mut llm = json!({"baseUrl": "http://h/v1", "model": "m"});
-            if let Some(s) = &setting {
-                llm["endpoint"] = s.clone();
-            }
-            let pairs: Vec<(&str, &str)> = var
-                .map(|v| ("CORTEX_LLM_ENDPOINT", v))
-                .into_iter()
-                .collect();
-            let env = env_of(&pairs);
-            let m = err(llm_config(Some(&llm), &env));
+            let m = err(with_endpoint(setting.as_ref(), var, "http://h/v1"));
             assert!(m.starts_with(from), "{m}");
             assert!(
                 m.contains("openai, vllm, ollama, llamacpp, groq, other"),

@@ -521,15 +521,20 @@ fn live_output(state: &AppState, sid: &str, c: &StepCall, p: output::stream::Pie
         live: true,
     });
     for body in std::iter::once(delta).chain(partial) {
-        state.live.send(sid, || {
-            serde_json::to_string(&Event {
-                seq: c.seq,
-                ts: now_ms(),
-                body,
-            })
-            .unwrap_or_default()
-        });
+        send_live(state, sid, c.seq, body);
     }
+}
+
+/// Sends `body` to `sid`'s followers as a live event (built only when someone follows).
+fn send_live(state: &AppState, sid: &str, seq: u64, body: EventBody) {
+    state.live.send(sid, || {
+        serde_json::to_string(&Event {
+            seq,
+            ts: now_ms(),
+            body,
+        })
+        .unwrap_or_default()
+    });
 }
 
 /// Sends one streamed piece to `sid`'s followers; a retry is also kept for the record.
@@ -580,12 +585,5 @@ fn live_piece(
             }
         }
     };
-    state.live.send(sid, || {
-        serde_json::to_string(&Event {
-            seq,
-            ts: now_ms(),
-            body,
-        })
-        .unwrap_or_default()
-    });
+    send_live(state, sid, seq, body);
 }

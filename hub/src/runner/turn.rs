@@ -747,28 +747,20 @@ fn end_run(
     Ok(())
 }
 
+/// The retries the model client made during step `at` (the server failed: `provider`).
 fn record_retries(
     t: &mut Tx<'_>,
-    sid: &str,
-    run_id: &str,
-    step: u32,
+    at: &StepAt,
     retries: Vec<RetryNote>,
     now: u64,
 ) -> Result<(), StoreError> {
     for r in retries {
-        event(
-            t,
-            sid,
-            EventBody::Retry {
-                run_id: run_id.to_string(),
-                step,
-                cause: "provider".into(),
-                attempt: r.attempt,
-                issues: r.issues,
-                delay_ms: r.delay_ms,
-            },
-            now,
-        )?;
+        let RetryNote {
+            attempt,
+            issues,
+            delay_ms,
+        } = r;
+        retry_event(t, at, "provider", attempt, issues, delay_ms, now)?;
     }
     Ok(())
 }
@@ -859,7 +851,7 @@ pub fn step_done(
         let next = boundary(t, sid, env, &mut prepared, &mut unredacted)?;
         return Ok((next, unredacted));
     }
-    record_retries(t, sid, &at.run_id, at.step, retries, env.now)?;
+    record_retries(t, at, retries, env.now)?;
     match reply {
         Reply::Calls(calls) => {
             let tool_calls: Vec<ToolCall> = calls.iter().map(|(c, _)| c.clone()).collect();
@@ -960,7 +952,7 @@ fn take_answer(
             if let Some(turn) = rec.turn.as_mut() {
                 turn.output_retries = used + 1;
             }
-            retry_event(t, at, "output", used + 1, listed, now)?;
+            retry_event(t, at, "output", used + 1, listed, 0, now)?;
             follow(t, rec, correction)
         }
         Verdict::NoEnvelope { syntax } => {
@@ -974,20 +966,21 @@ fn take_answer(
                 }
                 None => "the turn ended without an answer in the required form".into(),
             };
-            retry_event(t, at, "termination", n, issues, now)?;
+            retry_event(t, at, "termination", n, issues, 0, now)?;
             follow(t, rec, correct::no_envelope(transport, syntax.as_deref()))
         }
     }
 }
 
-/// A `retry` event for step `at`'s answer sent back to the model (no delay: the next
-/// step is the retry).
+/// A `retry` event for step `at`: the model call made again after `delay_ms` (none when
+/// an answer goes back to the model: the next step is the retry).
 fn retry_event(
     t: &mut Tx<'_>,
     at: &StepAt,
     cause: &str,
     attempt: u32,
     issues: String,
+    delay_ms: u64,
     now: u64,
 ) -> Result<(), StoreError> {
     event(
@@ -999,7 +992,7 @@ fn retry_event(
             cause: cause.into(),
             attempt,
             issues,
-            delay_ms: 0,
+            delay_ms,
         },
         now,
     )
@@ -1039,7 +1032,7 @@ pub fn step_interrupted(
     env: &Env<'_>,
 ) -> Result<(Next, Vec<Unredacted>), StoreError> {
     on_current(t, &at.sid, &at.run_id, env, |t, rec, _| {
-        record_retries(t, &at.sid, &at.run_id, at.step, retries, env.now)?;
+        record_retries(t, at, retries, env.now)?;
         let text = if partial.trim().is_empty() {
             INTERRUPTED_MARKER.to_string()
         } else {
@@ -1105,7 +1098,7 @@ pub fn step_failed(
     env: &Env<'_>,
 ) -> Result<(Next, Vec<Unredacted>), StoreError> {
     on_current(t, &at.sid, &at.run_id, env, |t, rec, _| {
-        record_retries(t, &at.sid, &at.run_id, at.step, retries, env.now)?;
+        record_retries(t, at, retries, env.now)?;
         end_run(
             t,
             &at.sid,

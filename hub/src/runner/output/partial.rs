@@ -160,7 +160,7 @@ impl Parser<'_> {
         Some(c)
     }
 
-    /// `\uXXXX`, with a surrogate pair when it is one.
+    /// A `\u` escape of four hex digits, with its low surrogate when it is a high one.
     fn unicode(&mut self) -> Option<char> {
         let hex = |at: usize| -> Option<u32> {
             let digits = self.text.get(at..at + 4)?;
