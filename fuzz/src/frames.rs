@@ -4,7 +4,7 @@
 //! itself; a generated frame encodes (or is `TooLarge`) and decodes back exactly.
 
 use cortex_protocol::mesh::{
-    AgentFrame, FileCursor, FileOutcome, Frame, FrameError, Hello, HostFacts, HubFrame,
+    AgentFrame, FileCursor, FileOutcome, Frame, FrameError, Hello, HostFacts, HubFrame, LogCursor,
     MAX_MESSAGE_BYTES, SpoolCounts, WaitEnd, WaitSpec,
 };
 use proptest::prelude::*;
@@ -124,13 +124,41 @@ fn wait_spec() -> impl Strategy<Value = WaitSpec> {
             size,
             mtime_ns,
         });
-    prop_oneof![
+    let log_cursor = (any::<bool>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+        |(exists, dev, ino, offset)| LogCursor {
+            exists,
+            dev,
+            ino,
+            offset,
+        },
+    );
+    let leaf = prop_oneof![
         (any::<i32>(), any::<Option<u64>>())
             .prop_map(|(pid, start_time)| WaitSpec::Pid { pid, start_time }),
-        (text(), proptest::option::of(cursor))
-            .prop_map(|(path, cursor)| WaitSpec::File { path, cursor }),
+        (text(), proptest::option::of(cursor), any::<Option<u64>>()).prop_map(
+            |(path, cursor, silence_ms)| WaitSpec::File {
+                path,
+                cursor,
+                silence_ms
+            }
+        ),
         text().prop_map(|path| WaitSpec::Flock { path }),
-    ]
+        (
+            text(),
+            text(),
+            proptest::option::of(log_cursor),
+            any::<Option<u64>>()
+        )
+            .prop_map(|(path, pattern, cursor, silence_ms)| WaitSpec::Log {
+                path,
+                pattern,
+                cursor,
+                silence_ms
+            }),
+    ];
+    leaf.prop_recursive(1, 8, 8, |inner| {
+        proptest::collection::vec(inner, 0..8).prop_map(|conditions| WaitSpec::Any { conditions })
+    })
 }
 
 fn wait_end() -> impl Strategy<Value = WaitEnd> {
@@ -274,6 +302,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
             spec: WaitSpec::File {
                 path: "/tmp/x".into(),
                 cursor: Some(FileCursor::absent()),
+                silence_ms: None,
             },
             timeout_ms: 60_000,
             deadline_ms: 1_700_000_000_000,

@@ -5,6 +5,7 @@
 
 use cortex_protocol::api::CreateDeviceWait;
 use cortex_protocol::mesh::WaitSpec;
+use cortex_protocol::waits::{Place, condition_string, format_duration_ms};
 
 use crate::engine::Settings;
 use crate::registry::Registry;
@@ -47,15 +48,20 @@ pub fn plan(
     }
     let (spec, timeout_ms) = parse_wait(req, settings.default_ttl_ms, max_timeout_ms(settings))?;
     if let Some(link) = devices.link(device) {
-        let cap = spec.capability();
-        if !link.capabilities.iter().any(|c| c == cap) {
+        let missing: Vec<&str> = spec
+            .capabilities()
+            .into_iter()
+            .filter(|cap| !link.capabilities.iter().any(|c| c == cap))
+            .collect();
+        if !missing.is_empty() {
             return Err(Refusal {
                 status: 409,
                 code: "unsupported_wait",
                 message: format!(
-                    "the agent on {device} (version {}) does not run {} waits (it does not announce {cap}); upgrade cortex-device-agent there",
+                    "the agent on {device} (version {}) does not run this {} wait (it does not announce {}); upgrade cortex-device-agent there",
                     link.agent_version,
-                    spec.kind()
+                    spec.kind(),
+                    missing.join(", ")
                 ),
             });
         }
@@ -101,62 +107,10 @@ pub fn parse_wait(
         code: "invalid_wait",
         message: m,
     };
-    let path = |kind: &str| -> Result<String, Refusal> {
-        let Some(p) = req.path.as_deref() else {
-            return Err(bad(format!(
-                "a {kind} wait needs \"path\": the absolute path of the file on the device"
-            )));
-        };
-        if !p.starts_with('/') || p.len() > 4096 || p.contains('\0') {
-            return Err(bad(format!(
-                "path {p:?} is not usable; give the absolute path on the device (from /, at most 4096 bytes)"
-            )));
-        }
-        if req.pid.is_some() || req.start_time.is_some() {
-            return Err(bad(format!(
-                "pid and start_time belong to a pid wait, not a {kind} wait; leave them out"
-            )));
-        }
-        Ok(p.to_string())
-    };
-    let spec = match req.kind.as_str() {
-        "pid" => {
-            let pid = match req.pid {
-                Some(p) if p > 0 => p,
-                Some(p) => {
-                    return Err(bad(format!(
-                        "pid {p} is not a process id; give a number above 0"
-                    )));
-                }
-                None => {
-                    return Err(bad(
-                        "a pid wait needs \"pid\": the process id on the device".into(),
-                    ));
-                }
-            };
-            if req.path.is_some() {
-                return Err(bad(
-                    "path belongs to a file or flock wait, not a pid wait; leave it out".into(),
-                ));
-            }
-            WaitSpec::Pid {
-                pid,
-                start_time: req.start_time,
-            }
-        }
-        "file" => WaitSpec::File {
-            path: path("file")?,
-            cursor: None,
-        },
-        "flock" => WaitSpec::Flock {
-            path: path("flock")?,
-        },
-        other => {
-            return Err(bad(format!(
-                "kind {other:?} is not a wait this hub knows; use \"pid\", \"file\" or \"flock\""
-            )));
-        }
-    };
+    let spec = req
+        .condition()
+        .spec(Place::Device)
+        .map_err(|e| bad(e.to_string()))?;
     let timeout_ms = match req.timeout_s {
         None => default_ms.min(max_ms),
         Some(s) if s.is_finite() && s > 0.0 => {
@@ -187,10 +141,32 @@ fn wait_words(spec: &WaitSpec, device: &str) -> (String, String, String) {
             format!("pid {pid} on {device}"),
             format!("wake when process {pid} on {device} exits"),
         ),
+        WaitSpec::File {
+            path,
+            silence_ms: Some(ms),
+            ..
+        } => (
+            format!("wait silence {path} on {device}"),
+            format!("{path} silent on {device}"),
+            format!(
+                "wake when {path} on {device} has not grown for {}",
+                format_duration_ms(*ms)
+            ),
+        ),
         WaitSpec::File { path, .. } => (
             format!("wait file {path} on {device}"),
             format!("{path} on {device}"),
             format!("wake when {path} on {device} is written"),
+        ),
+        WaitSpec::Log { path, .. } => (
+            format!("wait log {path} on {device}"),
+            format!("log {path} on {device}"),
+            format!("wake when {} on {device}", spec.describe()),
+        ),
+        WaitSpec::Any { .. } => (
+            format!("wait any {} on {device}", condition_string(spec)),
+            format!("any of {} on {device}", condition_string(spec)),
+            format!("wake when {} on {device} holds", spec.describe()),
         ),
         WaitSpec::Flock { path } => (
             format!("wait flock {path} on {device}"),

@@ -514,8 +514,13 @@ pub enum WakeReason {
     Failed,
     /// The deadline passed before it resolved.
     Expired,
-    /// A monitor's report (max_signals > 1).
+    /// A monitor's report (max_signals > 1), a coalesced burst of them, or the hub's own
+    /// report on a waitpoint (the device running its remote wait has been offline past the
+    /// grace; the wait stays armed).
     Report,
+    /// No signal, progress included, arrived for the waitpoint's `silence_after`; the
+    /// waitpoint stays armed.
+    Silent,
 }
 
 impl WakeReason {
@@ -525,6 +530,7 @@ impl WakeReason {
             WakeReason::Failed => "failed",
             WakeReason::Expired => "expired",
             WakeReason::Report => "report",
+            WakeReason::Silent => "silent",
         }
     }
 }
@@ -586,6 +592,27 @@ pub struct CreateWaitpoint {
     pub expires_in_hours: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// Wake the session (reason `silent`) when no signal, progress included, arrived for
+    /// this long (seconds, or like `"20m"`); once per quiet spell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silence_after: Option<crate::waits::DurationValue>,
+    /// A monitor's window: reports arriving within it of the first become one wake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coalesce: Option<crate::waits::DurationValue>,
+    /// A monitor that starts a fresh session for each wake instead of waking this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawn: Option<SpawnConfig>,
+}
+
+/// A monitor's `spawn`: each wake creates a new session with these instructions (the
+/// spawning session's runner settings otherwise) and the wake's text as its first message.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpawnConfig {
+    pub instructions: String,
+    /// The new sessions' title [default: the waitpoint's label and the wake's number].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
 }
 
 /// Ready-to-paste lines for signalling a waitpoint.
@@ -763,7 +790,7 @@ pub struct DeviceView {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateDeviceWait {
-    /// `pid`, `file` or `flock`.
+    /// `pid`, `file`, `flock`, `log` or `any` (the vocabulary: `crate::waits`).
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<i32>,
@@ -771,9 +798,18 @@ pub struct CreateDeviceWait {
     /// got the same pid is never waited on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<u64>,
-    /// With `file` and `flock`: an absolute path on the device.
+    /// With `file`, `flock` and `log`: an absolute path on the device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// With `log`: the regular expression a line must match.
+    #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// With `file` and `log`: fire when the file has not grown for this long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silence: Option<crate::waits::DurationValue>,
+    /// With `any`: the conditions, the first that holds fires the wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<crate::waits::WaitCondition>>,
     /// The bound, in seconds (fractions allowed) [default: the waitpoint lifetime, 7 days].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
@@ -786,18 +822,42 @@ pub struct CreateDeviceWait {
     pub intent: Option<String>,
 }
 
+impl CreateDeviceWait {
+    /// The condition this body names, for the one parser (`crate::waits`).
+    pub fn condition(&self) -> crate::waits::WaitCondition {
+        crate::waits::WaitCondition {
+            kind: self.kind.clone(),
+            pid: self.pid,
+            start_time: self.start_time,
+            path: self.path.clone(),
+            pattern: self.pattern.clone(),
+            silence: self.silence.clone(),
+            conditions: self.conditions.clone(),
+        }
+    }
+}
+
 /// One remote wait, as the devices API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceWaitView {
     /// The waitpoint's id, which is also the wait's identity on the device.
     pub id: String,
     pub device: String,
-    /// `pid`, `file` or `flock`.
+    /// `pid`, `file`, `flock`, `log` or `any`.
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// A log wait's pattern.
+    #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// A file or log wait's silence, in ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silence_ms: Option<u64>,
+    /// An any wait's conditions, as `cortex wait any` writes them (`pid:4123`, `log:/x~nan`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<String>>,
     /// `pending` (not yet armed on the device: offline, or no answer yet), `armed`, or how
     /// it ended: `fired`, `timed_out`, `broke`, `cancelled`.
     pub state: String,

@@ -7,6 +7,7 @@
 pub mod api;
 pub mod mesh;
 pub mod signal;
+pub mod waits;
 
 pub use signal::{SignalRequest, SignalStatus};
 

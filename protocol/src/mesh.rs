@@ -29,6 +29,12 @@ pub const MAX_WAITS_PER_DEVICE: usize = 4096;
 pub const CAP_WAIT_PID: &str = "wait-pid";
 pub const CAP_WAIT_FILE: &str = "wait-file";
 pub const CAP_WAIT_FLOCK: &str = "wait-flock";
+/// A line matching a pattern appended to a log ([`WaitSpec::Log`]).
+pub const CAP_WAIT_LOG: &str = "wait-log";
+/// `silence_ms` on file and log waits: fires when the file stopped growing.
+pub const CAP_WAIT_SILENCE: &str = "wait-silence";
+/// Several conditions in one wait, the first that holds fires it ([`WaitSpec::Any`]).
+pub const CAP_WAIT_ANY: &str = "wait-any";
 /// Announced only by an agent started with `--allow-exec`: it takes [`HubFrame::Exec`].
 /// The hub sends none to an agent without it.
 pub const CAP_EXEC: &str = "exec";
@@ -54,7 +60,8 @@ pub struct Hello {
     pub device: String,
     pub agent_version: String,
     pub host: HostFacts,
-    /// What this agent can do: `spool`, `wait-pid`, `wait-file`, `wait-flock`, `exec`.
+    /// What this agent can do: `spool`, `wait-pid`, `wait-file`, `wait-flock`, `wait-log`,
+    /// `wait-silence`, `wait-any`, `exec`.
     #[serde(default)]
     pub capabilities: Vec<String>,
     /// Spool counts at connect time.
@@ -129,6 +136,7 @@ pub enum AgentFrame {
 
 /// What a wait waits for: a remote wait's spec on the wire, what the agent persists in its
 /// `waits.json`, and what the wait library (`cortex_host::wait`) arms, local or remote.
+/// Built from what people and models write by [`crate::waits`], the one parser.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WaitSpec {
@@ -140,43 +148,154 @@ pub enum WaitSpec {
         start_time: Option<u64>,
     },
     /// The file at `path` (absolute, on the device) is written; with `cursor`, fires at
-    /// once if it changed since.
+    /// once if it changed since. With `silence_ms`, it fires instead when the file has not
+    /// grown for that long (a writer gone quiet), and a write is no event.
     File {
         path: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cursor: Option<FileCursor>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        silence_ms: Option<u64>,
     },
     /// The `flock(2)` lock on the file at `path` (absolute, on the device) is free.
     Flock { path: String },
+    /// A line matching `pattern` (a regular expression, `regex` crate syntax) is appended
+    /// to the file at `path`: from `cursor` (where an earlier arm left off), else from the
+    /// file's end at arm time. Follows the name across a rotation by rename and a
+    /// truncation. With `silence_ms`, it also fires when the file has not grown for that
+    /// long, whichever comes first.
+    Log {
+        path: String,
+        #[serde(rename = "match")]
+        pattern: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cursor: Option<LogCursor>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        silence_ms: Option<u64>,
+    },
+    /// Whichever of `conditions` holds first (2 to [`crate::waits::MAX_CONDITIONS`], none an
+    /// `any`); the others are dropped then.
+    Any { conditions: Vec<WaitSpec> },
 }
 
 impl WaitSpec {
-    /// `pid`, `file` or `flock`.
+    /// `pid`, `file`, `flock`, `log` or `any`.
     pub fn kind(&self) -> &'static str {
         match self {
             WaitSpec::Pid { .. } => "pid",
             WaitSpec::File { .. } => "file",
             WaitSpec::Flock { .. } => "flock",
+            WaitSpec::Log { .. } => "log",
+            WaitSpec::Any { .. } => "any",
         }
     }
 
-    /// The capability an agent must announce to run this wait.
+    /// The capability an agent must announce for this kind of wait (see
+    /// [`WaitSpec::capabilities`] for all it needs).
     pub fn capability(&self) -> &'static str {
         match self {
             WaitSpec::Pid { .. } => CAP_WAIT_PID,
             WaitSpec::File { .. } => CAP_WAIT_FILE,
             WaitSpec::Flock { .. } => CAP_WAIT_FLOCK,
+            WaitSpec::Log { .. } => CAP_WAIT_LOG,
+            WaitSpec::Any { .. } => CAP_WAIT_ANY,
         }
     }
 
-    /// What is waited for, for people: `pid 4242`, `a write to /x`, `the lock on /x`.
+    /// Every capability an agent must announce to run this wait: its kind's, `wait-silence`
+    /// for a silence, and each condition's for an `any`. Sorted, no repeats.
+    pub fn capabilities(&self) -> Vec<&'static str> {
+        let mut out = vec![self.capability()];
+        match self {
+            WaitSpec::File {
+                silence_ms: Some(_),
+                ..
+            }
+            | WaitSpec::Log {
+                silence_ms: Some(_),
+                ..
+            } => out.push(CAP_WAIT_SILENCE),
+            WaitSpec::Any { conditions } => {
+                for c in conditions {
+                    out.extend(c.capabilities());
+                }
+            }
+            _ => {}
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The silence bound of a file or log wait.
+    pub fn silence_ms(&self) -> Option<u64> {
+        match self {
+            WaitSpec::File { silence_ms, .. } | WaitSpec::Log { silence_ms, .. } => *silence_ms,
+            _ => None,
+        }
+    }
+
+    /// The file a file, flock or log wait is about.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            WaitSpec::File { path, .. } | WaitSpec::Flock { path } | WaitSpec::Log { path, .. } => {
+                Some(path)
+            }
+            _ => None,
+        }
+    }
+
+    /// What is waited for, for people: `pid 4242`, `a write to /x`, `the lock on /x`,
+    /// `a line matching /nan/ in /x`, `/x silent for 20m`, `the first of: …`.
     pub fn describe(&self) -> String {
         match self {
             WaitSpec::Pid { pid, .. } => format!("pid {pid}"),
+            WaitSpec::File {
+                path,
+                silence_ms: Some(ms),
+                ..
+            } => format!(
+                "{path} silent for {}",
+                crate::waits::format_duration_ms(*ms)
+            ),
             WaitSpec::File { path, .. } => format!("a write to {path}"),
             WaitSpec::Flock { path } => format!("the lock on {path}"),
+            WaitSpec::Log {
+                path,
+                pattern,
+                silence_ms,
+                ..
+            } => {
+                let mut s = format!("a line matching /{pattern}/ in {path}");
+                if let Some(ms) = silence_ms {
+                    s.push_str(&format!(
+                        " (or {} of silence)",
+                        crate::waits::format_duration_ms(*ms)
+                    ));
+                }
+                s
+            }
+            WaitSpec::Any { conditions } => {
+                let parts: Vec<String> = conditions.iter().map(WaitSpec::describe).collect();
+                format!("the first of: {}", parts.join("; "))
+            }
         }
     }
+}
+
+/// A log wait's position: the file's identity (device and inode) and the byte offset up to
+/// which it was read. A re-arm from it reads on from `offset` in the same file, or from the
+/// start of a file that replaced it (rotated) or was cut below it (truncated), so it
+/// neither misses a line nor reports one again. `exists: false`: the file was not there.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogCursor {
+    pub exists: bool,
+    #[serde(default)]
+    pub dev: u64,
+    #[serde(default)]
+    pub ino: u64,
+    #[serde(default)]
+    pub offset: u64,
 }
 
 /// A file wait's position: what the file was when the wait was armed. Compared whole;
@@ -472,6 +591,31 @@ mod tests {
                         size: 3,
                         mtime_ns: -4,
                     }),
+                    silence_ms: Some(60_000),
+                },
+                timeout_ms: 1,
+                deadline_ms: 2,
+            },
+            HubFrame::WaitArm {
+                wait_id: "wp_3".into(),
+                spec: WaitSpec::Any {
+                    conditions: vec![
+                        WaitSpec::Pid {
+                            pid: 7,
+                            start_time: None,
+                        },
+                        WaitSpec::Log {
+                            path: "/r/t.log".into(),
+                            pattern: "nan|Traceback".into(),
+                            cursor: Some(LogCursor {
+                                exists: true,
+                                dev: 1,
+                                ino: 2,
+                                offset: 3,
+                            }),
+                            silence_ms: None,
+                        },
+                    ],
                 },
                 timeout_ms: 1,
                 deadline_ms: 2,

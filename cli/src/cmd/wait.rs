@@ -31,6 +31,7 @@ pub fn create_body(args: &CreateArgs) -> CreateWaitpoint {
         max_signals: args.max_signals,
         expires_in_hours: args.expires_in_hours,
         device: args.device.clone(),
+        ..CreateWaitpoint::default()
     }
 }
 

@@ -154,6 +154,7 @@ pub fn file(args: &FileArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
     let spec = WaitSpec::File {
         path,
         cursor: store.as_ref().and_then(|s| s.loaded),
+        silence_ms: None,
     };
     wait(spec, &args.bound, store.as_ref(), out, err)
 }

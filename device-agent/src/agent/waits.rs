@@ -586,18 +586,8 @@ fn encode(f: &AgentFrame) -> Option<Vec<u8>> {
 /// Refuses a spec whose path is relative: it means nothing to a daemon whose working
 /// directory is not the asker's.
 pub fn check_absolute(spec: &WaitSpec) -> Result<(), String> {
-    match spec {
-        WaitSpec::Pid { .. } => Ok(()),
-        WaitSpec::File { path, .. } | WaitSpec::Flock { path } => {
-            if Path::new(path).is_absolute() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{path:?} is not an absolute path; a remote wait names a path on the device from /"
-                ))
-            }
-        }
-    }
+    cortex_protocol::waits::check(spec, cortex_protocol::waits::Place::Device)
+        .map_err(|e| e.to_string())
 }
 
 /// What arming found, as the JSON the hub shows.
@@ -649,6 +639,7 @@ fn describe(h: &HeldWait, outcome: WaitOutcome) -> (WaitEnd, Value, String) {
                     format!("{path} was written ({ev})")
                 }
                 (WaitSpec::Flock { path }, None) => format!("the lock on {path} is free"),
+                (_, None) => format!("{what}: it holds"),
             };
             (WaitEnd::Fired, fire.payload, message)
         }
@@ -658,6 +649,7 @@ fn describe(h: &HeldWait, outcome: WaitOutcome) -> (WaitEnd, Value, String) {
                 WaitSpec::Pid { pid, .. } => format!("pid {pid} is still running"),
                 WaitSpec::File { path, .. } => format!("no write to {path}"),
                 WaitSpec::Flock { path } => format!("the lock on {path} is still held"),
+                other => format!("{} has not happened", other.describe()),
             };
             (
                 WaitEnd::TimedOut,

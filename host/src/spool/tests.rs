@@ -843,6 +843,7 @@ async fn a_file_wait_in_the_spool_shares_its_descriptor_and_leaves_it_in_place()
         .arm(&WaitSpec::File {
             path: crate::wait::tests::utf8(&target),
             cursor: None,
+            silence_ms: None,
         })
         .expect("arm");
     assert_eq!(
@@ -885,6 +886,7 @@ async fn re_watching_a_recreated_spool_keeps_a_waits_mask_on_the_shared_parent()
         .arm(&WaitSpec::File {
             path: crate::wait::tests::utf8(&target),
             cursor: None,
+            silence_ms: None,
         })
         .expect("arm");
     // The spool goes away and comes back: the watcher re-adds the parent's watch, which

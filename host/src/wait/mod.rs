@@ -91,6 +91,9 @@ pub enum WaitError {
         hint: &'static str,
     },
 
+    #[error("this build does not run {kind} waits yet")]
+    Unsupported { kind: &'static str },
+
     #[error("inotify failed, so this wait can no longer see the file: {0}")]
     Inotify(String),
 
@@ -244,10 +247,15 @@ impl Waits {
             WaitSpec::Pid { pid, start_time } => {
                 Inner::Pid(pid::arm(*pid, *start_time, self.force_pid_poll)?)
             }
-            WaitSpec::File { path, cursor } => {
-                Inner::File(file::arm(&self.watches, Path::new(path), *cursor)?)
-            }
+            WaitSpec::File {
+                path,
+                cursor,
+                silence_ms: None,
+            } => Inner::File(file::arm(&self.watches, Path::new(path), *cursor)?),
             WaitSpec::Flock { path } => Inner::Flock(flock::arm(&self.watches, Path::new(path))?),
+            other => {
+                return Err(WaitError::Unsupported { kind: other.kind() });
+            }
         };
         Ok(Armed { inner })
     }
@@ -298,6 +306,7 @@ impl Armed {
             Inner::File(w) => WaitSpec::File {
                 path: w.captured().path.to_string_lossy().into_owned(),
                 cursor: Some(w.resume_cursor()),
+                silence_ms: None,
             },
             Inner::Flock(w) => WaitSpec::Flock {
                 path: w.captured().path.to_string_lossy().into_owned(),

@@ -213,7 +213,8 @@ fn specs_and_cursors_on_the_wire() {
         spec,
         WaitSpec::File {
             path: "/x/y".into(),
-            cursor: Some(FileCursor::absent())
+            cursor: Some(FileCursor::absent()),
+            silence_ms: None
         }
     );
     let spec: WaitSpec =
@@ -487,6 +488,7 @@ fn file_spec(path: &Path) -> WaitSpec {
     WaitSpec::File {
         path: utf8(path),
         cursor: None,
+        silence_ms: None,
     }
 }
 
@@ -665,6 +667,7 @@ async fn a_cursor_reports_what_happened_while_no_wait_was_armed_and_nothing_twic
     let spec = |c| WaitSpec::File {
         path: utf8(&f),
         cursor: Some(c),
+        silence_ms: None,
     };
     let armed = waits.arm(&spec(c0)).expect("arm");
     assert!(armed.fired_at_arm().is_none());
@@ -690,6 +693,7 @@ async fn a_cursor_reports_what_happened_while_no_wait_was_armed_and_nothing_twic
         .arm(&WaitSpec::File {
             path: utf8(&g),
             cursor: Some(FileCursor::absent()),
+            silence_ms: None,
         })
         .expect("arm");
     assert!(armed.fired_at_arm().is_some());
@@ -697,6 +701,7 @@ async fn a_cursor_reports_what_happened_while_no_wait_was_armed_and_nothing_twic
         .arm(&WaitSpec::File {
             path: utf8(&dir.path().join("gone")),
             cursor: Some(c1),
+            silence_ms: None,
         })
         .expect("arm");
     assert!(armed.fired_at_arm().is_none());

@@ -387,6 +387,7 @@ mod tests {
                 WaitSpec::File {
                     path: "/x".into(),
                     cursor: None,
+                    silence_ms: None,
                 },
                 100,
                 Phase::Pending,

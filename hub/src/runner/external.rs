@@ -100,6 +100,7 @@ async fn exec(state: &AppState, sid: &str, call: &ToolCall) -> Outside {
             session: Some(sid.to_string()),
             label: a.label.clone(),
             intent: a.intent.clone(),
+            ..CreateDeviceWait::default()
         };
         let (mut new, _) =
             match remote_wait::plan(&state.store.settings, &state.devices, &a.device, &req) {

@@ -438,6 +438,7 @@ async fn prepare_inner(state: &AppState, sid: &str, call: &ToolCall) -> Result<P
                 session: Some(sid.to_string()),
                 label: a.label,
                 intent: a.intent,
+                ..CreateDeviceWait::default()
             };
             let (new, _) =
                 remote_wait::plan(&state.store.settings, &state.devices, &a.device, &req)

@@ -85,7 +85,7 @@ impl DeviceWaitRecord {
     pub fn view(&self) -> DeviceWaitView {
         let (pid, path) = match &self.spec {
             WaitSpec::Pid { pid, .. } => (Some(*pid), None),
-            WaitSpec::File { path, .. } | WaitSpec::Flock { path } => (None, Some(path.clone())),
+            other => (None, other.path().map(str::to_string)),
         };
         DeviceWaitView {
             id: self.id.clone(),
@@ -93,6 +93,20 @@ impl DeviceWaitRecord {
             kind: self.spec.kind().to_string(),
             pid,
             path,
+            pattern: match &self.spec {
+                WaitSpec::Log { pattern, .. } => Some(pattern.clone()),
+                _ => None,
+            },
+            silence_ms: self.spec.silence_ms(),
+            conditions: match &self.spec {
+                WaitSpec::Any { conditions } => Some(
+                    conditions
+                        .iter()
+                        .map(cortex_protocol::waits::condition_string)
+                        .collect(),
+                ),
+                _ => None,
+            },
             state: match self.phase {
                 Phase::Pending => "pending",
                 Phase::Armed => "armed",

@@ -430,6 +430,7 @@ fn a_waits_file_of_an_earlier_agent_reads_and_writes_back_unchanged() {
                         size: 10,
                         mtime_ns: 1_700_000_000_123_456_789,
                     }),
+                    silence_ms: None,
                 },
                 2,
                 1,
@@ -440,6 +441,7 @@ fn a_waits_file_of_an_earlier_agent_reads_and_writes_back_unchanged() {
                 WaitSpec::File {
                     path: "/data/new.log".into(),
                     cursor: Some(FileCursor::absent()),
+                    silence_ms: None,
                 },
                 2,
                 1,
@@ -486,6 +488,7 @@ async fn file_and_flock_waits_run_on_the_spools_inotify_instance() {
         WaitSpec::File {
             path: target.to_string_lossy().into_owned(),
             cursor: None,
+            silence_ms: None,
         },
         LIMIT * 6,
     ))

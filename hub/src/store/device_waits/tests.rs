@@ -365,6 +365,7 @@ async fn waits_an_agent_cannot_run_and_waits_of_a_revoked_device_break() {
     f.spec = WaitSpec::File {
         path: "/x".into(),
         cursor: None,
+        silence_ms: None,
     };
     let (b, _) = created(&store, f, T0).await;
     let caps = vec!["spool".to_string(), "wait-pid".to_string()];
