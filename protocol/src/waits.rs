@@ -538,12 +538,12 @@ mod tests {
             ),
         ];
         for (cli, body) in pairs {
-            let a = parse_condition(cli, Place::Device).unwrap();
-            let b = api(body).unwrap();
+            let a = parse_condition(cli, Place::Device).expect("accepted");
+            let b = api(body).expect("accepted");
             assert_eq!(a, b, "{cli}");
             // Written back, it reads the same.
             assert_eq!(
-                parse_condition(&condition_string(&a), Place::Device).unwrap(),
+                parse_condition(&condition_string(&a), Place::Device).expect("accepted"),
                 a
             );
         }
@@ -551,7 +551,7 @@ mod tests {
 
     #[test]
     fn a_tilde_that_is_not_a_duration_belongs_to_the_pattern() {
-        let s = parse_condition("log:/x~a~b", Place::Device).unwrap();
+        let s = parse_condition("log:/x~a~b", Place::Device).expect("accepted");
         assert_eq!(
             s,
             WaitSpec::Log {
@@ -570,7 +570,7 @@ mod tests {
             {"kind": "log", "path": "/runs/7/train.log", "match": "Traceback|nan"},
             {"kind": "file", "path": "/runs/7/done", "silence": "10m"},
         ]}))
-        .unwrap();
+        .expect("accepted");
         assert_eq!(any.kind(), "any");
         assert_eq!(
             any.capabilities(),
@@ -586,14 +586,14 @@ mod tests {
         assert!(api(json!({"kind": "any", "conditions": [one]})).is_err());
         assert!(api(json!({"kind": "any", "conditions": vec![one.clone(); 9]})).is_err());
         let nested = json!({"kind": "any", "conditions": [one, one]});
-        let e = api(json!({"kind": "any", "conditions": [nested, one]})).unwrap_err();
+        let e = api(json!({"kind": "any", "conditions": [nested, one]})).expect_err("refused");
         assert!(e.to_string().contains("cannot hold another any"), "{e}");
         // One condition on the command line is just that wait.
         let single = any_of(
-            vec![parse_condition("pid:7", Place::Here).unwrap()],
+            vec![parse_condition("pid:7", Place::Here).expect("accepted")],
             Place::Here,
         )
-        .unwrap();
+        .expect("accepted");
         assert_eq!(single.kind(), "pid");
     }
 
@@ -629,7 +629,7 @@ mod tests {
             (json!({"kind": "tail", "path": "/x"}), "not a wait"),
         ];
         for (body, want) in cases {
-            let e = api(body.clone()).unwrap_err().to_string();
+            let e = api(body.clone()).expect_err("refused").to_string();
             assert!(e.contains(want), "{body}: {e}");
         }
         for (cli, want) in [
@@ -641,7 +641,9 @@ mod tests {
             ("any:x", "not a condition"),
             ("tail:/x", "not a kind of condition"),
         ] {
-            let e = parse_condition(cli, Place::Here).unwrap_err().to_string();
+            let e = parse_condition(cli, Place::Here)
+                .expect_err("refused")
+                .to_string();
             assert!(e.contains(want), "{cli}: {e}");
         }
         // A relative path is fine here, not on a device.
@@ -654,17 +656,30 @@ mod tests {
 
     #[test]
     fn durations_read_and_print() {
-        assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(
+            parse_duration("1.5h").expect("accepted"),
+            Duration::from_secs(5400)
+        );
+        assert_eq!(
+            parse_duration("500ms").expect("accepted"),
+            Duration::from_millis(500)
+        );
         assert!(parse_duration("5 parsecs").is_err());
         assert_eq!(format_duration_ms(1_200_000), "20m");
         assert_eq!(format_duration_ms(5_400_000), "1h 30m");
         assert_eq!(format_duration_ms(250), "250ms");
         assert_eq!(
-            DurationValue::Text("2m".into()).to_ms("silence").unwrap(),
+            DurationValue::Text("2m".into())
+                .to_ms("silence")
+                .expect("accepted"),
             120_000
         );
-        assert_eq!(DurationValue::Seconds(1.5).to_ms("silence").unwrap(), 1_500);
+        assert_eq!(
+            DurationValue::Seconds(1.5)
+                .to_ms("silence")
+                .expect("accepted"),
+            1_500
+        );
         assert!(DurationValue::Seconds(-1.0).to_ms("silence").is_err());
     }
 }
