@@ -650,7 +650,7 @@ mod tests {
         assert!(parse_condition("file:out/done", Place::Here).is_ok());
         assert!(parse_condition("file:out/done", Place::Device).is_err());
         // A pattern too big to compile within the limit is refused.
-        let huge = format!("{}", "\\w{50}".repeat(150));
+        let huge = "\\w{50}".repeat(150);
         assert!(compile_pattern(&huge).is_err());
     }
 
