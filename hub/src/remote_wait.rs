@@ -186,3 +186,61 @@ fn wait_words(spec: &WaitSpec, device: &str) -> (String, String, String) {
         cut(intent, crate::engine::MAX_INTENT_CHARS - 1),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn body(v: serde_json::Value) -> CreateDeviceWait {
+        serde_json::from_value(v).expect("a body")
+    }
+
+    #[test]
+    fn every_kind_is_read_by_the_one_parser_and_worded() {
+        let day = 86_400_000;
+        let cases = [
+            (
+                json!({"kind": "log", "path": "/r/t.log", "match": "Traceback|nan", "silence": "20m"}),
+                "log:/r/t.log~Traceback|nan~20m",
+                "log /r/t.log on gpu1",
+            ),
+            (
+                json!({"kind": "file", "path": "/r/t.log", "silence": 90}),
+                "silence:/r/t.log~90s",
+                "/r/t.log silent on gpu1",
+            ),
+            (
+                json!({"kind": "any", "conditions": [
+                    {"kind": "pid", "pid": 4123},
+                    {"kind": "log", "path": "/r/t.log", "match": "nan"}
+                ]}),
+                "pid:4123 log:/r/t.log~nan",
+                "any of pid:4123 log:/r/t.log~nan on gpu1",
+            ),
+        ];
+        for (req, condition, label) in cases {
+            let (spec, ms) = parse_wait(&body(req), day, 2 * day).expect("accepted");
+            assert_eq!(ms, day);
+            assert_eq!(condition_string(&spec), condition);
+            assert_eq!(wait_words(&spec, "gpu1").1, label);
+        }
+    }
+
+    #[test]
+    fn a_bad_condition_is_a_400_with_the_parsers_words() {
+        for (req, want) in [
+            (json!({"kind": "log", "path": "/x"}), "needs \"match\""),
+            (
+                json!({"kind": "log", "path": "/x", "match": "(unclosed"}),
+                "not a usable regular expression",
+            ),
+            (json!({"kind": "any", "conditions": []}), "2 to 8"),
+            (json!({"kind": "file", "path": "rel/x"}), "absolute path"),
+        ] {
+            let r = parse_wait(&body(req), 1000, 2000).expect_err("refused");
+            assert_eq!((r.status, r.code), (400, "invalid_wait"));
+            assert!(r.message.contains(want), "{}", r.message);
+        }
+    }
+}

@@ -6,6 +6,7 @@
 //! one call.
 
 use cortex_protocol::api::{CreateDeviceWait, CreateWaitpoint, Question, WaitpointList};
+use cortex_protocol::waits::{DurationValue, WaitCondition};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -35,6 +36,10 @@ pub fn specs() -> Vec<ToolSpec> {
             "required": ["device", field.0]
         })
     };
+    let silence = json!({
+        "type": ["number", "string"],
+        "description": "fire when the file has not grown for this long: seconds, or like \"20m\" (optional)"
+    });
     vec![
         ToolSpec {
             name: "wait_create".into(),
@@ -91,11 +96,15 @@ strict: false,
 },
         ToolSpec {
             name: "device_wait_file".into(),
-            description: "Wake when a file on a device is written and closed. Answers at once with the waitpoint; end your turn and you are woken when it happens.".into(),
-            parameters: device_wait(
-                "",
-                ("path", json!({"type": "string", "description": "the file's absolute path on the device"})),
-            ),
+            description: "Wake when a file on a device is written and closed; with silence, instead when it has not grown for that long (a run gone quiet). Answers at once with the waitpoint; end your turn and you are woken when it happens.".into(),
+            parameters: {
+                let mut p = device_wait(
+                    "",
+                    ("path", json!({"type": "string", "description": "the file's absolute path on the device"})),
+                );
+                p["properties"]["silence"] = silence.clone();
+                p
+            },
 strict: false,
 },
         ToolSpec {
@@ -163,6 +172,53 @@ strict: false,
             ),
 strict: false,
 },
+        ToolSpec {
+            name: "device_wait_log".into(),
+            description: "Wake when a line matching a regular expression is appended to a log file on a device (only lines written after this call count; rotation and truncation are followed), or, with silence, when the log has not grown for that long (a hung run). Answers at once with the waitpoint; end your turn and you are woken with the matching line and a few lines before it.".into(),
+            parameters: {
+                let mut p = device_wait(
+                    "",
+                    ("path", json!({"type": "string", "description": "the log's absolute path on the device"})),
+                );
+                p["properties"]["match"] = json!({"type": "string", "description": "the regular expression a line must match, e.g. Traceback|loss=nan"});
+                p["properties"]["silence"] = silence.clone();
+                p["required"] = json!(["device", "path", "match"]);
+                p
+            },
+strict: false,
+},
+        ToolSpec {
+            name: "device_wait_any".into(),
+            description: "Wake on whichever of several conditions on one device holds first (a process exiting, a log line, a file going quiet); the wake says which, and the others are dropped. Answers at once with the waitpoint; end your turn.".into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "device": {"type": "string", "description": "the device's name, as `devices` lists it"},
+                    "conditions": {
+                        "type": "array",
+                        "minItems": 2,
+                        "maxItems": cortex_protocol::waits::MAX_CONDITIONS,
+                        "description": "2 to 8 conditions, e.g. [{\"kind\":\"pid\",\"pid\":4123},{\"kind\":\"log\",\"path\":\"/runs/7/train.log\",\"match\":\"Traceback|nan\"},{\"kind\":\"file\",\"path\":\"/runs/7/train.log\",\"silence\":\"20m\"}]",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "kind": {"type": "string", "enum": ["pid", "file", "flock", "log"]},
+                                "pid": {"type": "integer"},
+                                "path": {"type": "string", "description": "an absolute path on the device"},
+                                "match": {"type": "string", "description": "a log condition's regular expression"},
+                                "silence": silence.clone()
+                            },
+                            "required": ["kind"]
+                        }
+                    },
+                    "timeout_s": {"type": "number", "description": "give up after this many seconds (default: the waitpoint lifetime)"},
+                    "label": {"type": "string", "description": "a short name for the wait"},
+                    "intent": {"type": "string", "description": "what you will do when it fires"}
+                },
+                "required": ["device", "conditions"]
+            }),
+strict: false,
+},
     ]
 }
 
@@ -172,7 +228,9 @@ pub fn guides() -> &'static str {
      - Waiting costs nothing: to wait for a job, arm a waitpoint (wait_create), give the job \
      the line under how_to_signal.recommended, and end your turn. Do not poll.\n\
      - For a process or a file on another machine, call devices, then device_wait_pid, \
-     device_wait_file or device_wait_flock, and end your turn.\n\
+     device_wait_file or device_wait_flock, and end your turn. For a log line (a traceback, \
+     a NaN) or a run gone quiet, device_wait_log; for whichever of several comes first, \
+     device_wait_any.\n\
      - To start a job on another machine, call device_exec with wait: true and end your \
      turn; a person may have to approve it. A call that is denied is not an error: go on \
      without it.\n\
@@ -364,6 +422,12 @@ struct DeviceWaitArgs {
     pid: Option<i64>,
     #[serde(default)]
     path: Option<String>,
+    #[serde(default, rename = "match")]
+    pattern: Option<String>,
+    #[serde(default)]
+    silence: Option<DurationValue>,
+    #[serde(default)]
+    conditions: Option<Vec<WaitCondition>>,
     #[serde(default)]
     timeout_s: Option<f64>,
     #[serde(default)]
@@ -419,7 +483,8 @@ async fn prepare_inner(state: &AppState, sid: &str, call: &ToolCall) -> Result<P
                 result: json!({ "devices": views }),
             })
         }
-        "device_wait_pid" | "device_wait_file" | "device_wait_flock" => {
+        "device_wait_pid" | "device_wait_file" | "device_wait_flock" | "device_wait_log"
+        | "device_wait_any" => {
             let a: DeviceWaitArgs = args(call)?;
             let kind = name.trim_start_matches("device_wait_");
             let pid = match a.pid {
@@ -434,11 +499,13 @@ async fn prepare_inner(state: &AppState, sid: &str, call: &ToolCall) -> Result<P
                 pid,
                 start_time: None,
                 path: a.path,
+                pattern: a.pattern,
+                silence: a.silence,
+                conditions: a.conditions,
                 timeout_s: a.timeout_s,
                 session: Some(sid.to_string()),
                 label: a.label,
                 intent: a.intent,
-                ..CreateDeviceWait::default()
             };
             let (new, _) =
                 remote_wait::plan(&state.store.settings, &state.devices, &a.device, &req)
