@@ -4,13 +4,16 @@
 //! wake; beside it, in the same run, the polling ways people wait for a process today
 //! (`tail --pid`, a `kill -0` loop with `sleep 5`, a 500 ms poll), as ratios. Then the
 //! agent idle for a window with no waits and again with 1,000 armed pid waits: CPU time,
-//! wakeups, memory and descriptors. It checks every wait fired once, prints one report,
+//! wakeups, memory and descriptors. Then log waits: a line appended to a log to the hub's
+//! record, beside `tail -F | grep -m1` in the same run, and the agent idle with 1,000
+//! armed log and silence waits. It checks every wait fired once, prints one report,
 //! and leaves nothing running. Method and figures: docs/benchmarks.md, "Remote waits".
 
 mod daemons;
 /// Shared with the agent bench, which watches an idle hub the same way.
 pub mod idle;
 mod latency;
+mod logs;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -54,6 +57,12 @@ struct Options {
     /// `kill -0` loop samples.
     #[arg(long, default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     loop_runs: usize,
+    /// Measured remote log waits (after the warm-up), and as many floor samples.
+    #[arg(long, default_value_t = 200, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(10..))]
+    log_runs: usize,
+    /// `tail -F | grep -m1` samples.
+    #[arg(long, default_value_t = 30, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    grep_runs: usize,
     /// Pid waits armed for the idle part (a device holds at most 4,096).
     #[arg(long, default_value_t = 1_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4_000))]
     waits: usize,
@@ -254,10 +263,77 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         },
     )
     .map_err(with_logs)?;
+
+    // Log waits: a line appended → the hub's record, beside tail -F | grep.
+    for tool in ["tail", "grep"] {
+        ensure!(
+            crate::bench_kit::on_path(tool),
+            "missing on PATH: {tool} (coreutils, grep)"
+        );
+    }
+    let log_dir = scratch.path().join("logs");
+    std::fs::create_dir_all(&log_dir).context("creating the logs directory")?;
+    let log = log_dir.join("train.log");
+    eprintln!(
+        "bench: remote log wait, append → agent → hub record, {WARMUP} warm-up + {} runs",
+        opts.log_runs
+    );
+    cpu::quiet(opts.quiet_wait)?;
+    for n in 0..WARMUP {
+        logs::cortex_once(&hub, &agent, DEVICE, &log, n).map_err(with_logs)?;
+    }
+    let (log_samples, log_noise) = cpu::watched(&[hub.pid, agent.pid], || {
+        (0..opts.log_runs)
+            .map(|n| logs::cortex_once(&hub, &agent, DEVICE, &log, WARMUP + n))
+            .collect::<anyhow::Result<Vec<logs::Sample>>>()
+    })
+    .map_err(with_logs)?;
+    let log_agent = Dist::of(&mut log_samples.iter().map(|s| s.agent_us).collect::<Vec<_>>());
+    let log_record = Dist::of(&mut log_samples.iter().map(|s| s.record_us).collect::<Vec<_>>());
+    eprintln!(
+        "bench: the floor, append → inotify readable in the bench, {} runs",
+        opts.log_runs
+    );
+    let floor_log = log_dir.join("floor.log");
+    let mut v = (0..opts.log_runs)
+        .map(|_| logs::inotify_once(&floor_log))
+        .collect::<anyhow::Result<Vec<f64>>>()?;
+    let log_floor = Dist::of(&mut v);
+    eprintln!("bench: tail -F | grep -m1, {} runs", opts.grep_runs);
+    let grep_log = log_dir.join("grep.log");
+    let mut v = (0..opts.grep_runs)
+        .map(|n| logs::tail_grep_once(&grep_log, n))
+        .collect::<anyhow::Result<Vec<f64>>>()?;
+    let tail_grep = Dist::of(&mut v);
+
+    eprintln!(
+        "bench: arming {} idle log and silence waits (half each)",
+        opts.waits
+    );
+    let idle_logs_armed_in =
+        logs::arm_idle(&hub, DEVICE, &log_dir.join("idle"), opts.waits).map_err(with_logs)?;
+    eprintln!(
+        "bench: idle agent, {} log and silence waits armed, {} s",
+        opts.waits, opts.idle
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    cpu::quiet(opts.quiet_wait)?;
+    let (idle2, idle2_noise) = cpu::watched(&[hub.pid, agent.pid], || {
+        idle::observe(agent.pid, Duration::from_secs(opts.idle))
+    })?;
     procs.check_alive(hub.index)?;
     procs.check_alive(agent.index)?;
 
     let report = Report {
+        log_runs: opts.log_runs,
+        log_floor,
+        log_agent,
+        log_record,
+        log_noise_cpus: log_noise.others_cpus,
+        tail_grep,
+        idle2,
+        idle2_noise_cpus: idle2_noise.others_cpus,
+        idle_logs_armed_in,
         date,
         machine: report::machine(),
         runs: opts.runs,
@@ -283,6 +359,15 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
 }
 
 struct Report {
+    log_runs: usize,
+    log_floor: Dist,
+    log_agent: Dist,
+    log_record: Dist,
+    log_noise_cpus: f64,
+    tail_grep: Dist,
+    idle2: idle::Figures,
+    idle2_noise_cpus: f64,
+    idle_logs_armed_in: Duration,
     date: String,
     machine: String,
     runs: usize,
@@ -400,6 +485,11 @@ impl Report {
                 &self.idle1,
                 self.idle1_noise_cpus,
             ),
+            (
+                format!("{} log/silence waits", self.waits),
+                &self.idle2,
+                self.idle2_noise_cpus,
+            ),
         ] {
             line(format!(
                 "  {what:<24} {:>9.2} ms {:>8} {:>14.1} {:>6.1} MiB {:>8} {:>8} {:>12.2}",
@@ -425,6 +515,47 @@ impl Report {
             self.armed_in.as_secs_f64(),
             self.waits,
             self.fired_in.as_secs_f64()
+        ));
+        line(format!(
+            "  log/silence waits against none: {:+.2} ms CPU, {:+.1} wakeups/min, {:+.1} MiB RSS, {:+} descriptors; armed in {:.2} s",
+            self.idle2.cpu_ms() - self.idle0.cpu_ms(),
+            self.idle2.wakeups_per_min() - self.idle0.wakeups_per_min(),
+            (self.idle2.rss_kib as f64 - self.idle0.rss_kib as f64) / 1024.0,
+            self.idle2.fds as i64 - self.idle0.fds as i64,
+            self.idle_logs_armed_in.as_secs_f64()
+        ));
+        line(String::new());
+        line(format!(
+            "a line appended to a log → …, remote log wait through the agent and the hub ({} runs; others used {:.2} CPUs meanwhile)",
+            self.log_runs, self.log_noise_cpus
+        ));
+        line(format!(
+            "  {:<44} {:>10} {:>10} {:>10} {:>12} {:>12}",
+            "", "p50", "p99", "max", "p50 ratio", "p99 ratio"
+        ));
+        for (what, d) in [
+            ("floor: an inotify watch in the bench", self.log_floor),
+            ("the agent matched the line (outcome)", self.log_agent),
+            (
+                "the hub's record is durable (signal + wake)",
+                self.log_record,
+            ),
+            ("tail -n0 -F FILE | grep -m1 (prints it)", self.tail_grep),
+        ] {
+            line(format!(
+                "  {what:<44} {:>10} {:>10} {:>10} {:>12} {:>12}",
+                us(d.p50),
+                us(d.p99),
+                us(d.max),
+                format!("{:.2}x", d.p50 / self.log_record.p50.max(1.0)),
+                format!("{:.2}x", d.p99 / self.log_record.p99.max(1.0)),
+            ));
+        }
+        let met = self.log_record.p50 <= TARGET_P50_US;
+        line(format!(
+            "  target append → hub record: p50 <= {}: {} (ratios against the hub's record)",
+            us(TARGET_P50_US),
+            if met { "met" } else { "NOT met" }
         ));
         s
     }
