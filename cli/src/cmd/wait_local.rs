@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use cortex_host::wait::{
-    Captured, FileCursor, Gone, PidMethod, WaitOptions, WaitOutcome, WaitSpec, Waits,
+    Captured, Cursor, FileCursor, Gone, PidMethod, WaitOptions, WaitOutcome, WaitSpec, Waits,
 };
 use serde::{Deserialize, Serialize};
 
@@ -247,8 +247,8 @@ fn finish(
 ) -> u8 {
     match outcome {
         WaitOutcome::Fired(fire) => {
-            if let (Some(store), Some(c)) = (store, &fire.cursor)
-                && let Err(e) = store.save(c)
+            if let (Some(store), Some(c)) = (store, fire.cursor.and_then(Cursor::file))
+                && let Err(e) = store.save(&c)
             {
                 // Not printed as fired: the same change is reported again on re-arm, since
                 // the old position is still on disk. Nothing is lost.
@@ -271,6 +271,10 @@ fn finish(
                 Captured::Pid(c) => format!("pid {} is still running", c.pid),
                 Captured::File(c) => format!("no write to {}", c.path.display()),
                 Captured::Flock(c) => format!("the lock on {} is still held", c.path.display()),
+                Captured::Log(c) => {
+                    format!("no line matching /{}/ in {}", c.pattern, c.path.display())
+                }
+                Captured::Any(_) => "none of the conditions holds".to_string(),
             };
             let _ = writeln!(
                 err,
@@ -355,6 +359,12 @@ fn armed_line(c: &Captured, bound: &Bound, store: Option<&CursorStore>) -> Strin
                 ),
             }
         }
+        Captured::Log(l) => format!(
+            "waiting for a line matching /{}/ in {}; {tail}",
+            l.pattern,
+            l.path.display()
+        ),
+        Captured::Any(_) => format!("waiting for the first of several conditions; {tail}"),
         Captured::Flock(l) => {
             if l.free {
                 format!("the lock on {} is free; firing at once", l.path.display())
