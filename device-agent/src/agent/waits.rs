@@ -17,7 +17,9 @@
 //! changed, and at a clean stop. It
 //! holds each armed wait's *resume* spec (a pid pinned to the start time read at arm time,
 //! so a pid reused while the agent was down is never followed; a file with its arm-time
-//! cursor, so a write made meanwhile fires) and its deadline, and each unacknowledged
+//! cursor, so a write made meanwhile fires; a log with its arm-time position, so a line
+//! appended meanwhile is read and none from before the arm; an any with each of these)
+//! and its deadline, and each unacknowledged
 //! outcome. At start every wait is armed again: a pid that exited meanwhile fires at once.
 //! Losing the file loses nothing the hub wants: the hello lists the ids held, and the hub
 //! sends again what it wants and this agent lacks.
