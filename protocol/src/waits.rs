@@ -154,6 +154,40 @@ pub enum Place {
 }
 
 impl WaitCondition {
+    /// The condition that asks for `spec`, as the API takes it (what `cortex wait any
+    /// --device` posts). A spec's cursors are left out: a new wait starts without one.
+    pub fn from_spec(spec: &WaitSpec) -> WaitCondition {
+        let silence = spec
+            .silence_ms()
+            .map(|ms| DurationValue::Seconds(ms as f64 / 1000.0));
+        let base = WaitCondition {
+            kind: spec.kind().to_string(),
+            ..WaitCondition::default()
+        };
+        match spec {
+            WaitSpec::Pid { pid, start_time } => WaitCondition {
+                pid: Some(*pid),
+                start_time: *start_time,
+                ..base
+            },
+            WaitSpec::File { path, .. } | WaitSpec::Flock { path } => WaitCondition {
+                path: Some(path.clone()),
+                silence,
+                ..base
+            },
+            WaitSpec::Log { path, pattern, .. } => WaitCondition {
+                path: Some(path.clone()),
+                pattern: Some(pattern.clone()),
+                silence,
+                ..base
+            },
+            WaitSpec::Any { conditions } => WaitCondition {
+                conditions: Some(conditions.iter().map(WaitCondition::from_spec).collect()),
+                ..base
+            },
+        }
+    }
+
     /// The spec this condition asks for, checked ([`check`]).
     pub fn spec(&self, place: Place) -> Result<WaitSpec, ConditionError> {
         let spec = self.spec_unchecked(0)?;
@@ -541,6 +575,14 @@ mod tests {
             let a = parse_condition(cli, Place::Device).expect("accepted");
             let b = api(body).expect("accepted");
             assert_eq!(a, b, "{cli}");
+            // And back to the API's form, the same wait.
+            assert_eq!(
+                WaitCondition::from_spec(&a)
+                    .spec(Place::Device)
+                    .expect("accepted"),
+                a,
+                "{cli}"
+            );
             // Written back, it reads the same.
             assert_eq!(
                 parse_condition(&condition_string(&a), Place::Device).expect("accepted"),

@@ -944,3 +944,113 @@ fn an_answer_is_allow_or_deny_with_json() {
     assert!(people::answer_body("req_1", "allow", false, None, Some("{bad")).is_err());
     assert!(parse(&["answer", "ses_1", "req_1", "perhaps"]).is_err());
 }
+
+fn local_wait(argv: &[&str]) -> wait_local::LocalWait {
+    match parse(argv).expect("flags parse").command {
+        Command::Wait(WaitCommand::Local(w)) => w,
+        other => panic!("not a local wait: {other:?}"),
+    }
+}
+
+#[test]
+fn log_silence_and_any_flags_become_the_remote_body() {
+    let w = local_wait(&[
+        "wait",
+        "log",
+        "/runs/7/train.log",
+        "--match",
+        "nan|Traceback",
+        "--silence",
+        "20m",
+        "--device",
+        "gpu1",
+        "--timeout",
+        "6h",
+    ]);
+    let b = serde_json::to_value(wait_remote::body(&w, "gpu1").expect("body")).expect("json");
+    assert_eq!(
+        b,
+        json!({"kind": "log", "path": "/runs/7/train.log", "match": "nan|Traceback",
+               "silence": 1200.0, "timeout_s": 21600.0})
+    );
+    let w = local_wait(&[
+        "wait",
+        "file",
+        "/runs/7/progress",
+        "--silence",
+        "90s",
+        "--device",
+        "gpu1",
+    ]);
+    let b = serde_json::to_value(wait_remote::body(&w, "gpu1").expect("body")).expect("json");
+    assert_eq!(
+        (b["kind"].clone(), b["silence"].clone()),
+        (json!("file"), json!(90.0))
+    );
+    let w = local_wait(&[
+        "wait",
+        "any",
+        "pid:4123",
+        "log:/runs/7/train.log~Traceback|nan",
+        "silence:/runs/7/train.log~10m",
+        "--device",
+        "gpu1",
+    ]);
+    let b = serde_json::to_value(wait_remote::body(&w, "gpu1").expect("body")).expect("json");
+    assert_eq!(b["kind"], "any");
+    assert_eq!(
+        b["conditions"],
+        json!([
+            {"kind": "pid", "pid": 4123},
+            {"kind": "log", "path": "/runs/7/train.log", "match": "Traceback|nan"},
+            {"kind": "file", "path": "/runs/7/train.log", "silence": 600.0},
+        ])
+    );
+    // What the hub does with it: the same spec the command line names.
+    let body: cortex_protocol::api::CreateDeviceWait = serde_json::from_value(b).expect("body");
+    let spec = body
+        .condition()
+        .spec(cortex_protocol::waits::Place::Device)
+        .expect("accepted");
+    assert_eq!(spec.kind(), "any");
+    // Refused before the hub is asked: a relative path, a cursor, a bad condition.
+    for argv in [
+        &["wait", "log", "rel.log", "--match", "x", "--device", "gpu1"][..],
+        &[
+            "wait", "log", "/x", "--match", "x", "--cursor", "/c", "--device", "gpu1",
+        ],
+        &["wait", "any", "pid:1", "tail:/x", "--device", "gpu1"],
+        &["wait", "any", "pid:1", "file:rel", "--device", "gpu1"],
+    ] {
+        assert!(
+            wait_remote::body(&local_wait(argv), "gpu1").is_err(),
+            "{argv:?}"
+        );
+    }
+    // A silence and a cursor do not go together on a file wait.
+    assert!(parse(&["wait", "file", "/x", "--silence", "1m", "--cursor", "/c"]).is_err());
+    assert!(
+        parse(&["wait", "log", "/x"]).is_err(),
+        "--match is required"
+    );
+    assert!(parse(&["wait", "any"]).is_err(), "a condition is required");
+}
+
+#[test]
+fn local_log_and_any_waits_refuse_what_cannot_run() {
+    let run_local = |argv: &[&str]| {
+        let w = local_wait(argv);
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = wait_local::run(&w, &mut out, &mut err);
+        (code, String::from_utf8(err).expect("utf8"))
+    };
+    let (code, err) = run_local(&["wait", "log", "/tmp/x.log", "--match", "("]);
+    assert_eq!(code, 2);
+    assert!(err.contains("not a usable regular expression"), "{err}");
+    let (code, err) = run_local(&["wait", "any", "pid:1", "log:/x"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("needs its pattern"), "{err}");
+    let (code, err) = run_local(&["wait", "file", "/tmp/x", "--silence", "1ms"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("out of range"), "{err}");
+}

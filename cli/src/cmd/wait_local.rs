@@ -1,9 +1,11 @@
-//! `cortex wait pid|file|flock`: waits on this machine, no hub involved. The
+//! `cortex wait pid|file|flock|log|any`: waits on this machine, no hub involved. The
 //! waiting itself is `cortex_host::wait`, the same code the device agent runs for
 //! remote waits; this module owns only the command line around it: the flags, the one
 //! "armed" line on stderr, the payload on stdout, the exit status (0 fired, 1 timed out,
-//! 2 broke), and the `--cursor` file of a file wait. With `--device NAME` the same
-//! commands are remote waits, run by `wait_remote.rs` instead.
+//! 2 broke), and the `--cursor` file of a file or log wait. `any`'s conditions
+//! (`pid:N`, `log:PATH~REGEX`, …) are read by `cortex_protocol::waits::parse_condition`,
+//! the one parser the hub uses too. With `--device NAME` the same commands are remote
+//! waits, run by `wait_remote.rs` instead.
 //!
 //! A current-thread Tokio runtime is built here, inside these commands only, so the rest
 //! of `cortex` (and `cortex-signal`) starts no runtime. SIGINT and SIGTERM end the wait
@@ -18,8 +20,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use cortex_host::wait::{
-    Captured, FileCursor, Gone, PidMethod, WaitOptions, WaitOutcome, WaitSpec, Waits,
+    Captured, Cursor, FileCursor, Gone, LogCursor, PidMethod, WaitOptions, WaitOutcome, WaitSpec,
+    Waits,
 };
+use cortex_protocol::waits::{Place, format_duration_ms};
 use serde::{Deserialize, Serialize};
 
 use super::parse_duration;
@@ -69,8 +73,44 @@ pub struct FileArgs {
     /// Keep the position in this file: read when armed (a change since fires at once),
     /// written when armed and when fired, so a re-arm neither misses a write nor reports
     /// one twice
+    #[arg(long, value_name = "FILE", conflicts_with = "silence")]
+    pub cursor: Option<PathBuf>,
+    /// Fire instead when the file has not grown for this long (a writer gone quiet; any
+    /// growth restarts the clock, a missing file does not grow); a write is then no event
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub silence: Option<Duration>,
+    #[command(flatten)]
+    pub bound: Bound,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LogArgs {
+    /// The log to watch (it may not exist yet: then it is read from its start when it
+    /// comes); followed across a rotation by rename and a truncation
+    #[arg(value_name = "PATH")]
+    pub path: PathBuf,
+    /// The regular expression a line must match (regex crate syntax); fires on the first
+    /// complete line appended after the arm (or after --cursor) that matches
+    #[arg(long = "match", value_name = "REGEX")]
+    pub pattern: String,
+    /// Also fire when the log has not grown for this long, whichever comes first
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub silence: Option<Duration>,
+    /// Keep the position in this file: read when armed (lines appended since are read),
+    /// written when armed and when fired (just after the matching line), so the next run
+    /// starts after the match
     #[arg(long, value_name = "FILE")]
     pub cursor: Option<PathBuf>,
+    #[command(flatten)]
+    pub bound: Bound,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AnyArgs {
+    /// The conditions, each one of pid:N, file:PATH, flock:PATH, log:PATH~REGEX,
+    /// log:PATH~REGEX~DUR (a match or DUR of silence), silence:PATH~DUR
+    #[arg(value_name = "COND", required = true, num_args = 1..)]
+    pub conditions: Vec<String>,
     #[command(flatten)]
     pub bound: Bound,
 }
@@ -97,6 +137,14 @@ pub enum LocalWait {
     /// Wait for a flock(2) lock to be free, as `flock FILE true` would, without holding
     /// it, here or with --device on a device (exit 0 free, 1 timed out, 2 broke)
     Flock(FlockArgs),
+    /// Wait for a line matching --match to be appended to a log (or, with --silence, for
+    /// the log to go quiet), here or with --device on a device (exit 0 matched or silent,
+    /// 1 timed out, 2 broke)
+    Log(LogArgs),
+    /// Wait for the first of several conditions (pid:N, file:PATH, flock:PATH,
+    /// log:PATH~REGEX, silence:PATH~DUR), here or with --device on a device; the payload
+    /// says which fired (exit 0 one fired, 1 timed out, 2 one broke)
+    Any(AnyArgs),
 }
 
 impl LocalWait {
@@ -106,6 +154,8 @@ impl LocalWait {
             LocalWait::Pid(a) => &a.bound,
             LocalWait::File(a) => &a.bound,
             LocalWait::Flock(a) => &a.bound,
+            LocalWait::Log(a) => &a.bound,
+            LocalWait::Any(a) => &a.bound,
         }
     }
 
@@ -121,14 +171,45 @@ pub fn run(wait: &LocalWait, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         LocalWait::Pid(a) => pid(a, out, err),
         LocalWait::File(a) => file(a, out, err),
         LocalWait::Flock(a) => flock(a, out, err),
+        LocalWait::Log(a) => log(a, out, err),
+        LocalWait::Any(a) => any(a, out, err),
     }
 }
 
-/// What `--cursor FILE` holds.
+/// What `--cursor FILE` holds: a file wait's cursor, or a log wait's (`log`).
 #[derive(Debug, Serialize, Deserialize)]
 struct CursorFile {
     path: PathBuf,
-    cursor: FileCursor,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cursor: Option<FileCursor>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    log: Option<LogCursor>,
+}
+
+/// A position kept in a `--cursor` file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    File(FileCursor),
+    Log(LogCursor),
+}
+
+/// Which kind of cursor a `--cursor` file keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CursorKind {
+    File,
+    Log,
+}
+
+/// A duration in whole milliseconds.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Refuses what no wait takes (a silence out of range, a pattern that does not compile),
+/// in the words the hub would use.
+fn checked(spec: WaitSpec) -> anyhow::Result<WaitSpec> {
+    cortex_protocol::waits::check(&spec, Place::Here)?;
+    Ok(spec)
 }
 
 pub fn pid(args: &PidArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
@@ -141,22 +222,72 @@ pub fn pid(args: &PidArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
 
 pub fn file(args: &FileArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
     let prepared = spec_path(&args.path).and_then(|path| {
-        let cursor = match &args.cursor {
-            Some(f) => Some(CursorStore::open(f, Path::new(&path))?),
+        let store = match &args.cursor {
+            Some(f) => Some(CursorStore::open(f, Path::new(&path), CursorKind::File)?),
             None => None,
         };
-        Ok((path, cursor))
+        let cursor = store.as_ref().and_then(|s| match s.loaded {
+            Some(Kept::File(c)) => Some(c),
+            _ => None,
+        });
+        let spec = checked(WaitSpec::File {
+            path,
+            cursor,
+            silence_ms: args.silence.map(millis),
+        })?;
+        Ok((spec, store))
     });
-    let (path, store) = match prepared {
-        Ok(p) => p,
-        Err(e) => return broke(err, &e),
-    };
-    let spec = WaitSpec::File {
-        path,
-        cursor: store.as_ref().and_then(|s| s.loaded),
-        silence_ms: None,
-    };
-    wait(spec, &args.bound, store.as_ref(), out, err)
+    match prepared {
+        Ok((spec, store)) => wait(spec, &args.bound, store.as_ref(), out, err),
+        Err(e) => broke(err, &e),
+    }
+}
+
+pub fn log(args: &LogArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    let prepared = spec_path(&args.path).and_then(|path| {
+        let store = match &args.cursor {
+            Some(f) => Some(CursorStore::open(f, Path::new(&path), CursorKind::Log)?),
+            None => None,
+        };
+        let cursor = store.as_ref().and_then(|s| match s.loaded {
+            Some(Kept::Log(c)) => Some(c),
+            _ => None,
+        });
+        let spec = checked(WaitSpec::Log {
+            path,
+            pattern: args.pattern.clone(),
+            cursor,
+            silence_ms: args.silence.map(millis),
+        })?;
+        Ok((spec, store))
+    });
+    match prepared {
+        Ok((spec, store)) => wait(spec, &args.bound, store.as_ref(), out, err),
+        Err(e) => broke(err, &e),
+    }
+}
+
+pub fn any(args: &AnyArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    match any_spec(&args.conditions) {
+        Ok(spec) => wait(spec, &args.bound, None, out, err),
+        Err(e) => broke(err, &e),
+    }
+}
+
+/// The conditions as one spec (each path made absolute; one alone is itself).
+pub fn any_spec(conditions: &[String]) -> anyhow::Result<WaitSpec> {
+    let mut specs = Vec::with_capacity(conditions.len());
+    for c in conditions {
+        let mut spec = cortex_protocol::waits::parse_condition(c, Place::Here)?;
+        match &mut spec {
+            WaitSpec::File { path, .. } | WaitSpec::Flock { path } | WaitSpec::Log { path, .. } => {
+                *path = spec_path(Path::new(path.as_str()))?;
+            }
+            WaitSpec::Pid { .. } | WaitSpec::Any { .. } => {}
+        }
+        specs.push(spec);
+    }
+    Ok(cortex_protocol::waits::any_of(specs, Place::Here)?)
 }
 
 pub fn flock(args: &FlockArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
@@ -216,13 +347,17 @@ fn wait(
         let _ = err.flush();
         // The position goes to disk before waiting: killed now, a re-arm still knows
         // where this wait started.
-        if let (
-            Some(store),
+        let start = match armed.resume_spec() {
             WaitSpec::File {
                 cursor: Some(c), ..
-            },
-        ) = (store, armed.resume_spec())
-            && let Err(e) = store.save(&c)
+            } => Some(Kept::File(c)),
+            WaitSpec::Log {
+                cursor: Some(c), ..
+            } => Some(Kept::Log(c)),
+            _ => None,
+        };
+        if let (Some(store), Some(c)) = (store, start)
+            && let Err(e) = store.save(c)
         {
             return broke(err, &e);
         }
@@ -247,7 +382,12 @@ fn finish(
 ) -> u8 {
     match outcome {
         WaitOutcome::Fired(fire) => {
-            if let (Some(store), Some(c)) = (store, &fire.cursor)
+            let kept = match fire.cursor {
+                Some(Cursor::File(c)) => Some(Kept::File(c)),
+                Some(Cursor::Log(c)) => Some(Kept::Log(c)),
+                None => None,
+            };
+            if let (Some(store), Some(c)) = (store, kept)
                 && let Err(e) = store.save(c)
             {
                 // Not printed as fired: the same change is reported again on re-arm, since
@@ -267,15 +407,11 @@ fn finish(
             }
         }
         WaitOutcome::TimedOut => {
-            let what = match captured {
-                Captured::Pid(c) => format!("pid {} is still running", c.pid),
-                Captured::File(c) => format!("no write to {}", c.path.display()),
-                Captured::Flock(c) => format!("the lock on {} is still held", c.path.display()),
-            };
             let _ = writeln!(
                 err,
-                "cortex: timed out after {}: {what}; run the same command again to keep waiting",
-                human(bound.timeout)
+                "cortex: timed out after {}: {}; run the same command again to keep waiting",
+                human(bound.timeout),
+                still(captured)
             );
             TIMED_OUT
         }
@@ -293,6 +429,27 @@ fn armed_line(c: &Captured, bound: &Bound, store: Option<&CursorStore>) -> Strin
             human(bound.heartbeat_every)
         ));
     }
+    match looking_for(c, store) {
+        Looking::AtOnce(what) => format!("{what}; firing at once"),
+        Looking::For(what) => format!("waiting for {what}; {tail}"),
+    }
+}
+
+/// What a capture says a wait looks for, or why it fires at once.
+enum Looking {
+    For(String),
+    AtOnce(String),
+}
+
+fn looking_for(c: &Captured, store: Option<&CursorStore>) -> Looking {
+    let kept = || {
+        store
+            .map(|s| match s.loaded {
+                Some(_) => format!("; cursor {}", s.file.display()),
+                None => format!("; new cursor {}", s.file.display()),
+            })
+            .unwrap_or_default()
+    };
     match c {
         Captured::Pid(p) => {
             let who = match (&p.comm, p.start_time) {
@@ -308,23 +465,23 @@ fn armed_line(c: &Captured, bound: &Bound, store: Option<&CursorStore>) -> Strin
             };
             match p.gone {
                 Some(Gone::NoProcess) => {
-                    format!("pid {} was already gone when armed; firing at once", p.pid)
+                    Looking::AtOnce(format!("pid {} was already gone when armed", p.pid))
                 }
-                Some(Gone::Exited) => format!(
-                    "pid {} ({who}) had already exited when armed; firing at once",
+                Some(Gone::Exited) => Looking::AtOnce(format!(
+                    "pid {} ({who}) had already exited when armed",
                     p.pid
-                ),
-                Some(Gone::Reused { now }) => format!(
-                    "pid {} now belongs to another process (start time {now}, not {}): the one meant is gone; firing at once",
+                )),
+                Some(Gone::Reused { now }) => Looking::AtOnce(format!(
+                    "pid {} now belongs to another process (start time {now}, not {}): the one meant is gone",
                     p.pid,
                     p.start_time.unwrap_or_default()
-                ),
+                )),
                 None => {
                     let how = match p.method {
                         PidMethod::Pidfd => "",
                         PidMethod::Poll => "; no pidfd here, polling every 0.5s",
                     };
-                    format!("waiting for pid {} ({who}) to exit{how}; {tail}", p.pid)
+                    Looking::For(format!("pid {} ({who}) to exit{how}", p.pid))
                 }
             }
         }
@@ -338,57 +495,106 @@ fn armed_line(c: &Captured, bound: &Bound, store: Option<&CursorStore>) -> Strin
             } else {
                 "does not exist yet".to_string()
             };
-            let cursor = store
-                .map(|s| match s.loaded {
-                    Some(_) => format!("; cursor {}", s.file.display()),
-                    None => format!("; new cursor {}", s.file.display()),
-                })
-                .unwrap_or_default();
-            match f.since {
-                Some(since) if f.now.changed_since(&since) => format!(
-                    "{} changed since the cursor ({now}); firing at once",
-                    f.path.display()
-                ),
-                _ => format!(
-                    "waiting for a write to {} ({now}{cursor}); {tail}",
-                    f.path.display()
-                ),
+            if let Some(ms) = f.silence_ms {
+                return Looking::For(format!(
+                    "{} to go {} without growing ({now})",
+                    f.path.display(),
+                    format_duration_ms(ms)
+                ));
             }
+            match f.since {
+                Some(since) if f.now.changed_since(&since) => Looking::AtOnce(format!(
+                    "{} changed since the cursor ({now})",
+                    f.path.display()
+                )),
+                _ => Looking::For(format!("a write to {} ({now}{})", f.path.display(), kept())),
+            }
+        }
+        Captured::Log(l) => {
+            let now = if !l.exists {
+                "does not exist yet; read from its start when it comes".to_string()
+            } else if l.start == l.size {
+                format!("{} bytes, reading from its end", l.size)
+            } else {
+                format!("{} bytes, reading from offset {}", l.size, l.start)
+            };
+            let quiet = l
+                .silence_ms
+                .map(|ms| format!(", or {} without growing", format_duration_ms(ms)))
+                .unwrap_or_default();
+            Looking::For(format!(
+                "a line matching /{}/ appended to {} ({now}{}){quiet}",
+                l.pattern,
+                l.path.display(),
+                kept()
+            ))
         }
         Captured::Flock(l) => {
             if l.free {
-                format!("the lock on {} is free; firing at once", l.path.display())
+                Looking::AtOnce(format!("the lock on {} is free", l.path.display()))
             } else {
                 let how = if l.hinted {
                     ""
                 } else {
                     "; closes not watched, probing every second at most"
                 };
-                format!(
-                    "waiting for the lock on {} to be free (held now){how}; {tail}",
+                Looking::For(format!(
+                    "the lock on {} to be free (held now){how}",
                     l.path.display()
-                )
+                ))
             }
+        }
+        Captured::Any(parts) => {
+            let mut fors = Vec::new();
+            for (i, part) in parts.iter().enumerate() {
+                match looking_for(part, None) {
+                    Looking::AtOnce(why) => {
+                        return Looking::AtOnce(format!("condition {i}: {why}"));
+                    }
+                    Looking::For(what) => fors.push(what),
+                }
+            }
+            Looking::For(format!("the first of: {}", fors.join(" | ")))
         }
     }
 }
 
-/// The `--cursor FILE` of a file wait.
+/// What a wait that timed out found still true.
+fn still(c: &Captured) -> String {
+    match c {
+        Captured::Pid(c) => format!("pid {} is still running", c.pid),
+        Captured::File(c) if c.silence_ms.is_some() => {
+            format!("{} kept growing", c.path.display())
+        }
+        Captured::File(c) => format!("no write to {}", c.path.display()),
+        Captured::Flock(c) => format!("the lock on {} is still held", c.path.display()),
+        Captured::Log(c) => format!("no line matching /{}/ in {}", c.pattern, c.path.display()),
+        Captured::Any(parts) => parts.iter().map(still).collect::<Vec<_>>().join("; "),
+    }
+}
+
+/// The `--cursor FILE` of a file or log wait.
 struct CursorStore {
     file: PathBuf,
     path: PathBuf,
-    loaded: Option<FileCursor>,
+    kind: CursorKind,
+    loaded: Option<Kept>,
 }
 
 impl CursorStore {
-    /// Reads the cursor file if it exists; one kept for another path is refused.
-    fn open(file: &Path, path: &Path) -> anyhow::Result<CursorStore> {
+    /// Reads the cursor file if it exists; one kept for another path, or by the other kind
+    /// of wait, is refused.
+    fn open(file: &Path, path: &Path, kind: CursorKind) -> anyhow::Result<CursorStore> {
         let file = absolute(file)?;
+        let command = match kind {
+            CursorKind::File => "cortex wait file",
+            CursorKind::Log => "cortex wait log",
+        };
         let loaded = match fs::read(&file) {
             Ok(bytes) => {
                 let c: CursorFile = serde_json::from_slice(&bytes).with_context(|| {
                     format!(
-                        "{} is not a cursor file of cortex wait file (remove it to start afresh)",
+                        "{} is not a cursor file of {command} (remove it to start afresh)",
                         file.display()
                     )
                 })?;
@@ -399,7 +605,15 @@ impl CursorStore {
                     c.path.display(),
                     path.display()
                 );
-                Some(c.cursor)
+                let kept = match (kind, c.cursor, c.log) {
+                    (CursorKind::File, Some(f), None) => Kept::File(f),
+                    (CursorKind::Log, None, Some(l)) => Kept::Log(l),
+                    _ => anyhow::bail!(
+                        "{} is not a cursor file of {command} (it keeps another kind of wait's position); give this wait its own cursor file",
+                        file.display()
+                    ),
+                };
+                Some(kept)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => {
@@ -410,15 +624,23 @@ impl CursorStore {
         Ok(CursorStore {
             file,
             path: path.to_owned(),
+            kind,
             loaded,
         })
     }
 
     /// Replaces the cursor file atomically and durably (`cortex_host::atomic`).
-    fn save(&self, cursor: &FileCursor) -> anyhow::Result<()> {
+    fn save(&self, kept: Kept) -> anyhow::Result<()> {
+        let (cursor, log) = match (self.kind, kept) {
+            (CursorKind::File, Kept::File(c)) => (Some(c), None),
+            (CursorKind::Log, Kept::Log(c)) => (None, Some(c)),
+            // Another kind's position is not this file's to keep.
+            _ => return Ok(()),
+        };
         let mut body = serde_json::to_vec(&CursorFile {
             path: self.path.clone(),
-            cursor: *cursor,
+            cursor,
+            log,
         })?;
         body.push(b'\n');
         cortex_host::atomic::write_file(&self.file, &body, 0o666)

@@ -1,4 +1,4 @@
-//! `cortex wait pid|file|flock … --device NAME`: a remote wait. It asks the hub for one
+//! `cortex wait pid|file|flock|log|any … --device NAME`: a remote wait. It asks the hub for one
 //! (`POST /api/devices/{name}/waits`: a waitpoint bound to the device, which the device's
 //! agent signals when the condition holds), prints one armed line on stderr, and then ends
 //! exactly like `cortex wait for` on that waitpoint: the wake as one JSON object on stdout,
@@ -17,6 +17,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use cortex_protocol::api::{CreateDeviceWait, DeviceView, DeviceWaitCreated};
+use cortex_protocol::waits::{
+    DurationValue, Place, WaitCondition, any_of, format_duration_ms, parse_condition,
+};
 
 use super::wait_for::{self, BROKE};
 use super::wait_local::LocalWait;
@@ -91,13 +94,45 @@ pub fn body(wait: &LocalWait, device: &str) -> anyhow::Result<CreateDeviceWait> 
             );
             b.kind = "file".into();
             b.path = Some(abs(&a.path)?);
+            b.silence = a.silence.map(seconds);
         }
         LocalWait::Flock(a) => {
             b.kind = "flock".into();
             b.path = Some(abs(&a.path)?);
         }
+        LocalWait::Log(a) => {
+            anyhow::ensure!(
+                a.cursor.is_none(),
+                "--cursor is for waits on this machine; {device}'s agent keeps a remote log wait's position itself"
+            );
+            b.kind = "log".into();
+            b.path = Some(abs(&a.path)?);
+            b.pattern = Some(a.pattern.clone());
+            b.silence = a.silence.map(seconds);
+        }
+        LocalWait::Any(a) => {
+            // Read by the one parser, as the hub will: a bad condition is refused here,
+            // in the same words.
+            let mut specs = Vec::with_capacity(a.conditions.len());
+            for c in &a.conditions {
+                specs.push(parse_condition(c, Place::Device)?);
+            }
+            let spec = any_of(specs, Place::Device)?;
+            let c = WaitCondition::from_spec(&spec);
+            b.kind = c.kind;
+            b.pid = c.pid;
+            b.start_time = c.start_time;
+            b.path = c.path;
+            b.pattern = c.pattern;
+            b.silence = c.silence;
+            b.conditions = c.conditions;
+        }
     }
     Ok(b)
+}
+
+fn seconds(d: Duration) -> DurationValue {
+    DurationValue::Seconds(d.as_secs_f64())
 }
 
 fn create(hub: &Hub, device: &str, b: &CreateDeviceWait) -> anyhow::Result<DeviceWaitCreated> {
@@ -114,10 +149,29 @@ fn armed_line(
     online: Option<bool>,
     timeout: Duration,
 ) -> String {
-    let what = match (c.wait.kind.as_str(), c.wait.pid, c.wait.path.as_deref()) {
+    let w = &c.wait;
+    let quiet = |ms: u64| format_duration_ms(ms);
+    let what = match (w.kind.as_str(), w.pid, w.path.as_deref()) {
         ("pid", Some(pid), _) => format!("pid {pid} to exit"),
-        ("file", _, Some(p)) => format!("a write to {p}"),
+        ("file", _, Some(p)) => match w.silence_ms {
+            Some(ms) => format!("{p} to go {} without growing", quiet(ms)),
+            None => format!("a write to {p}"),
+        },
         ("flock", _, Some(p)) => format!("the lock on {p} to be free"),
+        ("log", _, Some(p)) => {
+            let pattern = w.pattern.as_deref().unwrap_or_default();
+            match w.silence_ms {
+                Some(ms) => format!(
+                    "a line matching /{pattern}/ appended to {p}, or {} without growing",
+                    quiet(ms)
+                ),
+                None => format!("a line matching /{pattern}/ appended to {p}"),
+            }
+        }
+        ("any", _, _) => format!(
+            "the first of: {}",
+            w.conditions.as_deref().unwrap_or_default().join(" ")
+        ),
         (k, _, _) => format!("a {k} wait"),
     };
     let state = match online {

@@ -74,6 +74,9 @@ pub const CAPABILITIES: &[&str] = &[
     mesh::CAP_WAIT_PID,
     mesh::CAP_WAIT_FILE,
     mesh::CAP_WAIT_FLOCK,
+    mesh::CAP_WAIT_LOG,
+    mesh::CAP_WAIT_SILENCE,
+    mesh::CAP_WAIT_ANY,
 ];
 
 /// Outcomes of remote waits waiting for the loop; a task whose outcome finds it full

@@ -17,7 +17,9 @@
 //! changed, and at a clean stop. It
 //! holds each armed wait's *resume* spec (a pid pinned to the start time read at arm time,
 //! so a pid reused while the agent was down is never followed; a file with its arm-time
-//! cursor, so a write made meanwhile fires) and its deadline, and each unacknowledged
+//! cursor, so a write made meanwhile fires; a log with its arm-time position, so a line
+//! appended meanwhile is read and none from before the arm; an any with each of these)
+//! and its deadline, and each unacknowledged
 //! outcome. At start every wait is armed again: a pid that exited meanwhile fires at once.
 //! Losing the file loses nothing the hub wants: the hello lists the ids held, and the hub
 //! sends again what it wants and this agent lacks.
@@ -603,14 +605,43 @@ pub fn captured_json(c: &Captured) -> Value {
             "already_gone": p.gone.is_some(),
             "reused": matches!(p.gone, Some(Gone::Reused { .. })),
         }),
-        Captured::File(f) => json!({
-            "kind": "file",
-            "path": f.path.to_string_lossy(),
-            "exists": f.now.exists,
-            "size": f.now.size,
-            "mtime_ns": f.now.mtime_ns,
-            "watching_file": f.watching_file,
-            "changed_since_cursor": f.since.is_some_and(|s| f.now.changed_since(&s)),
+        Captured::File(f) => {
+            let mut v = json!({
+                "kind": "file",
+                "path": f.path.to_string_lossy(),
+                "exists": f.now.exists,
+                "size": f.now.size,
+                "mtime_ns": f.now.mtime_ns,
+                "watching_file": f.watching_file,
+            });
+            if let Value::Object(m) = &mut v {
+                match f.silence_ms {
+                    Some(ms) => {
+                        m.insert("silence_ms".into(), json!(ms));
+                    }
+                    None => {
+                        m.insert(
+                            "changed_since_cursor".into(),
+                            json!(f.since.is_some_and(|s| f.now.changed_since(&s))),
+                        );
+                    }
+                }
+            }
+            v
+        }
+        Captured::Log(l) => json!({
+            "kind": "log",
+            "path": l.path.to_string_lossy(),
+            "match": l.pattern,
+            "exists": l.exists,
+            "size": l.size,
+            "start": l.start,
+            "watching": l.watching,
+            "silence_ms": l.silence_ms,
+        }),
+        Captured::Any(parts) => json!({
+            "kind": "any",
+            "conditions": parts.iter().map(captured_json).collect::<Vec<_>>(),
         }),
         Captured::Flock(l) => json!({
             "kind": "flock",
@@ -627,30 +658,12 @@ fn describe(h: &HeldWait, outcome: WaitOutcome) -> (WaitEnd, Value, String) {
     let what = h.spec.describe();
     match outcome {
         WaitOutcome::Fired(fire) => {
-            let note = fire.payload["note"].as_str().map(str::to_owned);
-            let message = match (&h.spec, note) {
-                (_, Some(note)) => note,
-                (WaitSpec::Pid { pid, .. }, None) => match captured["comm"].as_str() {
-                    Some(comm) => format!("pid {pid} ({comm}) exited"),
-                    None => format!("pid {pid} exited"),
-                },
-                (WaitSpec::File { path, .. }, None) => {
-                    let ev = fire.payload["event"].as_str().unwrap_or("written");
-                    format!("{path} was written ({ev})")
-                }
-                (WaitSpec::Flock { path }, None) => format!("the lock on {path} is free"),
-                (_, None) => format!("{what}: it holds"),
-            };
+            let message = fired_message(&h.spec, &captured, &fire.payload);
             (WaitEnd::Fired, fire.payload, message)
         }
         WaitOutcome::TimedOut => {
             let bound = human(h.deadline_ms.saturating_sub(h.armed_at_ms));
-            let state = match &h.spec {
-                WaitSpec::Pid { pid, .. } => format!("pid {pid} is still running"),
-                WaitSpec::File { path, .. } => format!("no write to {path}"),
-                WaitSpec::Flock { path } => format!("the lock on {path} is still held"),
-                other => format!("{} has not happened", other.describe()),
-            };
+            let state = still(&h.spec);
             (
                 WaitEnd::TimedOut,
                 json!({}),
@@ -661,6 +674,75 @@ fn describe(h: &HeldWait, outcome: WaitOutcome) -> (WaitEnd, Value, String) {
             WaitEnd::Broke,
             json!({"error": e.to_string()}),
             format!("the wait for {what} broke: {e}"),
+        ),
+    }
+}
+
+/// One line for people about a fired wait: `pid 4242 (python) exited`,
+/// `/runs/7/train.log: a line matched /nan/: "loss=nan"`, `/x has not grown for 20m`,
+/// `any: log:/x~nan fired first: …`.
+pub fn fired_message(spec: &WaitSpec, captured: &Value, payload: &Value) -> String {
+    if let Some(note) = payload["note"].as_str() {
+        return note.to_string();
+    }
+    let silent = payload["reason"].as_str() == Some("silent");
+    match spec {
+        WaitSpec::Pid { pid, .. } => match captured["comm"].as_str() {
+            Some(comm) => format!("pid {pid} ({comm}) exited"),
+            None => format!("pid {pid} exited"),
+        },
+        WaitSpec::File { path, .. } | WaitSpec::Log { path, .. } if silent => {
+            let ms = payload["silent_ms"]
+                .as_u64()
+                .or(spec.silence_ms())
+                .unwrap_or_default();
+            format!(
+                "{path} has not grown for {}",
+                cortex_protocol::waits::format_duration_ms(ms)
+            )
+        }
+        WaitSpec::File { path, .. } => {
+            let ev = payload["event"].as_str().unwrap_or("written");
+            format!("{path} was written ({ev})")
+        }
+        WaitSpec::Flock { path } => format!("the lock on {path} is free"),
+        WaitSpec::Log { path, pattern, .. } => {
+            let line = payload["line"].as_str().unwrap_or_default();
+            format!("{path}: a line matched /{pattern}/: {line:?}")
+        }
+        WaitSpec::Any { conditions } => {
+            let which = payload["which"].as_u64().unwrap_or_default() as usize;
+            let Some(spec) = conditions.get(which) else {
+                return format!("{}: it holds", spec.describe());
+            };
+            let inner = fired_message(spec, &captured["conditions"][which], &payload["fired"]);
+            format!(
+                "any: {} fired first: {inner}",
+                cortex_protocol::waits::condition_string(spec)
+            )
+        }
+    }
+}
+
+/// What a wait that timed out says still holds.
+fn still(spec: &WaitSpec) -> String {
+    match spec {
+        WaitSpec::Pid { pid, .. } => format!("pid {pid} is still running"),
+        WaitSpec::File {
+            path,
+            silence_ms: Some(_),
+            ..
+        } => format!("{path} kept growing"),
+        WaitSpec::File { path, .. } => format!("no write to {path}"),
+        WaitSpec::Flock { path } => format!("the lock on {path} is still held"),
+        WaitSpec::Log { path, pattern, .. } => format!("no line matching /{pattern}/ in {path}"),
+        WaitSpec::Any { conditions } => format!(
+            "none of {} holds",
+            conditions
+                .iter()
+                .map(cortex_protocol::waits::condition_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }

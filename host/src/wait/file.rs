@@ -35,7 +35,7 @@ use rustix::io::Errno;
 use serde_json::{Value, json};
 
 use super::watches::{Delivery, FileWatches, Subscription};
-use super::{Fire, WaitError, watch_error};
+use super::{Cursor, Fire, WaitError, watch_error};
 
 /// The cursor of a file from its metadata (`fstat`/`stat`): device, inode, size, mtime.
 pub fn cursor_of(meta: &fs::Metadata) -> FileCursor {
@@ -70,6 +70,8 @@ pub struct FileCaptured {
     pub since: Option<FileCursor>,
     /// Whether the file itself is watched too (it existed and could be watched).
     pub watching_file: bool,
+    /// A silence wait's bound: it fires when the file has not grown for this long.
+    pub silence_ms: Option<u64>,
 }
 
 /// Which watch an event came from.
@@ -216,6 +218,7 @@ pub(crate) fn arm(
             now,
             since: cursor,
             watching_file,
+            silence_ms: None,
         },
         name,
         sub,
@@ -235,7 +238,7 @@ fn fire(path: &Path, event: &str, cursor: FileCursor, note: Option<&str>) -> Fir
     }
     Fire {
         payload,
-        cursor: Some(cursor),
+        cursor: Some(Cursor::File(cursor)),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The wait primitive for conditions on this machine: a process exiting, a file
-//! being written, a lock coming free. `cortex wait pid|file|flock` runs it in the CLI; the
+//! being written or going quiet, a lock coming free, a line appearing in a log, or the
+//! first of several of these. `cortex wait pid|file|flock|log|any` runs it in the CLI; the
 //! device agent runs the same code for remote waits.
 //!
 //! Shape: a [`WaitSpec`] (protocol's: it travels to devices and is persisted) is armed by
@@ -23,11 +24,17 @@
 //! instance register with its reactor). It never signals, kills, writes or creates anything
 //! but the heartbeat file the caller names.
 
+mod any;
 mod file;
 mod flock;
+mod lines;
+mod log;
 mod pid;
+mod silence;
 mod watches;
 
+#[cfg(test)]
+mod log_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -39,10 +46,13 @@ use serde_json::Value;
 
 /// What to wait for, and a file wait's position: the wire's types, armed here as they
 /// travel and are persisted.
-pub use cortex_protocol::mesh::{FileCursor, WaitSpec};
+pub use cortex_protocol::mesh::{FileCursor, LogCursor, WaitSpec};
 pub use file::{FileCaptured, cursor_of, read_cursor};
 pub use flock::{FlockCaptured, open_lock_file, probe, proc_locks_held};
+pub use lines::{FileState, Hit, MAX_PARTIAL_BYTES, Scanner, Turn, cut_line, start_offset, turn};
+pub use log::LogCaptured;
 pub use pid::{Gone, Identity, PidCaptured, PidMethod, ProcStat, identify, parse_stat, read_stat};
+pub use silence::grew;
 pub use watches::{Delivery, FileWatches, Subscription};
 
 /// How often the heartbeat file is touched unless told otherwise.
@@ -91,8 +101,19 @@ pub enum WaitError {
         hint: &'static str,
     },
 
-    #[error("this build does not run {kind} waits yet")]
-    Unsupported { kind: &'static str },
+    #[error("{0}")]
+    BadPattern(String),
+
+    #[error("{0}")]
+    BadSpec(String),
+
+    #[error("condition {which} ({condition}) broke: {source}")]
+    Condition {
+        which: usize,
+        condition: String,
+        #[source]
+        source: Box<WaitError>,
+    },
 
     #[error("inotify failed, so this wait can no longer see the file: {0}")]
     Inotify(String),
@@ -122,12 +143,39 @@ fn watch_error(path: &Path, source: io::Error) -> WaitError {
     }
 }
 
-/// A fired wait: the payload to print (one JSON object) and, for a file wait, the cursor to
-/// persist so a re-arm neither misses a write nor reports this one again.
+/// A fired wait: the payload to print (one JSON object) and, for a file or log wait, the
+/// position to persist so a re-arm neither misses a write or a line nor reports this one
+/// again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fire {
     pub payload: Value,
-    pub cursor: Option<FileCursor>,
+    pub cursor: Option<Cursor>,
+}
+
+/// A position to persist after a fire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cursor {
+    /// A file wait's: the file as it was when it fired.
+    File(FileCursor),
+    /// A log wait's: just after the matching line (or, on a silence, at the start of the
+    /// line not yet ended).
+    Log(LogCursor),
+}
+
+impl Cursor {
+    pub fn file(self) -> Option<FileCursor> {
+        match self {
+            Cursor::File(c) => Some(c),
+            Cursor::Log(_) => None,
+        }
+    }
+
+    pub fn log(self) -> Option<LogCursor> {
+        match self {
+            Cursor::Log(c) => Some(c),
+            Cursor::File(_) => None,
+        }
+    }
 }
 
 /// How a wait ended: the exit codes 0, 1, 2 of `cortex wait`.
@@ -176,6 +224,9 @@ pub enum Captured {
     Pid(PidCaptured),
     File(FileCaptured),
     Flock(FlockCaptured),
+    Log(LogCaptured),
+    /// An any wait's, one per condition, in order.
+    Any(Vec<Captured>),
 }
 
 /// The arm-time context of one process's waits: the inotify instance file and flock waits
@@ -252,10 +303,25 @@ impl Waits {
                 cursor,
                 silence_ms: None,
             } => Inner::File(file::arm(&self.watches, Path::new(path), *cursor)?),
+            WaitSpec::File {
+                path,
+                cursor,
+                silence_ms: Some(ms),
+            } => Inner::Silence(silence::arm(&self.watches, Path::new(path), *cursor, *ms)?),
             WaitSpec::Flock { path } => Inner::Flock(flock::arm(&self.watches, Path::new(path))?),
-            other => {
-                return Err(WaitError::Unsupported { kind: other.kind() });
-            }
+            WaitSpec::Log {
+                path,
+                pattern,
+                cursor,
+                silence_ms,
+            } => Inner::Log(log::arm(
+                &self.watches,
+                Path::new(path),
+                pattern,
+                *cursor,
+                *silence_ms,
+            )?),
+            WaitSpec::Any { conditions } => Inner::Any(any::arm(self, conditions)?),
         };
         Ok(Armed { inner })
     }
@@ -265,7 +331,10 @@ impl Waits {
 enum Inner {
     Pid(pid::PidWait),
     File(file::FileWait),
+    Silence(silence::SilenceWait),
     Flock(flock::FlockWait),
+    Log(log::LogWait),
+    Any(any::AnyWait),
 }
 
 /// An armed wait, holding what it watches with.
@@ -280,7 +349,10 @@ impl Armed {
         match &self.inner {
             Inner::Pid(w) => Captured::Pid(w.captured().clone()),
             Inner::File(w) => Captured::File(w.captured().clone()),
+            Inner::Silence(w) => Captured::File(w.captured().clone()),
             Inner::Flock(w) => Captured::Flock(w.captured().clone()),
+            Inner::Log(w) => Captured::Log(w.captured().clone()),
+            Inner::Any(w) => Captured::Any(w.captured()),
         }
     }
 
@@ -290,12 +362,16 @@ impl Armed {
             Inner::Pid(w) => w.ready(),
             Inner::File(w) => w.ready(),
             Inner::Flock(w) => w.ready(),
+            // Both read (or look at) the file first, in their wait.
+            Inner::Silence(_) | Inner::Log(_) => None,
+            Inner::Any(w) => w.ready(),
         }
     }
 
     /// The spec to re-arm with if this wait is lost (a restart, a timeout), such that the
-    /// re-armed wait neither mistakes another process for this one nor misses a write made
-    /// in between: the pid with the start time read now, the file with its arm-time cursor.
+    /// re-armed wait neither mistakes another process for this one nor misses a write or a
+    /// line made in between: the pid with the start time read now, the file with its
+    /// arm-time cursor, the log with its arm-time position, an any with each of these.
     pub fn resume_spec(&self) -> WaitSpec {
         match &self.inner {
             Inner::Pid(w) => WaitSpec::Pid {
@@ -308,8 +384,25 @@ impl Armed {
                 cursor: Some(w.resume_cursor()),
                 silence_ms: None,
             },
+            Inner::Silence(w) => WaitSpec::File {
+                path: w.captured().path.to_string_lossy().into_owned(),
+                cursor: Some(w.resume_cursor()),
+                silence_ms: w.captured().silence_ms,
+            },
             Inner::Flock(w) => WaitSpec::Flock {
                 path: w.captured().path.to_string_lossy().into_owned(),
+            },
+            Inner::Log(w) => {
+                let c = w.captured();
+                WaitSpec::Log {
+                    path: c.path.to_string_lossy().into_owned(),
+                    pattern: c.pattern.clone(),
+                    cursor: Some(w.resume_cursor()),
+                    silence_ms: c.silence_ms,
+                }
+            }
+            Inner::Any(w) => WaitSpec::Any {
+                conditions: w.resume_specs(),
             },
         }
     }
@@ -361,7 +454,11 @@ impl Armed {
         match &mut self.inner {
             Inner::Pid(w) => w.until_fired().await,
             Inner::File(w) => w.until_fired().await,
+            Inner::Silence(w) => w.until_fired().await,
             Inner::Flock(w) => w.until_fired().await,
+            Inner::Log(w) => w.until_fired().await,
+            // Boxed: an any's conditions are waits themselves.
+            Inner::Any(w) => Box::pin(w.until_fired()).await,
         }
     }
 

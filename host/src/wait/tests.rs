@@ -581,7 +581,7 @@ async fn a_file_wait_fires_on_close_write_and_not_on_a_read() {
     let fire = fired(tokio::time::timeout(BOUND, &mut fut).await.expect("fired"));
     assert_eq!(fire.payload["event"], "close_write");
     assert_eq!(fire.payload["kind"], "file");
-    let cursor = fire.cursor.expect("cursor");
+    let cursor = fire.cursor.and_then(Cursor::file).expect("cursor");
     assert_eq!((cursor.exists, cursor.size), (true, 8));
     assert_eq!(
         fire.payload["cursor"],
@@ -606,7 +606,7 @@ async fn a_file_not_there_yet_fires_when_written_not_when_created() {
     let fire = fired(task.await.expect("join"));
     // Not "created": the file was empty then.
     assert_eq!(fire.payload["event"], "close_write");
-    assert_eq!(fire.cursor.expect("cursor").size, 2);
+    assert_eq!(fire.cursor.and_then(Cursor::file).expect("cursor").size, 2);
 }
 
 #[tokio::test]
@@ -645,7 +645,7 @@ async fn an_existing_file_replaced_atomically_fires() {
     fs::rename(&staged, &f).expect("rename");
     let fire = fired(task.await.expect("join"));
     assert_eq!(fire.payload["event"], "moved_to");
-    assert_eq!(fire.cursor.expect("cursor").size, 2);
+    assert_eq!(fire.cursor.and_then(Cursor::file).expect("cursor").size, 2);
 }
 
 #[tokio::test]
@@ -680,7 +680,7 @@ async fn a_cursor_reports_what_happened_while_no_wait_was_armed_and_nothing_twic
     let armed = waits.arm(&spec(c0)).expect("arm");
     let fire = armed.fired_at_arm().expect("fired at arm");
     assert_eq!(fire.payload["event"], "changed");
-    let c1 = fire.cursor.expect("cursor");
+    let c1 = fire.cursor.and_then(Cursor::file).expect("cursor");
     assert_eq!(c1.size, 2);
     // Re-armed from the cursor it reported: that write is not reported again.
     let armed = waits.arm(&spec(c1)).expect("arm");

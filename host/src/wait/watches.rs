@@ -387,7 +387,8 @@ impl Mailbox {
 pub struct Subscription {
     watches: FileWatches,
     mailbox: Arc<Mailbox>,
-    ids: Vec<(c_int, u64)>,
+    /// (descriptor, subscriber id, key) of each watch added.
+    ids: Vec<(c_int, u64, u32)>,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -401,9 +402,26 @@ impl std::fmt::Debug for Subscription {
 impl Subscription {
     /// Watches `path` for `mask`; its events arrive tagged with `key`.
     pub fn add(&mut self, path: &Path, mask: WatchMask, key: u32) -> io::Result<()> {
-        let ids = self.watches.add(path, mask, key, &self.mailbox)?;
-        self.ids.push(ids);
+        let (wd, id) = self.watches.add(path, mask, key, &self.mailbox)?;
+        self.ids.push((wd, id, key));
         Ok(())
+    }
+
+    /// Stops the watches added with `key` (a log wait letting go of a rotated file).
+    /// Their events already queued still arrive, tagged with `key`.
+    pub fn remove_key(&mut self, key: u32) {
+        let watches = &self.watches;
+        self.ids.retain(|&(wd, id, k)| {
+            if k == key {
+                watches.remove(wd, id);
+            }
+            k != key
+        });
+    }
+
+    /// The next delivery if one is queued, without waiting (to take a burst at once).
+    pub fn try_next(&self) -> Option<Delivery> {
+        self.mailbox.take()
     }
 
     /// The next delivery. Cancel-safe: nothing is taken until it is returned.
@@ -419,7 +437,7 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        for (wd, id) in self.ids.drain(..) {
+        for (wd, id, _) in self.ids.drain(..) {
             self.watches.remove(wd, id);
         }
     }

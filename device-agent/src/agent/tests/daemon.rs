@@ -127,7 +127,15 @@ async fn files_are_forwarded_and_deleted_only_once_acknowledged() {
     assert_eq!(hello.agent_version, env!("CARGO_PKG_VERSION"));
     assert_eq!(
         hello.capabilities,
-        ["spool", "wait-pid", "wait-file", "wait-flock"]
+        [
+            "spool",
+            "wait-pid",
+            "wait-file",
+            "wait-flock",
+            "wait-log",
+            "wait-silence",
+            "wait-any"
+        ]
     );
     assert!(hello.waits.is_empty());
     assert_eq!(hello.spool.pending, 3);

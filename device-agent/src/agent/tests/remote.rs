@@ -2,7 +2,8 @@
 //! id armed twice arms once; cancel; the bound; an outcome sent again on every link until
 //! acknowledged; the saved state re-armed after a restart (a pid that exited meanwhile
 //! fires at once, once); a relative path refused; the waits file's round trip, and a file
-//! of an earlier agent read and written back unchanged.
+//! of an earlier agent read and written back unchanged; log, silence and any-of waits with
+//! their one-line messages.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -537,5 +538,117 @@ async fn file_and_flock_waits_run_on_the_spools_inotify_instance() {
         }
         other => panic!("{other:?}"),
     }
+    agent.stop().await;
+}
+
+/// The next `WaitDone`: (outcome, payload, message).
+async fn done(conn: &mut super::fake_hub::Conn) -> (WaitEnd, serde_json::Value, String) {
+    loop {
+        match conn.wait_frame().await {
+            AgentFrame::WaitDone {
+                outcome,
+                payload,
+                message,
+                ..
+            } => {
+                return (
+                    outcome,
+                    serde_json::from_str(&payload).expect("json"),
+                    message,
+                );
+            }
+            AgentFrame::WaitArmed { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_silence_and_any_waits_run_and_say_what_fired() {
+    let home = tempfile::tempdir().expect("tmp");
+    let hub = FakeHub::bind().await;
+    let agent = Agent::start(config(home.path(), &hub.url()));
+    let mut conn = hub.accept().await;
+    conn.welcome_default().await;
+    let log = home.path().join("train.log");
+    std::fs::write(&log, "loss=nan (before the arm)\n").expect("write");
+    let path = log.to_string_lossy().into_owned();
+    let log_spec = WaitSpec::Log {
+        path: path.clone(),
+        pattern: "nan".into(),
+        cursor: None,
+        silence_ms: None,
+    };
+
+    conn.send(&arm("wp_log", log_spec.clone(), LIMIT * 6)).await;
+    match conn.wait_frame().await {
+        AgentFrame::WaitArmed {
+            captured, resume, ..
+        } => {
+            let c: serde_json::Value = serde_json::from_str(&captured).expect("json");
+            assert_eq!(
+                (c["kind"].as_str(), c["exists"].as_bool()),
+                (Some("log"), Some(true))
+            );
+            assert!(
+                matches!(resume, Some(WaitSpec::Log { cursor: Some(c), .. }) if c.offset == 26),
+                "{resume:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .expect("open");
+    std::io::Write::write_all(&mut f, b"loss=0.4\nloss=nan\n").expect("append");
+    let (end, payload, message) = done(&mut conn).await;
+    assert_eq!(end, WaitEnd::Fired);
+    assert_eq!(payload["line"], "loss=nan");
+    assert_eq!(
+        message,
+        format!("{path}: a line matched /nan/: \"loss=nan\"")
+    );
+
+    // A silence on a file nobody writes.
+    let quiet = home.path().join("quiet");
+    conn.send(&arm(
+        "wp_quiet",
+        WaitSpec::File {
+            path: quiet.to_string_lossy().into_owned(),
+            cursor: None,
+            silence_ms: Some(200),
+        },
+        LIMIT * 6,
+    ))
+    .await;
+    let (end, payload, message) = done(&mut conn).await;
+    assert_eq!(
+        (end, payload["reason"].as_str()),
+        (WaitEnd::Fired, Some("silent"))
+    );
+    assert!(message.contains("has not grown for"), "{message}");
+
+    // The first of a pid and the log: the log.
+    let p = Proc::sleep();
+    conn.send(&arm(
+        "wp_any",
+        WaitSpec::Any {
+            conditions: vec![pid_spec(p.pid()), log_spec],
+        },
+        LIMIT * 6,
+    ))
+    .await;
+    eventually("the any wait saved", || {
+        saved(home.path()).waits.iter().any(|w| w.id == "wp_any")
+    })
+    .await;
+    std::io::Write::write_all(&mut f, b"nan again\n").expect("append");
+    let (end, payload, message) = done(&mut conn).await;
+    assert_eq!((end, payload["which"].as_u64()), (WaitEnd::Fired, Some(1)));
+    assert_eq!(
+        message,
+        format!("any: log:{path}~nan fired first: {path}: a line matched /nan/: \"nan again\"")
+    );
     agent.stop().await;
 }
