@@ -16,14 +16,14 @@ use serde_json::Value;
 const BOUND: Duration = Duration::from_secs(30);
 
 /// A `cortex wait …` running in the background, its stderr read line by line.
-struct Waiting {
+pub(crate) struct Waiting {
     child: Child,
     lines: mpsc::Receiver<String>,
     stderr: Vec<String>,
 }
 
 impl Waiting {
-    fn start(args: &[&str]) -> Waiting {
+    pub(crate) fn start(args: &[&str]) -> Waiting {
         let mut child = Command::new(bin("cortex"))
             .args(args)
             .env_remove("CORTEX_HUB")
@@ -51,7 +51,7 @@ impl Waiting {
     }
 
     /// The armed line; the wait is in place once it is printed.
-    fn armed(&mut self) -> String {
+    pub(crate) fn armed(&mut self) -> String {
         let line = self
             .lines
             .recv_timeout(BOUND)
@@ -60,12 +60,12 @@ impl Waiting {
         line
     }
 
-    fn running(&mut self) -> bool {
+    pub(crate) fn running(&mut self) -> bool {
         self.child.try_wait().expect("try_wait").is_none()
     }
 
     /// Waits (bounded) for the exit; returns (code, stdout, every stderr line).
-    fn finish(mut self) -> (i32, String, Vec<String>) {
+    pub(crate) fn finish(mut self) -> (i32, String, Vec<String>) {
         let status = wait_until(BOUND, "cortex wait to exit", || {
             self.child.try_wait().expect("try_wait")
         });
@@ -95,7 +95,7 @@ impl Drop for Waiting {
 }
 
 /// The payload: exactly one line, one JSON object.
-fn payload(out: &str) -> Value {
+pub(crate) fn payload(out: &str) -> Value {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 1, "one line on stdout: {out:?}");
     let v: Value = serde_json::from_str(lines[0]).expect("JSON payload");

@@ -9,6 +9,7 @@ mod full_disk;
 mod hostile;
 mod local_waits;
 mod log_secrets;
+mod log_waits;
 mod mesh_e2e;
 mod mesh_hub;
 mod model_client;

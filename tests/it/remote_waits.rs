@@ -60,7 +60,7 @@ fn listed_waits(hub: &Hub, name: &str) -> u64 {
         .expect("listed with waits")
 }
 
-fn wait_armed(hub: &Hub, name: &str, wp: &str) -> Value {
+pub(crate) fn wait_armed(hub: &Hub, name: &str, wp: &str) -> Value {
     wait_until(T, "the wait armed on the device", || {
         let d = hub.device(name);
         d["wait_list"]
@@ -81,7 +81,7 @@ fn remote_pid_wait(hub: &Hub, name: &str, pid: u32, timeout_s: f64) -> Value {
 }
 
 /// The device-wait signals recorded on a waitpoint.
-fn device_wait_signals(hub: &Hub, wp: &str) -> Vec<Value> {
+pub(crate) fn device_wait_signals(hub: &Hub, wp: &str) -> Vec<Value> {
     hub.get_waitpoint(wp)["signals"]
         .as_array()
         .unwrap()
@@ -91,13 +91,13 @@ fn device_wait_signals(hub: &Hub, wp: &str) -> Vec<Value> {
         .collect()
 }
 
-fn outcome_of(signal: &Value) -> String {
+pub(crate) fn outcome_of(signal: &Value) -> String {
     let data: Value = serde_json::from_str(signal["data"].as_str().unwrap()).unwrap();
     data["outcome"].as_str().unwrap().to_string()
 }
 
 /// The agent forgot the wait: not armed, no outcome waiting for an ack.
-fn agent_forgot(agent: &Agent, wp: &str) -> bool {
+pub(crate) fn agent_forgot(agent: &Agent, wp: &str) -> bool {
     let f = agent.saved_waits();
     let has = |k: &str| {
         f[k].as_array()

@@ -281,7 +281,15 @@ impl LogWait {
         // The watch on the inode opened, whatever the name leads to by now.
         self.sub.remove_key(FILE);
         let via_fd = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        self.sub_has_file = self.sub.add(&via_fd, FILE_MASK, FILE).is_ok();
+        if self.sub.add(&via_fd, FILE_MASK, FILE).is_err() {
+            // Without /proc, by the name: the same inode unless it was replaced in between,
+            // which the directory's watch reports, and the next look follows. A log whose
+            // writes cannot be seen at all is no wait: it breaks, saying why.
+            self.sub
+                .add(self.captured.path.as_path(), FILE_MASK, FILE)
+                .map_err(|e| watch_error(&self.captured.path, e))?;
+        }
+        self.sub_has_file = true;
         self.open = Some(Open {
             dev: meta.dev(),
             ino: meta.ino(),

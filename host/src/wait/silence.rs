@@ -5,9 +5,11 @@
 //! (it grew, was cut shorter, or was replaced). A missing file does not grow; a file that
 //! goes away is no growth either.
 //!
-//! Cost: nothing while idle. The parent directory is watched for events about the name
-//! (written, created, moved, deleted); an event only notes its time. One timer sleeps until
-//! the last growth plus the silence; when it wakes the file is looked at (one `stat`): grown
+//! Cost: nothing while idle. The parent directory is watched for the name (created, moved
+//! in or out, deleted) and the file under it for its writes (`IN_MODIFY`: on the file's own
+//! watch, so writes to other files in the directory wake nobody here; moved to the new
+//! file when the name changes); an event only notes its time. One timer sleeps until the
+//! last growth plus the silence; when it wakes the file is looked at (one `stat`): grown
 //! since, the clock restarts from the last event's time and the timer sleeps again;
 //! unchanged, it fires. No periodic wake-up.
 //!
@@ -33,10 +35,14 @@ use super::log::{instant_of, ms};
 use super::watches::{Delivery, FileWatches, Subscription};
 use super::{Cursor, Fire, WaitError, watch_error};
 
+/// Which watch an event came from.
+const DIR: u32 = 0;
+const FILE: u32 = 1;
+
+const FILE_MASK: WatchMask = WatchMask::MODIFY;
+
 const DIR_MASK: WatchMask = WatchMask::ONLYDIR
     .union(WatchMask::CREATE)
-    .union(WatchMask::MODIFY)
-    .union(WatchMask::CLOSE_WRITE)
     .union(WatchMask::MOVED_TO)
     .union(WatchMask::MOVED_FROM)
     .union(WatchMask::DELETE)
@@ -89,7 +95,7 @@ pub(crate) fn arm(
         _ => Path::new("."),
     };
     let mut sub = watches.subscribe();
-    sub.add(parent, DIR_MASK, 0)
+    sub.add(parent, DIR_MASK, DIR)
         .map_err(|e| match Errno::from_io_error(&e) {
             Some(Errno::NOENT) => bad("is in a directory that does not exist"),
             Some(Errno::NOTDIR) => bad("is in something that is not a directory"),
@@ -108,6 +114,9 @@ pub(crate) fn arm(
     if meta.as_ref().is_some_and(fs::Metadata::is_dir) {
         return Err(bad("is a directory; wait for a file in it instead"));
     }
+    // The file's own watch after the directory's: a file created in between is seen by
+    // the directory's, and then watched.
+    let watching_file = meta.is_some() && sub.add(path, FILE_MASK, FILE).is_ok();
     let now = read_cursor(path).map_err(look_err)?;
     let last_growth = match (&cursor, &meta) {
         (Some(_), Some(m)) => instant_of(m),
@@ -118,7 +127,7 @@ pub(crate) fn arm(
             path: path.to_owned(),
             now,
             since: cursor,
-            watching_file: false,
+            watching_file,
             silence_ms: Some(silence_ms),
         },
         name,
@@ -171,7 +180,11 @@ impl SilenceWait {
 
     fn note(&mut self, d: Delivery) -> Result<(), WaitError> {
         match d {
-            Delivery::Event { mask, name, .. } => {
+            Delivery::Event { key, mask, name } => {
+                if key == FILE {
+                    self.last_event = Some(Instant::now());
+                    return Ok(());
+                }
                 if mask.intersects(
                     EventMask::DELETE_SELF
                         | EventMask::MOVE_SELF
@@ -185,6 +198,11 @@ impl SilenceWait {
                 }
                 if name.as_deref() == Some(self.name.as_os_str()) {
                     self.last_event = Some(Instant::now());
+                    // Another file under the name (or none): watch what is there now. A
+                    // file that cannot be watched still has its size looked at.
+                    self.sub.remove_key(FILE);
+                    self.captured.watching_file =
+                        self.sub.add(&self.captured.path, FILE_MASK, FILE).is_ok();
                 }
                 Ok(())
             }
