@@ -509,7 +509,7 @@ impl Tx<'_> {
 }
 
 mod loss;
-pub use loss::{TIMER_DEVICE_LOSS, loss_at, to_report};
+pub use loss::TIMER_DEVICE_LOSS;
 
 #[cfg(test)]
 mod tests;

@@ -5,8 +5,9 @@
 //! online or offline. Whether a device is online *now* is not stored: only the mesh's
 //! registry of live links knows that, so after a restart every device reads as offline
 //! with its last seen. While a device is offline its record also holds when the sessions
-//! waiting on it are told it is lost (`loss_at`, see `device_waits/loss.rs`). The hub events (`device-added`, `-revoked`, `-online`, `-offline`)
-//! are appended in the same transaction as the change they describe.
+//! waiting on it are told it is lost (`loss_at`, see `device_waits/loss.rs`). The hub
+//! events (`device-added`, `-revoked`, `-online`, `-offline`) are appended in the same
+//! transaction as the change they describe.
 
 use cortex_protocol::api::{HubEvent, HubEventBody};
 use cortex_protocol::mesh::{HostFacts, SpoolCounts};

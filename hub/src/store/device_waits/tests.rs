@@ -792,11 +792,24 @@ async fn a_revoked_device_is_not_told_lost_and_a_device_without_waits_has_no_tim
     add_device(&store, "gpu2").await;
     let (b, _) = created(&store, new_wait("gpu2", 43, 600_000, None), T0 + 50).await;
     assert_eq!(loss_timer(&store, "gpu2").await, Some(T0 + GRACE));
-    // Its wait ends: the timer goes with the last one.
-    let id = b.id.clone();
-    store
-        .exec(move |t| t.cancel_waitpoint(&id, None, "operator", T0 + 60))
-        .await
-        .expect("cancel");
-    assert_eq!(loss_timer(&store, "gpu2").await, None);
+    fire(&store, T0 + GRACE, &[]).await;
+    let told = reports(&store, &b.session).await;
+    assert_eq!(told.len(), 1);
+    assert!(
+        told[0]
+            .text
+            .contains("device gpu2 has not connected since it was added at"),
+        "{}",
+        told[0].text
+    );
+    // The timer goes with the last wait, not before.
+    let (c, _) = created(&store, new_wait("gpu2", 44, 600_000, None), T0 + GRACE + 10).await;
+    assert_eq!(loss_timer(&store, "gpu2").await, Some(T0 + GRACE));
+    for (id, at) in [(b.id.clone(), Some(T0 + GRACE)), (c.id.clone(), None)] {
+        store
+            .exec(move |t| t.cancel_waitpoint(&id, None, "operator", T0 + GRACE + 20))
+            .await
+            .expect("cancel");
+        assert_eq!(loss_timer(&store, "gpu2").await, at);
+    }
 }
