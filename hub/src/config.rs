@@ -1,6 +1,6 @@
 //! The hub's configuration: `$CORTEX_HOME`, settings.json (`waitpointTtlMs`, `waitpointSweepMs`,
-//! …; a key missing there falls back to its `CORTEX_…` environment variable, then to its
-//! default), the operator token, and the listen address rule.
+//! `deviceLossGraceMs`, …; a key missing there falls back to its `CORTEX_…` environment
+//! variable, then to its default), the operator token, and the listen address rule.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -46,6 +46,9 @@ pub struct HubSettings {
     pub engine: Settings,
     /// `waitpointSweepMs`: how often the sweep runs; 0 turns it off.
     pub sweep_ms: u64,
+    /// `deviceLossGraceMs`: how long a device may be offline before each session waiting
+    /// on one of its remote waits hears of it (a `report` wake; the wait stays armed).
+    pub device_loss_grace_ms: u64,
     /// `agent`: what a session gets when its creator does not say.
     pub agent: AgentDefaults,
     /// `llm`, as written (the model client reads it with the `CORTEX_LLM_*` variables).
@@ -74,6 +77,10 @@ pub struct AgentDefaults {
     #[serde(default)]
     pub unattended: Option<bool>,
 }
+
+/// The default of `deviceLossGraceMs`: two minutes, more than an agent's reconnect
+/// backoff (at most 60 s), so a link that drops and comes back says nothing.
+pub const DEFAULT_DEVICE_LOSS_GRACE_MS: u64 = 120_000;
 
 impl AgentDefaults {
     pub const DEFAULT_CONCURRENCY: usize = 8;
@@ -199,6 +206,22 @@ pub fn load_settings_with(
         lookup,
     )?
     .unwrap_or(30_000);
+    let device_loss_grace_ms = match key_value(
+        &json,
+        "deviceLossGraceMs",
+        "CORTEX_DEVICE_LOSS_GRACE_MS",
+        lookup,
+    )? {
+        None => DEFAULT_DEVICE_LOSS_GRACE_MS,
+        Some(g) if g == 0 || g > 30 * DAY_MS => {
+            return Err(ConfigError::BadValue {
+                key: "deviceLossGraceMs".into(),
+                value: g.to_string(),
+                why: "the grace must be above 0 and at most 30 days (default 120000, two minutes)",
+            });
+        }
+        Some(g) => g,
+    };
     let agent = match json.get("agent") {
         None | Some(serde_json::Value::Null) => AgentDefaults::default(),
         Some(v) => {
@@ -221,6 +244,7 @@ pub fn load_settings_with(
     Ok(HubSettings {
         engine,
         sweep_ms,
+        device_loss_grace_ms,
         agent,
         llm,
     })
@@ -287,6 +311,31 @@ mod tests {
         )
         .expect("write");
         assert!(load_settings_with(dir.path(), &env).is_err());
+    }
+
+    #[test]
+    fn the_device_loss_grace_is_a_setting_with_an_environment_fallback() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let none = |_: &str| None;
+        let s = load_settings_with(dir.path(), &none).expect("load");
+        assert_eq!(s.device_loss_grace_ms, DEFAULT_DEVICE_LOSS_GRACE_MS);
+        let env = |k: &str| (k == "CORTEX_DEVICE_LOSS_GRACE_MS").then(|| "1500".to_string());
+        let s = load_settings_with(dir.path(), &env).expect("load");
+        assert_eq!(s.device_loss_grace_ms, 1_500);
+        std::fs::write(
+            dir.path().join("settings.json"),
+            r#"{"deviceLossGraceMs": 30000}"#,
+        )
+        .expect("write");
+        let s = load_settings_with(dir.path(), &env).expect("load");
+        assert_eq!(s.device_loss_grace_ms, 30_000, "settings.json wins");
+        std::fs::write(
+            dir.path().join("settings.json"),
+            r#"{"deviceLossGraceMs": 0}"#,
+        )
+        .expect("write");
+        let e = load_settings_with(dir.path(), &env).expect_err("refused");
+        assert!(e.to_string().contains("deviceLossGraceMs"), "{e}");
     }
 
     #[test]

@@ -113,7 +113,9 @@ async fn scenario() {
         caps: Default::default(),
         stops: Default::default(),
     });
-    cortex_hub::mesh::start(&state).await.expect("mesh start");
+    cortex_hub::mesh::start(&state, cortex_hub::config::DEFAULT_DEVICE_LOSS_GRACE_MS)
+        .await
+        .expect("mesh start");
     let bound = Bound::bind(&MeshSetup::new("127.0.0.1:0".parse().expect("addr")))
         .await
         .expect("bind");

@@ -4,6 +4,7 @@
 mod cli_model;
 mod cortex_cli;
 mod device_exec;
+mod device_loss;
 mod durability;
 mod full_disk;
 mod hostile;

@@ -8,7 +8,9 @@
 //! A remote wait's waitpoint (`cortex wait pid|file|flock --device`) is ended by a signal
 //! with `source: "device-wait"` whose data says how: `fired`, `timed_out` or `broke`. That
 //! outcome decides the exit status (0, 1, 2) rather than the wake's reason, so a remote
-//! wait that timed out exits 1 like a local one, here and in `cortex wait for`.
+//! wait that timed out exits 1 like a local one, here and in `cortex wait for`. The hub's
+//! own `report` wake on such a waitpoint (its device offline past the grace; the wait
+//! stays armed) is not the outcome: it is passed over in silence and the wait goes on.
 
 use std::io::Write;
 use std::thread;
@@ -62,6 +64,7 @@ pub fn run_with(
         timeout,
         announce,
         deadline: after(timeout.unwrap_or(GRACE)),
+        device_bound: false,
     };
     match waiter.wait(out, err) {
         Ok(code) => code,
@@ -81,12 +84,15 @@ struct Waiter<'a> {
     timeout: Option<Duration>,
     announce: bool,
     deadline: Instant,
+    /// A remote wait's waitpoint: its `report` wakes are the hub's loss reports.
+    device_bound: bool,
 }
 
 impl Waiter<'_> {
     fn wait(&mut self, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8, Broke> {
         let wp = self.wp;
         let view = self.waitpoint()?;
+        self.device_bound = view.device.is_some();
         if self.timeout.is_none() {
             self.deadline = instant_at(view.expires_at.saturating_add(GRACE.as_millis() as u64));
         }
@@ -164,7 +170,7 @@ impl Waiter<'_> {
             let events = events_of(&page).map_err(|e| Broke(e.to_string()))?;
             for ev in events {
                 cursor = cursor.max(ev["seq"].as_u64().unwrap_or(cursor));
-                if is_for(ev, "wake", wp) {
+                if is_for(ev, "wake", wp) && !self.is_loss_report(ev) {
                     return Ok(fire(ev, out, err));
                 }
                 if is_for(ev, "waitpoint-cancelled", wp) {
@@ -202,7 +208,7 @@ impl Waiter<'_> {
             let before = cursor;
             for ev in events {
                 cursor = cursor.max(ev["seq"].as_u64().unwrap_or(cursor));
-                if is_for(ev, "wake", self.wp) {
+                if is_for(ev, "wake", self.wp) && !self.is_loss_report(ev) {
                     found = Some(ev.clone());
                 }
             }
@@ -210,6 +216,12 @@ impl Waiter<'_> {
                 return Ok(found);
             }
         }
+    }
+
+    /// The hub's report that a remote wait's device has been offline past the grace: the
+    /// wait stays armed and its outcome comes later, so this is not the wake waited for.
+    fn is_loss_report(&self, wake: &Value) -> bool {
+        self.device_bound && wake["reason"] == "report" && device_wait_outcome(wake).is_none()
     }
 
     /// One GET; while the hub is unreachable (or failing on its side), again with a capped

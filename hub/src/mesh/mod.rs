@@ -144,12 +144,18 @@ fn url(addr: SocketAddr, tls: bool) -> String {
 }
 
 /// Loads the allowed devices into the registry and records the links a killed hub left
-/// "online" as offline. Runs before anything listens.
-pub async fn start(state: &AppState) -> anyhow::Result<()> {
+/// "online" as offline; every device is offline now, and its loss is told `loss_grace_ms`
+/// after the later of its last seen and this start, unless it reconnects first (a restart
+/// alone is no loss). Runs before anything listens.
+pub async fn start(state: &AppState, loss_grace_ms: u64) -> anyhow::Result<()> {
     use anyhow::Context;
     state
         .store
-        .exec(|t| t.devices_restarted(now_ms()))
+        .exec(move |t| {
+            let now = now_ms();
+            t.devices_restarted(now)?;
+            t.device_losses_restarted(now, loss_grace_ms)
+        })
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("recording the devices of the previous run offline")?;

@@ -315,6 +315,7 @@ mod tests {
             phase,
             armed_at: None,
             captured: None,
+            loss_reported: None,
         }
     }
 

@@ -126,7 +126,7 @@ pub async fn run_with_mesh(
         runs_model: config.model.is_some(),
         caps: config.model.as_ref().map(|m| m.caps()).unwrap_or_default(),
     });
-    crate::mesh::start(&state).await?;
+    crate::mesh::start(&state, config.settings.device_loss_grace_ms).await?;
 
     let sweep =
         (config.settings.sweep_ms > 0).then(|| Duration::from_millis(config.settings.sweep_ms));

@@ -17,6 +17,9 @@
 //!
 //! Every transaction that adds or ends a device's waits marks the device touched; after
 //! the commit its link task reconciles what the agent holds against these records.
+//!
+//! A device offline past the grace is told to the sessions waiting on it, once per
+//! offline spell (`loss.rs`).
 
 use std::collections::HashSet;
 
@@ -69,6 +72,10 @@ pub struct DeviceWaitRecord {
     /// The agent's arm-time facts, JSON.
     #[serde(default)]
     pub captured: Option<String>,
+    /// The device's offline spell (its start) the session was told of (`loss.rs`);
+    /// cleared when the device comes back.
+    #[serde(default)]
+    pub loss_reported: Option<u64>,
 }
 
 impl DeviceWaitRecord {
@@ -197,11 +204,13 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// Deletes an active wait and its deadline; the device is told to reconcile.
+    /// Deletes an active wait and its deadline (and its device's loss report, when it was
+    /// the last); the device is told to reconcile.
     fn drop_device_wait(&mut self, rec: &DeviceWaitRecord) -> Result<(), StoreError> {
         self.table_mut(&DEVICE_WAITS)
             .remove((rec.device.as_str(), rec.id.as_str()))?;
         self.reschedule(TIMER_DEVICE_WAIT, &rec.id, Some(rec.due()), None)?;
+        self.device_loss_unwatch(&rec.device)?;
         self.notify(super::tables::TOPIC_DEVICE, &rec.device, 0);
         Ok(())
     }
@@ -272,9 +281,11 @@ impl Tx<'_> {
             phase: Phase::Pending,
             armed_at: None,
             captured: None,
+            loss_reported: None,
         };
         self.put_device_wait(&rec)?;
         self.reschedule(TIMER_DEVICE_WAIT, &rec.id, None, Some(rec.due()))?;
+        self.device_loss_watch(&rec.device, now)?;
         self.notify(super::tables::TOPIC_DEVICE, &rec.device, 0);
         Ok(CreateDeviceWaitOutcome::Created {
             waitpoint: wp,
@@ -496,6 +507,9 @@ impl Tx<'_> {
         Ok(n)
     }
 }
+
+mod loss;
+pub use loss::TIMER_DEVICE_LOSS;
 
 #[cfg(test)]
 mod tests;

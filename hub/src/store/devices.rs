@@ -4,8 +4,10 @@
 //! when it was added, the facts its agent last reported, and when and why it last went
 //! online or offline. Whether a device is online *now* is not stored: only the mesh's
 //! registry of live links knows that, so after a restart every device reads as offline
-//! with its last seen. The hub events (`device-added`, `-revoked`, `-online`, `-offline`)
-//! are appended in the same transaction as the change they describe.
+//! with its last seen. While a device is offline its record also holds when the sessions
+//! waiting on it are told it is lost (`loss_at`, see `device_waits/loss.rs`). The hub
+//! events (`device-added`, `-revoked`, `-online`, `-offline`) are appended in the same
+//! transaction as the change they describe.
 
 use cortex_protocol::api::{HubEvent, HubEventBody};
 use cortex_protocol::mesh::{HostFacts, SpoolCounts};
@@ -44,6 +46,10 @@ pub struct DeviceRecord {
     pub offline_since: Option<u64>,
     #[serde(default)]
     pub offline_reason: Option<String>,
+    /// While offline: when the sessions waiting on its remote waits are told it is lost
+    /// (`device_waits/loss.rs`); `None` while online.
+    #[serde(default)]
+    pub loss_at: Option<u64>,
 }
 
 /// What an agent's hello tells, as recorded when its link comes up.
@@ -64,7 +70,7 @@ impl Tx<'_> {
         }
     }
 
-    fn put_device(&mut self, rec: &DeviceRecord) -> Result<(), StoreError> {
+    pub(super) fn put_device(&mut self, rec: &DeviceRecord) -> Result<(), StoreError> {
         self.table_mut(&DEVICES)
             .insert(rec.name.as_str(), encode(rec)?.as_slice())?;
         Ok(())
@@ -96,6 +102,9 @@ impl Tx<'_> {
         if self.get_device(name)?.is_some() {
             return Ok(false);
         }
+        // Offline from the start: a wait asked of it before it ever connects is told
+        // when it has not connected within the grace.
+        let loss_at = self.first_loss_at(now)?;
         self.put_device(&DeviceRecord {
             name: name.to_string(),
             token_hash,
@@ -109,6 +118,7 @@ impl Tx<'_> {
             online_since: None,
             offline_since: None,
             offline_reason: None,
+            loss_at: Some(loss_at),
         })?;
         self.append_hub_event(
             HubEventBody::DeviceAdded {
@@ -122,9 +132,12 @@ impl Tx<'_> {
     /// `cortex device revoke`: forgets the device and its token hash; false if unknown.
     /// Its remote waits end as broke: nothing will report them any more.
     pub fn revoke_device(&mut self, name: &str, now: u64) -> Result<bool, StoreError> {
-        if self.table_mut(&DEVICES).remove(name)?.is_none() {
+        let Some(rec) = self.get_device(name)? else {
             return Ok(false);
-        }
+        };
+        self.table_mut(&DEVICES).remove(name)?;
+        // Its waits break, and nobody is told it is lost.
+        self.device_loss_forgotten(&rec)?;
         self.device_waits_revoked(name, now)?;
         self.append_hub_event(
             HubEventBody::DeviceRevoked {
@@ -168,6 +181,7 @@ impl Tx<'_> {
         rec.online_since = Some(now);
         rec.offline_since = None;
         rec.offline_reason = None;
+        self.device_back(&mut rec)?;
         self.put_device(&rec)?;
         self.append_hub_event(
             HubEventBody::DeviceOnline {
@@ -202,6 +216,7 @@ impl Tx<'_> {
             rec.online_since = None;
             rec.offline_since = Some(now);
             rec.offline_reason = Some(reason.to_string());
+            self.device_lost(&mut rec)?;
             self.put_device(&rec)?;
         }
         self.append_hub_event(

@@ -1,6 +1,7 @@
 //! The hub's timer kinds and their handlers, over the kernel's timer queue: a decided
 //! wake (`wake`), a remote wait's hub deadline (`device-wait`), a timer a session's model
-//! set (`agent-timer`) and an approval's expiry (`approval`). The server's one
+//! set (`agent-timer`), an approval's expiry (`approval`) and a device's loss report
+//! (`device-loss`). The server's one
 //! timer loop calls [`Tx::fire_due`] when the queue's earliest time has come.
 
 use std::collections::HashSet;
@@ -10,12 +11,13 @@ use super::ops::PASS_LIMIT;
 use cortex_protocol::api::{AnswerItem, Decision, EventBody};
 
 use super::agent::{SessionTimer, split_timer_id};
+use super::device_waits::TIMER_DEVICE_LOSS;
 use super::tables::{TIMER_AGENT, TIMER_APPROVAL, TIMER_DEVICE_WAIT, TIMER_WAKE, Tx};
 
 impl Tx<'_> {
     /// Runs every timer due at `now` (at most a pass's worth): each kind's handler removes
     /// or moves its entry. `online` is the devices with a live link, for the remote-wait
-    /// rule. Returns how many it ran.
+    /// rule and the loss report. Returns how many it ran.
     pub fn fire_due(&mut self, now: u64, online: &HashSet<String>) -> Result<usize, StoreError> {
         let due = self.due_timers(now, None, PASS_LIMIT)?;
         for d in &due {
@@ -29,6 +31,9 @@ impl Tx<'_> {
                 TIMER_APPROVAL => {
                     self.reschedule(TIMER_APPROVAL, &d.id, Some(d.at), None)?;
                     self.approval_due(&d.id, d.at, now)?;
+                }
+                TIMER_DEVICE_LOSS => {
+                    self.device_loss_due(&d.id, d.at, now, online)?;
                 }
                 other => {
                     tracing::warn!(kind = other, id = %d.id, "a timer of a kind this hub does not know; dropped");

@@ -11,7 +11,7 @@ use crate::testserver::{TestServer, json as answer, refused_addr};
 
 const FAR: u64 = 4_000_000_000_000;
 
-fn view(state: &str, expires_at: u64, wakes: Vec<WakeView>) -> String {
+fn view(state: &str, expires_at: u64, wakes: Vec<WakeView>, device: Option<&str>) -> String {
     let v = WaitpointView {
         id: "wp_1".into(),
         session: "ses_1".into(),
@@ -25,7 +25,7 @@ fn view(state: &str, expires_at: u64, wakes: Vec<WakeView>) -> String {
         quorum: 1,
         fail_fast: true,
         max_signals: 1,
-        device: None,
+        device: device.map(Into::into),
         signal_count: 0,
         signals: vec![],
         wakes,
@@ -70,6 +70,8 @@ struct Fake {
     last_seq: u64,
     log: Vec<Value>,
     polls: Vec<Vec<u8>>,
+    /// The device a remote wait's waitpoint is bound to.
+    device: Option<&'static str>,
 }
 
 impl Fake {
@@ -81,14 +83,20 @@ impl Fake {
             last_seq: 5,
             log: vec![],
             polls,
+            device: None,
         }
     }
 
     fn serve(self) -> TestServer {
         let mut states: VecDeque<&str> = self.states.into();
         let mut polls: VecDeque<Vec<u8>> = self.polls.into();
-        let (expires_at, wakes, last_seq, log) =
-            (self.expires_at, self.wakes, self.last_seq, self.log);
+        let (expires_at, wakes, last_seq, log, device) = (
+            self.expires_at,
+            self.wakes,
+            self.last_seq,
+            self.log,
+            self.device,
+        );
         TestServer::handler(move |req| {
             let p = req.path.as_str();
             let not_found = answer(404, r#"{"error":"not_found","message":"no such thing"}"#);
@@ -100,7 +108,7 @@ impl Fake {
                 };
                 answer(
                     200,
-                    &view(state.unwrap_or("armed"), expires_at, wakes.clone()),
+                    &view(state.unwrap_or("armed"), expires_at, wakes.clone(), device),
                 )
             } else if p == "/api/sessions/ses_1" {
                 answer(200, &session(last_seq))
@@ -395,4 +403,40 @@ fn a_remote_waits_outcome_decides_the_exit_status() {
     // A failure signal from elsewhere (a job holding the secret) is still a fired wait.
     let w = wake(6, "wp_1", "failed");
     assert_eq!(device_wait_outcome(&w), None);
+}
+
+#[test]
+fn a_remote_waits_loss_report_is_passed_over_and_the_wait_goes_on() {
+    // The hub's report that the device has been offline past the grace: the wait stays
+    // armed, so nothing is printed and the outcome that follows decides.
+    let mut fake = Fake::armed(vec![
+        page(vec![wake(6, "wp_1", "report")]),
+        page(vec![device_wake(7, "fired", "pid 4242 (python) exited")]),
+    ]);
+    fake.device = Some("gpu1");
+    let (code, out, err) = wait(&fake.serve(), None);
+    assert_eq!(code, FIRED, "{err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.contains("\"seq\":7"), "{out}");
+    assert!(!err.contains("report"), "{err}");
+
+    // Resolved already, its outcome's wake still on its way: the report is not it.
+    let mut fake = Fake::armed(vec![page(vec![device_wake(7, "broke", "gone")])]);
+    fake.device = Some("gpu1");
+    fake.states = vec!["resolved"];
+    fake.wakes = vec![WakeView {
+        reason: WakeReason::Failed,
+        at: 3,
+        delivered: false,
+    }];
+    fake.log = vec![wake(6, "wp_1", "report")];
+    let (code, out, err) = wait(&fake.serve(), None);
+    assert_eq!(code, BROKE, "{err}");
+    assert!(out.contains("\"seq\":7"), "{out}");
+
+    // On a waitpoint bound to no device, a report is a monitor's and wakes the wait.
+    let server = Fake::armed(vec![page(vec![wake(6, "wp_1", "report")])]).serve();
+    let (code, out, _) = wait(&server, None);
+    assert_eq!(code, FIRED);
+    assert!(out.contains("\"seq\":6"), "{out}");
 }

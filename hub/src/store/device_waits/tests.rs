@@ -518,3 +518,298 @@ async fn an_outcome_whose_flush_or_batch_fails_is_not_recorded() {
     assert!(matches!(out, Ok(DoneOutcome::NotActive)), "{out:?}");
     assert_eq!(signal_count(&store, &wp.id).await, 1);
 }
+
+// ------------------------------------------------------------------ the loss report
+
+const GRACE: u64 = 1_000;
+
+fn up(link: u64) -> crate::store::devices::Online {
+    crate::store::devices::Online {
+        link,
+        agent_version: "0.1".into(),
+        host: Default::default(),
+        capabilities: vec!["spool".into(), "wait-pid".into()],
+        spool: Default::default(),
+    }
+}
+
+async fn go_online(store: &Store, device: &str, link: u64, now: u64) {
+    let d = device.to_string();
+    assert!(
+        store
+            .exec(move |t| t.device_online(&d, &up(link), None, now))
+            .await
+            .expect("online")
+    );
+}
+
+async fn go_offline(store: &Store, device: &str, link: u64, now: u64) {
+    let d = device.to_string();
+    store
+        .exec(move |t| t.device_offline(&d, link, "ping timed out", now, Default::default(), now))
+        .await
+        .expect("offline");
+}
+
+/// Runs the timers due at `now` with `online` the devices with a live link.
+async fn fire(store: &Store, now: u64, online: &[&str]) {
+    let online: HashSet<String> = online.iter().map(|s| s.to_string()).collect();
+    store
+        .exec(move |t| t.fire_due(now, &online))
+        .await
+        .expect("fire");
+}
+
+/// The hub's start: the previous run's links offline, the grace kept.
+async fn start(store: &Store, now: u64) {
+    store
+        .exec(move |t| {
+            t.devices_restarted(now)?;
+            t.device_losses_restarted(now, GRACE)
+        })
+        .await
+        .expect("start");
+}
+
+async fn reports(store: &Store, sid: &str) -> Vec<cortex_protocol::api::Wake> {
+    wakes(store, sid)
+        .await
+        .into_iter()
+        .filter(|w| w.reason == WakeReason::Report)
+        .collect()
+}
+
+async fn loss_timer(store: &Store, device: &str) -> Option<u64> {
+    let d = device.to_string();
+    store
+        .read(move |r| {
+            Ok(r.due_timers(u64::MAX - 1, Some(TIMER_DEVICE_LOSS), 100)?
+                .into_iter()
+                .find(|x| x.id == d)
+                .map(|x| x.at))
+        })
+        .await
+        .expect("read")
+}
+
+async fn wp_view(store: &Store, id: &str) -> cortex_protocol::api::WaitpointView {
+    let id = id.to_string();
+    store
+        .read(move |r| r.waitpoint(&id, T0, &crate::engine::Settings::default()))
+        .await
+        .expect("read")
+        .expect("waitpoint")
+}
+
+#[tokio::test]
+async fn a_device_offline_past_the_grace_is_told_once_per_wait_and_per_outage() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    start(&store, T0).await;
+    add_device(&store, "gpu1").await;
+    go_online(&store, "gpu1", 1, T0 + 10).await;
+    let (a, _) = created(&store, new_wait("gpu1", 42, 600_000, None), T0 + 20).await;
+    assert_eq!(
+        loss_timer(&store, "gpu1").await,
+        None,
+        "online: nothing due"
+    );
+
+    go_offline(&store, "gpu1", 1, T0 + 100).await;
+    assert_eq!(loss_timer(&store, "gpu1").await, Some(T0 + 100 + GRACE));
+    fire(&store, T0 + 100 + GRACE - 1, &[]).await;
+    assert!(reports(&store, &a.session).await.is_empty(), "not yet");
+    fire(&store, T0 + 100 + GRACE, &[]).await;
+    let told = reports(&store, &a.session).await;
+    assert_eq!(told.len(), 1);
+    let w = &told[0];
+    assert_eq!(w.waitpoint.id, a.id);
+    assert!(w.signals.is_empty(), "not a signal");
+    assert!(
+        w.text.contains("device gpu1 has been offline since"),
+        "{}",
+        w.text
+    );
+    assert!(
+        w.text.contains(&crate::time::rfc3339(T0 + 100)),
+        "{}",
+        w.text
+    );
+    assert!(w.text.contains("The wait stays armed"), "{}", w.text);
+    assert!(w.text.contains("pid 42"), "{}", w.text);
+    assert!(
+        w.text.contains("wake when it exits"),
+        "the intent: {}",
+        w.text
+    );
+    // The waitpoint is as it was: armed, no signal, no wake of its own.
+    let v = wp_view(&store, &a.id).await;
+    assert_eq!(v.state, "armed");
+    assert_eq!(v.signal_count, 0);
+    assert!(v.wakes.is_empty());
+    assert_eq!(
+        active(&store, "gpu1").await[0].loss_reported,
+        Some(T0 + 100)
+    );
+
+    // Said once: nothing more while it stays down.
+    fire(&store, T0 + 100 + 10 * GRACE, &[]).await;
+    assert_eq!(reports(&store, &a.session).await.len(), 1);
+    assert_eq!(loss_timer(&store, "gpu1").await, None);
+
+    // A wait asked while it is down is told at once, with since when.
+    let (b, _) = created(&store, new_wait("gpu1", 43, 600_000, None), T0 + 5_000).await;
+    assert_eq!(loss_timer(&store, "gpu1").await, Some(T0 + 100 + GRACE));
+    fire(&store, T0 + 5_000, &[]).await;
+    let told = reports(&store, &b.session).await;
+    assert_eq!(told.len(), 1);
+    assert!(told[0].text.contains(&crate::time::rfc3339(T0 + 100)));
+    assert_eq!(
+        reports(&store, &a.session).await.len(),
+        1,
+        "a is not told twice"
+    );
+
+    // Back: the spell is forgotten; the next outage is told again, to both.
+    go_online(&store, "gpu1", 2, T0 + 6_000).await;
+    assert!(
+        active(&store, "gpu1")
+            .await
+            .iter()
+            .all(|w| w.loss_reported.is_none())
+    );
+    go_offline(&store, "gpu1", 2, T0 + 7_000).await;
+    fire(&store, T0 + 7_000 + GRACE, &[]).await;
+    assert_eq!(reports(&store, &a.session).await.len(), 2);
+    assert_eq!(reports(&store, &b.session).await.len(), 2);
+
+    // The outcome still comes once, when the device is back.
+    go_online(&store, "gpu1", 3, T0 + 9_000).await;
+    let (device, id) = ("gpu1".to_string(), a.id.clone());
+    store
+        .exec(move |t| t.device_wait_done(&fired(&device, &id, "{}", "pid 42 exited", T0 + 9_100)))
+        .await
+        .expect("done");
+    let all = wakes(&store, &a.session).await;
+    assert_eq!(
+        all.iter().map(|w| w.reason).collect::<Vec<_>>(),
+        vec![WakeReason::Report, WakeReason::Report, WakeReason::Fired]
+    );
+}
+
+#[tokio::test]
+async fn a_device_back_within_the_grace_is_never_told() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    start(&store, T0).await;
+    add_device(&store, "gpu1").await;
+    go_online(&store, "gpu1", 1, T0 + 10).await;
+    let (a, _) = created(&store, new_wait("gpu1", 42, 600_000, None), T0 + 20).await;
+    go_offline(&store, "gpu1", 1, T0 + 100).await;
+    go_online(&store, "gpu1", 2, T0 + 600).await;
+    assert_eq!(loss_timer(&store, "gpu1").await, None, "the report is off");
+    fire(&store, T0 + 100 + 5 * GRACE, &[]).await;
+    assert!(wakes(&store, &a.session).await.is_empty());
+
+    // Its link up, its record not yet saying so: the registry's word is enough.
+    go_offline(&store, "gpu1", 2, T0 + 10_000).await;
+    fire(&store, T0 + 10_000 + GRACE, &["gpu1"]).await;
+    assert!(wakes(&store, &a.session).await.is_empty());
+}
+
+#[tokio::test]
+async fn after_a_restart_the_grace_runs_from_the_start_and_nothing_told_is_told_again() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (a, b) = {
+        let (store, guard) = open(dir.path());
+        start(&store, T0).await;
+        add_device(&store, "gpu1").await;
+        add_device(&store, "gpu2").await;
+        go_online(&store, "gpu1", 1, T0 + 10).await;
+        go_online(&store, "gpu2", 2, T0 + 10).await;
+        let (a, _) = created(&store, new_wait("gpu1", 1, 3_600_000, None), T0 + 20).await;
+        let (b, _) = created(&store, new_wait("gpu2", 2, 3_600_000, None), T0 + 20).await;
+        // gpu2 goes away and is told; gpu1 is online when the hub is killed.
+        go_offline(&store, "gpu2", 2, T0 + 100).await;
+        fire(&store, T0 + 100 + GRACE, &["gpu1"]).await;
+        assert_eq!(reports(&store, &b.session).await.len(), 1);
+        crash(store, guard).await;
+        (a, b)
+    };
+    // Started long after gpu1 was last seen: its loss is measured from the start.
+    let t1 = T0 + 1_000_000;
+    let (store, _guard) = open(dir.path());
+    start(&store, t1).await;
+    assert_eq!(loss_timer(&store, "gpu1").await, Some(t1 + GRACE));
+    fire(&store, t1, &[]).await;
+    assert!(
+        wakes(&store, &a.session).await.is_empty(),
+        "a restart is no loss"
+    );
+    fire(&store, t1 + GRACE, &[]).await;
+    let told = reports(&store, &a.session).await;
+    assert_eq!(told.len(), 1, "not back within the grace after the start");
+    assert!(
+        told[0].text.contains(&crate::time::rfc3339(T0 + 10)),
+        "since its last seen: {}",
+        told[0].text
+    );
+    assert_eq!(
+        reports(&store, &b.session).await.len(),
+        1,
+        "gpu2's outage was told before"
+    );
+}
+
+#[tokio::test]
+async fn a_revoked_device_is_not_told_lost_and_a_device_without_waits_has_no_timer() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    start(&store, T0).await;
+    add_device(&store, "gpu1").await;
+    go_online(&store, "gpu1", 1, T0 + 10).await;
+    go_offline(&store, "gpu1", 1, T0 + 100).await;
+    assert_eq!(
+        loss_timer(&store, "gpu1").await,
+        None,
+        "no waits, nobody to tell"
+    );
+    let (a, _) = created(&store, new_wait("gpu1", 42, 600_000, None), T0 + 200).await;
+    assert_eq!(loss_timer(&store, "gpu1").await, Some(T0 + 100 + GRACE));
+    assert!(
+        store
+            .exec(|t| t.revoke_device("gpu1", T0 + 300))
+            .await
+            .expect("revoke")
+    );
+    assert_eq!(loss_timer(&store, "gpu1").await, None);
+    fire(&store, T0 + 100 + GRACE, &[]).await;
+    let all = wakes(&store, &a.session).await;
+    assert_eq!(all.len(), 1, "only the broke outcome");
+    assert_eq!(all[0].reason, WakeReason::Failed);
+
+    // A device that never connected is offline since it was added.
+    add_device(&store, "gpu2").await;
+    let (b, _) = created(&store, new_wait("gpu2", 43, 600_000, None), T0 + 50).await;
+    assert_eq!(loss_timer(&store, "gpu2").await, Some(T0 + GRACE));
+    fire(&store, T0 + GRACE, &[]).await;
+    let told = reports(&store, &b.session).await;
+    assert_eq!(told.len(), 1);
+    assert!(
+        told[0]
+            .text
+            .contains("device gpu2 has not connected since it was added at"),
+        "{}",
+        told[0].text
+    );
+    // The timer goes with the last wait, not before.
+    let (c, _) = created(&store, new_wait("gpu2", 44, 600_000, None), T0 + GRACE + 10).await;
+    assert_eq!(loss_timer(&store, "gpu2").await, Some(T0 + GRACE));
+    for (id, at) in [(b.id.clone(), Some(T0 + GRACE)), (c.id.clone(), None)] {
+        store
+            .exec(move |t| t.cancel_waitpoint(&id, None, "operator", T0 + GRACE + 20))
+            .await
+            .expect("cancel");
+        assert_eq!(loss_timer(&store, "gpu2").await, at);
+    }
+}

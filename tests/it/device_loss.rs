@@ -1,0 +1,215 @@
+//! A device lost mid-wait, end to end: the real hub (its grace shortened through
+//! settings.json `deviceLossGraceMs`), the real `cortex-device-agent`, a real `sleep`.
+//! The agent SIGKILLed while a remote pid wait runs: past the grace the session holds one
+//! `report` wake naming the device and saying the wait stays armed, and no second one
+//! while it stays down; `cortex wait pid --device` keeps waiting through it; the process
+//! exits while the agent is down, the agent comes back, and the real outcome (`fired`)
+//! arrives once. An agent back within the grace is never reported.
+
+// Fields of JSON the hub just answered with; a panic is the test failing.
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cortex_tests::agent::Agent;
+use cortex_tests::{Hub, bin, wait_until};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(30);
+
+/// A `sleep 3600`, killed and reaped when dropped.
+struct Sleep(Child);
+
+impl Sleep {
+    fn start() -> Sleep {
+        Sleep(
+            Command::new("sleep")
+                .arg("3600")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn sleep"),
+        )
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A hub whose device-loss grace is `grace_ms`, set in its settings.json.
+fn hub_with_grace(grace_ms: u64) -> (Hub, tempfile::TempDir) {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    std::fs::write(
+        home.join("settings.json"),
+        format!(r#"{{"deviceLossGraceMs": {grace_ms}}}"#),
+    )
+    .expect("settings.json");
+    let mut hub = Hub::at(&home, &tmp.path().join("hub.log"), &[], &[]);
+    hub.spawn();
+    (hub, tmp)
+}
+
+/// `cortex wait pid PID --device NAME --timeout 10m`, running.
+fn cortex_wait_pid(hub: &Hub, name: &str, pid: u32) -> Child {
+    Command::new(bin("cortex"))
+        .args(["wait", "pid", &pid.to_string(), "--device", name])
+        .args(["--timeout", "10m"])
+        .env("CORTEX_HUB", format!("http://{}", hub.addr))
+        .env("CORTEX_WEBHOOK_TOKEN", &hub.token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cortex")
+}
+
+/// The wait on `name` armed by its agent and saved to its disk: (waitpoint, session).
+fn armed_and_saved(hub: &Hub, agent: &Agent, name: &str) -> (String, String) {
+    let wp = wait_until(T, "the wait armed on the device", || {
+        hub.device(name)["wait_list"]
+            .as_array()
+            .and_then(|l| l.iter().find(|w| w["state"] == "armed"))
+            .and_then(|w| w["id"].as_str())
+            .map(str::to_string)
+    });
+    wait_until(T, "the wait saved by the agent", || {
+        agent.saved_waits()["waits"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|w| w["id"] == wp.as_str()))
+            .then_some(())
+    });
+    let sid = hub.get_waitpoint(&wp)["session"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (wp, sid)
+}
+
+fn wakes_of(hub: &Hub, sid: &str, wp: &str) -> Vec<Value> {
+    hub.wakes(sid)
+        .into_iter()
+        .filter(|w| w["waitpoint"]["id"] == wp)
+        .collect()
+}
+
+#[test]
+fn a_device_lost_past_the_grace_is_reported_once_and_the_outcome_still_arrives() {
+    let grace = Duration::from_millis(1_500);
+    let (hub, _tmp) = hub_with_grace(grace.as_millis() as u64);
+    let token = hub.add_device("gpu1");
+    let mut agent = Agent::start(&hub, "gpu1", &token);
+    hub.wait_online("gpu1");
+
+    let mut sleep = Sleep::start();
+    let cortex = cortex_wait_pid(&hub, "gpu1", sleep.pid());
+    let (wp, sid) = armed_and_saved(&hub, &agent, "gpu1");
+
+    agent.kill();
+    wait_until(T, "the device offline", || {
+        (hub.device("gpu1")["state"] == "offline").then_some(())
+    });
+    let report = hub.wait_wake(&sid, &wp, 1, T);
+    assert_eq!(report["reason"], "report", "{report}");
+    assert_eq!(report["signals"], serde_json::json!([]), "not a signal");
+    let text = report["text"].as_str().unwrap();
+    assert!(
+        text.contains("device gpu1 has been offline since"),
+        "{text}"
+    );
+    assert!(text.contains("The wait stays armed"), "{text}");
+    assert!(text.contains(&format!("pid {}", sleep.pid())), "{text}");
+    // The waitpoint is as it was.
+    let view = hub.get_waitpoint(&wp);
+    assert_eq!(view["state"], "armed", "{view}");
+    assert_eq!(view["signal_count"], 0, "{view}");
+    assert_eq!(hub.device_wait_state("gpu1", &wp).as_deref(), Some("armed"));
+
+    // Still down for twice the grace again: room for a second report, were one due.
+    std::thread::sleep(2 * grace);
+    assert_eq!(wakes_of(&hub, &sid, &wp).len(), 1, "said once");
+
+    // The process exits while the agent is down; the agent comes back and re-arms.
+    sleep.kill();
+    agent.spawn();
+    let wake = hub.wait_wake(&sid, &wp, 2, T);
+    assert_eq!(wake["reason"], "fired", "{wake}");
+    let sig = &wake["signals"][0];
+    assert_eq!(sig["source"], "device-wait");
+    let data: Value = serde_json::from_str(sig["data"].as_str().unwrap()).unwrap();
+    assert_eq!(data["outcome"], "fired", "{data}");
+    assert_eq!(data["device"], "gpu1");
+
+    // `cortex wait pid --device` kept waiting through the report: it prints the outcome.
+    let out = cortex.wait_with_output().expect("cortex ends");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let printed: Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(printed["reason"], "fired", "{printed}");
+    assert_eq!(stderr.lines().count(), 1, "only the armed line: {stderr}");
+
+    let reasons: Vec<Value> = wakes_of(&hub, &sid, &wp)
+        .iter()
+        .map(|w| w["reason"].clone())
+        .collect();
+    assert_eq!(reasons, vec!["report", "fired"], "the outcome once");
+    let signals = hub.get_waitpoint(&wp)["signals"].as_array().unwrap().len();
+    assert_eq!(signals, 1);
+}
+
+#[test]
+fn a_device_back_within_the_grace_is_never_reported() {
+    let grace = Duration::from_secs(8);
+    let (hub, _tmp) = hub_with_grace(grace.as_millis() as u64);
+    let token = hub.add_device("gpu1");
+    let mut agent = Agent::start(&hub, "gpu1", &token);
+    hub.wait_online("gpu1");
+
+    let mut sleep = Sleep::start();
+    let cortex = cortex_wait_pid(&hub, "gpu1", sleep.pid());
+    let (wp, sid) = armed_and_saved(&hub, &agent, "gpu1");
+
+    agent.kill();
+    let down = Instant::now();
+    wait_until(T, "the device offline", || {
+        (hub.device("gpu1")["state"] == "offline").then_some(())
+    });
+    agent.spawn();
+    hub.wait_online("gpu1");
+    let back_after = down.elapsed();
+    // Past the time its report would have been due, were it still set.
+    std::thread::sleep((grace + Duration::from_secs(1)).saturating_sub(back_after));
+    assert!(
+        wakes_of(&hub, &sid, &wp).is_empty(),
+        "no report (the agent was back after {back_after:?}, the grace is {grace:?})"
+    );
+
+    sleep.kill();
+    let wake = hub.wait_wake(&sid, &wp, 1, T);
+    assert_eq!(wake["reason"], "fired", "{wake}");
+    let out = cortex.wait_with_output().expect("cortex ends");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(wakes_of(&hub, &sid, &wp).len(), 1, "only the outcome");
+}
