@@ -26,6 +26,10 @@ fn view(state: &str, expires_at: u64, wakes: Vec<WakeView>) -> String {
         fail_fast: true,
         max_signals: 1,
         device: None,
+        silence_after_ms: None,
+        silence_due_at: None,
+        coalesce_ms: None,
+        spawn: false,
         signal_count: 0,
         signals: vec![],
         wakes,
@@ -46,6 +50,7 @@ fn session(last_seq: u64) -> String {
         created_at: 1,
         last_seq,
         armed_waitpoints: 1,
+        spawned_from: None,
     };
     serde_json::to_string(&s).expect("ser")
 }
@@ -214,6 +219,7 @@ fn resolved(log: Vec<Value>) -> Fake {
         reason: WakeReason::Fired,
         at: 3,
         delivered: true,
+        spawned: None,
     }];
     fake.log = log;
     fake
@@ -263,6 +269,7 @@ fn resolved_with_its_wake_still_due_waits_for_it() {
         reason: WakeReason::Fired,
         at: 3,
         delivered: false,
+        spawned: None,
     }];
     let (code, out, err) = wait(&fake.serve(), None);
     assert_eq!(code, FIRED, "{err}");
