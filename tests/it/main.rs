@@ -12,6 +12,7 @@ mod log_secrets;
 mod mesh_e2e;
 mod mesh_hub;
 mod model_client;
+mod monitors;
 mod packaging;
 mod page;
 mod people;
