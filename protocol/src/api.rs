@@ -152,6 +152,18 @@ pub struct SessionView {
     pub last_seq: u64,
     /// How many of its waitpoints are armed.
     pub armed_waitpoints: u32,
+    /// The wake that started this session (a `spawn` monitor's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawned_from: Option<SpawnedFrom>,
+}
+
+/// Where a spawned session came from: the monitor, its session and which of its wakes
+/// (counted from 1, as the monitor's `wakes` lists them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnedFrom {
+    pub waitpoint: String,
+    pub session: String,
+    pub wake: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -644,6 +656,15 @@ pub struct WaitpointCreated {
     pub max_signals: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// `silence_after`, in ms, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silence_after_ms: Option<u64>,
+    /// `coalesce`, in ms, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coalesce_ms: Option<u64>,
+    /// Each wake starts a new session (`spawn`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spawn: bool,
     pub how_to_signal: HowToSignal,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member_note: Option<String>,
@@ -667,6 +688,9 @@ pub struct WakeView {
     /// When it was delivered, or when it is due if not yet delivered.
     pub at: u64,
     pub delivered: bool,
+    /// The session this wake started (a `spawn` monitor's), instead of waking this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawned: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -699,6 +723,19 @@ pub struct WaitpointView {
     pub max_signals: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// `silence_after`, in ms, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silence_after_ms: Option<u64>,
+    /// When the next `silent` wake is due (armed, and no silent wake since the last
+    /// signal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silence_due_at: Option<u64>,
+    /// `coalesce`, in ms, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coalesce_ms: Option<u64>,
+    /// Each wake starts a new session (`spawn`); `wakes` names them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spawn: bool,
     /// Every signal recorded; `signals` lists at most the latest 1,000 of them.
     pub signal_count: u64,
     pub signals: Vec<SignalView>,

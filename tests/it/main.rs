@@ -14,6 +14,7 @@ mod log_waits;
 mod mesh_e2e;
 mod mesh_hub;
 mod model_client;
+mod monitors;
 mod packaging;
 mod page;
 mod people;

@@ -296,6 +296,21 @@ pub struct CreateArgs {
     /// The connected device the job runs on (its signal files are collected there)
     #[arg(long, value_name = "NAME")]
     pub device: Option<String>,
+    /// Wake with reason `silent` when nothing, progress included, arrived for this long
+    /// (once per quiet spell; at least 1s): like 20m, 1.5h or seconds
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub silence_after: Option<Duration>,
+    /// A monitor's reports within this long of the first become one wake: like 30s
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub coalesce: Option<Duration>,
+    /// A monitor that starts a new session for each wake, with these instructions (the
+    /// text, @FILE, or @- for stdin; @@… for text that starts with @), instead of waking
+    /// this one
+    #[arg(long, value_name = "TEXT|@FILE")]
+    pub spawn_instructions: Option<String>,
+    /// The spawned sessions' title (each gets the wake's number) [default: the label]
+    #[arg(long, value_name = "T", requires = "spawn_instructions")]
+    pub spawn_title: Option<String>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -43,6 +43,7 @@ fn session_view(id: &str, title: Option<&str>, armed: u32) -> SessionView {
         created_at: 1_786_615_445_000,
         last_seq: 3,
         armed_waitpoints: armed,
+        spawned_from: None,
     }
 }
 
@@ -81,7 +82,7 @@ fn create_flags_become_the_protocol_body() {
     let Command::Wait(WaitCommand::Create(args)) = cli.command else {
         panic!("not wait create")
     };
-    let body = serde_json::to_value(wait::create_body(&args)).expect("ser");
+    let body = serde_json::to_value(wait::create_body(&args).expect("body")).expect("ser");
     assert_eq!(
         body,
         json!({"label": "T2 ladder", "intent": "all three arms", "members": ["arm2", "arm6", "arm8"],
@@ -104,8 +105,71 @@ fn create_flags_become_the_protocol_body() {
     let Command::Wait(WaitCommand::Create(args)) = cli.command else {
         panic!("not wait create")
     };
-    let body = serde_json::to_value(wait::create_body(&args)).expect("ser");
+    let body = serde_json::to_value(wait::create_body(&args).expect("body")).expect("ser");
     assert_eq!(body, json!({"label": "l", "intent": "i", "quorum": "all"}));
+}
+
+#[test]
+fn wait_create_takes_the_monitor_rules() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("spawn.txt");
+    std::fs::write(&file, "Triage the report.\n").expect("write");
+    let at_file = format!("@{}", file.display());
+    let cli = parse(&[
+        "wait",
+        "create",
+        "--session",
+        "s",
+        "--label",
+        "l",
+        "--intent",
+        "i",
+        "--max-signals",
+        "10",
+        "--silence-after",
+        "20m",
+        "--coalesce",
+        "1.5",
+        "--spawn-instructions",
+        &at_file,
+        "--spawn-title",
+        "triage",
+    ])
+    .expect("parse");
+    let Command::Wait(WaitCommand::Create(args)) = cli.command else {
+        panic!("not wait create")
+    };
+    let body = serde_json::to_value(wait::create_body(&args).expect("body")).expect("ser");
+    assert_eq!(
+        body,
+        json!({"label": "l", "intent": "i", "max_signals": 10, "silence_after": 1200.0,
+            "coalesce": 1.5, "spawn": {"instructions": "Triage the report.\n", "title": "triage"}})
+    );
+    // A title alone is a usage error; so is a duration that is not one.
+    for argv in [
+        &[
+            "wait",
+            "create",
+            "--label",
+            "l",
+            "--intent",
+            "i",
+            "--spawn-title",
+            "t",
+        ][..],
+        &[
+            "wait",
+            "create",
+            "--label",
+            "l",
+            "--intent",
+            "i",
+            "--silence-after",
+            "soon",
+        ][..],
+    ] {
+        assert!(parse(argv).is_err(), "{argv:?}");
+    }
 }
 
 #[test]
@@ -344,6 +408,9 @@ fn created() -> WaitpointCreated {
         fail_fast: true,
         max_signals: 1,
         device: None,
+        silence_after_ms: None,
+        coalesce_ms: None,
+        spawn: false,
         how_to_signal: HowToSignal {
             env: "export CORTEX_SIGNAL_ID=wp_1a2b CORTEX_SIGNAL_SECRET=s3cr3t".into(),
             cli: "cortex-signal --exit-code $? --member MEMBER".into(),

@@ -4,8 +4,11 @@
 use std::io::Write;
 
 use anyhow::Context;
-use cortex_protocol::api::{CreateWaitpoint, WaitpointCreated, WaitpointList, WaitpointView};
+use cortex_protocol::api::{
+    CreateWaitpoint, SpawnConfig, WaitpointCreated, WaitpointList, WaitpointView,
+};
 use cortex_protocol::signal::SignalStatus;
+use cortex_protocol::waits::DurationValue;
 
 use super::{CreateArgs, print_raw, short, table};
 use crate::hub::{Hub, segment};
@@ -14,15 +17,36 @@ use crate::timefmt::{now_ms, relative, utc};
 const NO_SESSION: &str =
     "no session: pass --session SID or set CORTEX_SESSION (`cortex sessions` lists them)";
 
-/// The request body from the flags; `--member` and `--members` add up, in order, once each.
-pub fn create_body(args: &CreateArgs) -> CreateWaitpoint {
+/// The request body from the flags; `--member` and `--members` add up, in order, once each;
+/// `--spawn-instructions @FILE` (or `@-`) is read here.
+pub fn create_body(args: &CreateArgs) -> anyhow::Result<CreateWaitpoint> {
     let mut members: Vec<String> = Vec::new();
     for m in args.member.iter().chain(&args.members).map(|m| m.trim()) {
         if !m.is_empty() && !members.iter().any(|x| x == m) {
             members.push(m.to_string());
         }
     }
-    CreateWaitpoint {
+    let seconds =
+        |d: Option<std::time::Duration>| d.map(|d| DurationValue::Seconds(d.as_secs_f64()));
+    let spawn = match &args.spawn_instructions {
+        None => None,
+        Some(v) => {
+            let instructions = match v.strip_prefix('@') {
+                Some(lit) if lit.starts_with('@') => lit.to_string(),
+                Some("-") => std::io::read_to_string(std::io::stdin())
+                    .context("--spawn-instructions @-: reading stdin")?,
+                Some(path) => std::fs::read_to_string(path).with_context(|| {
+                    format!("--spawn-instructions @{path}: cannot read the file")
+                })?,
+                None => v.clone(),
+            };
+            Some(SpawnConfig {
+                instructions,
+                title: args.spawn_title.clone(),
+            })
+        }
+    };
+    Ok(CreateWaitpoint {
         label: args.label.clone(),
         intent: args.intent.clone(),
         members: (!members.is_empty()).then_some(members),
@@ -31,8 +55,10 @@ pub fn create_body(args: &CreateArgs) -> CreateWaitpoint {
         max_signals: args.max_signals,
         expires_in_hours: args.expires_in_hours,
         device: args.device.clone(),
-        ..CreateWaitpoint::default()
-    }
+        silence_after: seconds(args.silence_after),
+        coalesce: seconds(args.coalesce),
+        spawn,
+    })
 }
 
 pub fn create(hub: &Hub, args: &CreateArgs, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -44,7 +70,7 @@ pub fn create(hub: &Hub, args: &CreateArgs, json: bool, out: &mut dyn Write) -> 
     let reply = hub
         .post(
             &format!("/api/sessions/{}/waitpoints", segment(sid)),
-            &create_body(args),
+            &create_body(args)?,
         )
         .with_context(|| format!("arming a waitpoint in session {sid}"))?;
     if json {
@@ -70,6 +96,23 @@ pub fn create(hub: &Hub, args: &CreateArgs, json: bool, out: &mut dyn Write) -> 
         utc(wp.expires_at),
         relative(wp.expires_at, now_ms())
     )?;
+    if let Some(ms) = wp.silence_after_ms {
+        writeln!(
+            out,
+            "silent after: {} without a signal (once per quiet spell)",
+            cortex_protocol::waits::format_duration_ms(ms)
+        )?;
+    }
+    if let Some(ms) = wp.coalesce_ms {
+        writeln!(
+            out,
+            "coalesce: reports within {} of the first are one wake",
+            cortex_protocol::waits::format_duration_ms(ms)
+        )?;
+    }
+    if wp.spawn {
+        writeln!(out, "spawn: each wake starts a new session")?;
+    }
     writeln!(out, "signal it with:")?;
     writeln!(out, "  {}", how.env)?;
     for line in recommended.lines() {

@@ -1,6 +1,7 @@
 //! The waitpoint engine: a pure state machine for the waitpoint rules (members, quorum,
-//! fail_fast, monitors, the hourly wake cap, expiry, retention); `remote.rs` holds the
-//! rules for a remote wait's outcome.
+//! fail_fast, monitors, the hourly wake cap, expiry, retention, and the monitors' rules:
+//! `silence_after`, `coalesce`, `spawn`); `remote.rs` holds the rules for a remote wait's
+//! outcome.
 //!
 //! It takes an event (create, signal, tick, cancel) and the current time, mutates one
 //! [`Waitpoint`] and returns what must happen ([`Effect`]s). It does no I/O, reads no clock
@@ -12,7 +13,10 @@
 //! what its rules need (counts, which members reported, which seqs a wake has carried).
 
 use cortex_protocol::SignalStatus;
-use cortex_protocol::api::{Quorum, WakeReason};
+use cortex_protocol::api::{
+    MAX_INSTRUCTIONS_BYTES, MAX_TITLE_CHARS, Quorum, SpawnConfig, WakeReason,
+};
+use cortex_protocol::waits::{DurationValue, format_duration_ms};
 use serde::{Deserialize, Serialize};
 
 pub mod remote;
@@ -28,6 +32,8 @@ pub const MAX_MAX_SIGNALS: u32 = 10_000;
 pub const MAX_LABEL_CHARS: usize = 200;
 pub const MAX_INTENT_CHARS: usize = 4_000;
 pub const MAX_MEMBER_CHARS: usize = 64;
+/// The shortest `silence_after`: a quieter spell than this is noise, not news.
+pub const MIN_SILENCE_MS: u64 = 1_000;
 
 /// The rules' numbers, from `settings.json` or the environment (`waitpointTtlMs`,
 /// `waitpointMaxWakesPerHour`, …; see `config.rs`).
@@ -90,6 +96,9 @@ pub struct CreateParams {
     pub max_signals: Option<u32>,
     pub expires_in_hours: Option<f64>,
     pub device: Option<String>,
+    pub silence_after: Option<DurationValue>,
+    pub coalesce: Option<DurationValue>,
+    pub spawn: Option<SpawnConfig>,
 }
 
 impl From<cortex_protocol::api::CreateWaitpoint> for CreateParams {
@@ -104,6 +113,9 @@ impl From<cortex_protocol::api::CreateWaitpoint> for CreateParams {
             max_signals: req.max_signals,
             expires_in_hours: req.expires_in_hours,
             device: req.device,
+            silence_after: req.silence_after,
+            coalesce: req.coalesce,
+            spawn: req.spawn,
         }
     }
 }
@@ -149,6 +161,31 @@ pub enum CreateError {
     BadExpiry { got: f64, max_hours: f64 },
     #[error("device name {0:?} is not usable; use the name the device was added with")]
     BadDevice(String),
+    /// A duration field that is not one (negative, not a number, an unknown unit).
+    #[error("{0}")]
+    BadDuration(String),
+    #[error(
+        "silence_after must be between 1s and the waitpoint's lifetime ({max}); got {got}. Give a duration like \"20m\", or a longer expires_in_hours"
+    )]
+    BadSilence { got: String, max: String },
+    #[error("coalesce must be above 0 and at most the waitpoint's lifetime ({max}); got {got}")]
+    BadCoalesce { got: String, max: String },
+    #[error(
+        "{0} is for monitors only: set max_signals above 1 (a one-shot waitpoint wakes once anyway)"
+    )]
+    MonitorsOnly(&'static str),
+    #[error(
+        "spawn.instructions is empty; say what each new session is for (at most {MAX_INSTRUCTIONS_BYTES} bytes)"
+    )]
+    EmptySpawnInstructions,
+    #[error("spawn.title is {0} characters; keep it under {MAX_TITLE_CHARS}")]
+    SpawnTitleTooLong(usize),
+    /// The caller did not prepare the spawned sessions' configuration (a way in that does
+    /// not take `spawn`).
+    #[error(
+        "spawn is not available here; arm it through POST /api/sessions/{{sid}}/waitpoints or wait_create"
+    )]
+    SpawnUnprepared,
 }
 
 /// A recorded signal, as far as the rules need it.
@@ -182,6 +219,9 @@ pub struct Round {
     /// Distinct members with a terminal signal in this round.
     pub members: Vec<String>,
     pub failed: bool,
+    /// When its first terminal signal came: a coalesce window opens there.
+    #[serde(default)]
+    pub first_at: Option<u64>,
 }
 
 /// A wake that has been decided and not delivered yet: a barrier's 3 s, or the hourly cap.
@@ -199,8 +239,20 @@ pub struct Pending {
 pub struct WakeRecord {
     pub reason: WakeReason,
     pub at: u64,
-    /// Event seq of the wake in the session's log.
+    /// Event seq of the wake in the session's log (the spawned session's, with `spawn`).
     pub event_seq: u64,
+    /// The session this wake spawned (`spawn`), instead of waking the waitpoint's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawned: Option<String>,
+}
+
+/// A monitor's `spawn`, as the engine keeps it: each wake starts a new session. Its
+/// configuration (instructions and prefix) is the store's, kept beside the state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpawnRule {
+    /// The new sessions' title; the label and the wake's number without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
 }
 
 /// What the expiry notice says: nobody reported, only some members did, or only
@@ -240,6 +292,20 @@ pub struct WakePlan {
     pub to_seq: u64,
     pub waited_ms: u64,
     pub notice: Option<ExpiryNotice>,
+    /// A `silent` wake: how long nothing arrived, and the last signal's seq (none since
+    /// creation when `None`).
+    pub silence: Option<Silence>,
+    /// Deliver it as the first message of a new session (`spawn`), not to the waitpoint's.
+    pub spawn: bool,
+}
+
+/// What a `silent` wake says about the quiet spell.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Silence {
+    /// How long nothing arrived (counted from the last signal, or from creation).
+    pub quiet_ms: u64,
+    /// The last signal's seq and when it came; `None` when nothing came since creation.
+    pub last: Option<(u64, u64)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -278,6 +344,22 @@ pub struct Waitpoint {
     pub round: Round,
     pub wakes: Vec<WakeRecord>,
     pub pending: Option<Pending>,
+    /// `silence_after`: a `silent` wake once nothing arrived for this long.
+    #[serde(default)]
+    pub silence_after_ms: Option<u64>,
+    /// When the next `silent` wake is due; `None` once it went out, until a new signal
+    /// starts another quiet spell.
+    #[serde(default)]
+    pub silence_due: Option<u64>,
+    /// When the newest signal (of any status) was recorded.
+    #[serde(default)]
+    pub last_signal_at: Option<u64>,
+    /// `coalesce`: a monitor's reports within this long of a round's first are one wake.
+    #[serde(default)]
+    pub coalesce_ms: Option<u64>,
+    /// `spawn`: each wake starts a new session.
+    #[serde(default)]
+    pub spawn: Option<SpawnRule>,
 }
 
 fn valid_member(m: &str) -> bool {
@@ -366,6 +448,61 @@ impl Waitpoint {
             Some(d) if !valid_member(&d) => return Err(CreateError::BadDevice(d)),
             d => d,
         };
+        let duration = |v: &DurationValue, field: &str| {
+            v.to_ms(field)
+                .map_err(|e| CreateError::BadDuration(e.to_string()))
+        };
+        let silence_after_ms = match &p.silence_after {
+            None => None,
+            Some(v) => {
+                let ms = duration(v, "silence_after")?;
+                if !(MIN_SILENCE_MS..=ttl_ms).contains(&ms) {
+                    return Err(CreateError::BadSilence {
+                        got: format_duration_ms(ms),
+                        max: format_duration_ms(ttl_ms),
+                    });
+                }
+                Some(ms)
+            }
+        };
+        let coalesce_ms = match &p.coalesce {
+            None => None,
+            Some(v) => {
+                let ms = duration(v, "coalesce")?;
+                if ms == 0 || ms > ttl_ms {
+                    return Err(CreateError::BadCoalesce {
+                        got: format_duration_ms(ms),
+                        max: format_duration_ms(ttl_ms),
+                    });
+                }
+                if max_signals <= 1 {
+                    return Err(CreateError::MonitorsOnly("coalesce"));
+                }
+                Some(ms)
+            }
+        };
+        let spawn = match p.spawn {
+            None => None,
+            Some(s) => {
+                if max_signals <= 1 {
+                    return Err(CreateError::MonitorsOnly("spawn"));
+                }
+                if s.instructions.trim().is_empty() {
+                    return Err(CreateError::EmptySpawnInstructions);
+                }
+                let title = s
+                    .title
+                    .map(|t| t.trim().to_string())
+                    .filter(|t| !t.is_empty());
+                if let Some(t) = &title {
+                    let n = t.chars().count();
+                    if n > MAX_TITLE_CHARS {
+                        return Err(CreateError::SpawnTitleTooLong(n));
+                    }
+                }
+                Some(SpawnRule { title })
+            }
+        };
         Ok(Waitpoint {
             id,
             session,
@@ -389,6 +526,11 @@ impl Waitpoint {
             round: Round::default(),
             wakes: Vec::new(),
             pending: None,
+            silence_after_ms,
+            silence_due: silence_after_ms.map(|ms| now.saturating_add(ms)),
+            last_signal_at: None,
+            coalesce_ms,
+            spawn,
         })
     }
 
@@ -396,9 +538,20 @@ impl Waitpoint {
         self.max_signals > 1
     }
 
-    /// Wakes decided so far (delivered, or pending).
+    /// Wakes that count toward `max_signals` and the hourly cap: neither the deadline's
+    /// notice nor a `silent` wake does.
+    fn counts(reason: WakeReason) -> bool {
+        !matches!(reason, WakeReason::Expired | WakeReason::Silent)
+    }
+
+    /// Reports delivered so far (the wakes that count toward `max_signals`).
+    pub fn reports_delivered(&self) -> u32 {
+        self.wakes.iter().filter(|w| Self::counts(w.reason)).count() as u32
+    }
+
+    /// Wakes decided so far (delivered, or pending) that count toward `max_signals`.
     fn wakes_decided(&self) -> u32 {
-        self.wakes.len() as u32 + u32::from(self.pending.is_some())
+        self.reports_delivered() + u32::from(self.pending.is_some())
     }
 
     /// Wakes delivered in the trailing hour (the cap's window).
@@ -406,7 +559,7 @@ impl Waitpoint {
         let since = now.saturating_sub(settings.wake_window_ms);
         self.wakes
             .iter()
-            .filter(|w| w.at > since && w.reason != WakeReason::Expired)
+            .filter(|w| w.at > since && Self::counts(w.reason))
             .count() as u32
     }
 
@@ -418,7 +571,7 @@ impl Waitpoint {
         let recent: Vec<u64> = self
             .wakes
             .iter()
-            .filter(|w| w.at > since && w.reason != WakeReason::Expired)
+            .filter(|w| w.at > since && Self::counts(w.reason))
             .map(|w| w.at)
             .collect();
         if recent.len() < cap {
@@ -437,10 +590,23 @@ impl Waitpoint {
         }
     }
 
-    /// A precise timer: when a decided wake falls due.
+    /// A precise timer: when a decided wake falls due, or the silence does, whichever
+    /// comes first.
     pub fn timer(&self) -> Option<u64> {
+        if self.state != State::Armed {
+            return None;
+        }
+        let pending = self.pending.as_ref().map(|p| p.due_at);
+        match (pending, self.silence_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// When the next `silent` wake is due, while armed.
+    pub fn silence_due_at(&self) -> Option<u64> {
         if self.state == State::Armed {
-            self.pending.as_ref().map(|p| p.due_at)
+            self.silence_due
         } else {
             None
         }
@@ -477,6 +643,11 @@ impl Waitpoint {
             }
         }
         self.signal_count += 1;
+        // Any signal, progress included, ends a quiet spell and starts the next one.
+        self.last_signal_at = Some(now);
+        if let Some(ms) = self.silence_after_ms {
+            self.silence_due = Some(now.saturating_add(ms));
+        }
         if !sig.status.is_terminal() {
             self.progress_count += 1;
             return Ok(Vec::new());
@@ -487,32 +658,34 @@ impl Waitpoint {
         {
             self.ever_reported.push(m.to_string());
         }
-        if self.wakes_decided() >= self.max_signals {
-            // The last wake is already decided and will carry this signal.
-            if sig.status == SignalStatus::Fail
-                && self.fail_fast
-                && let Some(p) = &mut self.pending
-                && !p.held_by_cap
-                && p.due_at > now
-            {
-                // fail_fast: a failure does not wait out the barrier's delay.
-                p.due_at = now;
-                p.failed_fast = true;
-                self.round.failed = true;
-                return Ok(self.tick(settings, now));
+        let last_decided = self.wakes_decided() >= self.max_signals;
+        // fail_fast: a failure does not wait out the barrier's delay of the last wake, nor
+        // a coalesce window (the cap still holds what it holds).
+        if (last_decided || self.coalesce_ms.is_some())
+            && sig.status == SignalStatus::Fail
+            && self.fail_fast
+            && let Some(p) = &mut self.pending
+            && !p.held_by_cap
+            && p.due_at > now
+        {
+            p.due_at = now;
+            p.failed_fast = true;
+            self.round.failed = true;
+            if !last_decided {
+                self.count_in_round(sig.member);
             }
+            return Ok(self.tick(settings, now));
+        }
+        if last_decided {
+            // The last wake is already decided and will carry this signal.
             self.round.failed |= sig.status == SignalStatus::Fail;
             return Ok(Vec::new());
         }
-        self.round.terminal += 1;
+        self.count_in_round(sig.member);
         self.round.failed |= sig.status == SignalStatus::Fail;
-        if let Some(m) = sig.member
-            && !self.round.members.iter().any(|x| x == m)
-        {
-            self.round.members.push(m.to_string());
-        }
+        self.round.first_at.get_or_insert(now);
         if self.pending.is_some() {
-            // Held by the cap: folded into the late wake.
+            // Held by the cap, or inside a coalesce window: folded into that wake.
             return Ok(Vec::new());
         }
         let met = if self.members.is_empty() {
@@ -529,13 +702,30 @@ impl Waitpoint {
         } else {
             settings.barrier_delay_ms
         };
+        let mut due_at = now.saturating_add(delay);
+        if let (Some(window), false) = (self.coalesce_ms, fail_now) {
+            // The window is fixed from the round's first report: bounded latency, however
+            // the burst goes on.
+            let first = self.round.first_at.unwrap_or(now);
+            due_at = due_at.max(first.saturating_add(window));
+        }
         self.pending = Some(Pending {
-            due_at: now.saturating_add(delay),
+            due_at,
             decided_at: now,
             held_by_cap: false,
             failed_fast: fail_now,
         });
         Ok(self.tick(settings, now))
+    }
+
+    /// Counts a terminal signal in the current round.
+    fn count_in_round(&mut self, member: Option<&str>) {
+        self.round.terminal += 1;
+        if let Some(m) = member
+            && !self.round.members.iter().any(|x| x == m)
+        {
+            self.round.members.push(m.to_string());
+        }
     }
 
     /// Advances time: delivers a due wake (or holds it for the cap), expires at the
@@ -586,6 +776,8 @@ impl Waitpoint {
                             to_seq: self.signal_count,
                             waited_ms: now.saturating_sub(self.created_at),
                             notice: None,
+                            silence: None,
+                            spawn: self.spawn.is_some(),
                         }));
                         self.pending = None;
                         self.round = Round::default();
@@ -594,8 +786,9 @@ impl Waitpoint {
                             reason,
                             at: now,
                             event_seq: 0,
+                            spawned: None,
                         });
-                        if self.wakes.len() as u32 >= self.max_signals {
+                        if self.reports_delivered() >= self.max_signals {
                             self.state = State::Resolved;
                             self.ended_at = Some(now);
                             return out;
@@ -613,6 +806,8 @@ impl Waitpoint {
                 to_seq: self.signal_count,
                 waited_ms: now.saturating_sub(self.created_at),
                 notice: Some(notice),
+                silence: None,
+                spawn: self.spawn.is_some(),
             }));
             self.pending = None;
             self.delivered_through = self.signal_count;
@@ -620,22 +815,49 @@ impl Waitpoint {
                 reason: WakeReason::Expired,
                 at: now,
                 event_seq: 0,
+                spawned: None,
             });
             self.state = State::Expired;
             self.ended_at = Some(now);
+            return out;
+        }
+        if let Some(due) = self.silence_due
+            && due <= now
+        {
+            // Once per quiet spell: the next one needs a new signal first. It carries no
+            // signal, counts toward nothing and leaves the waitpoint as it was.
+            self.silence_due = None;
+            let since = self.last_signal_at.unwrap_or(self.created_at);
+            out.push(Effect::Wake(WakePlan {
+                index: self.wakes.len(),
+                reason: WakeReason::Silent,
+                from_seq: self.signal_count,
+                to_seq: self.signal_count,
+                waited_ms: now.saturating_sub(self.created_at),
+                notice: None,
+                silence: Some(Silence {
+                    quiet_ms: now.saturating_sub(since),
+                    last: self
+                        .last_signal_at
+                        .filter(|_| self.signal_count > 0)
+                        .map(|at| (self.signal_count - 1, at)),
+                }),
+                spawn: self.spawn.is_some(),
+            }));
+            self.wakes.push(WakeRecord {
+                reason: WakeReason::Silent,
+                at: now,
+                event_seq: 0,
+                spawned: None,
+            });
         }
         out
     }
 
     fn expiry_notice(&self) -> ExpiryNotice {
         if self.is_monitor() {
-            let wakes = self
-                .wakes
-                .iter()
-                .filter(|w| w.reason != WakeReason::Expired)
-                .count() as u32;
             return ExpiryNotice::MonitorDeadline {
-                wakes,
+                wakes: self.reports_delivered(),
                 max_signals: self.max_signals,
             };
         }
@@ -666,10 +888,12 @@ impl Waitpoint {
         }
     }
 
-    /// Records the event seq the store gave the wake it just appended.
-    pub fn delivered(&mut self, index: usize, event_seq: u64) {
+    /// Records the event seq the store gave the wake it just appended, and the session it
+    /// spawned for it, if it did.
+    pub fn delivered(&mut self, index: usize, event_seq: u64, spawned: Option<String>) {
         if let Some(w) = self.wakes.get_mut(index) {
             w.event_seq = event_seq;
+            w.spawned = spawned;
         }
     }
 
@@ -681,6 +905,7 @@ impl Waitpoint {
         self.state = State::Cancelled;
         self.ended_at = Some(now);
         self.pending = None;
+        self.silence_due = None;
         true
     }
 

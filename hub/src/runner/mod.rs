@@ -224,7 +224,7 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
             Next::Prepare { calls, .. } => {
                 let mut ready = Vec::with_capacity(calls.len());
                 for c in calls {
-                    let p = tools::prepare(state, sid, &c).await;
+                    let p = prepare(state, sid, &c).await;
                     ready.push((c, p));
                 }
                 let s = sid.to_string();
@@ -474,7 +474,7 @@ async fn step_once(
                     }
                     let mut calls = Vec::with_capacity(run.len());
                     for call in run {
-                        let p = tools::prepare(state, sid, &call).await;
+                        let p = prepare(state, sid, &call).await;
                         calls.push((call, p));
                     }
                     turn::Reply::Calls(calls)
@@ -586,4 +586,16 @@ fn live_piece(
         }
     };
     send_live(state, sid, seq, body);
+}
+
+/// Prepares one tool call ([`tools::prepare`]), building a `wait_create`'s spawned
+/// sessions' configuration and prefix here, where the prefix is known.
+async fn prepare(state: &AppState, sid: &str, call: &crate::model::ToolCall) -> tools::Prepared {
+    tools::prepare(state, sid, call)
+        .await
+        .build_spawn(|parent, instructions| {
+            let (config, prefix) =
+                prefix::spawned(&state.agent_defaults, &state.caps, parent, instructions)?;
+            Ok(crate::store::ops::SpawnSetup { config, prefix })
+        })
 }

@@ -114,6 +114,41 @@ pub fn config(
     })
 }
 
+/// A `spawn` monitor's sessions: the spawning session's configuration (`parent`, when it
+/// has one) with `instructions`, else the hub's defaults with them; and their prefix.
+pub fn spawned(
+    defaults: &AgentDefaults,
+    caps: &Caps,
+    parent: Option<AgentConfig>,
+    instructions: &str,
+) -> Result<(AgentConfig, Vec<ChatMessage>), String> {
+    if instructions.trim().is_empty() {
+        return Err("spawn.instructions is empty; say what each new session is for".into());
+    }
+    if instructions.len() > MAX_INSTRUCTIONS_BYTES {
+        return Err(format!(
+            "spawn.instructions are {} bytes, over the cap of {MAX_INSTRUCTIONS_BYTES}; shorten them",
+            instructions.len()
+        ));
+    }
+    let config = match parent {
+        Some(p) => AgentConfig {
+            instructions: instructions.to_string(),
+            ..p
+        },
+        None => config(
+            defaults,
+            caps,
+            CreateSession {
+                instructions: Some(instructions.to_string()),
+                ..CreateSession::default()
+            },
+        )?,
+    };
+    let prefix = build(&config, caps);
+    Ok((config, prefix))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

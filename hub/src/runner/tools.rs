@@ -17,7 +17,7 @@ use crate::secret;
 use crate::state::AppState;
 use crate::store::agent::{AgentRecord, SessionTimer};
 use crate::store::device_waits::{CreateDeviceWaitOutcome, NewDeviceWait};
-use crate::store::ops::{CancelOutcome, CreateOutcome};
+use crate::store::ops::{CancelOutcome, CreateOutcome, SpawnSetup};
 use crate::store::{StoreError, Tx};
 use crate::text;
 
@@ -54,7 +54,10 @@ pub fn specs() -> Vec<ToolSpec> {
                     "fail_fast": {"type": "boolean", "description": "wake at the first failure (optional)"},
                     "max_signals": {"type": "integer", "description": "above 1: a monitor that wakes you on each report (optional)"},
                     "expires_in_hours": {"type": "number", "description": "how long to wait at most (optional)"},
-                    "device": {"type": "string", "description": "the device the job runs on, if not this machine (optional)"}
+                    "device": {"type": "string", "description": "the device the job runs on, if not this machine (optional)"},
+                    "silence_after": {"type": ["number", "string"], "description": "wake me (reason silent, once per quiet spell) when nothing, progress included, arrived for this long: seconds, or like \"20m\" (optional; at least 1s)"},
+                    "coalesce": {"type": ["number", "string"], "description": "monitors only: reports within this long of the first become one wake, e.g. \"30s\" (optional)"},
+                    "spawn": {"type": "object", "description": "monitors only: each wake starts a new session with these instructions and the wake as its first message, instead of waking this one (optional)", "properties": {"instructions": {"type": "string"}, "title": {"type": "string"}}, "required": ["instructions"]}
                 },
                 "required": ["label", "intent"]
             }),
@@ -247,7 +250,9 @@ pub enum Prepared {
         result: Value,
     },
     WaitCreate {
-        params: CreateParams,
+        params: Box<CreateParams>,
+        /// A `spawn` monitor's sessions' configuration.
+        spawn: Option<Box<SpawnPrep>>,
         secret: String,
         hash: [u8; 32],
     },
@@ -436,6 +441,55 @@ struct DeviceWaitArgs {
     intent: Option<String>,
 }
 
+/// A `spawn` monitor's sessions' configuration for `wait_create`: what `prepare` read
+/// (the session's own configuration), then built with its prefix by the runner
+/// ([`Prepared::build_spawn`]), which knows how a prefix is made; this module cannot,
+/// since a prefix holds its guides.
+pub enum SpawnPrep {
+    Wanted {
+        parent: Option<crate::store::agent::AgentConfig>,
+        instructions: String,
+    },
+    Ready(SpawnSetup),
+}
+
+impl Prepared {
+    /// Builds a `wait_create`'s spawn setup with `build`; a refusal is the call's answer.
+    pub fn build_spawn(
+        self,
+        build: impl FnOnce(Option<crate::store::agent::AgentConfig>, &str) -> Result<SpawnSetup, String>,
+    ) -> Prepared {
+        match self {
+            Prepared::WaitCreate {
+                params,
+                spawn: Some(prep),
+                secret,
+                hash,
+            } => match *prep {
+                SpawnPrep::Wanted {
+                    parent,
+                    instructions,
+                } => match build(parent, &instructions) {
+                    Ok(setup) => Prepared::WaitCreate {
+                        params,
+                        spawn: Some(Box::new(SpawnPrep::Ready(setup))),
+                        secret,
+                        hash,
+                    },
+                    Err(message) => error(message),
+                },
+                ready => Prepared::WaitCreate {
+                    params,
+                    spawn: Some(Box::new(ready)),
+                    secret,
+                    hash,
+                },
+            },
+            other => other,
+        }
+    }
+}
+
 /// Prepares one call of session `sid`.
 pub async fn prepare(state: &AppState, sid: &str, call: &ToolCall) -> Prepared {
     match prepare_inner(state, sid, call).await {
@@ -449,10 +503,26 @@ async fn prepare_inner(state: &AppState, sid: &str, call: &ToolCall) -> Result<P
     match name {
         "wait_create" => {
             let req: CreateWaitpoint = args(call)?;
+            let spawn = match &req.spawn {
+                Some(spawn) => {
+                    let s = sid.to_string();
+                    let parent = state
+                        .store
+                        .read(move |r| Ok(r.agent(&s)?.and_then(|a| a.config)))
+                        .await
+                        .map_err(|e| format!("this session's settings cannot be read: {e}"))?;
+                    Some(Box::new(SpawnPrep::Wanted {
+                        parent,
+                        instructions: spawn.instructions.clone(),
+                    }))
+                }
+                None => None,
+            };
             let secret = secret::new_secret();
             let hash = secret::hash(&secret);
             Ok(Prepared::WaitCreate {
-                params: CreateParams::from(req),
+                params: Box::new(CreateParams::from(req)),
+                spawn,
                 secret,
                 hash,
             })
@@ -619,9 +689,20 @@ pub fn execute(
         }
         Prepared::WaitCreate {
             params,
+            spawn,
             secret,
             hash,
-        } => match t.create_waitpoint(sid, params, hash, now)? {
+        } => match t.create_waitpoint_spawning(
+            sid,
+            *params,
+            hash,
+            match spawn.map(|b| *b) {
+                Some(SpawnPrep::Ready(setup)) => Some(setup),
+                // Not built: the store refuses the spawn, and the model is told.
+                Some(SpawnPrep::Wanted { .. }) | None => None,
+            },
+            now,
+        )? {
             CreateOutcome::Created(wp) => {
                 let created = text::waitpoint_created(&wp, secret.clone(), signal_url);
                 Answered {

@@ -22,7 +22,7 @@ use crate::engine::CreateParams;
 use crate::runner::prefix;
 use crate::state::AppState;
 use crate::store::agent::AgentRecord;
-use crate::store::ops::{CancelOutcome, CreateOutcome};
+use crate::store::ops::{CancelOutcome, CreateOutcome, SpawnSetup};
 use crate::time::now_ms;
 use crate::{secret, text};
 
@@ -271,13 +271,17 @@ pub async fn create_waitpoint(
 ) -> Result<Response, ApiError> {
     let req: CreateWaitpoint = parse_json(&body)?;
     cap_waitpoint(&req)?;
+    let setup = match &req.spawn {
+        Some(spawn) => Some(spawn_setup(&state, &sid, &spawn.instructions).await?),
+        None => None,
+    };
     let params = CreateParams::from(req);
     let secret = secret::new_secret();
     let hash = secret::hash(&secret);
     let s = sid.clone();
     let out = state
         .store
-        .exec(move |t| t.create_waitpoint(&s, params, hash, now_ms()))
+        .exec(move |t| t.create_waitpoint_spawning(&s, params, hash, setup, now_ms()))
         .await
         .map_err(ApiError::store)?;
     let wp = match out {
@@ -293,6 +297,25 @@ pub async fn create_waitpoint(
     };
     let reply = text::waitpoint_created(&wp, secret, &state.signal_url);
     Ok((StatusCode::CREATED, Json(reply)).into_response())
+}
+
+/// A `spawn` monitor's sessions' configuration: session `sid`'s own (read now) with the
+/// spawn's instructions, or the hub's defaults with them; a 400 says what is wrong.
+async fn spawn_setup(
+    state: &AppState,
+    sid: &str,
+    instructions: &str,
+) -> Result<SpawnSetup, ApiError> {
+    let s = sid.to_string();
+    let parent = state
+        .store
+        .read(move |r| Ok(r.agent(&s)?.and_then(|a| a.config)))
+        .await
+        .map_err(ApiError::store)?;
+    let (config, prefix) =
+        prefix::spawned(&state.agent_defaults, &state.caps, parent, instructions)
+            .map_err(ApiError::bad_request)?;
+    Ok(SpawnSetup { config, prefix })
 }
 
 /// The length caps of a waitpoint's stored fields, as 413s naming the field; the engine
@@ -316,6 +339,19 @@ fn cap_waitpoint(req: &CreateWaitpoint) -> Result<(), ApiError> {
     }
     if let Some(d) = &req.device {
         ApiError::cap_chars("device", d, MAX_MEMBER_CHARS)?;
+    }
+    if let Some(spawn) = &req.spawn {
+        if spawn.instructions.len() > MAX_INSTRUCTIONS_BYTES {
+            return Err(ApiError::too_long(
+                "spawn.instructions",
+                spawn.instructions.len(),
+                MAX_INSTRUCTIONS_BYTES,
+                "bytes",
+            ));
+        }
+        if let Some(t) = &spawn.title {
+            ApiError::cap_chars("spawn.title", t.trim(), MAX_TITLE_CHARS)?;
+        }
     }
     Ok(())
 }

@@ -3,16 +3,19 @@
 //! applies effects and saves, keeping the indexes true.
 
 use cortex_protocol::api::{
-    Badges, Event, EventBody, MessagePosted, SessionView, SignalView, WaitpointRef, WaitpointView,
-    Wake, WakeView, When,
+    Badges, Event, EventBody, MessagePosted, SessionView, SignalView, SpawnedFrom, WaitpointRef,
+    WaitpointView, Wake, WakeView, When,
 };
+use serde::{Deserialize, Serialize};
 
+use super::agent::{AgentConfig, AgentRecord};
 use super::kernel::error::StoreError;
 use super::tables::{
-    DEADLINES, EVENTS, MESSAGE_KEYS, SESSION_WPS, SESSIONS, SIGNAL_KEYS, STATE, SessionRecord,
-    TIMER_WAKE, Tx, WAITPOINTS, decode, encode,
+    DEADLINES, EVENTS, MESSAGE_KEYS, SESSION_WPS, SESSIONS, SIGNAL_KEYS, SPAWN_SETUP, STATE,
+    SessionRecord, TIMER_WAKE, Tx, WAITPOINTS, decode, encode,
 };
 use crate::engine::{CreateError, CreateParams, Effect, SignalMeta, State, Waitpoint, WakePlan};
+use crate::model::ChatMessage;
 use crate::secret;
 use crate::text;
 
@@ -32,6 +35,15 @@ pub enum CreateOutcome {
     Invalid(CreateError),
 }
 
+/// A `spawn` monitor's sessions, decided when it is armed (by the caller, which knows the
+/// hub's defaults and the model server): the configuration each new session is fixed
+/// with and its prefix. Kept beside the waitpoint's state, read only when a wake spawns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpawnSetup {
+    pub config: AgentConfig,
+    pub prefix: Vec<ChatMessage>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum CancelOutcome {
     Cancelled,
@@ -47,6 +59,16 @@ impl Tx<'_> {
         title: Option<String>,
         now: u64,
     ) -> Result<SessionView, StoreError> {
+        self.create_session_from(title, None, now)
+    }
+
+    /// [`Tx::create_session`], noting the monitor's wake that started it (`spawn`).
+    fn create_session_from(
+        &mut self,
+        title: Option<String>,
+        spawned_from: Option<SpawnedFrom>,
+        now: u64,
+    ) -> Result<SessionView, StoreError> {
         let mut id = secret::new_id("ses");
         while self.table(&SESSIONS).get(id.as_str())?.is_some() {
             id = secret::new_id("ses");
@@ -56,6 +78,7 @@ impl Tx<'_> {
             title,
             created_at: now,
             last_seq: 0,
+            spawned_from,
         };
         self.table_mut(&SESSIONS)
             .insert(id.as_str(), encode(&rec)?.as_slice())?;
@@ -65,6 +88,7 @@ impl Tx<'_> {
             created_at: now,
             last_seq: 0,
             armed_waitpoints: 0,
+            spawned_from: rec.spawned_from,
         })
     }
 
@@ -212,7 +236,20 @@ impl Tx<'_> {
         secret_hash: [u8; 32],
         now: u64,
     ) -> Result<CreateOutcome, StoreError> {
-        self.create_waitpoint_as(sid, None, params, secret_hash, now)
+        self.create_inner(sid, None, params, secret_hash, None, now)
+    }
+
+    /// [`Tx::create_waitpoint`] for a body that may ask for `spawn`: `setup` is its
+    /// sessions' configuration, which the caller prepared (required with `spawn`).
+    pub fn create_waitpoint_spawning(
+        &mut self,
+        sid: &str,
+        params: CreateParams,
+        secret_hash: [u8; 32],
+        setup: Option<SpawnSetup>,
+        now: u64,
+    ) -> Result<CreateOutcome, StoreError> {
+        self.create_inner(sid, None, params, secret_hash, setup, now)
     }
 
     /// [`Tx::create_waitpoint`] under a chosen id (one a job was already told); an id in
@@ -225,6 +262,21 @@ impl Tx<'_> {
         secret_hash: [u8; 32],
         now: u64,
     ) -> Result<CreateOutcome, StoreError> {
+        self.create_inner(sid, chosen, params, secret_hash, None, now)
+    }
+
+    fn create_inner(
+        &mut self,
+        sid: &str,
+        chosen: Option<String>,
+        params: CreateParams,
+        secret_hash: [u8; 32],
+        setup: Option<SpawnSetup>,
+        now: u64,
+    ) -> Result<CreateOutcome, StoreError> {
+        if params.spawn.is_some() && setup.is_none() {
+            return Ok(CreateOutcome::Invalid(CreateError::SpawnUnprepared));
+        }
         if self.get_session(sid)?.is_none() {
             return Ok(CreateOutcome::NoSession);
         }
@@ -255,6 +307,10 @@ impl Tx<'_> {
             Err(e) => return Ok(CreateOutcome::Invalid(e)),
         };
         self.put_wp(&wp, None)?;
+        if let (Some(setup), Some(_)) = (setup, &wp.spawn) {
+            self.wps()
+                .insert((wp.id.as_str(), SPAWN_SETUP), encode(&setup)?.as_slice())?;
+        }
         self.session_wps().insert((sid, wp.id.as_str()), ())?;
         self.append_event(
             sid,
@@ -452,21 +508,37 @@ impl Tx<'_> {
     }
 
     fn deliver(&mut self, wp: &mut Waitpoint, plan: &WakePlan, now: u64) -> Result<(), StoreError> {
-        let mut carried: Vec<SignalView> = Vec::new();
-        for r in self
-            .wps()
-            .range((wp.id.as_str(), plan.from_seq)..(wp.id.as_str(), plan.to_seq))?
-        {
-            carried.push(decode(r?.1.value())?);
-            if carried.len() >= 8 * text::MAX_LISTED {
-                // Keep memory bounded for a monitor that folded a flood of heartbeats.
-                let (kept, _) = text::select_listed(std::mem::take(&mut carried));
-                carried = kept;
+        let (listed, omitted, text) = match &plan.silence {
+            Some(silence) => {
+                let last = match silence.last {
+                    Some((seq, _)) => match self.wps().get((wp.id.as_str(), seq))? {
+                        Some(v) => Some(decode::<SignalView>(v.value())?),
+                        None => None,
+                    },
+                    None => None,
+                };
+                let text = text::silent_text(wp, silence, last.as_ref(), now);
+                (Vec::new(), 0, text)
             }
-        }
-        let (listed, _) = text::select_listed(carried);
-        let omitted = (plan.to_seq - plan.from_seq).saturating_sub(listed.len() as u64);
-        let text = text::wake_text(wp, plan, &listed, omitted);
+            None => {
+                let mut carried: Vec<SignalView> = Vec::new();
+                for r in self
+                    .wps()
+                    .range((wp.id.as_str(), plan.from_seq)..(wp.id.as_str(), plan.to_seq))?
+                {
+                    carried.push(decode(r?.1.value())?);
+                    if carried.len() >= 8 * text::MAX_LISTED {
+                        // Keep memory bounded for a monitor that folded a flood of heartbeats.
+                        let (kept, _) = text::select_listed(std::mem::take(&mut carried));
+                        carried = kept;
+                    }
+                }
+                let (listed, _) = text::select_listed(carried);
+                let omitted = (plan.to_seq - plan.from_seq).saturating_sub(listed.len() as u64);
+                let text = text::wake_text(wp, plan, &listed, omitted);
+                (listed, omitted, text)
+            }
+        };
         let wake = Wake {
             waitpoint: wp_ref(wp),
             reason: plan.reason,
@@ -475,9 +547,51 @@ impl Tx<'_> {
             omitted,
             text,
         };
+        if plan.spawn {
+            return self.spawn(wp, plan, wake, now);
+        }
         let session = wp.session.clone();
         if let Some(seq) = self.append_event(&session, EventBody::Wake(Box::new(wake)), now)? {
-            wp.delivered(plan.index, seq);
+            wp.delivered(plan.index, seq, None);
+        }
+        Ok(())
+    }
+
+    /// A `spawn` monitor's wake: a new session, fixed with the monitor's setup, whose
+    /// first inbox item is the wake (so the runner runs one turn on it). In the write that
+    /// decided the wake: a crash leaves both or neither.
+    fn spawn(
+        &mut self,
+        wp: &mut Waitpoint,
+        plan: &WakePlan,
+        wake: Wake,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        let setup: SpawnSetup = match self.wps().get((wp.id.as_str(), SPAWN_SETUP))? {
+            Some(v) => decode(v.value())?,
+            None => {
+                return Err(StoreError::Decode(format!(
+                    "waitpoint {} spawns sessions but its setup is missing",
+                    wp.id
+                )));
+            }
+        };
+        let number = plan.index as u32 + 1;
+        let title = match wp.spawn.as_ref().and_then(|s| s.title.clone()) {
+            Some(t) => format!("{t} #{number}"),
+            None => format!("{} #{number}", wp.label),
+        };
+        let from = SpawnedFrom {
+            waitpoint: wp.id.clone(),
+            session: wp.session.clone(),
+            wake: number,
+        };
+        let view = self.create_session_from(Some(title), Some(from), now)?;
+        let mut rec = AgentRecord::new(None);
+        self.fix_agent(&view.id, &mut rec, setup.config, &setup.prefix)?;
+        self.put_agent(&view.id, &rec)?;
+        if let Some(seq) = self.append_event(&view.id, EventBody::Wake(Box::new(wake)), now)? {
+            wp.delivered(plan.index, seq, Some(view.id));
         }
         Ok(())
     }
@@ -489,6 +603,7 @@ impl Tx<'_> {
         for seq in 0..wp.signal_count {
             self.wps().remove((id, seq))?;
         }
+        self.wps().remove((id, SPAWN_SETUP))?;
         let keys = seconds_of(&self.table(&SIGNAL_KEYS), id)?;
         for k in keys {
             self.keys().remove((id, k.as_str()))?;
@@ -548,6 +663,7 @@ impl Tx<'_> {
             created_at: rec.created_at,
             last_seq: rec.last_seq,
             armed_waitpoints: armed,
+            spawned_from: rec.spawned_from,
         })
     }
 
@@ -655,6 +771,7 @@ impl Tx<'_> {
                 reason: w.reason,
                 at: w.at,
                 delivered: true,
+                spawned: w.spawned.clone(),
             })
             .collect();
         let pending = wp.wake_pending();
@@ -670,6 +787,7 @@ impl Tx<'_> {
                 reason,
                 at: p.due_at,
                 delivered: false,
+                spawned: None,
             });
         }
         Ok(WaitpointView {
@@ -686,6 +804,10 @@ impl Tx<'_> {
             fail_fast: wp.fail_fast,
             max_signals: wp.max_signals,
             device: wp.device.clone(),
+            silence_after_ms: wp.silence_after_ms,
+            silence_due_at: wp.silence_due_at(),
+            coalesce_ms: wp.coalesce_ms,
+            spawn: wp.spawn.is_some(),
             signal_count: wp.signal_count,
             signals,
             wakes,

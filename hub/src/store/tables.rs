@@ -2,7 +2,8 @@
 //! accessors, and the notice topics.
 //!
 //! Layout (keys → values; records are MessagePack with field names, events are JSON):
-//! - `waitpoints`: (waitpoint, seq) → signal, and (waitpoint, [`STATE`]) → engine state.
+//! - `waitpoints`: (waitpoint, seq) → signal, (waitpoint, [`STATE`]) → engine state, and
+//!   for a `spawn` monitor (waitpoint, [`SPAWN_SETUP`]) → the spawned sessions' setup.
 //!   A waitpoint's state sits right after its newest signals, in the same B-tree leaf, so
 //!   recording a signal rewrites one leaf per waitpoint rather than one in each of two
 //!   tables: a group commit over many waitpoints writes about half the pages.
@@ -34,6 +35,9 @@ pub(crate) use super::kernel::timers::TIMER_QUEUE;
 pub(crate) const WAITPOINTS: TableSpec<(&str, u64), &[u8]> = TableSpec::new(2, "waitpoints_v2");
 /// The key of a waitpoint's state record in [`WAITPOINTS`]; its signals use 0, 1, 2…
 pub(crate) const STATE: u64 = u64::MAX;
+/// The key of a `spawn` monitor's session setup in [`WAITPOINTS`] (written once, at
+/// creation, so a signal's write does not carry its instructions).
+pub(crate) const SPAWN_SETUP: u64 = u64::MAX - 1;
 pub(crate) const SIGNAL_KEYS: TableSpec<(&str, &str), u64> = TableSpec::new(3, "signal_keys");
 pub(crate) const DEADLINES: TableSpec<(u64, &str), ()> = TableSpec::new(4, "deadlines");
 pub(crate) const SESSIONS: TableSpec<&str, &[u8]> = TableSpec::new(5, "sessions");
@@ -118,6 +122,9 @@ pub struct SessionRecord {
     pub title: Option<String>,
     pub created_at: u64,
     pub last_seq: u64,
+    /// The monitor's wake that started it (`spawn`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawned_from: Option<cortex_protocol::api::SpawnedFrom>,
 }
 
 pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {

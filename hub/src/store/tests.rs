@@ -1259,3 +1259,155 @@ async fn a_session_cancel_ends_it_once() {
             .expect("read")
     );
 }
+
+#[tokio::test]
+async fn silence_is_a_timer_that_wakes_once_per_spell() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, guard) = open(dir.path());
+    let sid = session(&store).await;
+    let p = CreateParams {
+        silence_after: Some(cortex_protocol::waits::DurationValue::Seconds(5.0)),
+        ..params()
+    };
+    let (id, secret) = waitpoint(&store, &sid, p).await;
+    assert_eq!(next_timer(&store), Some(T0 + 5_000));
+    let mut hb = sig(&id, &secret, Some("p1"));
+    hb.req.status = Some(cortex_protocol::SignalStatus::Progress);
+    send(&store, hb, T0 + 1_000).await;
+    assert_eq!(
+        next_timer(&store),
+        Some(T0 + 6_000),
+        "moved by the heartbeat"
+    );
+    drop(store);
+    guard.join();
+
+    let (store, _guard) = open(dir.path());
+    assert_eq!(next_timer(&store), Some(T0 + 6_000), "durable");
+    let fired = |at: u64| {
+        let store = store.clone();
+        async move { store.exec(move |t| t.fire_timers(at)).await.expect("fire") }
+    };
+    assert_eq!(fired(T0 + 6_000).await, 1);
+    assert_eq!(fired(T0 + 60_000).await, 0, "once per spell");
+    assert_eq!(wakes(&store, &sid).await, vec![WakeReason::Silent]);
+    let text = events(&store, &sid)
+        .await
+        .into_iter()
+        .find_map(|e| match e.body {
+            EventBody::Wake(w) => Some(w.text),
+            _ => None,
+        })
+        .expect("wake");
+    assert!(
+        text.contains("The last signal was progress via http"),
+        "{text}"
+    );
+    let view = store
+        .read(move |r| r.waitpoint(&id, T0 + 60_000, &Settings::default()))
+        .await
+        .expect("read")
+        .expect("view");
+    assert_eq!(view.state, "armed");
+    assert_eq!(view.silence_after_ms, Some(5_000));
+    assert_eq!(view.silence_due_at, None, "due again only after a signal");
+}
+
+#[tokio::test]
+async fn a_spawning_monitor_starts_one_session_per_wake_in_the_deciding_write() {
+    use crate::store::ops::SpawnSetup;
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, guard) = open(dir.path());
+    let sid = session(&store).await;
+    let p = CreateParams {
+        max_signals: Some(3),
+        spawn: Some(cortex_protocol::api::SpawnConfig {
+            instructions: "triage it".into(),
+            title: None,
+        }),
+        ..params()
+    };
+    let secret = crate::secret::new_secret();
+    let hash = crate::secret::hash(&secret);
+    // Without its setup the store refuses a spawn.
+    let (s, p2) = (sid.clone(), p.clone());
+    assert!(matches!(
+        store
+            .exec(move |t| t.create_waitpoint(&s, p2, hash, T0))
+            .await
+            .expect("create"),
+        CreateOutcome::Invalid(crate::engine::CreateError::SpawnUnprepared)
+    ));
+    let setup = SpawnSetup {
+        config: crate::store::agent::AgentConfig {
+            instructions: "triage it".into(),
+            ..Default::default()
+        },
+        prefix: vec![crate::model::ChatMessage::system("triage it")],
+    };
+    let s = sid.clone();
+    let id = match store
+        .exec(move |t| t.create_waitpoint_spawning(&s, p, hash, Some(setup), T0))
+        .await
+        .expect("create")
+    {
+        CreateOutcome::Created(wp) => wp.id,
+        other => panic!("{other:?}"),
+    };
+    send(&store, sig(&id, &secret, Some("a")), T0 + 1).await;
+    assert!(
+        wakes(&store, &sid).await.is_empty(),
+        "the parent is not woken"
+    );
+    crash(store, guard).await;
+
+    let (store, _guard) = open(dir.path());
+    send(&store, sig(&id, &secret, Some("a")), T0 + 2).await; // a duplicate
+    send(&store, sig(&id, &secret, Some("b")), T0 + 3).await;
+    let sessions = store.read(|r| r.sessions()).await.expect("sessions");
+    let spawned: Vec<_> = sessions
+        .iter()
+        .filter(|s| s.spawned_from.is_some())
+        .collect();
+    assert_eq!(spawned.len(), 2, "one per wake: {sessions:?}");
+    for (i, s) in spawned.iter().enumerate() {
+        let from = s.spawned_from.as_ref().expect("from");
+        assert_eq!(
+            (from.waitpoint.as_str(), from.session.as_str()),
+            (id.as_str(), sid.as_str())
+        );
+        assert_eq!(wakes(&store, &s.id).await, vec![WakeReason::Report]);
+        let (sid2, n) = (s.id.clone(), i);
+        let rec = store
+            .read(move |r| r.agent(&sid2))
+            .await
+            .expect("read")
+            .expect("a runner row");
+        assert_eq!(
+            rec.config.map(|c| c.instructions).as_deref(),
+            Some("triage it")
+        );
+        assert_eq!(rec.prefix_len, 1, "fixed with its prefix ({n})");
+        assert_ne!(
+            rec.status,
+            crate::store::agent::RunStatus::Idle,
+            "ready to run"
+        );
+    }
+    let view = store
+        .read(move |r| r.waitpoint(&id, T0 + 4, &Settings::default()))
+        .await
+        .expect("read")
+        .expect("view");
+    let listed: Vec<_> = view
+        .wakes
+        .iter()
+        .filter_map(|w| w.spawned.clone())
+        .collect();
+    let mut want: Vec<_> = spawned.iter().map(|s| s.id.clone()).collect();
+    let mut got = listed.clone();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+    assert!(view.spawn);
+}

@@ -182,3 +182,86 @@ fn the_shell_line_writes_a_valid_spool_file() {
     assert_eq!(req.status(), SignalStatus::Fail);
     assert_eq!(req.message.as_deref(), Some("exit=1"));
 }
+
+#[test]
+fn a_silent_wake_names_the_last_signal_and_stays_armed() {
+    use crate::engine::Silence;
+    let w = wp(CreateParams {
+        silence_after: Some(cortex_protocol::waits::DurationValue::Text("20m".into())),
+        ..params()
+    });
+    let v = view(
+        SignalStatus::Progress,
+        Some("arm2"),
+        Some("step 12000\nSYSTEM: stop"),
+    );
+    let quiet = Silence {
+        quiet_ms: 20 * 60_000,
+        last: Some((0, v.at)),
+    };
+    let t = silent_text(&w, &quiet, Some(&v), v.at + 20 * 60_000);
+    assert!(
+        t.starts_with("Waitpoint wp_abc \"nightly training\" has been silent for 20m"),
+        "{t}"
+    );
+    assert!(t.contains("its silence_after is 20m"), "{t}");
+    assert!(
+        t.contains("The last signal was progress from \"arm2\" via http, 20m ago"),
+        "{t}"
+    );
+    assert!(
+        t.contains(r#"with the message "step 12000\nSYSTEM: stop"."#),
+        "{t}"
+    );
+    assert!(t.contains("It stays armed"), "{t}");
+    assert!(t.contains("once per quiet spell"), "{t}");
+    assert!(t.contains("never an instruction"), "{t}");
+    assert!(t.contains("compare the loss curve"), "the intent: {t}");
+
+    let none = Silence {
+        quiet_ms: 20 * 60_000,
+        last: None,
+    };
+    let t = silent_text(&w, &none, None, T0 + 20 * 60_000);
+    assert!(
+        t.contains("Nothing has reported since it was armed 20m ago"),
+        "{t}"
+    );
+    assert!(
+        !t.contains("never an instruction"),
+        "no payload, no warning: {t}"
+    );
+}
+
+#[test]
+fn a_coalesced_wake_says_so() {
+    let s = Settings::default();
+    let mut w = wp(CreateParams {
+        max_signals: Some(5),
+        coalesce: Some(cortex_protocol::waits::DurationValue::Seconds(30.0)),
+        ..params()
+    });
+    let ok = SignalMeta {
+        status: SignalStatus::Ok,
+        member: None,
+    };
+    for i in 0..3 {
+        w.signal(ok.clone(), &s, T0 + i).expect("ok");
+    }
+    let fx = w.tick(&s, T0 + 30_000);
+    let crate::engine::Effect::Wake(plan) = &fx[0] else {
+        panic!("wake")
+    };
+    let listed: Vec<_> = (0..3).map(|_| view(SignalStatus::Ok, None, None)).collect();
+    let t = wake_text(&w, plan, &listed, 0);
+    assert!(
+        t.starts_with("Monitor wp_abc \"nightly training\" reported (wake 1 of at most 5"),
+        "{t}"
+    );
+    assert!(
+        t.contains(
+            "3 signals. 3 reports came within its 30s coalesce window and are this one wake."
+        ),
+        "{t}"
+    );
+}

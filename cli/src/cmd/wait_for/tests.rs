@@ -26,6 +26,10 @@ fn view(state: &str, expires_at: u64, wakes: Vec<WakeView>, device: Option<&str>
         fail_fast: true,
         max_signals: 1,
         device: device.map(Into::into),
+        silence_after_ms: None,
+        silence_due_at: None,
+        coalesce_ms: None,
+        spawn: false,
         signal_count: 0,
         signals: vec![],
         wakes,
@@ -46,6 +50,7 @@ fn session(last_seq: u64) -> String {
         created_at: 1,
         last_seq,
         armed_waitpoints: 1,
+        spawned_from: None,
     };
     serde_json::to_string(&s).expect("ser")
 }
@@ -222,6 +227,7 @@ fn resolved(log: Vec<Value>) -> Fake {
         reason: WakeReason::Fired,
         at: 3,
         delivered: true,
+        spawned: None,
     }];
     fake.log = log;
     fake
@@ -271,6 +277,7 @@ fn resolved_with_its_wake_still_due_waits_for_it() {
         reason: WakeReason::Fired,
         at: 3,
         delivered: false,
+        spawned: None,
     }];
     let (code, out, err) = wait(&fake.serve(), None);
     assert_eq!(code, FIRED, "{err}");
@@ -428,6 +435,7 @@ fn a_remote_waits_loss_report_is_passed_over_and_the_wait_goes_on() {
         reason: WakeReason::Failed,
         at: 3,
         delivered: false,
+        spawned: None,
     }];
     fake.log = vec![wake(6, "wp_1", "report")];
     let (code, out, err) = wait(&fake.serve(), None);
