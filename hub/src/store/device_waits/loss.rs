@@ -20,7 +20,7 @@ use cortex_protocol::api::{EventBody, WaitpointRef, Wake, WakeReason};
 use crate::config::DEFAULT_DEVICE_LOSS_GRACE_MS;
 use crate::store::devices::DeviceRecord;
 use crate::store::kernel::error::StoreError;
-use crate::store::tables::{META, Tx};
+use crate::store::tables::{DEVICE_WAITS, META, Tx};
 
 /// The timer kind of a device's loss report (id: the device's name).
 pub const TIMER_DEVICE_LOSS: &str = "device-loss";
@@ -54,6 +54,15 @@ impl DeviceRecord {
 }
 
 impl Tx<'_> {
+    /// Whether `device` has an active wait: the first key of its range, so ending each of
+    /// many waits stays cheap.
+    fn has_device_waits(&self, device: &str) -> Result<bool, StoreError> {
+        match self.table(&DEVICE_WAITS).range((device, "")..)?.next() {
+            Some(r) => Ok(r?.0.value().0 == device),
+            None => Ok(false),
+        }
+    }
+
     /// The grace the running hub applies (the default when no start has set it).
     pub(crate) fn loss_grace(&self) -> Result<u64, StoreError> {
         Ok(self
@@ -79,7 +88,7 @@ impl Tx<'_> {
             let at = loss_at(rec.offline_spell(), rec.last_seen, now, grace);
             let old = rec.loss_at.replace(at);
             self.put_device(&rec)?;
-            let new = (self.device_wait_count(&rec.name)? > 0).then_some(at);
+            let new = self.has_device_waits(&rec.name)?.then_some(at);
             self.reschedule(TIMER_DEVICE_LOSS, &rec.name, old, new)?;
         }
         Ok(())
@@ -91,7 +100,7 @@ impl Tx<'_> {
         let grace = self.loss_grace()?;
         let at = loss_at(rec.offline_spell(), None, 0, grace);
         let old = rec.loss_at.replace(at);
-        let new = (self.device_wait_count(&rec.name)? > 0).then_some(at);
+        let new = self.has_device_waits(&rec.name)?.then_some(at);
         self.reschedule(TIMER_DEVICE_LOSS, &rec.name, old, new)
     }
 
@@ -140,7 +149,7 @@ impl Tx<'_> {
 
     /// A wait on `device` ended: with none left, nobody is waiting to be told.
     pub(crate) fn device_loss_unwatch(&mut self, device: &str) -> Result<(), StoreError> {
-        if self.device_wait_count(device)? > 0 {
+        if self.has_device_waits(device)? {
             return Ok(());
         }
         match self.get_device(device)?.and_then(|r| r.loss_at) {
@@ -167,7 +176,7 @@ impl Tx<'_> {
         match rec.loss_at {
             // Moved since this entry was set (a restart): its own entry stands.
             Some(due) if due > now => {
-                if !is_online && self.device_wait_count(device)? > 0 {
+                if !is_online && self.has_device_waits(device)? {
                     self.reschedule(TIMER_DEVICE_LOSS, device, None, Some(due))?;
                 }
                 return Ok(0);
