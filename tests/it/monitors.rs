@@ -302,3 +302,52 @@ fn a_spawning_monitor_starts_one_session_per_wake_across_a_sigkill() {
         );
     }
 }
+
+#[test]
+fn a_model_arms_a_spawning_monitor_with_wait_create() {
+    let args = json!({"label": "evals", "intent": "triage each eval", "max_signals": 2,
+        "silence_after": "1h", "coalesce": 1,
+        "spawn": {"instructions": "You triage one eval report."}})
+    .to_string();
+    let model = ScriptedModel::start_with_default(
+        vec![
+            Reply::tool_call("wait_create", &args),
+            Reply::text("Armed."),
+        ],
+        Reply::text("triaged"),
+    );
+    let (hub, _tmp) = hub(&model);
+    let parent = new_session(&hub, json!({"title": "watcher"}));
+    crate::runner::say(&hub, &parent, json!({"text": "watch the evals"}));
+    run_end(&hub, &parent, 1);
+    let requests = model.requests();
+    let answer: Value = serde_json::from_str(
+        crate::runner::last_message(&requests[1])["content"]
+            .as_str()
+            .expect("the tool's answer"),
+    )
+    .expect("json");
+    assert_eq!(answer["spawn"], true, "{answer}");
+    assert_eq!(answer["silence_after_ms"], 3_600_000, "{answer}");
+    assert_eq!(answer["coalesce_ms"], 1_000, "{answer}");
+    let id = answer["id"].as_str().expect("id").to_string();
+    let (st, v) = hub.signal(&json!({"id": id, "secret": answer["secret"], "message": "eval 1"}));
+    assert_eq!(st, 202, "{v}");
+    let child = wait_until(LIMIT, "the spawned session", || {
+        spawned(&hub, &id).into_iter().next()
+    });
+    assert_eq!(child["title"], "evals #1");
+    let sid = child["id"].as_str().expect("id");
+    let end = run_end(&hub, sid, 1);
+    assert_eq!(end["result"]["ok"], true, "{end}");
+    let last = model.requests().pop().expect("a request");
+    assert!(
+        last["messages"][0]["content"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("You triage one eval report.")),
+        "{last}"
+    );
+    let view = hub.get_waitpoint(&id);
+    assert_eq!(view["coalesce_ms"], 1_000, "{view}");
+    assert!(hub.wakes(&parent).is_empty(), "the parent is not woken");
+}
