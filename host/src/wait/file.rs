@@ -31,11 +31,10 @@ use std::path::{Path, PathBuf};
 
 use cortex_protocol::mesh::FileCursor;
 use inotify::{EventMask, WatchMask};
-use rustix::io::Errno;
 use serde_json::{Value, json};
 
 use super::watches::{Delivery, FileWatches, Subscription};
-use super::{Cursor, Fire, WaitError, watch_error};
+use super::{Cursor, Fire, WaitError, watch_name};
 
 /// The cursor of a file from its metadata (`fstat`/`stat`): device, inode, size, mtime.
 pub fn cursor_of(meta: &fs::Metadata) -> FileCursor {
@@ -166,21 +165,7 @@ pub(crate) fn arm(
         path: path.to_owned(),
         why,
     };
-    let name = path
-        .file_name()
-        .ok_or_else(|| bad("names no file (it ends in `..` or is `/`)"))?
-        .to_owned();
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let mut sub = watches.subscribe();
-    sub.add(parent, PARENT_MASK, PARENT)
-        .map_err(|e| match Errno::from_io_error(&e) {
-            Some(Errno::NOENT) => bad("is in a directory that does not exist"),
-            Some(Errno::NOTDIR) => bad("is in something that is not a directory"),
-            _ => watch_error(parent, e),
-        })?;
+    let (name, mut sub) = watch_name(watches, path, PARENT_MASK, PARENT)?;
     let meta = match fs::metadata(path) {
         Ok(m) => Some(m),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,

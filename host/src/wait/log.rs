@@ -46,7 +46,7 @@ use tokio::time::Instant;
 
 use super::lines::{FileState, Hit, MAX_PARTIAL_BYTES, Scanner, Turn, start_offset, turn};
 use super::watches::{Delivery, FileWatches, Subscription};
-use super::{Cursor, Fire, WaitError, watch_error};
+use super::{Cursor, Fire, WaitError, watch_error, watch_name};
 
 /// The largest read at once.
 const CHUNK_BYTES: usize = 64 * 1024;
@@ -157,29 +157,11 @@ pub(crate) fn arm(
     cursor: Option<LogCursor>,
     silence_ms: Option<u64>,
 ) -> Result<LogWait, WaitError> {
-    let bad = |why: &'static str| WaitError::BadPath {
-        path: path.to_owned(),
-        why,
-    };
     let regex = cortex_protocol::waits::compile_pattern(pattern)
         .map_err(|e| WaitError::BadPattern(e.to_string()))?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| bad("names no file (it ends in `..` or is `/`)"))?
-        .to_owned();
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let mut sub = watches.subscribe();
     // The directory's watch first: a file created after this is seen, one created before
     // is found by the open below.
-    sub.add(parent, DIR_MASK, DIR)
-        .map_err(|e| match Errno::from_io_error(&e) {
-            Some(Errno::NOENT) => bad("is in a directory that does not exist"),
-            Some(Errno::NOTDIR) => bad("is in something that is not a directory"),
-            _ => watch_error(parent, e),
-        })?;
+    let (name, sub) = watch_name(watches, path, DIR_MASK, DIR)?;
     let mut wait = LogWait {
         captured: LogCaptured {
             path: path.to_owned(),

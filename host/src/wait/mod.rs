@@ -143,6 +143,37 @@ fn watch_error(path: &Path, source: io::Error) -> WaitError {
     }
 }
 
+/// The name a file-like wait follows and its directory's watch, added before anything is
+/// looked at (a file created after it is seen; one created before is found by the look):
+/// the arm-time checks every file, log and silence wait makes. The watch carries `key`.
+pub(crate) fn watch_name(
+    watches: &FileWatches,
+    path: &Path,
+    mask: inotify::WatchMask,
+    key: u32,
+) -> Result<(std::ffi::OsString, Subscription), WaitError> {
+    let bad = |why: &'static str| WaitError::BadPath {
+        path: path.to_owned(),
+        why,
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| bad("names no file (it ends in `..` or is `/`)"))?
+        .to_owned();
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut sub = watches.subscribe();
+    sub.add(parent, mask, key)
+        .map_err(|e| match rustix::io::Errno::from_io_error(&e) {
+            Some(rustix::io::Errno::NOENT) => bad("is in a directory that does not exist"),
+            Some(rustix::io::Errno::NOTDIR) => bad("is in something that is not a directory"),
+            _ => watch_error(parent, e),
+        })?;
+    Ok((name, sub))
+}
+
 /// A fired wait: the payload to print (one JSON object) and, for a file or log wait, the
 /// position to persist so a re-arm neither misses a write or a line nor reports this one
 /// again.

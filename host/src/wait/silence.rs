@@ -26,14 +26,13 @@ use std::time::Duration;
 
 use cortex_protocol::mesh::FileCursor;
 use inotify::{EventMask, WatchMask};
-use rustix::io::Errno;
 use serde_json::json;
 use tokio::time::Instant;
 
 use super::file::{FileCaptured, read_cursor};
 use super::log::{instant_of, ms};
 use super::watches::{Delivery, FileWatches, Subscription};
-use super::{Cursor, Fire, WaitError, watch_error};
+use super::{Cursor, Fire, WaitError, watch_name};
 
 /// Which watch an event came from.
 const DIR: u32 = 0;
@@ -86,21 +85,7 @@ pub(crate) fn arm(
         path: path.to_owned(),
         why,
     };
-    let name = path
-        .file_name()
-        .ok_or_else(|| bad("names no file (it ends in `..` or is `/`)"))?
-        .to_owned();
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let mut sub = watches.subscribe();
-    sub.add(parent, DIR_MASK, DIR)
-        .map_err(|e| match Errno::from_io_error(&e) {
-            Some(Errno::NOENT) => bad("is in a directory that does not exist"),
-            Some(Errno::NOTDIR) => bad("is in something that is not a directory"),
-            _ => watch_error(parent, e),
-        })?;
+    let (name, mut sub) = watch_name(watches, path, DIR_MASK, DIR)?;
     let look_err = |source: io::Error| WaitError::Path {
         path: path.to_owned(),
         action: "look at",
