@@ -189,13 +189,13 @@ pub struct Sample {
     pub seen_us: f64,
 }
 
-/// One remote pid wait, armed, fired by the child's exit.
-pub fn cortex_once(hub: &Hub, agent: &Agent, device: &str) -> anyhow::Result<Sample> {
-    let mut child = ExitChild::start()?;
+/// Asks `device` for the remote wait `body` and returns once its agent confirmed it armed:
+/// the waitpoint's id and its session's.
+pub fn arm(hub: &Hub, device: &str, body: serde_json::Value) -> anyhow::Result<(String, String)> {
     let created = hub.api(
         "POST",
         &format!("/api/devices/{device}/waits"),
-        Some(json!({"kind": "pid", "pid": child.pid, "timeout_s": 600})),
+        Some(body),
         201,
     )?;
     let wp = created["id"]
@@ -218,6 +218,17 @@ pub fn cortex_once(hub: &Hub, agent: &Agent, device: &str) -> anyhow::Result<Sam
             });
             Ok(armed.then_some(()))
         },
+    )?;
+    Ok((wp, sid))
+}
+
+/// One remote pid wait, armed, fired by the child's exit.
+pub fn cortex_once(hub: &Hub, agent: &Agent, device: &str) -> anyhow::Result<Sample> {
+    let mut child = ExitChild::start()?;
+    let (wp, sid) = arm(
+        hub,
+        device,
+        json!({"kind": "pid", "pid": child.pid, "timeout_s": 600}),
     )?;
     let session = hub.api("GET", &format!("/api/sessions/{sid}"), None, 200)?;
     let after = session["last_seq"].as_u64().unwrap_or(0);

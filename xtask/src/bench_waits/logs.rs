@@ -69,33 +69,15 @@ pub fn cortex_once(
     n: usize,
 ) -> anyhow::Result<Sample> {
     let tag = format!("MATCH-{n:06}");
-    let created = hub.api(
-        "POST",
-        &format!("/api/devices/{device}/waits"),
-        Some(json!({
+    let (wp, _) = super::latency::arm(
+        hub,
+        device,
+        json!({
             "kind": "log",
             "path": path.to_string_lossy(),
             "match": format!("nan|{tag}"),
             "timeout_s": 600
-        })),
-        201,
-    )?;
-    let wp = created["id"]
-        .as_str()
-        .context("no waitpoint id")?
-        .to_string();
-    poll_every(
-        Duration::from_millis(2),
-        Duration::from_secs(10),
-        "the log wait armed on the device",
-        || {
-            let d = hub.api("GET", &format!("/api/devices/{device}"), None, 200)?;
-            let armed = d["wait_list"].as_array().is_some_and(|l| {
-                l.iter()
-                    .any(|w| w["id"] == wp.as_str() && w["state"] == "armed")
-            });
-            Ok(armed.then_some(()))
-        },
+        }),
     )?;
     noise(path, 3)?;
     let t_append = append(path, &format!("step {n} loss=0.5 {tag}"))?;
