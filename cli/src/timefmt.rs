@@ -15,29 +15,9 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not a duration; write it like 30s, 10m, 2h, 1.5h, 1d or a number of seconds")]
-pub struct BadDuration(pub String);
-
-/// `30s`, `10m`, `2h`, `1.5h`, `1d`, `500ms`, or bare (fractional) seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, BadDuration> {
-    let bad = || BadDuration(s.to_string());
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| bad())?;
-    let secs_per = match unit.trim() {
-        "" | "s" | "sec" | "secs" => 1.0,
-        "ms" => 0.001,
-        "m" | "min" | "mins" => 60.0,
-        "h" | "hr" | "hrs" => 3600.0,
-        "d" | "day" | "days" => 86400.0,
-        _ => return Err(bad()),
-    };
-    Duration::try_from_secs_f64(n * secs_per).map_err(|_| bad())
-}
+/// `30s`, `10m`, `2h`, `1.5h`, `1d`, `500ms`, or bare seconds: the one reading of a duration,
+/// shared with the API's and the wait conditions' (`cortex_protocol::waits`).
+pub use cortex_protocol::waits::{BadDuration, parse_duration};
 
 /// `1h 30m`, `45s`, `2d 3h`: the two largest units, for messages.
 pub fn human(d: Duration) -> String {
