@@ -14,39 +14,11 @@ use std::time::{Duration, Instant};
 
 use cortex_tests::agent::Agent;
 use cortex_tests::{Hub, bin, wait_until};
+
+use super::remote_waits::Sleep;
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(30);
-
-/// A `sleep 3600`, killed and reaped when dropped.
-struct Sleep(Child);
-
-impl Sleep {
-    fn start() -> Sleep {
-        Sleep(
-            Command::new("sleep")
-                .arg("3600")
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawn sleep"),
-        )
-    }
-
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Sleep {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// A hub whose device-loss grace is `grace_ms`, set in its settings.json.
 fn hub_with_grace(grace_ms: u64) -> (Hub, tempfile::TempDir) {

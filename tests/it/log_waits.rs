@@ -16,7 +16,7 @@
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -28,7 +28,7 @@ use cortex_tests::{Hub, bin, wait_until};
 use serde_json::{Value, json};
 
 use super::local_waits::{Waiting, payload};
-use super::remote_waits::{agent_forgot, device_wait_signals, outcome_of, wait_armed};
+use super::remote_waits::{Sleep, agent_forgot, device_wait_signals, outcome_of, wait_armed};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -80,36 +80,6 @@ impl Writer {
 impl Drop for Writer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-/// A `sleep 3600`, killed and reaped when dropped.
-struct Sleep(Child);
-
-impl Sleep {
-    fn start() -> Sleep {
-        Sleep(
-            Command::new("sleep")
-                .arg("3600")
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawn sleep"),
-        )
-    }
-
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-
-    fn alive(&mut self) -> bool {
-        self.0.try_wait().expect("try_wait").is_none()
-    }
-}
-
-impl Drop for Sleep {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

@@ -21,11 +21,12 @@ use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(20);
 
-/// A `sleep 3600`, killed and reaped when dropped.
-struct Sleep(Child);
+/// A `sleep 3600`, killed and reaped when dropped (the other remote and log wait tests
+/// use it too).
+pub(crate) struct Sleep(Child);
 
 impl Sleep {
-    fn start() -> Sleep {
+    pub(crate) fn start() -> Sleep {
         Sleep(
             Command::new("sleep")
                 .arg("3600")
@@ -35,13 +36,17 @@ impl Sleep {
         )
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.0.id()
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+
+    pub(crate) fn alive(&mut self) -> bool {
+        self.0.try_wait().expect("try_wait").is_none()
     }
 }
 
