@@ -32,9 +32,9 @@ If the hub cannot be reached (or answers 5xx, or TLS fails), the signal is writt
 $CORTEX_HOME/tmp/signals/ (CORTEX_HOME defaults to ~/.cortex) and the hub delivers it
 when it drains the spool; each signal carries a fresh key, so it counts once.
 
-Exit status: 0 accepted, already resolved, or spooled; 1 refused by the hub, or not
-delivered (hub unreachable with --no-spool, or the spool not writable); 2 usage error or
-missing id or secret. Run with no arguments, it prints this help, sends nothing and exits 2.";
+Exit status: 0 accepted, already resolved (or expired or cancelled: said on stderr), or
+spooled; 1 refused by the hub, or not delivered (hub unreachable with --no-spool, or the
+spool not writable); 2 usage error or missing id or secret. Run with no arguments, it prints this help, sends nothing and exits 2.";
 
 /// Signal a cortex waitpoint: the one line you append to a job
 #[derive(Debug, Clone, Parser)]
@@ -485,11 +485,23 @@ pub fn conclude(
     match &sent {
         Ok(r) if r.is_success() => return Outcome::Accepted,
         Ok(r) if r.status == 410 => {
-            let _ = writeln!(
-                stderr,
-                "cortex-signal: waitpoint {} already resolved; nothing to do",
-                prepared.request.id
-            );
+            // A late signal (the waitpoint expired) or one for a cancelled waitpoint is
+            // told so in the hub's words; still exit 0: the job has nothing to retry.
+            let late = serde_json::from_slice::<ErrorBody>(&r.body)
+                .ok()
+                .filter(|b| b.error == "expired" || b.error == "cancelled");
+            let _ = match late {
+                Some(b) => writeln!(
+                    stderr,
+                    "cortex-signal: {}",
+                    redact(&b.message, &prepared.request.secret)
+                ),
+                None => writeln!(
+                    stderr,
+                    "cortex-signal: waitpoint {} already resolved; nothing to do",
+                    prepared.request.id
+                ),
+            };
             return Outcome::AlreadyResolved;
         }
         Ok(r) if r.status < 500 => return refused(r, prepared, stderr),

@@ -197,9 +197,13 @@ impl SignalSource<'_> {
             SignalOutcome::Refused(r) => {
                 let msg = r.to_string();
                 match r {
-                    Refusal::Gone { .. } => error(
+                    Refusal::Gone { state, .. } => error(
                         StatusCode::GONE,
-                        "already_resolved",
+                        match state {
+                            "expired" => "expired",
+                            "cancelled" => "cancelled",
+                            _ => "already_resolved",
+                        },
                         format!("{msg}; this is not an error for the job"),
                     ),
                     Refusal::MemberMissing { members }

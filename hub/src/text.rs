@@ -319,7 +319,7 @@ pub fn how_to_signal(wp: &Waitpoint, secret: &str, signal_url: &str) -> HowToSig
     );
     let cli = format!("cortex-signal --exit-code $?{member_flag}{url_flag}");
     let curl = format!(
-        r#"curl -sS -XPOST {signal_url} -H 'content-type: application/json' -d '{{"id":"{}","secret":"{secret}","status":"ok","message":"done"{member_json}}}'"#,
+        r#"curl -sS --fail-with-body -XPOST {signal_url} -H 'content-type: application/json' -d '{{"id":"{}","secret":"{secret}","status":"ok","message":"done"{member_json}}}'"#,
         wp.id
     );
     let shell = format!(

@@ -802,9 +802,10 @@ pub struct DeviceCreated {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceView {
     pub name: String,
-    /// `online` or `offline`.
+    /// `online`, `offline` or `revoked` (its token no longer admitted; listed until the
+    /// name is added again).
     pub state: String,
-    /// When it went online or offline.
+    /// When it went online, offline, or was revoked.
     pub since: Option<u64>,
     pub last_seen: Option<u64>,
     pub agent_version: Option<String>,

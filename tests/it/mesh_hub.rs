@@ -739,3 +739,51 @@ fn a_connection_cut_without_a_close_reads_as_lost() {
     let r = d["offline_reason"].as_str().unwrap_or_default();
     assert!(r.starts_with("connection lost"), "{r}");
 }
+
+/// A waitpoint bound to a device the hub does not know is refused (404, naming it), and a
+/// revoked device stays in the fleet list as `revoked` until its name is added again.
+#[test]
+fn unknown_devices_are_refused_and_revoked_ones_stay_listed() {
+    let hub = Hub::start();
+    let sid = hub.session();
+    let (st, v) = hub.api(
+        Method::Post,
+        &format!("/api/sessions/{sid}/waitpoints"),
+        Some(&json!({"label": "l", "intent": "i", "device": "gpu9"})),
+    );
+    assert_eq!(
+        (st, v["error"].as_str()),
+        (404, Some("unknown_device")),
+        "{v}"
+    );
+    assert!(
+        v["message"].as_str().is_some_and(|m| m.contains("gpu9")),
+        "{v}"
+    );
+
+    hub.add_device("lab1");
+    let (st, v) = hub.api(
+        Method::Post,
+        &format!("/api/sessions/{sid}/waitpoints"),
+        Some(&json!({"label": "l", "intent": "i", "device": "lab1"})),
+    );
+    assert_eq!(st, 201, "{v}");
+
+    let (st, _) = hub.api(Method::Delete, "/api/devices/lab1", None);
+    assert_eq!(st, 200);
+    let (_, list) = hub.api(Method::Get, "/api/devices", None);
+    assert_eq!(list[0]["name"], "lab1", "{list}");
+    assert_eq!(list[0]["state"], "revoked", "{list}");
+    // A revoked device takes no new waitpoints, and its token no longer connects.
+    let (st, _) = hub.api(
+        Method::Post,
+        &format!("/api/sessions/{sid}/waitpoints"),
+        Some(&json!({"label": "l", "intent": "i", "device": "lab1"})),
+    );
+    assert_eq!(st, 404);
+    // Added again: one entry, a fresh device.
+    hub.add_device("lab1");
+    let (_, list) = hub.api(Method::Get, "/api/devices", None);
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+    assert_eq!(list[0]["state"], "offline", "{list}");
+}

@@ -157,3 +157,30 @@ fn the_hub_refuses_a_non_loopback_listen_address() {
     assert_eq!(code, 1);
     assert!(err.contains("loopback only"), "{err}");
 }
+
+/// The curl line the hub hands out fails the job's shell on a refusal (a wrong secret is
+/// a 401, not a silent exit 0), and succeeds when the signal is taken.
+#[test]
+fn the_handed_out_curl_line_fails_on_a_refusal() {
+    let hub = Hub::start();
+    let sid = hub.session();
+    let wp = hub.waitpoint(&sid, json!({"label": "job", "intent": "look"}));
+    let line = wp["how_to_signal"]["curl"].as_str().expect("curl line");
+    let secret = wp["secret"].as_str().expect("secret");
+    let run = |line: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", line])
+            .output()
+            .expect("sh")
+    };
+    let wrong = run(&line.replace(secret, &"0".repeat(secret.len())));
+    assert!(!wrong.status.success(), "a 401 must fail the line");
+    assert!(
+        String::from_utf8_lossy(&wrong.stdout).contains("wrong_secret"),
+        "the body says why: {:?}",
+        String::from_utf8_lossy(&wrong.stdout)
+    );
+    let right = run(line);
+    assert!(right.status.success(), "{right:?}");
+    assert!(String::from_utf8_lossy(&right.stdout).contains("accepted"));
+}

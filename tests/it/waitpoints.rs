@@ -230,7 +230,19 @@ fn expiry_text(hub: &Hub, sid: &str, wp: &Value) -> String {
     let wake = hub.wait_wake(sid, id(wp), 1, LIMIT);
     assert_eq!(wake["reason"], "expired", "{wake:#}");
     assert_eq!(hub.get_waitpoint(id(wp))["state"], "expired");
-    assert_eq!(hub.signal(&body(wp, json!({"member": "a"}))).0, 410);
+    // A late signal is told it came too late, not "already resolved".
+    let (code, answer) = hub.signal(&body(wp, json!({"member": "a"})));
+    assert_eq!(
+        (code, &answer["error"]),
+        (410, &json!("expired")),
+        "{answer}"
+    );
+    assert!(
+        answer["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("too late")),
+        "{answer}"
+    );
     wake["text"].as_str().expect("text").to_string()
 }
 

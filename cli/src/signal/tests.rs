@@ -361,6 +361,21 @@ fn already_resolved_exits_0_with_one_line() {
 }
 
 #[test]
+fn a_late_signal_is_told_it_was_late_and_exits_0() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::canned(vec![json(
+        410,
+        r#"{"error":"expired","message":"waitpoint wp_env expired before this signal came (its deadline passed); the signal was too late and is not counted"}"#,
+    )]);
+    let (outcome, err) = run_at(&server.url("/webhook/signal"), &[], home.path());
+    assert_eq!(outcome, Outcome::AlreadyResolved);
+    assert_eq!(outcome.exit_code(), 0);
+    assert_eq!(err.lines().count(), 1);
+    assert!(err.contains("expired before this signal came"), "{err}");
+    assert!(!err.contains("already resolved"), "{err}");
+}
+
+#[test]
 fn refusals_exit_1_with_the_hubs_message() {
     let home = tempfile::tempdir().expect("tempdir");
     for status in [400, 401, 404, 413, 429, 403] {

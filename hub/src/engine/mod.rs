@@ -198,7 +198,7 @@ pub struct SignalMeta<'a> {
 /// Why a signal is refused. The hub maps these to 410 and 422.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
-    #[error("waitpoint {id} is already {state}; nothing more is counted")]
+    #[error("{}", gone_message(id, state))]
     Gone { id: String, state: &'static str },
     #[error(
         "this waitpoint names its members; say which one you are (--member NAME or \"member\":\"NAME\")"
@@ -209,6 +209,18 @@ pub enum Refusal {
         member: String,
         members: Vec<String>,
     },
+}
+
+/// What a signal to an ended waitpoint is told: a late one (the waitpoint expired) or one
+/// for a cancelled waitpoint must not read as "done already".
+fn gone_message(id: &str, state: &str) -> String {
+    match state {
+        "expired" => format!(
+            "waitpoint {id} expired before this signal came (its deadline passed); the signal was too late and is not counted"
+        ),
+        "cancelled" => format!("waitpoint {id} was cancelled; the signal is not counted"),
+        _ => format!("waitpoint {id} is already {state}; nothing more is counted"),
+    }
 }
 
 /// Terminal signals since the last wake: what decides the next one.

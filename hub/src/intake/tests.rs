@@ -185,6 +185,14 @@ fn http_codes() {
         (202, "resolved".into())
     );
     assert_eq!(code(ok(gone())), (410, "already_resolved".into()));
+    // A late signal is told so, not "already resolved".
+    for state in ["expired", "cancelled"] {
+        let late = SignalOutcome::Refused(Refusal::Gone {
+            id: "wp_1".into(),
+            state,
+        });
+        assert_eq!(code(ok(late)), (410, state.to_string()));
+    }
     assert_eq!(code(ok(unlisted())), (422, "bad_member".into()));
     assert_eq!(code(Err("disk")), (503, "store_unavailable".into()));
     assert_eq!(

@@ -713,6 +713,10 @@ pub fn execute(
                 }
             }
             CreateOutcome::NoSession => plain(false, json!({"error": "this session is gone"})),
+            CreateOutcome::NoDevice(d) => plain(
+                false,
+                json!({"error": format!("no device named {d:?}; the devices tool lists them")}),
+            ),
             CreateOutcome::Invalid(e) => plain(false, json!({"error": e.to_string()})),
         },
         Prepared::WaitCheck { id: None } => {

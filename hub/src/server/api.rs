@@ -287,6 +287,15 @@ pub async fn create_waitpoint(
     let wp = match out {
         CreateOutcome::Created(wp) => wp,
         CreateOutcome::NoSession => return Err(ApiError::not_found("session", &sid)),
+        CreateOutcome::NoDevice(d) => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_device",
+                format!(
+                    "no device named {d:?}; `cortex devices` lists them, `cortex device add {d}` adds it"
+                ),
+            ));
+        }
         CreateOutcome::Invalid(e) => {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,

@@ -107,15 +107,30 @@ pub fn view(state: &AppState, rec: DeviceRecord, waits: u32) -> DeviceView {
 }
 
 pub async fn list_devices(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let records = state
+    let (records, revoked) = state
         .store
-        .read(|r| r.devices_with_wait_counts())
+        .read(|r| Ok((r.devices_with_wait_counts()?, r.revoked_devices()?)))
         .await
         .map_err(ApiError::store)?;
-    let views: Vec<DeviceView> = records
+    // Every device the hub has known, as `tailscale status` lists every peer: a revoked
+    // one stays visible (state `revoked`) until its name is added again.
+    let mut views: Vec<DeviceView> = records
         .into_iter()
         .map(|(r, n)| view(&state, r, n))
         .collect();
+    views.extend(revoked.into_iter().map(|d| DeviceView {
+        name: d.name,
+        state: "revoked".into(),
+        since: Some(d.revoked_at),
+        last_seen: d.last_seen,
+        agent_version: d.agent_version,
+        host: d.host,
+        spool: Default::default(),
+        waits: 0,
+        offline_reason: Some("revoked".into()),
+        wait_list: None,
+    }));
+    views.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Json(views).into_response())
 }
 

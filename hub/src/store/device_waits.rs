@@ -263,6 +263,8 @@ impl Tx<'_> {
         let wp = match self.create_waitpoint_as(&sid, new.waitpoint_id, params, secret_hash, now)? {
             CreateOutcome::Created(wp) => wp,
             CreateOutcome::NoSession => return Ok(CreateDeviceWaitOutcome::NoSession),
+            // Checked above in this transaction; kept total.
+            CreateOutcome::NoDevice(_) => return Ok(CreateDeviceWaitOutcome::NoDevice),
             CreateOutcome::Invalid(e) => {
                 if session_created {
                     // Nothing of this request is kept; the batch's other jobs are unaffected.

@@ -14,7 +14,7 @@ use cortex_protocol::mesh::{HostFacts, SpoolCounts};
 use serde::{Deserialize, Serialize};
 
 use super::kernel::error::StoreError;
-use super::tables::{DEVICES, HUB_EVENTS, Tx, decode, encode};
+use super::tables::{DEVICES, HUB_EVENTS, REVOKED_DEVICES, Tx, decode, encode};
 
 /// How many hub events are kept; older ones are dropped as new ones arrive.
 pub const HUB_EVENTS_KEPT: u64 = 100_000;
@@ -51,6 +51,23 @@ pub struct DeviceRecord {
     #[serde(default)]
     pub loss_at: Option<u64>,
 }
+
+/// What is kept of a revoked device: enough for the fleet view to show it (state
+/// `revoked`) as it last was, never its token's hash. Adding the name again forgets it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevokedDevice {
+    pub name: String,
+    pub revoked_at: u64,
+    #[serde(default)]
+    pub last_seen: Option<u64>,
+    #[serde(default)]
+    pub agent_version: Option<String>,
+    #[serde(default)]
+    pub host: Option<HostFacts>,
+}
+
+/// How many revoked devices are remembered; the oldest revocation is forgotten first.
+pub const REVOKED_KEPT: usize = 1_000;
 
 /// What an agent's hello tells, as recorded when its link comes up.
 #[derive(Debug, Clone)]
@@ -102,6 +119,7 @@ impl Tx<'_> {
         if self.get_device(name)?.is_some() {
             return Ok(false);
         }
+        self.table_mut(&REVOKED_DEVICES).remove(name)?;
         // Offline from the start: a wait asked of it before it ever connects is told
         // when it has not connected within the grace.
         let loss_at = self.first_loss_at(now)?;
@@ -136,6 +154,13 @@ impl Tx<'_> {
             return Ok(false);
         };
         self.table_mut(&DEVICES).remove(name)?;
+        self.remember_revoked(RevokedDevice {
+            name: name.to_string(),
+            revoked_at: now,
+            last_seen: rec.last_seen,
+            agent_version: rec.agent_version.clone(),
+            host: rec.host.clone(),
+        })?;
         // Its waits break, and nobody is told it is lost.
         self.device_loss_forgotten(&rec)?;
         self.device_waits_revoked(name, now)?;
@@ -146,6 +171,22 @@ impl Tx<'_> {
             now,
         )?;
         Ok(true)
+    }
+
+    /// Keeps `gone` for the fleet view, forgetting the oldest revocation past
+    /// [`REVOKED_KEPT`].
+    fn remember_revoked(&mut self, gone: RevokedDevice) -> Result<(), StoreError> {
+        let mut all = self.revoked_devices()?;
+        if all.len() >= REVOKED_KEPT {
+            all.sort_by_key(|d| d.revoked_at);
+            let mut t = self.table_mut(&REVOKED_DEVICES);
+            for old in &all[..=all.len() - REVOKED_KEPT] {
+                t.remove(old.name.as_str())?;
+            }
+        }
+        self.table_mut(&REVOKED_DEVICES)
+            .insert(gone.name.as_str(), encode(&gone)?.as_slice())?;
+        Ok(())
     }
 
     /// A link came up. `replaced`: the reason the device's previous link was ended, which
@@ -285,6 +326,16 @@ impl Tx<'_> {
     /// Every device, by name.
     pub fn devices(&self) -> Result<Vec<DeviceRecord>, StoreError> {
         let t = self.table(&DEVICES);
+        let mut out = Vec::new();
+        for r in t.iter()? {
+            out.push(decode(r?.1.value())?);
+        }
+        Ok(out)
+    }
+
+    /// The revoked devices still remembered, by name.
+    pub fn revoked_devices(&self) -> Result<Vec<RevokedDevice>, StoreError> {
+        let t = self.table(&REVOKED_DEVICES);
         let mut out = Vec::new();
         for r in t.iter()? {
             out.push(decode(r?.1.value())?);

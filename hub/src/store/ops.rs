@@ -32,6 +32,8 @@ pub use crate::intake::{SignalIn, SignalOutcome};
 pub enum CreateOutcome {
     Created(Box<Waitpoint>),
     NoSession,
+    /// `device` names no device the hub knows (a typo, or one revoked).
+    NoDevice(String),
     Invalid(CreateError),
 }
 
@@ -279,6 +281,11 @@ impl Tx<'_> {
         }
         if self.get_session(sid)?.is_none() {
             return Ok(CreateOutcome::NoSession);
+        }
+        if let Some(d) = &params.device
+            && self.get_device(d)?.is_none()
+        {
+            return Ok(CreateOutcome::NoDevice(d.clone()));
         }
         let id = match chosen {
             Some(id) => {

@@ -60,9 +60,11 @@ pub(crate) const TRANSCRIPT: TableSpec<(&str, u64), &[u8]> = TableSpec::new(15, 
 pub(crate) const READY: TableSpec<(u64, &str), ()> = TableSpec::new(16, "ready");
 /// Sessions waiting on a person: (asked at, session) → ().
 pub(crate) const PENDING: TableSpec<(u64, &str), ()> = TableSpec::new(17, "pending");
+/// Revoked devices, by name: what the fleet view still shows of them (`devices.rs`).
+pub(crate) const REVOKED_DEVICES: TableSpec<&str, &[u8]> = TableSpec::new(18, "revoked_devices");
 
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 18] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 19] = [
     &META,
     &TIMER_QUEUE,
     &WAITPOINTS,
@@ -81,6 +83,7 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 18] = [
     &TRANSCRIPT,
     &READY,
     &PENDING,
+    &REVOKED_DEVICES,
 ];
 
 /// The timer kinds of the hub's domains (see [`super::kernel::timers`]): a decided wake

@@ -241,7 +241,7 @@
     f.spool.textContent = d.spool.pending + ' pending · ' + d.spool.bad + ' bad';
     if (d.spool.bad > 0) f.spool.classList.add('warn'); else f.spool.classList.remove('warn');
     f.waits.textContent = d.waits + (d.waits === 1 ? ' wait' : ' waits');
-    f.why.textContent = d.state === 'offline' && d.offline_reason ? d.offline_reason : '';
+    f.why.textContent = d.state !== 'online' && d.offline_reason ? d.offline_reason : '';
   }
   function deviceRow(d) {
     const c = {
