@@ -54,6 +54,11 @@ impl Agent {
         }
     }
 
+    /// Dials `url` instead of the hub's printed mesh URL at every later start.
+    pub fn set_hub_url(&mut self, url: &str) {
+        self.mesh_url = url.to_string();
+    }
+
     /// Sets `key=value` in the environment of every later start (e.g. `RUST_LOG`).
     pub fn set_env(&mut self, key: &str, value: &str) {
         self.env.push((key.to_string(), value.to_string()));

@@ -34,6 +34,11 @@ struct Args {
     /// clear: only on a network you trust).
     #[arg(long)]
     mesh_insecure: bool,
+    /// The URL agents dial for the mesh, when it is not the listen address (a DNS name
+    /// the certificate is valid for, a proxy): printed on start and put in `cortex device
+    /// add`'s install line. Without it, a TLS mesh prints a name its certificate holds.
+    #[arg(long, value_name = "URL", env = "CORTEX_PUBLIC_URL")]
+    public_url: Option<String>,
     /// Recover a store whose journal is damaged (the hub refuses to start on one, and says
     /// so): apply every journal record that can still be read, report what was lost,
     /// start the journal over, and exit. The hub must not be running.
@@ -101,12 +106,15 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         }
     };
     config::check_loopback(listen)?;
-    let mesh = mesh_setup(
+    let mut mesh = mesh_setup(
         &args.mesh_listen,
         args.tls_cert,
         args.tls_key,
         args.mesh_insecure,
     )?;
+    if let (Some(m), Some(u)) = (&mut mesh, &args.public_url) {
+        m.public_url = Some(cortex_hub::mesh::public_url(u, m.tls.is_some())?);
+    }
     if let Some(m) = &mesh {
         // Refused before anything starts, with the reason.
         m.check()?;

@@ -590,12 +590,14 @@ fn wss_with_a_private_ca() {
             key_path.to_str().unwrap(),
         ],
     );
+    // The printed URL names what the certificate is valid for (localhost), not the
+    // listen address (127.0.0.1), so it works when pasted.
     assert!(
-        hub.mesh_url.starts_with("wss://127.0.0.1:"),
+        hub.mesh_url.starts_with("wss://localhost:"),
         "{}",
         hub.mesh_url
     );
-    let url = hub.mesh_url.replace("127.0.0.1", "localhost");
+    let url = hub.mesh_url.clone();
     let token = hub.add_device("secure");
     let (_, v) = hub.api(
         Method::Post,
@@ -626,6 +628,65 @@ fn wss_with_a_private_ca() {
     assert!(matches!(rt.block_on(sim::open(&o)), Err(SimError::Io(_))));
     let o = Options::new(&url.replace("wss://", "ws://"), "secure", &token);
     assert!(rt.block_on(sim::open(&o)).is_err());
+
+    // The real agent given ws:// against this TLS mesh says what to do.
+    let mut agent = cortex_tests::agent::Agent::new(&hub, "secure", &token);
+    agent.set_hub_url(&url.replace("wss://", "ws://"));
+    agent.spawn();
+    wait_until(
+        Duration::from_secs(20),
+        "the agent's advice to use wss://",
+        || {
+            agent
+                .log()
+                .contains("this hub speaks TLS on that port, so use wss://")
+                .then_some(())
+        },
+    );
+    drop(agent);
+
+    // --public-url: printed and put in install lines as given (completed with the path).
+    let public = Hub::start_with_args(
+        &[],
+        &[
+            "--tls-cert",
+            cert_path.to_str().unwrap(),
+            "--tls-key",
+            key_path.to_str().unwrap(),
+            "--public-url",
+            "wss://hub.example:443",
+        ],
+    );
+    assert_eq!(public.mesh_url, "wss://hub.example:443/mesh/v1");
+    let (_, v) = public.api(Method::Post, "/api/devices", Some(&json!({"name": "p"})));
+    assert!(
+        v["install"]
+            .as_str()
+            .is_some_and(|l| l.contains("wss://hub.example:443/mesh/v1")),
+        "{v}"
+    );
+    // A URL of the wrong scheme is refused at start, saying why.
+    let home = tempfile::tempdir().expect("tmp");
+    let (code, _, err) = run(
+        "cortex-hub",
+        &[
+            "--home",
+            home.path().to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--mesh-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert_path.to_str().unwrap(),
+            "--tls-key",
+            key_path.to_str().unwrap(),
+            "--public-url",
+            "ws://hub.example:3002",
+        ],
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("starts with wss://"), "{err}");
 }
 
 #[test]

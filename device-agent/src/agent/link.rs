@@ -429,6 +429,15 @@ impl Dialer {
                 let mut text = other.to_string();
                 if self.url.is_tls() {
                     text.push_str(tls_hint(&text));
+                } else if matches!(
+                    other,
+                    tungstenite::Error::Protocol(tungstenite::error::ProtocolError::HttparseError(
+                        _
+                    ))
+                ) {
+                    // A TLS listener answers a plaintext upgrade with a TLS alert, which
+                    // reads as a broken HTTP answer.
+                    text.push_str(PLAIN_TO_TLS_HINT);
                 }
                 ConnectError::Io(text)
             }
@@ -436,9 +445,14 @@ impl Dialer {
     }
 }
 
+/// A `ws://` URL whose hub answered in TLS.
+pub(crate) const PLAIN_TO_TLS_HINT: &str = "; the answer is not HTTP: this hub speaks TLS on that port, so use wss:// in --hub (CORTEX_HUB_URL) (docs/install.md, Troubleshooting)";
+
 /// Advice for the certificate errors people meet with a private hub.
 pub(crate) fn tls_hint(error: &str) -> &'static str {
-    if error.contains("CaUsedAsEndEntity") {
+    if error.contains("InvalidContentType") || error.contains("corrupt message") {
+        "; the hub does not speak TLS on that port: use ws:// in --hub, or give the hub --tls-cert/--tls-key (docs/install.md, TLS)"
+    } else if error.contains("CaUsedAsEndEntity") {
         "; the hub's certificate is a CA certificate (what `openssl req -x509` makes by default): sign a server certificate with that CA for the hub, or make the self-signed one with -addext basicConstraints=critical,CA:FALSE (docs/install.md, TLS)"
     } else if error.contains("UnknownIssuer") {
         "; the hub's certificate comes from a CA this machine does not trust: pass that CA's certificate with --ca-cert (docs/install.md, TLS)"

@@ -47,6 +47,8 @@ pub enum MeshError {
     PlainOffLoopback(SocketAddr),
     #[error("--tls-cert and --tls-key go together; give both (PEM files) or neither")]
     TlsHalf,
+    #[error("--public-url {0}")]
+    PublicUrl(String),
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
     #[error(
@@ -68,6 +70,9 @@ pub struct MeshSetup {
     pub insecure: bool,
     /// The keepalive interval told to agents (`CORTEX_MESH_PING_MS`, default 20 s).
     pub ping_ms: u64,
+    /// `--public-url`: the URL agents dial, when it is not the listen address (a proxy,
+    /// a DNS name); printed and put in install lines as given.
+    pub public_url: Option<String>,
 }
 
 impl MeshSetup {
@@ -77,6 +82,7 @@ impl MeshSetup {
             tls: None,
             insecure: false,
             ping_ms: DEFAULT_PING_MS,
+            public_url: None,
         }
     }
 
@@ -116,9 +122,24 @@ impl Bound {
             addr: setup.listen,
             source,
         })?;
+        let url = match (&setup.public_url, &setup.tls) {
+            (Some(u), _) => u.clone(),
+            (None, Some((cert, _))) => {
+                let hostname = hostname();
+                match tls::url_host(cert, addr, hostname.as_deref()) {
+                    Some(host) => format!("wss://{host}:{}{MESH_PATH}", addr.port()),
+                    None => {
+                        let u = url(addr, true);
+                        tracing::warn!(url = %u, cert = %cert.display(), "the mesh certificate names neither this address nor this host: agents dialing the printed URL will fail the certificate check; give --public-url with a name the certificate is valid for");
+                        u
+                    }
+                }
+            }
+            (None, None) => url(addr, false),
+        };
         Ok(Bound {
             listener,
-            url: url(addr, tls.is_some()),
+            url,
             tls,
             ping: Duration::from_millis(setup.ping_ms.max(1)),
         })
@@ -130,17 +151,46 @@ impl Bound {
 fn url(addr: SocketAddr, tls: bool) -> String {
     let scheme = if tls { "wss" } else { "ws" };
     let host = if addr.ip().is_unspecified() {
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .ok()
-            .map(|h| h.trim().to_string())
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "HUB-HOST".into())
+        hostname().unwrap_or_else(|| "HUB-HOST".into())
     } else if addr.is_ipv6() {
         format!("[{}]", addr.ip())
     } else {
         addr.ip().to_string()
     };
     format!("{scheme}://{host}:{}{MESH_PATH}", addr.port())
+}
+
+/// This machine's host name, as the kernel has it.
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}
+
+/// `--public-url` checked: `ws://` or `wss://` as the mesh serves it, a host, and the
+/// mesh's path (added when the URL has none).
+pub fn public_url(given: &str, tls: bool) -> Result<String, MeshError> {
+    let bad = |why: &str| MeshError::PublicUrl(format!("{given:?}: {why}"));
+    let want = if tls { "wss://" } else { "ws://" };
+    let rest = given.trim().strip_prefix(want).ok_or_else(|| {
+        bad(&format!(
+            "this mesh is served as {want}…, so the URL starts with {want}"
+        ))
+    })?;
+    let (host, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(bad("no host in it"));
+    }
+    let path = match path.trim_end_matches('/') {
+        "" => MESH_PATH,
+        p if p == MESH_PATH => MESH_PATH,
+        _ => return Err(bad(&format!("the mesh's path is {MESH_PATH}"))),
+    };
+    Ok(format!("{want}{host}{path}"))
 }
 
 /// Loads the allowed devices into the registry and records the links a killed hub left

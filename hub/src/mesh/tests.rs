@@ -4,7 +4,7 @@ use cortex_protocol::mesh::{CloseReason, HostFacts, SpoolCounts};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use super::link::close_frame;
-use super::{MeshSetup, url};
+use super::{MeshSetup, public_url, tls, url};
 use crate::registry::{End, Link, Registry};
 use crate::secret;
 
@@ -152,4 +152,62 @@ fn urls_name_a_reachable_host() {
         !any.contains("0.0.0.0") && any.ends_with(":3002/mesh/v1"),
         "{any}"
     );
+}
+
+#[test]
+fn a_public_url_is_checked_and_completed() {
+    assert_eq!(
+        public_url("wss://hub.example:3002", true).expect("ok"),
+        "wss://hub.example:3002/mesh/v1"
+    );
+    assert_eq!(
+        public_url("wss://hub.example/mesh/v1/", true).expect("ok"),
+        "wss://hub.example/mesh/v1"
+    );
+    let e = public_url("ws://hub.example:3002", true).expect_err("scheme");
+    assert!(e.to_string().contains("starts with wss://"), "{e}");
+    assert!(public_url("wss://hub.example:3002", false).is_err());
+    assert!(public_url("wss:///mesh/v1", true).is_err());
+    assert!(public_url("wss://hub.example/other", true).is_err());
+}
+
+#[test]
+fn a_tls_url_names_a_host_the_certificate_is_valid_for() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cert = |names: &[&str]| {
+        let c = rcgen::generate_simple_self_signed(
+            names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+        )
+        .expect("cert");
+        let p = dir.path().join(format!("{}.pem", names.join("_")));
+        std::fs::write(&p, c.cert.pem()).expect("write");
+        p
+    };
+    let lo: std::net::SocketAddr = "127.0.0.1:3002".parse().expect("addr");
+    let any: std::net::SocketAddr = "0.0.0.0:3002".parse().expect("addr");
+    // A certificate for localhost, served on 127.0.0.1: the name, not the address.
+    let localhost = cert(&["localhost"]);
+    assert_eq!(
+        tls::url_host(&localhost, lo, Some("box")).as_deref(),
+        Some("localhost")
+    );
+    // The address itself when the certificate holds it.
+    let ip = cert(&["127.0.0.1", "hub.example"]);
+    assert_eq!(
+        tls::url_host(&ip, lo, Some("box")).as_deref(),
+        Some("127.0.0.1")
+    );
+    // On 0.0.0.0: this host's name when the certificate holds it, else its first name.
+    let named = cert(&["*.example", "hub.example", "box"]);
+    assert_eq!(
+        tls::url_host(&named, any, Some("box")).as_deref(),
+        Some("box")
+    );
+    assert_eq!(
+        tls::url_host(&named, any, Some("other")).as_deref(),
+        Some("hub.example")
+    );
+    // A wildcard alone names no host to dial.
+    let wild = cert(&["*.example"]);
+    assert_eq!(tls::url_host(&wild, any, Some("other")), None);
 }

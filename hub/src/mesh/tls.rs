@@ -26,6 +26,36 @@ pub fn install_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// The host agents should dial for a mesh served with `cert` (PEM chain, leaf first) on
+/// `addr`: one the certificate is valid for, so the printed URL works when pasted. In
+/// order: the listen address itself (an IP in the certificate), this machine's host name,
+/// the certificate's first DNS name that is not a wildcard. `None` when it names none of
+/// them (the caller keeps the address and warns).
+pub fn url_host(cert: &Path, addr: std::net::SocketAddr, hostname: Option<&str>) -> Option<String> {
+    use rustls_pki_types::ServerName;
+    let der = CertificateDer::pem_file_iter(cert).ok()?.next()?.ok()?;
+    let leaf = webpki::EndEntityCert::try_from(&der).ok()?;
+    let valid = |name: &str| {
+        ServerName::try_from(name)
+            .ok()
+            .is_some_and(|n| leaf.verify_is_valid_for_subject_name(&n).is_ok())
+    };
+    let ip = addr.ip();
+    if !ip.is_unspecified() && valid(&ip.to_string()) {
+        return Some(if ip.is_ipv6() {
+            format!("[{ip}]")
+        } else {
+            ip.to_string()
+        });
+    }
+    if let Some(h) = hostname.filter(|h| valid(h)) {
+        return Some(h.to_string());
+    }
+    leaf.valid_dns_names()
+        .find(|n| !n.starts_with('*'))
+        .map(str::to_string)
+}
+
 /// A TLS acceptor for `cert` (PEM chain, leaf first) and `key` (PEM private key).
 pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
     install_provider();
