@@ -10,6 +10,8 @@
 //!   waits run it.
 //! - [`daemon`]: the logging and error exit both daemons' `main` share, and the one wait
 //!   for SIGTERM/SIGINT ([`daemon::shutdown_signal`]).
+//! - [`notify`]: systemd's notify socket (`READY=1`, `STATUS=`, `WATCHDOG=1`) for both
+//!   daemons' `Type=notify` units.
 //! - [`timing`]: the benchmarks' timing records (`CORTEX_TIMING_FILE`), off and free
 //!   without the variable.
 //! - [`atomic`]: replacing a file atomically and durably (temp file, fsync, rename, fsync
@@ -26,6 +28,7 @@
 pub mod atomic;
 pub mod connection;
 pub mod daemon;
+pub mod notify;
 pub mod spool;
 pub mod sse;
 pub mod timing;

@@ -22,13 +22,23 @@ struct Args {
     /// Address of the device mesh (WebSocket, /mesh/v1), or `off`. Plaintext only on
     /// loopback unless --mesh-insecure; give --tls-cert/--tls-key for wss://.
     /// Port 0 picks a free port.
-    #[arg(long, value_name = "ADDR|off", default_value = cortex_protocol::DEFAULT_MESH_LISTEN)]
+    #[arg(long, value_name = "ADDR|off", env = "CORTEX_MESH_LISTEN", default_value = cortex_protocol::DEFAULT_MESH_LISTEN)]
     mesh_listen: String,
     /// PEM certificate chain for the mesh (wss://); goes with --tls-key.
-    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "CORTEX_TLS_CERT",
+        requires = "tls_key"
+    )]
     tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    /// PEM private key of --tls-cert (the system unit passes it as a systemd credential).
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "CORTEX_TLS_KEY",
+        requires = "tls_cert"
+    )]
     tls_key: Option<PathBuf>,
     /// Allow a plaintext mesh on a non-loopback address (device tokens travel in the
     /// clear: only on a network you trust).

@@ -16,8 +16,8 @@ fn with_built_binaries(text: &str) -> String {
     text.replace("%h/.local/bin/", &format!("{}/", bin_dir.display()))
         .replace("/usr/local/bin/", &format!("{}/", bin_dir.display()))
         .replace(
-            "ExecStart=cortex-device-agent",
-            &format!("ExecStart={}/cortex-device-agent", bin_dir.display()),
+            "ExecStart=cortex-",
+            &format!("ExecStart={}/cortex-", bin_dir.display()),
         )
 }
 
@@ -73,7 +73,61 @@ fn verify(unit: &Path, user: bool) {
 
 #[test]
 fn the_hub_user_unit_verifies() {
-    verify(&packaging().join("systemd/cortex-hub.service"), true);
+    verify(&packaging().join("systemd/user/cortex-hub.service"), true);
+}
+
+/// The operator's hub: a system unit like the agent's (`Type=notify` with a watchdog, its
+/// settings in an EnvironmentFile, the TLS key as a credential), hardened.
+#[test]
+fn the_hub_system_unit_verifies_and_is_hardened() {
+    let unit = packaging().join("systemd/cortex-hub.service");
+    verify(&unit, false);
+    let text = std::fs::read_to_string(&unit).expect("unit");
+    for line in [
+        "Type=notify",
+        "WatchdogSec=",
+        "EnvironmentFile=-/etc/cortex/hub.env",
+        "LoadCredential=tls-key:/etc/cortex/hub.key",
+        "Environment=CORTEX_TLS_KEY=%d/tls-key",
+        "DynamicUser=yes",
+        "StateDirectory=cortex-hub",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(line)),
+            "the unit lacks {line}"
+        );
+    }
+    let score = exposure(&unit, "cortex-hub.service");
+    assert!(
+        score < 3.0,
+        "systemd-analyze security: {score} (want below 3.0)"
+    );
+}
+
+/// `systemd-analyze security --offline`'s overall exposure of a unit file (0 safest, 10
+/// unsafe): a fixed function of the file, not a measurement.
+fn exposure(unit: &Path, as_name: &str) -> f64 {
+    let dir = tempfile::tempdir().expect("tmp");
+    let text = std::fs::read_to_string(unit).expect("unit");
+    let path = dir.path().join(as_name);
+    std::fs::write(&path, with_built_binaries(&text)).expect("write");
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=true", "--no-pager"])
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze is needed (apt-get install systemd; .ci/run does)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or_else(|| panic!("no exposure line: {text}"));
+    line.split(": ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unreadable: {line}"))
 }
 
 #[test]
@@ -100,8 +154,17 @@ fn the_device_agent_unit_verifies_as_a_template_and_as_an_instance() {
             "the unit lacks {line}"
         );
     }
-    // These would hide the pids agents wait on.
-    for absent in ["ProtectProc=", "ProcSubset=", "PrivatePIDs="] {
+    // These would hide the pids agents wait on, or the paths jobs write (/tmp/…) from
+    // remote file, log and lock waits: a private /tmp is not the job's /tmp.
+    for absent in [
+        "ProtectProc=",
+        "ProcSubset=",
+        "PrivatePIDs=",
+        "PrivateTmp=",
+        "TemporaryFileSystem=",
+        "InaccessiblePaths=",
+        "DynamicUser=",
+    ] {
         assert!(
             !text.lines().any(|l| l.starts_with(absent)),
             "the unit must not set {absent}"
@@ -109,6 +172,11 @@ fn the_device_agent_unit_verifies_as_a_template_and_as_an_instance() {
     }
     // The token never on the command line or in the environment.
     assert!(!text.contains("CORTEX_DEVICE_TOKEN"));
+    let score = exposure(&unit, "cortex-device-agent@alice.service");
+    assert!(
+        score < 3.0,
+        "systemd-analyze security: {score} (want below 3.0)"
+    );
 }
 
 /// The check above is only as good as `analyze`'s eye: a broken copy must be caught.
@@ -218,4 +286,202 @@ fn the_install_script_writes_what_the_unit_reads() {
     }
     let (ok, lines) = analyze(&units, &instance, false);
     assert!(ok && lines.is_empty(), "{lines:#?}");
+}
+
+/// The hub's `Type=notify` unit: `READY=1` (with a status line) once it serves,
+/// `WATCHDOG=1` while its store commits, `STOPPING=1` on SIGTERM, through a real notify
+/// socket as systemd passes it.
+#[test]
+fn the_hub_tells_systemd_ready_watchdog_and_stopping() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("notify");
+    let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("bind");
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(15)))
+        .expect("timeout");
+    let mut hub = cortex_tests::Hub::start_with(&[
+        ("NOTIFY_SOCKET", path.to_str().expect("utf-8")),
+        ("WATCHDOG_USEC", "400000"),
+    ]);
+    let mut seen: Vec<String> = Vec::new();
+    let next = |seen: &mut Vec<String>, want: &str| {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = sock
+                .recv(&mut buf)
+                .unwrap_or_else(|e| panic!("no {want} from the hub ({e}); got {seen:?}"));
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            seen.push(msg.clone());
+            if msg.starts_with(want) {
+                return msg;
+            }
+        }
+    };
+    next(&mut seen, "READY=1");
+    assert!(
+        seen.iter()
+            .any(|m| m.starts_with("STATUS=serving the API on http://")),
+        "{seen:?}"
+    );
+    // Fed at half the interval, after a write through the store came back.
+    next(&mut seen, "WATCHDOG=1");
+    next(&mut seen, "WATCHDOG=1");
+    assert!(hub.stop().success());
+    next(&mut seen, "STOPPING=1");
+}
+
+/// The packages `cargo xtask deb` ships, as they come out of cargo-deb: their files.
+const PACKAGES: [(&str, &[&str]); 3] = [
+    (
+        "cortex-hub",
+        &[
+            "./usr/bin/cortex-hub",
+            "./lib/systemd/system/cortex-hub.service",
+        ],
+    ),
+    (
+        "cortex-cli",
+        &["./usr/bin/cortex", "./usr/bin/cortex-signal"],
+    ),
+    (
+        "cortex-device-agent",
+        &[
+            "./usr/bin/cortex-device-agent",
+            "./lib/systemd/system/cortex-device-agent@.service",
+            "./usr/share/cortex-device-agent/install-agent.sh",
+        ],
+    ),
+];
+
+/// Removes the packages again, however the test ends.
+struct Purge;
+
+impl Drop for Purge {
+    fn drop(&mut self) {
+        let _ = Command::new("dpkg")
+            .arg("--purge")
+            .args(PACKAGES.map(|(p, _)| p))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// The three Debian packages build (cargo-deb, from the binaries the suite built), hold
+/// their binaries and units, install with `dpkg -i`, and the installed units pass
+/// `systemd-analyze verify` (the units as shipped name a bare `cortex-…` that only the
+/// install puts on systemd's path). Not root: the packages are unpacked instead and the
+/// units verified against the unpacked binaries.
+#[test]
+fn the_debian_packages_install_and_their_units_verify() {
+    let out = tempfile::tempdir().expect("tmp");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut debs = Vec::new();
+    for (package, files) in PACKAGES {
+        // The suite's own (dev) binaries, stripped into the package: a release build here
+        // would double the suite's time. `cargo xtask deb` ships release ones.
+        let built = Command::new(&cargo)
+            .current_dir(&workspace)
+            .args(["deb", "-p", package, "--no-build", "--profile", "dev"])
+            .args(["--strip", "--fast", "-o"])
+            .arg(out.path())
+            .output()
+            .expect("cargo");
+        let err = String::from_utf8_lossy(&built.stderr);
+        assert!(
+            built.status.success(),
+            "cargo deb -p {package} failed (cargo-deb is needed: cargo install cargo-deb --locked; .ci/run does): {err}"
+        );
+        let deb = String::from_utf8_lossy(&built.stdout)
+            .lines()
+            .rev()
+            .find(|l| l.ends_with(".deb"))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("cargo deb named no .deb: {err}"));
+        let listing = Command::new("dpkg-deb")
+            .arg("-c")
+            .arg(&deb)
+            .output()
+            .expect("dpkg-deb");
+        let listing = String::from_utf8_lossy(&listing.stdout);
+        for f in files {
+            assert!(
+                listing.lines().any(|l| l.ends_with(f)),
+                "{package} lacks {f}: {listing}"
+            );
+        }
+        debs.push(deb);
+    }
+
+    let root = rustix::process::geteuid().is_root();
+    let unpacked = tempfile::tempdir().expect("tmp");
+    let _purge = root.then_some(Purge);
+    let base = if root {
+        let st = Command::new("dpkg")
+            .arg("-i")
+            .args(&debs)
+            .output()
+            .expect("dpkg");
+        assert!(
+            st.status.success(),
+            "dpkg -i: {}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+        PathBuf::from("/")
+    } else {
+        for deb in &debs {
+            let st = Command::new("dpkg-deb")
+                .arg("-x")
+                .arg(deb)
+                .arg(unpacked.path())
+                .status()
+                .expect("dpkg-deb");
+            assert!(st.success());
+        }
+        unpacked.path().to_path_buf()
+    };
+    // The installed binaries run.
+    for bin in [
+        "cortex-hub",
+        "cortex",
+        "cortex-signal",
+        "cortex-device-agent",
+    ] {
+        let v = Command::new(base.join("usr/bin").join(bin))
+            .arg("--version")
+            .output()
+            .unwrap_or_else(|e| panic!("{bin}: {e}"));
+        assert!(v.status.success(), "{bin} --version");
+    }
+    // The installed units, as installed: a bare `ExecStart=cortex-…` resolves only when the
+    // binary is in /usr/bin; unpacked, it is pointed at the unpacked one.
+    let units = base.join("lib/systemd/system");
+    for (unit, as_name) in [
+        ("cortex-hub.service", "cortex-hub.service"),
+        (
+            "cortex-device-agent@.service",
+            "cortex-device-agent@.service",
+        ),
+        (
+            "cortex-device-agent@.service",
+            "cortex-device-agent@alice.service",
+        ),
+    ] {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut text = std::fs::read_to_string(units.join(unit)).expect("installed unit");
+        if !root {
+            text = text.replace(
+                "ExecStart=cortex-",
+                &format!("ExecStart={}/usr/bin/cortex-", base.display()),
+            );
+        }
+        std::fs::write(dir.path().join(as_name), text).expect("write");
+        let (ok, lines) = analyze(dir.path(), as_name, false);
+        assert!(
+            ok && lines.is_empty(),
+            "installed {unit} as {as_name}: {lines:#?}"
+        );
+    }
+    let score = exposure(&units.join("cortex-hub.service"), "cortex-hub.service");
+    assert!(score < 3.0, "the installed hub unit: {score}");
 }

@@ -6,6 +6,7 @@ mod bench_kit;
 mod bench_mesh;
 mod bench_signals;
 mod bench_waits;
+mod deb;
 mod fuzz;
 mod powerloss;
 mod real_model;
@@ -53,6 +54,10 @@ tasks:
       sessions each waiting (default 10,000), and all of them woken in one burst (the
       most model requests at once must stay within agent.concurrency); see
       docs/benchmarks.md
+  deb [--out DIR] [--no-build]
+      the Debian packages cortex-hub, cortex-cli and cortex-device-agent (cargo-deb:
+      cargo install cargo-deb --locked) from stripped release binaries, with the units;
+      default DIR target/debian; see docs/install.md
   real-model [--base-url URL] [--serve SCRIPT] [--model NAME] [--no-build]
       the runner's story against a real OpenAI-compatible server (default: llama.cpp's
       llama-server with SmolLM2-135M through a serve script): a device_wait_pid call parsed
@@ -72,6 +77,7 @@ fn main() -> ExitCode {
         ["bench", "waits", rest @ ..] => bench_waits::run(rest),
         ["bench", "agent", rest @ ..] => bench_agent::run(rest),
         ["real-model", rest @ ..] => real_model::run(rest),
+        ["deb", rest @ ..] => deb::run(rest),
         [] | ["help" | "-h" | "--help", ..] => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -21,7 +21,7 @@ use super::backoff::Backoff;
 use super::config::{self, ConfigError, HubUrl, Token, TokenSource};
 use super::host;
 use super::link;
-use super::notify::{self, Notifier};
+use super::notify;
 
 // ---------------------------------------------------------------- backoff
 
@@ -249,75 +249,12 @@ async fn host_facts_of_this_machine() {
     assert!(h.cpus >= 1);
 }
 
-// ---------------------------------------------------------------- systemd notify
-
-fn recv_all(sock: &std::os::unix::net::UnixDatagram) -> Vec<String> {
-    sock.set_nonblocking(true).unwrap();
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = sock.recv(&mut buf) {
-        out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
-    }
-    out
-}
-
 #[test]
-fn notify_messages_reach_a_path_socket() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("notify");
-    let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
-    let mut n = Notifier::new(path.to_str(), Some("60000000"), None, 1);
-    assert_eq!(n.watchdog_every(), Some(Duration::from_secs(30)));
-    n.ready();
-    n.status(&notify::status_line(
-        "connected to ws://127.0.0.1:3002/mesh/v1",
-        3,
-        1,
-    ));
-    // The same status twice is sent once.
-    n.status(&notify::status_line(
-        "connected to ws://127.0.0.1:3002/mesh/v1",
-        3,
-        1,
-    ));
-    n.status("two\nlines");
-    n.watchdog();
-    n.stopping();
+fn the_status_line_names_the_link_and_the_spool() {
     assert_eq!(
-        recv_all(&sock),
-        [
-            "READY=1",
-            "STATUS=connected to ws://127.0.0.1:3002/mesh/v1; 3 pending, 1 bad",
-            "STATUS=two lines",
-            "WATCHDOG=1",
-            "STOPPING=1",
-        ]
+        notify::status_line("connected to ws://127.0.0.1:3002/mesh/v1", 3, 1),
+        "connected to ws://127.0.0.1:3002/mesh/v1; 3 pending, 1 bad"
     );
-}
-
-#[test]
-fn notify_messages_reach_an_abstract_socket() {
-    use std::os::linux::net::SocketAddrExt;
-    let name = format!("cortex-notify-test-{}", std::process::id());
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-    let sock = std::os::unix::net::UnixDatagram::bind_addr(&addr).unwrap();
-    let mut n = Notifier::new(Some(&format!("@{name}")), None, None, 1);
-    assert_eq!(n.watchdog_every(), None);
-    n.ready();
-    assert_eq!(recv_all(&sock), ["READY=1"]);
-}
-
-#[test]
-fn the_watchdog_is_ours_only_for_our_pid() {
-    let n = Notifier::new(None, Some("10000000"), Some("42"), 42);
-    assert_eq!(n.watchdog_every(), Some(Duration::from_secs(5)));
-    let n = Notifier::new(None, Some("10000000"), Some("41"), 42);
-    assert_eq!(n.watchdog_every(), None);
-    let n = Notifier::new(None, Some("0"), None, 42);
-    assert_eq!(n.watchdog_every(), None);
-    // No socket: every call is a no-op.
-    let mut n = Notifier::new(None, None, None, 42);
-    n.ready();
 }
 
 // ---------------------------------------------------------------- link details

@@ -160,12 +160,12 @@ fn url(addr: SocketAddr, tls: bool) -> String {
     format!("{scheme}://{host}:{}{MESH_PATH}", addr.port())
 }
 
-/// This machine's host name, as the kernel has it.
+/// This machine's host name, as the kernel has it (uname(2): /proc/sys is hidden under
+/// the shipped unit's `ProcSubset=pid`).
 fn hostname() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
+    let uts = rustix::system::uname();
+    let name = uts.nodename().to_string_lossy().trim().to_string();
+    (!name.is_empty()).then_some(name)
 }
 
 /// `--public-url` checked: `ws://` or `wss://` as the mesh serves it, a host, and the

@@ -13,6 +13,7 @@ pub mod people;
 pub mod signal;
 pub(crate) mod spool;
 mod timers;
+mod watchdog;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -161,6 +162,14 @@ pub async fn run_with_mesh(
         }
         stop.cancel();
     };
+    tasks.spawn(watchdog::feed(state.clone()));
+    let mut notifier = watchdog::ready(&format!(
+        "serving the API on http://{addr}, {}",
+        state
+            .mesh_url
+            .as_deref()
+            .map_or_else(|| "mesh off".to_string(), |u| format!("mesh {u}"))
+    ));
     let cap = http::connection_cap();
     tracing::info!(
         cap,
@@ -169,6 +178,7 @@ pub async fn run_with_mesh(
         "API connections"
     );
     http::serve(listener, app, cap, stopping, state.shutdown.clone()).await;
+    notifier.stopping();
     state.shutdown.cancel();
     let fatal = state.store.fatal.borrow().clone();
     while tasks.join_next().await.is_some() {}
