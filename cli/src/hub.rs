@@ -225,9 +225,19 @@ impl Hub {
     }
 }
 
-/// The hub's error answer as a [`HubError::Api`], in its own words when it gave them.
+/// The hub's error answer as a [`HubError::Api`], in its own words when it gave them. A
+/// 401 is said in ours: the hub's words tell an API user how to send a token, and the
+/// hint (`hint_for`) tells this CLI's user where its token comes from, once.
 fn api_error(status: u16, body: &[u8], method: Method, path: &str) -> HubError {
-    let (error, message) = match serde_json::from_slice::<ErrorBody>(body) {
+    let parsed = serde_json::from_slice::<ErrorBody>(body);
+    if status == 401 {
+        return HubError::Api {
+            status,
+            error: parsed.ok().map(|b| b.error),
+            message: "the hub refused the operator token".to_string(),
+        };
+    }
+    let (error, message) = match parsed {
         Ok(b) => (Some(b.error), b.message),
         Err(_) => {
             let text: String = String::from_utf8_lossy(body)
@@ -288,7 +298,7 @@ mod tests {
             json(200, r#"[]"#),
             json(
                 401,
-                r#"{"error":"unauthorized","message":"missing or wrong operator token"}"#,
+                r#"{"error":"unauthorized","message":"this route needs the operator token (CORTEX_WEBHOOK_TOKEN, or the file $CORTEX_HOME/hub/token on the hub's machine)"}"#,
             ),
             b"HTTP/1.1 500 Oops\r\nContent-Length: 4\r\n\r\nboom".to_vec(),
         ]);
@@ -302,9 +312,11 @@ mod tests {
         let e = hub.get("/api/sessions").expect_err("401");
         assert_eq!(e.status(), Some(401));
         let msg = e.to_string();
-        assert!(
-            msg.contains("missing or wrong operator token") && msg.contains("CORTEX_WEBHOOK_TOKEN"),
-            "{msg}"
+        assert!(msg.contains("refused the operator token"), "{msg}");
+        assert_eq!(
+            msg.matches("CORTEX_WEBHOOK_TOKEN").count(),
+            1,
+            "the hint once: {msg}"
         );
         assert!(!e.is_transient());
 

@@ -11,8 +11,10 @@
 //! - [`server`]: axum routes, the wake timer, the sweep, the local spool intake.
 //! - [`mesh`]: the device mesh's listener and links (WebSocket, rustls).
 //! - [`text`]: what agents and people read (wake text, how_to_signal).
+//! - [`cli`]: `cortex-hub`'s flags and help (its `main.rs` parses them).
 
 pub mod admission;
+pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod intake;

@@ -6,55 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
+use cortex_hub::cli::Args;
 use cortex_hub::config;
-
-/// The cortex hub: sessions, waitpoints, the signal route and its API.
-#[derive(Debug, Parser)]
-#[command(name = "cortex-hub", version)]
-struct Args {
-    /// Data directory (default $CORTEX_HOME, else ~/.cortex); the store lives in DIR/hub/.
-    #[arg(long, value_name = "DIR")]
-    home: Option<PathBuf>,
-    /// Address of the signal route and the API; loopback only
-    /// (default 127.0.0.1:$WEBHOOK_PORT, port 3001). Port 0 picks a free port.
-    #[arg(long, value_name = "ADDR")]
-    listen: Option<SocketAddr>,
-    /// Address of the device mesh (WebSocket, /mesh/v1), or `off`. Plaintext only on
-    /// loopback unless --mesh-insecure; give --tls-cert/--tls-key for wss://.
-    /// Port 0 picks a free port.
-    #[arg(long, value_name = "ADDR|off", env = "CORTEX_MESH_LISTEN", default_value = cortex_protocol::DEFAULT_MESH_LISTEN)]
-    mesh_listen: String,
-    /// PEM certificate chain for the mesh (wss://); goes with --tls-key.
-    #[arg(
-        long,
-        value_name = "PEM",
-        env = "CORTEX_TLS_CERT",
-        requires = "tls_key"
-    )]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert (the system unit passes it as a systemd credential).
-    #[arg(
-        long,
-        value_name = "PEM",
-        env = "CORTEX_TLS_KEY",
-        requires = "tls_cert"
-    )]
-    tls_key: Option<PathBuf>,
-    /// Allow a plaintext mesh on a non-loopback address (device tokens travel in the
-    /// clear: only on a network you trust).
-    #[arg(long)]
-    mesh_insecure: bool,
-    /// The URL agents dial for the mesh, when it is not the listen address (a DNS name
-    /// the certificate is valid for, a proxy): printed on start and put in `cortex device
-    /// add`'s install line. Without it, a TLS mesh prints a name its certificate holds.
-    #[arg(long, value_name = "URL", env = "CORTEX_PUBLIC_URL")]
-    public_url: Option<String>,
-    /// Recover a store whose journal is damaged (the hub refuses to start on one, and says
-    /// so): apply every journal record that can still be read, report what was lost,
-    /// start the journal over, and exit. The hub must not be running.
-    #[arg(long)]
-    recover_journal: bool,
-}
 
 fn main() -> std::process::ExitCode {
     cortex_host::daemon::main("cortex-hub", || real_main(Args::parse()))

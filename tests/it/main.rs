@@ -2,6 +2,7 @@
 //! `cortex` processes on loopback ports chosen at run time, temp homes, bounded waits.
 
 mod cli_model;
+mod cli_ux;
 mod cortex_cli;
 mod device_exec;
 mod device_loss;

@@ -7,6 +7,7 @@ mod bench_mesh;
 mod bench_signals;
 mod bench_waits;
 mod deb;
+mod dist_docs;
 mod fuzz;
 mod powerloss;
 mod real_model;
@@ -18,6 +19,11 @@ const USAGE: &str = "\
 usage: cargo xtask <task> [args]
 
 tasks:
+  completions --out DIR
+      shell completions (bash, zsh, fish, elvish, PowerShell) for cortex, cortex-signal,
+      cortex-hub and cortex-device-agent, from their clap definitions
+  man --out DIR
+      man pages (section 1) for the same four, one per command and subcommand
   test [ARGS…]
       what CI runs (.ci/run): cargo fmt --check, build every binary, cargo test --workspace
       (ARGS go to cargo test)
@@ -69,6 +75,8 @@ fn main() -> ExitCode {
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     let result = match words.as_slice() {
         ["test", rest @ ..] => test::run(rest),
+        ["completions", rest @ ..] => dist_docs::run_completions(rest),
+        ["man", rest @ ..] => dist_docs::run_man(rest),
         ["torture", rest @ ..] => test::torture(rest),
         ["powerloss", rest @ ..] => powerloss::run(rest),
         ["fuzz", rest @ ..] => fuzz::run(rest),

@@ -1,11 +1,13 @@
 //! `cortex devices` and `cortex device add|revoke NAME`: the fleet's status, enrolling a
 //! device (its token is printed this once, with the line that starts its agent) and
-//! revoking one (its link is dropped at once).
+//! revoking one (its link is dropped at once). The list shows every device the hub lists,
+//! in the state it gives, with the host facts its agent's hello told (`-` when unknown).
 
 use std::io::Write;
 
 use anyhow::Context;
 use cortex_protocol::api::{CreateDevice, DeviceCreated, DeviceView};
+use cortex_protocol::mesh::HostFacts;
 
 use super::{print_raw, short, table};
 use crate::hub::{Hub, segment};
@@ -29,6 +31,8 @@ pub fn list(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
     let rows: Vec<Vec<String>> = devices
         .iter()
         .map(|d| {
+            // Whatever state the hub gives is shown (`revoked` included): every device it
+            // lists is a row, as `tailscale status` shows every peer.
             let state = match (&d.state[..], &d.offline_reason, d.last_seen) {
                 ("offline", _, None) => "never connected".to_string(),
                 ("offline", Some(r), _) => format!("offline ({})", short(r, 40)),
@@ -37,6 +41,8 @@ pub fn list(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
             vec![
                 d.name.clone(),
                 state,
+                host(d.host.as_ref()),
+                gpus(d.host.as_ref()),
                 when(d.since),
                 when(d.last_seen),
                 d.agent_version.clone().unwrap_or_else(|| "-".into()),
@@ -50,6 +56,8 @@ pub fn list(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
         &[
             "NAME",
             "STATE",
+            "HOST",
+            "GPUS",
             "SINCE",
             "LAST SEEN",
             "AGENT",
@@ -58,6 +66,101 @@ pub fn list(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
         ],
         &rows,
     )
+}
+
+/// The HOST cell: hostname, CPUs and kernel, as the agent's hello told them; `-` for a
+/// device that never said (never connected, or an older agent).
+fn host(h: Option<&HostFacts>) -> String {
+    let Some(h) = h else {
+        return "-".to_string();
+    };
+    let mut parts = Vec::new();
+    if h.cpus > 0 {
+        parts.push(format!("{} CPUs", h.cpus));
+    }
+    if !h.kernel.is_empty() {
+        parts.push(h.kernel.clone());
+    }
+    match (h.hostname.is_empty(), parts.is_empty()) {
+        (true, true) => "-".to_string(),
+        (false, true) => h.hostname.clone(),
+        (true, false) => parts.join(", "),
+        (false, false) => format!("{} ({})", h.hostname, parts.join(", ")),
+    }
+}
+
+/// The GPUS cell: each model's short name with its count, like `2×A100` or
+/// `2×A100+1×H100`; `-` when none were seen or the device never said.
+pub fn gpus(h: Option<&HostFacts>) -> String {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for name in h.map(|h| h.gpus.as_slice()).unwrap_or_default() {
+        let model = gpu_model(name);
+        match counts.iter_mut().find(|(m, _)| *m == model) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((model, 1)),
+        }
+    }
+    if counts.is_empty() {
+        return "-".to_string();
+    }
+    counts
+        .iter()
+        .map(|(m, n)| format!("{n}×{m}"))
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+/// A GPU's model without the vendor and the board's variant: `NVIDIA A100-SXM4-80GB` is
+/// `A100`, `NVIDIA GeForce RTX 4090` is `RTX 4090`, `Tesla V100-PCIE-16GB` is `V100`.
+fn gpu_model(name: &str) -> String {
+    let mut words: Vec<&str> = name.split_whitespace().collect();
+    while words
+        .first()
+        .is_some_and(|w| ["NVIDIA", "GeForce", "Tesla", "Quadro"].contains(w))
+        && words.len() > 1
+    {
+        words.remove(0);
+    }
+    let cut = |w: &str| w.split('-').next().unwrap_or(w).to_string();
+    match words.as_slice() {
+        [] => "?".to_string(),
+        [first, second, ..] if !first.chars().any(|c| c.is_ascii_digit()) => {
+            format!("{first} {}", cut(second))
+        }
+        [first, ..] => cut(first),
+    }
+}
+
+/// The one line for a device the hub does not know.
+pub fn unknown(name: &str) -> String {
+    format!("no device named {name} (cortex devices lists them)")
+}
+
+/// Device `name` as the hub has it; a device it does not know is an error saying so in
+/// one line ([`unknown`]).
+pub fn require(hub: &Hub, name: &str) -> anyhow::Result<DeviceView> {
+    match hub.get(&format!("/api/devices/{}", segment(name))) {
+        Ok(r) => Ok(r.json("GET /api/devices/{name}")?),
+        Err(e) if e.status() == Some(404) => anyhow::bail!(unknown(name)),
+        Err(e) => Err(e).with_context(|| format!("looking up device {name}")),
+    }
+}
+
+/// Whether a hub's 404 to a request naming a device is about the device (not, say, the
+/// session): its words name it.
+pub fn is_unknown(e: &crate::hub::HubError, name: &str) -> bool {
+    match e {
+        crate::hub::HubError::Api {
+            status: 404,
+            message,
+            error,
+        } => {
+            message.contains(&format!("device {name:?}"))
+                || message.contains(&format!("device {name}"))
+                || error.as_deref() == Some("unknown_device")
+        }
+        _ => false,
+    }
 }
 
 pub fn add(hub: &Hub, name: &str, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -123,4 +226,52 @@ pub fn revoke(hub: &Hub, name: &str, json: bool, out: &mut dyn Write) -> anyhow:
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(gpus: &[&str]) -> HostFacts {
+        HostFacts {
+            hostname: "box".into(),
+            kernel: "6.1.0".into(),
+            cpus: 64,
+            gpus: gpus.iter().map(|g| g.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn gpus_are_summed_up_by_model() {
+        assert_eq!(gpus(None), "-");
+        assert_eq!(gpus(Some(&facts(&[]))), "-");
+        assert_eq!(
+            gpus(Some(&facts(&[
+                "NVIDIA A100-SXM4-80GB",
+                "NVIDIA A100-SXM4-80GB"
+            ]))),
+            "2×A100"
+        );
+        assert_eq!(
+            gpus(Some(&facts(&[
+                "NVIDIA H100 80GB HBM3",
+                "NVIDIA GeForce RTX 4090",
+                "Tesla V100-PCIE-16GB",
+                "NVIDIA H100 80GB HBM3",
+            ]))),
+            "2×H100+1×RTX 4090+1×V100"
+        );
+    }
+
+    #[test]
+    fn host_facts_tolerate_gaps() {
+        assert_eq!(host(None), "-");
+        assert_eq!(host(Some(&facts(&[]))), "box (64 CPUs, 6.1.0)");
+        assert_eq!(host(Some(&HostFacts::default())), "-");
+        let only_name = HostFacts {
+            hostname: "box".into(),
+            ..HostFacts::default()
+        };
+        assert_eq!(host(Some(&only_name)), "box");
+    }
 }

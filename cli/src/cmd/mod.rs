@@ -26,22 +26,46 @@ use crate::hub::{self, Hub, Reply};
 use crate::timefmt;
 
 const AFTER_HELP: &str = "\
+Examples:
+  sid=$(cortex session new --title nightly)
+  cortex wait create --session $sid --label train --intent \"compare the loss\"
+  cortex wait for wp_1a2b3c4d5e6f --timeout 8h
+  cortex wait pid 4242 --device gpu1
+
 The hub's address: --hub URL, else $CORTEX_HUB, else http://127.0.0.1:$WEBHOOK_PORT (port 3001).
 The operator token: $CORTEX_WEBHOOK_TOKEN, else the file $CORTEX_HOME/hub/token (CORTEX_HOME
 defaults to ~/.cortex).
 
-Exit status: 0 done; 1 failed; every `cortex wait …` exits 2 when it fails, and `cortex wait for`,
-`pid`, `file` and `flock` follow the wait contract: 0 fired, 1 timed out (or the waitpoint
-expired), 2 broke. `cortex wait pid|file|flock` wait on this machine and need no hub; with
---device NAME they wait on that device, through the hub and its agent. `cortex session say
---follow` exits with its run's outcome: 0 ok, 1 failed, 2 nothing answers (see its --help).";
+Exit status: 0 done; 1 failed; 2 the hub could not be reached (every command). Every
+`cortex wait …` exits 2 when it fails, and the waits follow the wait contract: 0 fired,
+1 timed out (or the waitpoint expired), 2 broke (cancelled, unknown, the hub or device lost,
+a bad argument); `cortex wait for` and waits with --device exit 3 when the waitpoint fired
+and the job reported failure. `cortex wait pid|file|flock|log|any` wait on this machine and
+need no hub; with --device NAME they wait on that device, through the hub and its agent.
+`cortex session say --follow` exits with its run's outcome: 0 ok, 1 failed, 2 nothing
+answers (see its --help). A closed pipe on stdout (`cortex sessions | head -3`) ends a
+command quietly: 0, or a wait's own outcome.";
 
 const SAY_AFTER_HELP: &str = "\
+Examples:
+  cortex session say ses_8a1e2f3b4c5d \"the run finished; compare the loss\"
+  cortex session say ses_8a1e2f3b4c5d \"what is left to do?\" --follow
+
 With --follow, the exit status is the run's: 0 when the run that took the message ended ok,
 1 when it ended with an error (its code and message on stderr), 2 when nothing will answer
 (the hub runs no model: it has no CORTEX_LLM_BASE_URL), the session is gone, or the stream
 was lost and could not be resumed. With --json too, stdout is the hub's answer to the post and
 then every event of that run (live pieces included), one JSON object a line.";
+
+const FOR_AFTER_HELP: &str = "\
+Examples:
+  cortex wait for wp_1a2b3c4d5e6f --timeout 8h
+  cortex wait for wp_1a2b3c4d5e6f > wake.json; echo $?
+
+Exit status (the wait contract): 0 fired (the job reported ok, or a monitor's report),
+1 timed out (its --timeout passed, or the waitpoint expired), 2 broke (cancelled, unknown,
+the hub lost and not back within the bound), 3 fired and the job reported failure (the
+wake's reason is `failed`).";
 
 /// The cortex command line: sessions and waitpoints on a cortex hub
 #[derive(Debug, Parser)]
@@ -62,24 +86,44 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// List the sessions: id, title, armed waitpoints, created
+    #[command(
+        after_help = "Examples:\n  cortex sessions\n  cortex sessions --json | jq -r '.[].id'"
+    )]
     Sessions,
-    /// Create a session, post a message to one, read its events
-    #[command(subcommand)]
+    /// Create a session, post a message to one, read its events, delete one
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  cortex session new --title nightly\n  cortex session events ses_8a1e2f3b4c5d --follow"
+    )]
     Session(SessionCommand),
     /// Waitpoints (arm, check, cancel, block until one wakes), and waits for a pid, a file
     /// or a lock, on this machine or on a device
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  cortex wait create --session ses_8a1e2f3b4c5d --label train --intent \"compare the loss\"\n  cortex wait for wp_1a2b3c4d5e6f\n  cortex wait pid 4242 --device gpu1\n\nExit status: 0 fired, 1 timed out (or expired), 2 broke (or the hub could not be reached),\n3 fired and the job reported failure (`wait for` and waits with --device)."
+    )]
     Wait(WaitCommand),
-    /// List the devices: state, since, last seen, agent version, spool counts, waits
+    /// List the devices: state (revoked ones too), host (hostname, CPUs, kernel), GPUs,
+    /// since, last seen, agent version, spool counts, waits
+    #[command(
+        after_help = "Examples:\n  cortex devices\n  cortex devices --json | jq '.[] | {name, host}'"
+    )]
     Devices,
     /// Enrol a device (prints its token once) or revoke one
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  cortex device add gpu1\n  cortex device revoke gpu1"
+    )]
     Device(DeviceCommand),
     /// What waits on a person across sessions (approvals and questions), and how to
     /// answer each
+    #[command(after_help = "Examples:\n  cortex approvals\n  cortex approvals --json")]
     Approvals,
     /// Answer an approval (allow or deny, optionally for the rest of the session, or with
     /// edited arguments) or a question (allow --data JSON)
+    #[command(
+        after_help = "Examples:\n  cortex answer ses_8a1e2f3b4c5d req_1f2e3d allow --always\n  cortex answer ses_8a1e2f3b4c5d req_1f2e3d deny\n  cortex answer ses_8a1e2f3b4c5d req_9a8b7c allow --data '{\"answers\": [\"yes\"]}'"
+    )]
     Answer {
         /// The session (ses_…)
         #[arg(value_name = "SID")]
@@ -102,6 +146,9 @@ pub enum Command {
     },
     /// Talk with the model a session runs: each line you type is a message; its answers,
     /// tool calls and wakes print as they happen. Ctrl-D or Ctrl-C ends it.
+    #[command(
+        after_help = "Examples:\n  cortex chat ses_8a1e2f3b4c5d\n  cortex chat ses_8a1e2f3b4c5d --reasoning"
+    )]
     Chat {
         /// The session (ses_…); make one with `cortex session new --instructions …`
         #[arg(value_name = "SID")]
@@ -115,12 +162,18 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum DeviceCommand {
     /// Enrol a device: print its token (shown this once) and the line that starts its agent
+    #[command(
+        after_help = "Examples:\n  cortex device add gpu1\n  cortex device add gpu1 --json   # {name, token, install}"
+    )]
     Add {
+        /// The device's name: letters, digits, `-` and `_` (the agent's --name)
         #[arg(value_name = "NAME")]
         name: String,
     },
     /// Revoke a device's token and drop its link at once
+    #[command(after_help = "Examples:\n  cortex device revoke gpu1")]
     Revoke {
+        /// The device, as `cortex devices` lists it
         #[arg(value_name = "NAME")]
         name: String,
     },
@@ -129,6 +182,9 @@ pub enum DeviceCommand {
 #[derive(Debug, Subcommand)]
 pub enum SessionCommand {
     /// Create a session and print its id
+    #[command(
+        after_help = "Examples:\n  cortex session new --title nightly\n  cortex session new --instructions @prompt.md --schema @answer.schema.json"
+    )]
     New(NewArgs),
     /// Post a message to a session (read at its next turn, or now); with --follow, print
     /// the answer of the model the hub runs as it streams
@@ -157,6 +213,9 @@ pub enum SessionCommand {
     /// Stop a session: its turn at once (what the model said so far is kept), or with
     /// --turn only that turn; without --turn the session ends (its waitpoints and timers
     /// are cancelled and it takes no more messages)
+    #[command(
+        after_help = "Examples:\n  cortex session cancel ses_8a1e2f3b4c5d --turn\n  cortex session cancel ses_8a1e2f3b4c5d"
+    )]
     Cancel {
         /// The session (ses_…)
         #[arg(value_name = "SID")]
@@ -165,14 +224,29 @@ pub enum SessionCommand {
         #[arg(long)]
         turn: bool,
     },
+    /// Delete a session: its events and waitpoints go (armed ones are cancelled first, so
+    /// a late signal is told "already resolved")
+    #[command(after_help = "Examples:\n  cortex session delete ses_8a1e2f3b4c5d")]
+    Delete {
+        /// The session (ses_…)
+        #[arg(value_name = "SID")]
+        sid: String,
+    },
     /// Print the answer of the session's last run (--json: the whole result and its meta)
+    #[command(
+        after_help = "Examples:\n  cortex session result ses_8a1e2f3b4c5d\n  cortex session result ses_8a1e2f3b4c5d --json | jq .result.output.data\n\nExit status: 0 the run ended ok, 1 it failed (its error on stderr)."
+    )]
     Result {
         /// The session (ses_…)
         #[arg(value_name = "SID")]
         sid: String,
     },
     /// Print a session's events, one a line
+    #[command(
+        after_help = "Examples:\n  cortex session events ses_8a1e2f3b4c5d\n  cortex session events ses_8a1e2f3b4c5d --after 40 --follow\n  cortex --json session events ses_8a1e2f3b4c5d | jq -c 'select(.kind == \"wake\")'"
+    )]
     Events {
+        /// The session (ses_…)
         #[arg(value_name = "SID")]
         sid: String,
         /// Only events after this seq
@@ -187,8 +261,15 @@ pub enum SessionCommand {
 #[derive(Debug, Subcommand)]
 pub enum WaitCommand {
     /// Arm a waitpoint; print its id, its secret (shown this once) and how to signal it
+    #[command(
+        after_help = "Examples:\n  cortex wait create --session ses_8a1e2f3b4c5d --label train --intent \"compare the loss\"\n  cortex wait create --label sweep --intent \"pick the best arm\" --members arm1,arm2,arm3 --quorum all\n  cortex wait create --label gpu1-job --intent \"read its log\" --device gpu1 --silence-after 20m\n\nA --device the hub does not know is refused in one line (exit 2) before anything is armed."
+    )]
     Create(CreateArgs),
-    /// Show one waitpoint, or every waitpoint of a session
+    /// Show one waitpoint (with its signals, wakes and badges), or every waitpoint of a
+    /// session
+    #[command(
+        after_help = "Examples:\n  cortex wait check wp_1a2b3c4d5e6f\n  cortex wait check --session ses_8a1e2f3b4c5d\n  cortex --json wait check wp_1a2b3c4d5e6f"
+    )]
     Check {
         /// The session whose waitpoints to list
         #[arg(long, env = "CORTEX_SESSION", value_name = "SID")]
@@ -198,13 +279,17 @@ pub enum WaitCommand {
         wp: Option<String>,
     },
     /// Disarm a waitpoint (the job it waits on keeps running)
+    #[command(after_help = "Examples:\n  cortex wait cancel wp_1a2b3c4d5e6f")]
     Cancel {
+        /// The waitpoint (wp_…), as `cortex wait check` lists it
         #[arg(value_name = "WP_ID")]
         wp: String,
     },
     /// Block until the waitpoint's next wake and print it as one JSON line
-    /// (exit 0 fired, 1 timed out or expired, 2 broke)
+    /// (exit 0 fired, 1 timed out or expired, 2 broke, 3 fired with the job's failure)
+    #[command(after_help = FOR_AFTER_HELP)]
     For {
+        /// The waitpoint (wp_…), as `cortex wait create` printed it
         #[arg(value_name = "WP_ID")]
         wp: String,
         /// Give up after this long (30s, 10m, 2h, 1.5h, or seconds)
@@ -347,6 +432,8 @@ pub struct CortexEnv {
     pub token: Option<String>,
     /// `$CORTEX_HOME`, default `~/.cortex`
     pub cortex_home: Result<PathBuf, HomeError>,
+    /// `$USER` (else `$LOGNAME`): names the default session of remote waits.
+    pub user: Option<String>,
     pub term: Term,
 }
 
@@ -395,10 +482,17 @@ impl CortexEnv {
             webhook_port: std::env::var("WEBHOOK_PORT").ok(),
             token: std::env::var("CORTEX_WEBHOOK_TOKEN").ok(),
             cortex_home: home::cortex_home(),
+            user: std::env::var("USER")
+                .or_else(|_| std::env::var("LOGNAME"))
+                .ok(),
             term: Term::from_process(),
         }
     }
 }
+
+/// Every command's exit status when the hub cannot be reached: the wait contract's "broke"
+/// (the hub lost), so one code means "no hub" whatever the command.
+pub const UNREACHABLE: u8 = 2;
 
 /// Runs one command and returns the process's exit status; errors are printed on `err`.
 pub fn run(cli: &Cli, env: &CortexEnv, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
@@ -409,11 +503,32 @@ pub fn run(cli: &Cli, env: &CortexEnv, out: &mut dyn Write, err: &mut dyn Write)
     };
     match execute(cli, env, out, err) {
         Ok(code) => code,
+        // The reader went away (`cortex sessions | head -3`): what it wanted it got, so
+        // stop quietly, as other Unix tools do.
+        Err(e) if closed_pipe(&e) => 0,
         Err(e) => {
             let _ = writeln!(err, "cortex: {e:#}");
-            failed
+            if unreachable(&e) { UNREACHABLE } else { failed }
         }
     }
+}
+
+/// Did writing the output fail because its reader closed the pipe?
+pub fn closed_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Did the command fail because the hub could not be reached?
+fn unreachable(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<hub::HubError>(),
+            Some(hub::HubError::Unreachable { .. })
+        )
+    })
 }
 
 fn execute(
@@ -458,6 +573,7 @@ fn execute(
             }
             sessions::say(&hub, &post, json, out)?
         }
+        Command::Session(SessionCommand::Delete { sid }) => sessions::delete(&hub, sid, json, out)?,
         Command::Session(SessionCommand::Cancel { sid, turn }) => {
             people::cancel(&hub, sid, *turn, json, out)?
         }
@@ -500,7 +616,9 @@ fn execute(
         Command::Wait(WaitCommand::For { wp, timeout }) => {
             return Ok(wait_for::run(&hub, wp, *timeout, out, err));
         }
-        Command::Wait(WaitCommand::Local(w)) => return Ok(wait_remote::run(&hub, w, out, err)),
+        Command::Wait(WaitCommand::Local(w)) => {
+            return Ok(wait_remote::run(&hub, w, env.user.as_deref(), out, err));
+        }
     }
     Ok(0)
 }

@@ -1,5 +1,5 @@
-//! `cortex sessions` and `cortex session new|say|result|events`: listing, creating and
-//! posting to sessions (with `say --follow`, printing the model's answer as it streams),
+//! `cortex sessions` and `cortex session new|say|delete|result|events`: listing, creating,
+//! deleting and posting to sessions (with `say --follow`, printing the model's answer as it streams),
 //! the last run's result, and the event log (with `events --follow`, by long polls).
 
 use std::io::Write;
@@ -157,6 +157,21 @@ pub fn new(hub: &Hub, body: &CreateSession, json: bool, out: &mut dyn Write) -> 
         .as_str()
         .context("the hub's answer to POST /api/sessions has no id")?;
     writeln!(out, "{id}")?;
+    Ok(())
+}
+
+/// `cortex session delete SID`: `DELETE /api/sessions/{sid}`.
+pub fn delete(hub: &Hub, sid: &str, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+    let reply = hub
+        .delete(&format!("/api/sessions/{}", segment(sid)))
+        .with_context(|| format!("deleting session {sid}"))?;
+    if json {
+        return print_raw(out, &reply);
+    }
+    writeln!(
+        out,
+        "deleted session {sid} (its armed waitpoints were cancelled; a late signal is told \"already resolved\")"
+    )?;
     Ok(())
 }
 

@@ -67,12 +67,20 @@ pub fn create(hub: &Hub, args: &CreateArgs, json: bool, out: &mut dyn Write) -> 
         .as_deref()
         .filter(|s| !s.is_empty())
         .context(NO_SESSION)?;
-    let reply = hub
-        .post(
-            &format!("/api/sessions/{}/waitpoints", segment(sid)),
-            &create_body(args)?,
-        )
-        .with_context(|| format!("arming a waitpoint in session {sid}"))?;
+    let body = create_body(args)?;
+    // A device the hub does not know is refused before anything is armed.
+    if let Some(device) = &args.device {
+        super::devices::require(hub, device)?;
+    }
+    let reply = match hub.post(&format!("/api/sessions/{}/waitpoints", segment(sid)), &body) {
+        Ok(r) => r,
+        Err(e) => match args.device.as_deref() {
+            Some(d) if super::devices::is_unknown(&e, d) => {
+                anyhow::bail!(super::devices::unknown(d))
+            }
+            _ => return Err(e).with_context(|| format!("arming a waitpoint in session {sid}")),
+        },
+    };
     if json {
         return print_raw(out, &reply);
     }
@@ -164,7 +172,99 @@ pub fn check(
     };
     let now = now_ms();
     let rows: Vec<Vec<String>> = views.iter().map(|v| row(v, now)).collect();
-    table(out, &["ID", "LABEL", "STATE", "SIGNALS", "EXPIRES"], &rows)
+    table(out, &["ID", "LABEL", "STATE", "SIGNALS", "EXPIRES"], &rows)?;
+    // One waitpoint asked for by id: everything `--json` has, for people.
+    if let (Some(_), [v]) = (wp, views.as_slice()) {
+        details(v, now, out)?;
+    }
+    Ok(())
+}
+
+/// One waitpoint's intent and rules, its signals (status, member, source, when, message),
+/// its wakes (reason, when, delivered) and its badges, below its row.
+fn details(v: &WaitpointView, now: u64, out: &mut dyn Write) -> anyhow::Result<()> {
+    let at = |t: u64| format!("{} ({})", utc(t), relative(t, now));
+    writeln!(out)?;
+    writeln!(out, "intent: {}", short(&v.intent, 200))?;
+    writeln!(out, "session: {}", v.session)?;
+    if !v.members.is_empty() {
+        writeln!(out, "members: {}", v.members.join(", "))?;
+    }
+    if let Some(d) = &v.device {
+        writeln!(out, "device: {d}")?;
+    }
+    writeln!(
+        out,
+        "rules: quorum {}, fail_fast {}, max_signals {}",
+        v.quorum, v.fail_fast, v.max_signals
+    )?;
+    let shown = v.signals.len() as u64;
+    if v.signals.is_empty() {
+        writeln!(out, "signals: none yet")?;
+    } else {
+        if v.signal_count > shown {
+            writeln!(out, "signals (the latest {shown} of {}):", v.signal_count)?;
+        } else {
+            writeln!(out, "signals:")?;
+        }
+        let rows: Vec<Vec<String>> = v
+            .signals
+            .iter()
+            .map(|s| {
+                vec![
+                    s.status.as_str().to_string(),
+                    s.member.clone().unwrap_or_else(|| "-".into()),
+                    s.source.clone(),
+                    at(s.at),
+                    s.message
+                        .as_deref()
+                        .map_or_else(|| "-".to_string(), |m| short(m, 80)),
+                ]
+            })
+            .collect();
+        indented(out, &["STATUS", "MEMBER", "SOURCE", "AT", "MESSAGE"], &rows)?;
+    }
+    if v.wakes.is_empty() {
+        writeln!(out, "wakes: none yet")?;
+    } else {
+        writeln!(out, "wakes:")?;
+        let rows: Vec<Vec<String>> = v
+            .wakes
+            .iter()
+            .map(|w| {
+                let delivered = match (w.delivered, &w.spawned) {
+                    (true, Some(sid)) => format!("yes (started {sid})"),
+                    (true, None) => "yes".to_string(),
+                    (false, _) => "no (due)".to_string(),
+                };
+                vec![w.reason.as_str().to_string(), at(w.at), delivered]
+            })
+            .collect();
+        indented(out, &["REASON", "AT", "DELIVERED"], &rows)?;
+    }
+    let b = &v.badges;
+    let mut badges = vec![format!(
+        "{} of {} wakes this hour",
+        b.wakes_this_hour, b.max_wakes_per_hour
+    )];
+    if b.wake_limit_reached {
+        badges.push("wake limit reached (a wake is held back)".to_string());
+    }
+    if b.delivery_attempts > 0 {
+        badges.push(format!("{} failed delivery attempts", b.delivery_attempts));
+    }
+    writeln!(out, "badges: {}", badges.join("; "))?;
+    Ok(())
+}
+
+/// A table indented by two spaces, below a heading line.
+fn indented(out: &mut dyn Write, header: &[&str], rows: &[Vec<String>]) -> anyhow::Result<()> {
+    let mut buf = Vec::new();
+    table(&mut buf, header, rows)?;
+    for line in String::from_utf8_lossy(&buf).lines() {
+        writeln!(out, "  {line}")?;
+    }
+    Ok(())
 }
 
 fn row(v: &WaitpointView, now: u64) -> Vec<String> {

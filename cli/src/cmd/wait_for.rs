@@ -1,6 +1,7 @@
 //! `cortex wait for WP_ID`: blocks until that waitpoint's next wake, under the contract
 //! every `cortex wait` keeps: one line on stderr when armed, silence while waiting, the wake as one JSON
-//! object on stdout; exit 0 fired, 1 timed out (or expired), 2 broke.
+//! object on stdout; exit 0 fired, 1 timed out (or expired), 2 broke, and 3 fired with the
+//! job's failure (the wake's reason `failed`: a `fail` signal resolved it).
 //!
 //! It reads the session's event log by long polls from a cursor taken before the waitpoint's
 //! state, so no wake can fall between the two; it changes nothing on the hub.
@@ -11,6 +12,8 @@
 //! wait that timed out exits 1 like a local one, here and in `cortex wait for`. The hub's
 //! own `report` wake on such a waitpoint (its device offline past the grace; the wait
 //! stays armed) is not the outcome: it is passed over in silence and the wait goes on.
+//! A fired remote pid wait on a job the device started (`device_exec`) carries the job's
+//! exit: a non-zero code or a signal is the job's failure, 3.
 
 use std::io::Write;
 use std::thread;
@@ -27,6 +30,9 @@ use crate::timefmt::{self, human, utc};
 pub const FIRED: u8 = 0;
 pub const TIMED_OUT: u8 = 1;
 pub const BROKE: u8 = 2;
+/// Fired, and the job reported failure (`cortex wait for` and remote waits only: a local
+/// wait cannot know how the process it watched ended).
+pub const FAILED: u8 = 3;
 
 /// Longest single long poll.
 const POLL_SECS: u64 = 30;
@@ -44,17 +50,32 @@ pub fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
-    run_with(hub, wp, timeout, true, out, err)
+    let how = How {
+        announce: true,
+        must_exist: false,
+    };
+    run_with(hub, wp, timeout, how, out, err)
 }
 
-/// [`run`]; `announce: false` is for a caller that has just armed the waitpoint and
-/// printed its own armed line: it leaves out the "waiting for" line, and the "already
-/// resolved" one when the wake came before the first look (the outcome, however fast).
+/// How [`run_with`] waits.
+#[derive(Debug, Clone, Copy)]
+pub struct How {
+    /// `false` is for a caller that has just armed the waitpoint and printed its own
+    /// armed line: it leaves out the "waiting for" line, and the "already resolved" one
+    /// when the wake came before the first look (the outcome, however fast).
+    pub announce: bool,
+    /// A remote pid wait's `--must-exist`: an outcome whose payload says `already_gone`
+    /// (the pid was not running when the device armed it) breaks the wait, and is not
+    /// printed as a fire.
+    pub must_exist: bool,
+}
+
+/// [`run`], as `how` says.
 pub fn run_with(
     hub: &Hub,
     wp: &str,
     timeout: Option<Duration>,
-    announce: bool,
+    how: How,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
@@ -62,7 +83,8 @@ pub fn run_with(
         hub,
         wp,
         timeout,
-        announce,
+        announce: how.announce,
+        must_exist: how.must_exist,
         deadline: after(timeout.unwrap_or(GRACE)),
         device_bound: false,
     };
@@ -83,6 +105,7 @@ struct Waiter<'a> {
     wp: &'a str,
     timeout: Option<Duration>,
     announce: bool,
+    must_exist: bool,
     deadline: Instant,
     /// A remote wait's waitpoint: its `report` wakes are the hub's loss reports.
     device_bound: bool,
@@ -123,7 +146,7 @@ impl Waiter<'_> {
                     if self.announce {
                         let _ = writeln!(err, "cortex: {wp} is {state}; its last wake:");
                     }
-                    return Ok(fire(&wake, out, err));
+                    return self.fire(&wake, out, err);
                 }
                 if !view.wakes.is_empty() && view.wakes.iter().all(|w| w.delivered) {
                     return Err(Broke(format!(
@@ -171,13 +194,24 @@ impl Waiter<'_> {
             for ev in events {
                 cursor = cursor.max(ev["seq"].as_u64().unwrap_or(cursor));
                 if is_for(ev, "wake", wp) && !self.is_loss_report(ev) {
-                    return Ok(fire(ev, out, err));
+                    return self.fire(ev, out, err);
                 }
                 if is_for(ev, "waitpoint-cancelled", wp) {
                     return Err(cancelled(wp, ev["by"].as_str()));
                 }
             }
         }
+    }
+
+    /// The wake, printed, as an exit status; with `must_exist`, a pid gone before the
+    /// arm breaks instead.
+    fn fire(&self, wake: &Value, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8, Broke> {
+        if self.must_exist
+            && let Some(pid) = already_gone(wake)
+        {
+            return Err(Broke(super::wait_local::not_running(pid)));
+        }
+        Ok(fire(wake, out, err))
     }
 
     fn waitpoint(&self) -> Result<WaitpointView, Broke> {
@@ -282,19 +316,67 @@ fn fire(wake: &Value, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         .map_err(std::io::Error::other)
         .and_then(|line| writeln!(out, "{line}"))
         .and_then(|()| out.flush());
-    if printed.is_err() {
-        return BROKE;
+    match printed {
+        // The reader closed the pipe: it wants no more, and the status still says how
+        // the wait ended.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            let _ = writeln!(err, "cortex: writing the wake: {e}");
+            return BROKE;
+        }
+        _ => {}
     }
+    exit_status(wake, err)
+}
+
+/// The exit status a wake stands for: a remote wait's outcome, else the wake's reason.
+pub fn exit_status(wake: &Value, err: &mut dyn Write) -> u8 {
     if let Some((outcome, message)) = device_wait_outcome(wake) {
         if outcome != WaitEnd::Fired && !message.is_empty() {
             let _ = writeln!(err, "cortex: {message}");
+        }
+        if outcome == WaitEnd::Fired && job_failed(wake) {
+            return FAILED;
         }
         return outcome.exit_code();
     }
     match wake["reason"].as_str() {
         Some("expired") => TIMED_OUT,
+        Some("failed") => FAILED,
         _ => FIRED,
     }
+}
+
+/// The pid of a remote pid wait whose payload says it was already gone when armed.
+fn already_gone(wake: &Value) -> Option<i32> {
+    let signals = wake["signals"].as_array()?;
+    signals.iter().rev().find_map(|s| {
+        if s["source"] != "device-wait" {
+            return None;
+        }
+        let data: Value = serde_json::from_str(s["data"].as_str()?).ok()?;
+        let p = &data["payload"];
+        (p["already_gone"] == true)
+            .then(|| p["pid"].as_i64().and_then(|n| i32::try_from(n).ok()))
+            .flatten()
+    })
+}
+
+/// Whether a fired remote wait's payload says its job failed: a pid wait on a job the
+/// device started knows its exit (`exit_code` not 0, or a `signal`).
+fn job_failed(wake: &Value) -> bool {
+    let Some(signals) = wake["signals"].as_array() else {
+        return false;
+    };
+    signals.iter().rev().any(|s| {
+        s["source"] == "device-wait"
+            && s["data"]
+                .as_str()
+                .and_then(|d| serde_json::from_str::<Value>(d).ok())
+                .is_some_and(|d| {
+                    let p = &d["payload"];
+                    p["exit_code"].as_i64().is_some_and(|c| c != 0) || !p["signal"].is_null()
+                })
+    })
 }
 
 /// The outcome and message of the remote wait a wake carries, if it carries one: its

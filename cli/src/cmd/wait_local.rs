@@ -44,10 +44,12 @@ pub struct Bound {
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
     pub heartbeat_every: Duration,
     /// Wait on this connected device instead, through the hub and the device's agent
-    /// (a waitpoint bound to the device; the wake goes to --session, or a new session)
+    /// (a waitpoint bound to the device; the wake goes to --session, or to your default
+    /// session). A device the hub does not know is refused (exit 2)
     #[arg(long, value_name = "NAME")]
     pub device: Option<String>,
-    /// With --device: the session the wake goes to [default: a new session for this wait]
+    /// With --device: the session the wake goes to [default: the session titled
+    /// "cortex waits ($USER)", made by the first such wait and shared by the next]
     #[arg(long, value_name = "SID", requires = "device")]
     pub session: Option<String>,
 }
@@ -61,6 +63,12 @@ pub struct PidArgs {
     /// re-arming, makes sure another process that got the same pid is not waited on
     #[arg(long, value_name = "TICKS")]
     pub start_time: Option<u64>,
+    /// Refuse (exit 2) a pid that is not running when the wait is armed, rather than
+    /// fire at once with "already_gone": true. A process that ended just before the arm
+    /// and a pid that never existed (a typo) look the same to the kernel, so this refuses
+    /// both
+    #[arg(long)]
+    pub must_exist: bool,
     #[command(flatten)]
     pub bound: Bound,
 }
@@ -124,26 +132,55 @@ pub struct FlockArgs {
     pub bound: Bound,
 }
 
+const PID_AFTER_HELP: &str = "\
+Examples:
+  cortex wait pid 4242 --timeout 6h
+  cortex wait pid 4242 --must-exist        # a typo'd pid is an error, not an instant fire
+  cortex wait pid 4242 --device gpu1       # on a device, through the hub
+
+A pid not running when the wait is armed fires at once with \"already_gone\": true in the
+payload (the process may have ended a moment ago); --must-exist makes it an error (exit 2)
+instead. The kernel cannot tell a process that ended before the arm from a pid that never
+existed, so --must-exist refuses both.
+
+With --device, the wake goes to --session, else to your default session (titled
+\"cortex waits ($USER)\", made once and shared by the next such waits; `cortex session
+delete` removes it and the next wait makes it again). A pid wait on a job the device
+started (device_exec) knows its exit: a non-zero code or a signal exits 3.";
+
 /// The local waits, flattened into `cortex wait`'s subcommands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum LocalWait {
     /// Wait for a process to exit, on this machine (no hub needed) or with --device on a
     /// connected device; print one JSON line (exit 0 exited, 1 timed out, 2 broke)
+    #[command(after_help = PID_AFTER_HELP)]
     Pid(PidArgs),
     /// Wait for a file to be written (closed after writing, moved into place, created),
     /// here or with --device on a device; never fires on a read (exit 0 written,
     /// 1 timed out, 2 broke)
+    #[command(
+        after_help = "Examples:\n  cortex wait file /data/run7/metrics.json --timeout 2h\n  cortex wait file out.log --silence 20m                  # the writer went quiet\n  cortex wait file out.csv --cursor ~/.cache/out.cursor   # re-armed, no write missed\n  cortex wait file /data/run7/done --device gpu1"
+    )]
     File(FileArgs),
     /// Wait for a flock(2) lock to be free, as `flock FILE true` would, without holding
     /// it, here or with --device on a device (exit 0 free, 1 timed out, 2 broke)
+    #[command(
+        after_help = "Examples:\n  cortex wait flock /tmp/train.lock --timeout 6h\n  cortex wait flock /var/lock/gpu0.lock --device gpu1"
+    )]
     Flock(FlockArgs),
     /// Wait for a line matching --match to be appended to a log (or, with --silence, for
     /// the log to go quiet), here or with --device on a device (exit 0 matched or silent,
     /// 1 timed out, 2 broke)
+    #[command(
+        after_help = "Examples:\n  cortex wait log train.log --match 'epoch 10/10|Traceback' --timeout 8h\n  cortex wait log train.log --match 'loss=nan' --silence 30m\n  cortex wait log /data/run7/train.log --match '^DONE' --device gpu1"
+    )]
     Log(LogArgs),
     /// Wait for the first of several conditions (pid:N, file:PATH, flock:PATH,
     /// log:PATH~REGEX, silence:PATH~DUR), here or with --device on a device; the payload
     /// says which fired (exit 0 one fired, 1 timed out, 2 one broke)
+    #[command(
+        after_help = "Examples:\n  cortex wait any pid:4242 'log:/data/train.log~Traceback'\n  cortex wait any pid:4242 silence:/data/train.log~30m --device gpu1"
+    )]
     Any(AnyArgs),
 }
 
@@ -217,7 +254,24 @@ pub fn pid(args: &PidArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         pid: args.pid,
         start_time: args.start_time,
     };
-    wait(spec, &args.bound, None, out, err)
+    let arm = Arm {
+        must_exist: args.must_exist,
+    };
+    wait_with(spec, &args.bound, None, arm, out, err)
+}
+
+/// How a wait is armed, beyond its spec.
+#[derive(Debug, Clone, Copy, Default)]
+struct Arm {
+    /// `--must-exist`: a pid not running at arm time is an error, not a fire.
+    must_exist: bool,
+}
+
+/// What `--must-exist` says of a pid that was not running when armed.
+pub fn not_running(pid: i32) -> String {
+    format!(
+        "pid {pid} is not running (no such process, or it has already ended); --must-exist refuses a pid that is not alive when the wait is armed"
+    )
 }
 
 pub fn file(args: &FileArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
@@ -324,6 +378,17 @@ fn wait(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
+    wait_with(spec, bound, store, Arm::default(), out, err)
+}
+
+fn wait_with(
+    spec: WaitSpec,
+    bound: &Bound,
+    store: Option<&CursorStore>,
+    arm: Arm,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -343,6 +408,13 @@ fn wait(
             Err(e) => return broke(err, &e.into()),
         };
         let captured = armed.captured();
+        if let Captured::Pid(p) = &captured
+            && arm.must_exist
+            && p.gone.is_some()
+        {
+            let _ = writeln!(err, "cortex: {}", not_running(p.pid));
+            return BROKE;
+        }
         let _ = writeln!(err, "cortex: {}", armed_line(&captured, bound, store));
         let _ = err.flush();
         // The position goes to disk before waiting: killed now, a re-arm still knows
@@ -403,6 +475,8 @@ fn finish(
                 .and_then(|()| out.flush());
             match printed {
                 Ok(()) => FIRED,
+                // The reader closed the pipe: it wants no more; the wait still fired.
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => FIRED,
                 Err(e) => broke(err, &anyhow::Error::new(e).context("writing the payload")),
             }
         }

@@ -11,17 +11,22 @@
 //!
 //! Ctrl-C stops only this command: the waitpoint stays armed and still wakes its session
 //! (`cortex wait cancel WP_ID` disarms it).
+//!
+//! A device the hub does not know is refused in one line before anything is made. A wait
+//! without `--session` goes to one default session per user (titled `cortex waits (USER)`,
+//! found by its title, made when missing), not a new session each time.
 
 use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
-use cortex_protocol::api::{CreateDeviceWait, DeviceView, DeviceWaitCreated};
+use cortex_protocol::api::{CreateDeviceWait, CreateSession, DeviceWaitCreated, SessionView};
 use cortex_protocol::waits::{
     DurationValue, Place, WaitCondition, any_of, format_duration_ms, parse_condition,
 };
 
-use super::wait_for::{self, BROKE};
+use super::devices;
+use super::wait_for::{self, BROKE, How};
 use super::wait_local::LocalWait;
 use crate::hub::{Hub, segment};
 use crate::timefmt::human;
@@ -30,12 +35,35 @@ use crate::timefmt::human;
 /// report (2 s), a commit, and a long poll's turn.
 pub const SLACK: Duration = Duration::from_secs(30);
 
-/// Asks for the wait and blocks until it ends; returns the exit status.
-pub fn run(hub: &Hub, wait: &LocalWait, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+/// Asks for the wait and blocks until it ends; returns the exit status. `user` names the
+/// default session a wait without `--session` goes to.
+pub fn run(
+    hub: &Hub,
+    wait: &LocalWait,
+    user: Option<&str>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
     let Some(device) = wait.device() else {
         return BROKE;
     };
-    let created = match body(wait, device).and_then(|b| create(hub, device, &b)) {
+    let asked = body(wait, device).and_then(|mut b| {
+        // The device first: one the hub does not know is refused before anything is made.
+        let view = devices::require(hub, device)?;
+        if b.session.is_none() {
+            b.session = Some(default_session(hub, user)?);
+        }
+        let created = match create(hub, device, &b) {
+            // The default session deleted between the look and the ask: make it anew, once.
+            Err(e) if e.is::<NoSession>() && wait.bound().session.is_none() => {
+                b.session = Some(new_default_session(hub, user)?);
+                create(hub, device, &b)
+            }
+            other => other,
+        };
+        Ok((view, created?))
+    });
+    let (view, created) = match asked {
         Ok(c) => c,
         Err(e) => {
             let _ = writeln!(err, "cortex: {e:#}");
@@ -43,11 +71,7 @@ pub fn run(hub: &Hub, wait: &LocalWait, out: &mut dyn Write, err: &mut dyn Write
         }
     };
     let wp = &created.waitpoint;
-    let online = hub
-        .get(&format!("/api/devices/{}", segment(device)))
-        .ok()
-        .and_then(|r| r.json::<DeviceView>("GET /api/devices/{name}").ok())
-        .map(|d| d.state == "online");
+    let online = Some(view.state == "online");
     let timeout = wait.bound().timeout;
     let _ = writeln!(
         err,
@@ -55,7 +79,52 @@ pub fn run(hub: &Hub, wait: &LocalWait, out: &mut dyn Write, err: &mut dyn Write
         armed_line(&created, device, online, timeout)
     );
     let _ = err.flush();
-    wait_for::run_with(hub, &wp.id, Some(timeout + SLACK), false, out, err)
+    let how = How {
+        announce: false,
+        must_exist: matches!(wait, LocalWait::Pid(a) if a.must_exist),
+    };
+    wait_for::run_with(hub, &wp.id, Some(timeout + SLACK), how, out, err)
+}
+
+/// The title of the session remote waits without `--session` share, one per user.
+pub fn default_title(user: Option<&str>) -> String {
+    match user.map(str::trim).filter(|u| !u.is_empty()) {
+        Some(u) => format!("cortex waits ({u})"),
+        None => "cortex waits".to_string(),
+    }
+}
+
+/// The id of the default session: the oldest session titled [`default_title`], made
+/// when there is none (the first bare remote wait, or after it was deleted).
+pub fn default_session(hub: &Hub, user: Option<&str>) -> anyhow::Result<String> {
+    let title = default_title(user);
+    let list: Vec<SessionView> = hub
+        .get("/api/sessions")
+        .context("looking for the default session of remote waits")?
+        .json("GET /api/sessions")?;
+    let found = list
+        .iter()
+        .filter(|s| s.title.as_deref() == Some(title.as_str()))
+        .min_by_key(|s| s.created_at);
+    match found {
+        Some(s) => Ok(s.id.clone()),
+        None => new_default_session(hub, user),
+    }
+}
+
+fn new_default_session(hub: &Hub, user: Option<&str>) -> anyhow::Result<String> {
+    let body = CreateSession {
+        title: Some(default_title(user)),
+        ..CreateSession::default()
+    };
+    let v: serde_json::Value = hub
+        .post("/api/sessions", &body)
+        .context("creating the default session of remote waits")?
+        .json("POST /api/sessions")?;
+    v["id"]
+        .as_str()
+        .map(str::to_string)
+        .context("the hub's answer to POST /api/sessions has no id")
 }
 
 /// The request body from the flags. Flags that only make sense on this machine are
@@ -135,10 +204,22 @@ fn seconds(d: Duration) -> DurationValue {
     DurationValue::Seconds(d.as_secs_f64())
 }
 
+/// The hub's 404 about the session a remote wait was to go to.
+#[derive(Debug, thiserror::Error)]
+#[error("no session {0}; `cortex sessions` lists them")]
+struct NoSession(String);
+
 fn create(hub: &Hub, device: &str, b: &CreateDeviceWait) -> anyhow::Result<DeviceWaitCreated> {
-    let reply = hub
-        .post(&format!("/api/devices/{}/waits", segment(device)), b)
-        .with_context(|| format!("asking the hub for a wait on {device}"))?;
+    let reply = match hub.post(&format!("/api/devices/{}/waits", segment(device)), b) {
+        Ok(r) => r,
+        Err(e) if devices::is_unknown(&e, device) => anyhow::bail!(devices::unknown(device)),
+        Err(e) if e.status() == Some(404) => {
+            return Err(NoSession(b.session.clone().unwrap_or_default()).into());
+        }
+        Err(e) => {
+            return Err(e).with_context(|| format!("asking the hub for a wait on {device}"));
+        }
+    };
     Ok(reply.json("POST /api/devices/{name}/waits")?)
 }
 

@@ -1,5 +1,5 @@
 //! Tests of `cortex wait for` against a fake hub on port 0: every exit a `cortex wait`
-//! can take (0 fired, 1 timed out or expired, 2 broke), and the requests it makes (cursor first, then state, then long polls).
+//! can take (0 fired, 1 timed out or expired, 2 broke, 3 fired with a failure), and the requests it makes (cursor first, then state, then long polls).
 
 use std::collections::VecDeque;
 
@@ -188,7 +188,7 @@ fn waits_for_this_waitpoints_wake_and_prints_it_as_one_line() {
 fn sends_the_operator_token() {
     let server = Fake::armed(vec![page(vec![wake(6, "wp_1", "failed")])]).serve();
     let (code, _, _) = wait(&server, None);
-    assert_eq!(code, FIRED, "a failed job is still a fired wait");
+    assert_eq!(code, FAILED, "fired, and the job reported failure");
     assert!(
         server
             .requests()
@@ -259,7 +259,11 @@ fn a_caller_that_just_armed_it_gets_its_wake_without_the_already_line() {
     let server = resolved(vec![wake(4, "wp_1", "fired")]).serve();
     let hub = Hub::new(&server.url(""), "tok").expect("hub");
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = run_with(&hub, "wp_1", None, false, &mut out, &mut err);
+    let how = How {
+        announce: false,
+        must_exist: false,
+    };
+    let code = run_with(&hub, "wp_1", None, how, &mut out, &mut err);
     assert_eq!(code, FIRED);
     assert_eq!(String::from_utf8(err).expect("utf8"), "");
     let out = String::from_utf8(out).expect("utf8");
@@ -447,4 +451,83 @@ fn a_remote_waits_loss_report_is_passed_over_and_the_wait_goes_on() {
     let (code, out, _) = wait(&server, None);
     assert_eq!(code, FIRED);
     assert!(out.contains("\"seq\":6"), "{out}");
+}
+
+#[test]
+fn a_failed_wake_exits_3_with_the_wake() {
+    let server = Fake::armed(vec![page(vec![wake(6, "wp_1", "failed")])]).serve();
+    let (code, out, err) = wait(&server, None);
+    assert_eq!(code, FAILED, "{err}");
+    assert_eq!(
+        serde_json::from_str::<Value>(out.trim()).expect("json"),
+        wake(6, "wp_1", "failed")
+    );
+}
+
+#[test]
+fn a_remote_wait_on_a_started_job_that_failed_exits_3() {
+    let with_payload = |payload: Value| {
+        let mut w = device_wake(6, "fired", "pid 4242 exited");
+        w["signals"][0]["data"] = json!({"outcome": "fired", "device": "gpu1", "kind": "pid",
+            "payload": payload})
+        .to_string()
+        .into();
+        w
+    };
+    let mut sink = Vec::new();
+    for (payload, code) in [
+        (json!({"exit_code": 0}), FIRED),
+        (json!({"exit_code": 1}), FAILED),
+        (json!({"exit_code": null, "signal": 9}), FAILED),
+        (json!({"already_gone": false}), FIRED),
+    ] {
+        assert_eq!(
+            exit_status(&with_payload(payload.clone()), &mut sink),
+            code,
+            "{payload}"
+        );
+    }
+}
+
+#[test]
+fn a_closed_stdout_keeps_the_outcomes_status() {
+    struct Closed;
+    impl std::io::Write for Closed {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut err = Vec::new();
+    assert_eq!(
+        fire(&wake(6, "wp_1", "failed"), &mut Closed, &mut err),
+        FAILED
+    );
+    assert!(err.is_empty(), "quiet: {}", String::from_utf8_lossy(&err));
+}
+
+#[test]
+fn must_exist_breaks_on_a_remote_pid_already_gone() {
+    let mut w = device_wake(6, "fired", "pid 999999 was already gone when armed");
+    w["signals"][0]["data"] = json!({"outcome": "fired", "device": "gpu1", "kind": "pid",
+        "payload": {"kind": "pid", "pid": 999_999, "already_gone": true}})
+    .to_string()
+    .into();
+    assert_eq!(already_gone(&w), Some(999_999));
+    let server = Fake::armed(vec![page(vec![w.clone()])]).serve();
+    let hub = Hub::new(&server.url(""), "tok").expect("hub");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let how = How {
+        announce: false,
+        must_exist: true,
+    };
+    let code = run_with(&hub, "wp_1", None, how, &mut out, &mut err);
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, BROKE, "{err}");
+    assert!(out.is_empty(), "not printed as a fire");
+    assert!(err.contains("pid 999999 is not running"), "{err}");
+    // Without the flag the same wake is a fire.
+    assert_eq!(exit_status(&w, &mut Vec::new()), FIRED);
 }
