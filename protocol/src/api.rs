@@ -1,6 +1,7 @@
 //! Bodies of the hub's HTTP API (`/api/...`). Times are milliseconds since the Unix epoch.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::signal::SignalStatus;
 
@@ -18,7 +19,7 @@ pub const MAX_INSTRUCTIONS_BYTES: usize = 64 * 1024;
 /// A session's `examples`, at most (messages).
 pub const MAX_EXAMPLES: usize = 32;
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -52,7 +53,7 @@ pub struct CreateSession {
 }
 
 /// A session's output settings (`POST /api/sessions` `output`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct OutputConfig {
     /// The JSON Schema of the envelope's `data`.
@@ -70,7 +71,7 @@ pub struct OutputConfig {
 }
 
 /// How the envelope travels from the model (`output.strategy`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputStrategy {
     /// The transport that enforces the most on the model server.
@@ -110,7 +111,7 @@ impl OutputTransport {
 /// The gate before every tool call, as lists of tool names (`"*"`: every tool). A call
 /// named in `deny` is refused; else one named in `requireApproval` waits for a person;
 /// else, when `allow` is given, one not named there is refused; else it runs.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Policy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -127,7 +128,7 @@ pub struct Policy {
 
 /// A run's bounds; `steps` defaults to 20, `repeatedCalls` and `outputRetries` to 3, the
 /// others to none.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct StopConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -143,7 +144,7 @@ pub struct StopConfig {
     pub output_retries: Option<u32>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SessionView {
     pub id: String,
     pub title: Option<String>,
@@ -159,14 +160,14 @@ pub struct SessionView {
 
 /// Where a spawned session came from: the monitor, its session and which of its wakes
 /// (counted from 1, as the monitor's `wakes` lists them).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SpawnedFrom {
     pub waitpoint: String,
     pub session: String,
     pub wake: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum When {
     #[default]
@@ -174,7 +175,7 @@ pub enum When {
     Now,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PostMessage {
     pub text: String,
@@ -184,7 +185,7 @@ pub struct PostMessage {
     pub dedupe_key: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct MessagePosted {
     pub seq: u64,
     /// True when `dedupe_key` matched an earlier post; `seq` is then that post's.
@@ -196,7 +197,7 @@ pub struct MessagePosted {
 }
 
 /// One entry of a session's event log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Event {
     pub seq: u64,
     pub ts: u64,
@@ -204,7 +205,7 @@ pub struct Event {
     pub body: EventBody,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum EventBody {
     /// A message for the agent (`POST /api/sessions/{sid}/messages`).
@@ -314,7 +315,7 @@ pub enum EventBody {
 }
 
 /// What waits on a person.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct PendingRequest {
     /// The request's id, which the answer names.
     pub id: String,
@@ -337,7 +338,7 @@ pub struct PendingRequest {
 }
 
 /// One question of `ask_user`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Question {
     pub question: String,
@@ -348,7 +349,7 @@ pub struct Question {
 }
 
 /// `allow` or `deny`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Decision {
     Allow,
@@ -356,7 +357,7 @@ pub enum Decision {
 }
 
 /// An answer as the inbox holds it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct AnswerItem {
     pub request_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -375,7 +376,7 @@ pub struct AnswerItem {
 }
 
 /// `POST /api/sessions/{sid}/answers`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PostAnswer {
     pub request_id: String,
@@ -391,7 +392,7 @@ pub struct PostAnswer {
 }
 
 /// `POST /api/sessions/{sid}/cancel`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PostCancel {
     #[serde(default)]
@@ -399,12 +400,12 @@ pub struct PostCancel {
 }
 
 /// `GET /api/approvals`: what waits on a person, across sessions, oldest first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ApprovalList {
     pub approvals: Vec<PendingView>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct PendingView {
     pub session: String,
     #[serde(flatten)]
@@ -412,7 +413,7 @@ pub struct PendingView {
 }
 
 /// One inbox item a run took, as `run-start` names it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RunInput {
     /// The inbox item's seq.
     pub seq: u64,
@@ -422,7 +423,7 @@ pub struct RunInput {
     pub text: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DeltaChannel {
     Text,
@@ -430,7 +431,7 @@ pub enum DeltaChannel {
 }
 
 /// A tool call as the model made it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ToolCallView {
     /// The call's id (the model's, or the hub's when the model gave none).
     pub id: String,
@@ -440,7 +441,7 @@ pub struct ToolCallView {
 }
 
 /// What a tool call came to, as the model sees it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Observation {
     pub call_id: String,
     pub name: String,
@@ -450,7 +451,7 @@ pub struct Observation {
 }
 
 /// How a run ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RunResult {
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -461,7 +462,7 @@ pub struct RunResult {
 
 /// A run's answer: prose for a person (`response`), data for a program (`data`), and the
 /// model's own short reason (`reasoning`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Envelope {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response: Option<String>,
@@ -474,7 +475,7 @@ pub struct Envelope {
 /// Why a run failed: `code` is `model_call_failed`, `output_invalid`, `stopped` (with
 /// `stop`: `steps`, `tokens`, `duration`, `output_retries`, `repeated_calls`), `aborted`
 /// or `unknown`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RunError {
     pub code: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -483,7 +484,7 @@ pub struct RunError {
 }
 
 /// What a run used and how it went, authored by the hub (never by the model).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunMeta {
     pub usage: Usage,
@@ -495,7 +496,7 @@ pub struct RunMeta {
 }
 
 /// Tokens, as the model server reported them (zero where it reported none).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
@@ -503,21 +504,21 @@ pub struct Usage {
 }
 
 /// `GET /api/sessions/{sid}/result`: the last run's result and meta.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SessionResult {
     pub run_id: String,
     pub result: RunResult,
     pub meta: RunMeta,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct WaitpointRef {
     pub id: String,
     pub label: String,
     pub intent: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum WakeReason {
     /// The waitpoint resolved (quorum met, all ok).
@@ -548,7 +549,7 @@ impl WakeReason {
 }
 
 /// The `wake` event: what the agent reads when a waitpoint wakes it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Wake {
     pub waitpoint: WaitpointRef,
     pub reason: WakeReason,
@@ -561,7 +562,7 @@ pub struct Wake {
     pub text: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct EventsPage {
     pub events: Vec<Event>,
 }
@@ -569,7 +570,7 @@ pub struct EventsPage {
 // ---------------------------------------------------------------- waitpoints
 
 /// `quorum`: a number, or `"all"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum Quorum {
     Count(u32),
@@ -577,7 +578,7 @@ pub enum Quorum {
 }
 
 /// The literal string `"all"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AllMarker {
     All,
@@ -587,7 +588,7 @@ impl Quorum {
     pub const ALL: Quorum = Quorum::All(AllMarker::All);
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateWaitpoint {
     pub label: String,
@@ -618,7 +619,7 @@ pub struct CreateWaitpoint {
 
 /// A monitor's `spawn`: each wake creates a new session with these instructions (the
 /// spawning session's runner settings otherwise) and the wake's text as its first message.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SpawnConfig {
     pub instructions: String,
@@ -628,7 +629,7 @@ pub struct SpawnConfig {
 }
 
 /// Ready-to-paste lines for signalling a waitpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct HowToSignal {
     pub env: String,
     pub cli: String,
@@ -640,7 +641,7 @@ pub struct HowToSignal {
 }
 
 /// Answer to `POST /api/sessions/{sid}/waitpoints`: the only time the secret is shown.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct WaitpointCreated {
     pub id: String,
     pub secret: String,
@@ -670,7 +671,7 @@ pub struct WaitpointCreated {
     pub member_note: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SignalView {
     pub status: SignalStatus,
     pub message: Option<String>,
@@ -682,7 +683,7 @@ pub struct SignalView {
     pub at: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct WakeView {
     pub reason: WakeReason,
     /// When it was delivered, or when it is due if not yet delivered.
@@ -693,7 +694,7 @@ pub struct WakeView {
     pub spawned: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Badges {
     /// The hourly cap is holding a wake back.
     pub wake_limit_reached: bool,
@@ -705,7 +706,7 @@ pub struct Badges {
 }
 
 /// `GET /api/waitpoints/{id}` and each entry of wait_check; never the secret.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct WaitpointView {
     pub id: String,
     pub session: String,
@@ -743,7 +744,7 @@ pub struct WaitpointView {
     pub badges: Badges,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct WaitpointList {
     pub waitpoints: Vec<WaitpointView>,
 }
@@ -783,14 +784,14 @@ mod tests {
 
 // ---------------------------------------------------------------- devices
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateDevice {
     pub name: String,
 }
 
 /// Answer to `POST /api/devices`: the only time the token is shown.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct DeviceCreated {
     pub name: String,
     pub token: String,
@@ -799,7 +800,7 @@ pub struct DeviceCreated {
 }
 
 /// One device in `GET /api/devices` (and `cortex devices`), or `GET /api/devices/{name}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct DeviceView {
     pub name: String,
     /// `online`, `offline` or `revoked` (its token no longer admitted; listed until the
@@ -825,7 +826,7 @@ pub struct DeviceView {
 /// `POST /api/devices/{name}/waits`: a remote wait (a pid exiting, a file written, a
 /// lock coming free) on that device, answered
 /// with a waitpoint bound to it that the device's agent signals.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateDeviceWait {
     /// `pid`, `file`, `flock`, `log` or `any` (the vocabulary: `crate::waits`).
@@ -876,7 +877,7 @@ impl CreateDeviceWait {
 }
 
 /// One remote wait, as the devices API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct DeviceWaitView {
     /// The waitpoint's id, which is also the wait's identity on the device.
     pub id: String,
@@ -911,7 +912,7 @@ pub struct DeviceWaitView {
 
 /// Answer to `POST /api/devices/{name}/waits`: the waitpoint (as its creation answers,
 /// secret included this once) and the wait.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct DeviceWaitCreated {
     #[serde(flatten)]
     pub waitpoint: WaitpointCreated,
@@ -919,7 +920,7 @@ pub struct DeviceWaitCreated {
 }
 
 /// An event of the hub itself (`GET /api/events`): devices going online and offline.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct HubEvent {
     pub seq: u64,
     pub ts: u64,
@@ -927,7 +928,7 @@ pub struct HubEvent {
     pub body: HubEventBody,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum HubEventBody {
     DeviceOnline {

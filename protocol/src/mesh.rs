@@ -7,6 +7,7 @@
 //! closes the link with a reason; it never crashes either side.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// The mesh protocol version this build speaks.
 pub const MESH_VERSION: u32 = 1;
@@ -43,7 +44,7 @@ pub const CAP_EXEC: &str = "exec";
 pub const HUB_CAP_WAITS: &str = "waits";
 
 /// What a host tells the hub about itself.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct HostFacts {
     pub hostname: String,
     pub kernel: String,
@@ -73,7 +74,7 @@ pub struct Hello {
     pub waits: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SpoolCounts {
     pub pending: u32,
     pub bad: u32,

@@ -20,6 +20,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::mesh::WaitSpec;
 
@@ -95,7 +96,7 @@ pub fn format_duration_ms(ms: u64) -> String {
 
 /// A duration as the API takes it: a number of seconds (`1200`, `0.5`) or a string
 /// (`"20m"`, `"1.5h"`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum DurationValue {
     Seconds(f64),
@@ -123,7 +124,7 @@ impl DurationValue {
 
 /// A condition as the API and the model's tools write it (`POST /api/devices/{name}/waits`,
 /// `device_wait_log`, each of `device_wait_any`'s `conditions`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WaitCondition {
     /// `pid`, `file`, `flock`, `log` or `any`.
@@ -142,6 +143,8 @@ pub struct WaitCondition {
     pub silence: Option<DurationValue>,
     /// An `any`'s conditions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // The schema refers to itself here; its references are collected once.
+    #[schema(no_recursion)]
     pub conditions: Option<Vec<WaitCondition>>,
 }
 

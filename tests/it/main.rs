@@ -16,6 +16,7 @@ mod mesh_e2e;
 mod mesh_hub;
 mod model_client;
 mod monitors;
+mod openapi;
 mod packaging;
 mod page;
 mod people;

@@ -8,6 +8,7 @@ pub mod devices;
 pub mod error;
 pub mod http;
 pub mod log;
+pub mod openapi;
 pub mod page;
 pub mod people;
 pub mod signal;
@@ -62,6 +63,7 @@ pub fn router(state: AppState) -> Router {
         .route("/devices/{name}/waits", post(devices::create_wait))
         .route("/devices/{name}/files", get(devices::device_files))
         .route("/events", get(devices::hub_events))
+        .route("/openapi.json", get(openapi::serve))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             api::auth,
