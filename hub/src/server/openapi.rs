@@ -666,7 +666,10 @@ fn waitpoints(d: &mut Doc) {
         "Not such JSON, or rules that do not fit together (a quorum above the members, …)",
         &["bad_request", "invalid_waitpoint"],
     );
-    let missing = d.error("No such session", &["not_found"]);
+    let missing = d.error(
+        "No such session, or `device` names no device the hub knows (a typo, or revoked)",
+        &["not_found", "unknown_device"],
+    );
     let large = d.error(
         "`label` over 200 characters, `intent` over 4,000, over 256 members or one over 64 \
          characters, `spawn.instructions` over 64 KiB",
@@ -1051,9 +1054,10 @@ fn signal(d: &mut Doc) {
         &["unknown_waitpoint"],
     );
     let gone = d.error(
-        "The waitpoint no longer counts signals: resolved or cancelled (`already_resolved`) or \
-         past its expiry (`expired`); not an error for the job",
-        &["already_resolved", "expired"],
+        "The waitpoint no longer counts signals: resolved (`already_resolved`), past its \
+         expiry (`expired`: the signal came too late) or cancelled (`cancelled`); not an \
+         error for the job",
+        &["already_resolved", "expired", "cancelled"],
     );
     let large = d.error(
         &format!(
