@@ -15,6 +15,7 @@
 pub mod admission;
 pub mod config;
 pub mod engine;
+pub mod home_lock;
 pub mod intake;
 #[cfg(test)]
 mod layering;
