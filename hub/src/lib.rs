@@ -11,6 +11,7 @@
 //! - [`server`]: axum routes, the wake timer, the sweep, the local spool intake.
 //! - [`mesh`]: the device mesh's listener and links (WebSocket, rustls).
 //! - [`text`]: what agents and people read (wake text, how_to_signal).
+//! - [`metrics`]: what `GET /metrics` shows (Prometheus text format).
 
 pub mod admission;
 pub mod config;
@@ -21,6 +22,7 @@ pub mod intake;
 mod layering;
 pub mod live;
 pub mod mesh;
+pub mod metrics;
 pub mod model;
 pub mod registry;
 pub mod remote_wait;
