@@ -64,6 +64,21 @@ pub enum SignalOutcome {
     Refused(Refusal),
 }
 
+impl SignalOutcome {
+    /// Its name in the hub's log and metrics: `accepted`, `duplicate`, else the route's
+    /// error code (`unknown_waitpoint`, `wrong_secret`, `already_resolved`, `bad_member`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SignalOutcome::Accepted { .. } => "accepted",
+            SignalOutcome::Duplicate { .. } => "duplicate",
+            SignalOutcome::Unknown => "unknown_waitpoint",
+            SignalOutcome::WrongSecret => "wrong_secret",
+            SignalOutcome::Refused(Refusal::Gone { .. }) => "already_resolved",
+            SignalOutcome::Refused(_) => "bad_member",
+        }
+    }
+}
+
 /// What the HTTP route answers.
 #[derive(Debug, PartialEq)]
 pub enum HttpAnswer {

@@ -12,16 +12,19 @@
 //! - [`mesh`]: the device mesh's listener and links (WebSocket, rustls).
 //! - [`text`]: what agents and people read (wake text, how_to_signal).
 //! - [`cli`]: `cortex-hub`'s flags and help (its `main.rs` parses them).
+//! - [`metrics`]: what `GET /metrics` shows (Prometheus text format).
 
 pub mod admission;
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod home_lock;
 pub mod intake;
 #[cfg(test)]
 mod layering;
 pub mod live;
 pub mod mesh;
+pub mod metrics;
 pub mod model;
 pub mod registry;
 pub mod remote_wait;

@@ -52,6 +52,8 @@ fn real_main(args: Args) -> anyhow::Result<()> {
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     raise_nofile();
     let home = args.home.unwrap_or_else(config::default_home);
+    // One hub per home, checked before anything is bound or printed; held until exit.
+    let _home_lock = cortex_hub::home_lock::HomeLock::take(&home)?;
     let settings = config::load_settings(&home)?;
     if args.recover_journal {
         return recover_journal(&home, settings);

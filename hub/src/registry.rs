@@ -237,6 +237,8 @@ pub enum Refused {
 struct Inner {
     tokens: HashMap<String, [u8; 32]>,
     links: HashMap<String, Arc<Link>>,
+    /// Devices that had a link since the hub started (a new one is a reconnect).
+    linked: std::collections::HashSet<String>,
 }
 
 /// Devices allowed to connect, and their live links.
@@ -289,6 +291,7 @@ impl Registry {
     pub fn revoke(&self, name: &str) -> bool {
         let mut g = self.lock();
         g.tokens.remove(name);
+        g.linked.remove(name);
         let link = g.links.remove(name);
         drop(g);
         self.files
@@ -330,8 +333,10 @@ impl Registry {
         if g.tokens.get(&link.device) != Some(token_hash) {
             return Err(Refused::Forbidden);
         }
+        let again = !g.linked.insert(link.device.clone());
         let old = g.links.insert(link.device.clone(), link);
         drop(g);
+        crate::metrics::metrics().link_opened(again);
         if let Some(o) = &old {
             o.end(End::Replaced);
         }
@@ -354,6 +359,18 @@ impl Registry {
 
     pub fn link(&self, device: &str) -> Option<Arc<Link>> {
         self.lock().links.get(device).cloned()
+    }
+
+    /// The fleet as `GET /metrics` shows it: enrolled devices online and offline, open
+    /// links.
+    pub fn fleet(&self) -> crate::metrics::Fleet {
+        let g = self.lock();
+        let online = g.links.keys().filter(|d| g.tokens.contains_key(*d)).count() as i64;
+        crate::metrics::Fleet {
+            online,
+            offline: g.tokens.len() as i64 - online,
+            links: g.links.len() as i64,
+        }
     }
 
     /// Every live link (a snapshot).

@@ -2,7 +2,7 @@
 //! `RUST_LOG=trace` (the websocket crates' own traces included, were they not clamped),
 //! a device connects, forwards a spool file carrying its waitpoint's secret, and runs a
 //! remote wait; neither stderr holds the device token, the operator token or a secret,
-//! as text or as the hex a frame dump would print.
+//! as text or as the hex a frame dump would print, and neither does the hub's `/metrics`.
 
 // Fields of JSON the hub just answered with; a panic is the test failing.
 #![allow(clippy::unwrap_used)]
@@ -91,6 +91,27 @@ fn no_token_or_secret_reaches_either_log_at_trace() {
     let wake = hub.wait_wake(rsid, rid, 1, T);
     assert_eq!(wake["reason"], "fired", "{wake}");
 
+    // The metrics, which need no token, carry none either.
+    let metrics = cortex_cli::http::Request::new(Method::Get, &hub.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .to_string();
+    // The fleet as it stands: this device online on its one link, its pid wait armed.
+    for series in [
+        r#"cortex_devices{state="online"} 1"#,
+        r#"cortex_devices{state="offline"} 0"#,
+        "cortex_mesh_links 1",
+        "cortex_mesh_links_opened_total 1",
+        r#"cortex_remote_waits_armed_total{kind="pid"} 1"#,
+        r#"cortex_signals_total{source="device:gpu1",result="accepted"} 1"#,
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == series),
+            "no {series} in:\n{metrics}"
+        );
+    }
+
     assert!(agent.stop().success(), "{}", agent.log());
     assert!(hub.stop().success(), "{}", hub.log());
     let (agent_log, hub_log) = (agent.log(), hub.log());
@@ -111,6 +132,10 @@ fn no_token_or_secret_reaches_either_log_at_trace() {
         ("remote wait's secret", remote["secret"].as_str().unwrap()),
     ];
     let (in_agent, in_hub) = (leaks(&agent_log, &secrets), leaks(&hub_log, &secrets));
+    assert!(
+        leaks(&metrics, &secrets).is_empty(),
+        "secrets in /metrics:\n{metrics}"
+    );
     assert!(
         in_agent.is_empty() && in_hub.is_empty(),
         "secrets in the agent's log:\n{}\n\nsecrets in the hub's log:\n{}",

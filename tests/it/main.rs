@@ -14,6 +14,7 @@ mod log_secrets;
 mod log_waits;
 mod mesh_e2e;
 mod mesh_hub;
+mod metrics;
 mod model_client;
 mod monitors;
 mod openapi;

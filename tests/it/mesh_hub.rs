@@ -360,7 +360,11 @@ fn bad_tokens_are_refused_and_revoking_drops_the_link_at_once() {
         refused_code(&try_open("gpu2", &token, &url)),
         (403, "forbidden".into())
     );
-    assert!(device(&hub, "gpu2").is_none());
+    // Listed as revoked, not dropped from the fleet view.
+    assert_eq!(
+        device(&hub, "gpu2").map(|d| d["state"].clone()),
+        Some(json!("revoked"))
+    );
     let (st, _) = hub.api(Method::Delete, "/api/devices/gpu2", None);
     assert_eq!(st, 404);
     let events = wait_until(T, "the offline event", || {

@@ -344,3 +344,48 @@ fn a_miss_past_the_devices_budget_is_a_retry_not_a_refusal() {
         FileOutcome::Accepted
     );
 }
+
+#[test]
+fn an_outcomes_name_is_the_routes_word_for_it() {
+    // Dashboards and alerts select on these (the `result` label and log field).
+    let members = vec!["a".to_string()];
+    let named = [
+        (
+            SignalOutcome::Accepted {
+                state: State::Armed,
+            },
+            "accepted",
+        ),
+        (
+            SignalOutcome::Duplicate {
+                state: State::Resolved,
+            },
+            "duplicate",
+        ),
+        (SignalOutcome::Unknown, "unknown_waitpoint"),
+        (SignalOutcome::WrongSecret, "wrong_secret"),
+        (
+            SignalOutcome::Refused(Refusal::Gone {
+                id: "wp_1".into(),
+                state: "resolved",
+            }),
+            "already_resolved",
+        ),
+        (
+            SignalOutcome::Refused(Refusal::MemberMissing {
+                members: members.clone(),
+            }),
+            "bad_member",
+        ),
+        (
+            SignalOutcome::Refused(Refusal::MemberUnlisted {
+                member: "b".into(),
+                members,
+            }),
+            "bad_member",
+        ),
+    ];
+    for (o, name) in named {
+        assert_eq!(o.as_str(), name, "{o:?}");
+    }
+}

@@ -267,7 +267,7 @@ impl LinkWaits {
                     // The bench times "exit to the hub's record" to this record (first, so
                     // the log line's cost is not in it).
                     timing::record("remote_wait_recorded", &id, None);
-                    tracing::info!(device, wait = %id, outcome = end.as_str(), result = ?o, "remote wait ended");
+                    tracing::info!(device = %device, wait = %id, outcome = %end.as_str(), result = %o.as_str(), "remote wait ended");
                     Written::Done { id }
                 }
                 Ok(DoneOutcome::NotActive) => Written::Done { id },

@@ -193,7 +193,7 @@ impl ModelClient {
             }
             retries += 1;
             let delay = retry::delay(self.backoff, retries, err.retry_after(), retry::unit_draw());
-            tracing::debug!(attempt = retries, ?delay, error = %err, "model call retried");
+            tracing::debug!(attempt = retries, delay_ms = delay.as_millis() as u64, error = %err, "model call retried");
             on_delta(Delta::Retry {
                 attempt: retries,
                 issues: err.to_string(),

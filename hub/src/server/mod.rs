@@ -8,6 +8,7 @@ pub mod devices;
 pub mod error;
 pub mod http;
 pub mod log;
+pub mod metrics;
 pub mod openapi;
 pub mod page;
 pub mod people;
@@ -73,6 +74,7 @@ pub fn router(state: AppState) -> Router {
             "/healthz",
             get(|| async { axum::Json(serde_json::json!({"ok": true})) }),
         )
+        .route("/metrics", get(metrics::route))
         .route("/webhook/signal", post(signal::route))
         .route("/", get(page::index))
         .route("/login", post(page::login))

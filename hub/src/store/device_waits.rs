@@ -314,6 +314,10 @@ impl Tx<'_> {
             return Ok(true);
         }
         rec.phase = Phase::Armed;
+        if rec.armed_at.is_none() {
+            let kind = rec.spec.kind();
+            self.on_durable(move || crate::metrics::metrics().remote_wait_armed(kind));
+        }
         rec.armed_at = Some(rec.armed_at.unwrap_or(now));
         rec.captured = Some(captured.chars().take(MAX_DATA_CHARS).collect());
         if resume.is_some() {

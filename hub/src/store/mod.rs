@@ -179,7 +179,10 @@ impl Store {
             t.set_clean_stop(false)?;
             t.migrate_timers().map(drop)
         })?;
-        let (first, hub_seq) = read_now(&db, &ctx, |t| Ok((t.first_timer()?, t.last_hub_seq()?)))?;
+        let (first, hub_seq, states) = read_now(&db, &ctx, |t| {
+            Ok((t.first_timer()?, t.last_hub_seq()?, t.waitpoint_counts()?))
+        })?;
+        crate::metrics::metrics().set_waitpoints(&states);
         let notifier = Arc::new(Notifier::default());
         let next_timer = notifier.watch(kernel::timers::TOPIC, "", first.unwrap_or(u64::MAX));
         // Kept open by the notifier's first subscriber for the hub's life.

@@ -364,21 +364,85 @@ impl Tx<'_> {
     /// completes delivered into the session's log, all in this transaction.
     pub fn signal(&mut self, s: &SignalIn, now: u64) -> Result<SignalOutcome, StoreError> {
         let Some(wp) = self.get_wp(&s.req.id)? else {
-            return Ok(SignalOutcome::Unknown);
+            let mark = self.durable_mark();
+            return Ok(self.signal_answered(s, None, SignalOutcome::Unknown, mark));
         };
         if !secret::matches(&s.req.secret, &wp.secret_hash) {
-            return Ok(SignalOutcome::WrongSecret);
+            let session = wp.session.clone();
+            let mark = self.durable_mark();
+            return Ok(self.signal_answered(s, Some(session), SignalOutcome::WrongSecret, mark));
         }
-        self.record_signal(wp, s, now)
+        let session = wp.session.clone();
+        let mark = self.durable_mark();
+        let out = self.record_signal(wp, s, now)?;
+        Ok(self.signal_answered(s, Some(session), out, mark))
     }
 
     /// A signal the hub itself vouches for (a device wait's outcome, from the link of the
     /// device it is bound to): the rules as for any signal, without the secret.
     pub fn signal_trusted(&mut self, s: &SignalIn, now: u64) -> Result<SignalOutcome, StoreError> {
         let Some(wp) = self.get_wp(&s.req.id)? else {
-            return Ok(SignalOutcome::Unknown);
+            let mark = self.durable_mark();
+            return Ok(self.signal_answered(s, None, SignalOutcome::Unknown, mark));
         };
-        self.record_signal(wp, s, now)
+        let session = wp.session.clone();
+        let mark = self.durable_mark();
+        let out = self.record_signal(wp, s, now)?;
+        Ok(self.signal_answered(s, Some(session), out, mark))
+    }
+
+    /// A signal's lifecycle line and count, once its answer is durable: `info` for one
+    /// taken (accepted, duplicate), `debug` for a refusal (the way in warns about the
+    /// ones its sender must fix, within its budget). Before the lines of what it caused
+    /// (deferred since `mark`: its wake, its waitpoint ended).
+    fn signal_answered(
+        &mut self,
+        s: &SignalIn,
+        session: Option<String>,
+        out: SignalOutcome,
+        mark: usize,
+    ) -> SignalOutcome {
+        let (id, source, result) = (s.req.id.clone(), s.source.clone(), out.as_str());
+        let state = match &out {
+            SignalOutcome::Accepted { state } | SignalOutcome::Duplicate { state } => {
+                state.as_str()
+            }
+            _ => "-",
+        };
+        self.on_durable_at(mark, move || {
+            crate::metrics::metrics().signal(&source, result);
+            let session = session.as_deref().unwrap_or("-");
+            if matches!(result, "accepted" | "duplicate") {
+                tracing::info!(waitpoint = %id, session = %session, source = %source, result = %result, state = %state, "signal answered");
+            } else {
+                tracing::debug!(waitpoint = %id, session = %session, source = %source, result = %result, "signal answered");
+            }
+        });
+        out
+    }
+
+    /// A waitpoint's state changed from `from` (`None`: it was just created): counted, and
+    /// its lifecycle line (armed, or ended: resolved, expired, cancelled), once durable.
+    pub(crate) fn state_moved(&mut self, wp: &Waitpoint, from: Option<State>) {
+        let to = wp.state;
+        if from == Some(to) {
+            return;
+        }
+        let (id, session, device) = (wp.id.clone(), wp.session.clone(), wp.device.clone());
+        self.on_durable(move || {
+            crate::metrics::metrics().waitpoint_moved(from.map(State::as_str), Some(to.as_str()));
+            match (from, device) {
+                (None, Some(device)) => {
+                    tracing::info!(waitpoint = %id, session = %session, device = %device, "waitpoint armed");
+                }
+                (None, None) => {
+                    tracing::info!(waitpoint = %id, session = %session, "waitpoint armed");
+                }
+                (Some(_), _) => {
+                    tracing::info!(waitpoint = %id, session = %session, state = %to.as_str(), "waitpoint ended");
+                }
+            }
+        });
     }
 
     fn record_signal(
@@ -560,8 +624,18 @@ impl Tx<'_> {
         let session = wp.session.clone();
         if let Some(seq) = self.append_event(&session, EventBody::Wake(Box::new(wake)), now)? {
             wp.delivered(plan.index, seq, None);
+            self.wake_delivered(wp, &session, plan, seq);
         }
         Ok(())
+    }
+
+    /// A wake's lifecycle line and count, once durable.
+    fn wake_delivered(&mut self, wp: &Waitpoint, session: &str, plan: &WakePlan, seq: u64) {
+        let (id, session, reason) = (wp.id.clone(), session.to_string(), plan.reason.as_str());
+        self.on_durable(move || {
+            crate::metrics::metrics().wake(reason);
+            tracing::info!(waitpoint = %id, session = %session, reason = %reason, seq, "wake delivered");
+        });
     }
 
     /// A `spawn` monitor's wake: a new session, fixed with the monitor's setup, whose
@@ -598,6 +672,7 @@ impl Tx<'_> {
         self.fix_agent(&view.id, &mut rec, setup.config, &setup.prefix)?;
         self.put_agent(&view.id, &rec)?;
         if let Some(seq) = self.append_event(&view.id, EventBody::Wake(Box::new(wake)), now)? {
+            self.wake_delivered(wp, &view.id, plan, seq);
             wp.delivered(plan.index, seq, Some(view.id));
         }
         Ok(())
@@ -616,7 +691,12 @@ impl Tx<'_> {
             self.keys().remove((id, k.as_str()))?;
         }
         self.session_wps().remove((wp.session.as_str(), id))?;
-        self.wps().remove((id, STATE))?;
+        let held = self.wps().remove((id, STATE))?;
+        if let Some(from) = held.and_then(|h| super::tables::state_of(h.value())) {
+            self.on_durable(move || {
+                crate::metrics::metrics().waitpoint_moved(Some(from.as_str()), None);
+            });
+        }
         Ok(())
     }
 }
@@ -830,5 +910,33 @@ impl Tx<'_> {
     /// How many entries the deadline index holds (for tests and status).
     pub fn deadline_count(&self) -> Result<u64, StoreError> {
         self.table(&DEADLINES).count()
+    }
+
+    /// How many waitpoints the store holds in each state (the metrics' gauge at start):
+    /// every waitpoint has one entry in the deadline index.
+    pub fn waitpoint_counts(&self) -> Result<Vec<(&'static str, i64)>, StoreError> {
+        let mut counts = [0i64; 4];
+        let states = [
+            State::Armed,
+            State::Resolved,
+            State::Expired,
+            State::Cancelled,
+        ];
+        let wps = self.table(&WAITPOINTS);
+        for r in self.table(&DEADLINES).iter()? {
+            let (k, _) = r?;
+            let (_, id) = k.value();
+            if let Some(v) = wps.get((id, STATE))?
+                && let Some(st) = super::tables::state_of(v.value())
+                && let Some(i) = states.iter().position(|s| *s == st)
+            {
+                counts[i] += 1;
+            }
+        }
+        Ok(states
+            .iter()
+            .zip(counts)
+            .map(|(s, n)| (s.as_str(), n))
+            .collect())
     }
 }

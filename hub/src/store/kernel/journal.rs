@@ -228,9 +228,11 @@ impl Journal {
     ) -> Result<u64, JournalError> {
         let mark = self.mark();
         let seq = self.write(payloads)?;
+        let started = std::time::Instant::now();
         if let Err(source) = self.sync() {
             return Err(JournalError::after(source, self.erase(mark)));
         }
+        crate::metrics::metrics().fsync(started.elapsed().as_secs_f64());
         Ok(seq)
     }
 

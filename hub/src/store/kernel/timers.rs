@@ -101,7 +101,17 @@ mod tests {
         let snap = Snapshot::open(&db.begin_read().expect("r"), &REG).expect("snap");
         let (mut cur, mut undo, mut notices) = (Overlay::new(2), Vec::new(), Notices::new());
         {
-            let mut t = Tx::new(&REG, &snap, None, &mut cur, &mut undo, &mut notices, &());
+            let mut after = Vec::new();
+            let mut t = Tx::new(
+                &REG,
+                &snap,
+                None,
+                &mut cur,
+                &mut undo,
+                &mut notices,
+                &mut after,
+                &(),
+            );
             t.reschedule("wake", "wp_b", None, Some(300)).expect("b");
             t.reschedule("wake", "wp_a", None, Some(200)).expect("a");
             t.reschedule("device-wait", "wp_c", None, Some(100))

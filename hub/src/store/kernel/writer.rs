@@ -6,7 +6,8 @@
 //!    own changes undone and its caller told, the others go on;
 //! 2. [`Writer::journal`]: the batch's changes become one record, appended and
 //!    `fdatasync`ed ([`BatchOutcome`] says how that went);
-//! 3. [`Writer::answer`]: notices are published, then every caller is answered;
+//! 3. [`Writer::answer`]: notices are published, then every caller is answered, then
+//!    what the batch's jobs deferred until it was durable runs (`Tx::on_durable`);
 //! 4. [`Writer::checkpoint`]: finished checkpoints are taken in, and the changes are
 //!    frozen and handed to the checkpoint thread once due.
 //!
@@ -27,7 +28,7 @@ use super::error::StoreError;
 use super::journal::Journal;
 use super::notice::{Notices, Notifier};
 use super::table::{AnyTable, Overlay, Snapshot, Undo, rollback};
-use super::tx::{Tx, outside_writer};
+use super::tx::{Deferred, Tx, outside_writer};
 
 /// How many jobs one batch takes at most.
 const MAX_BATCH: usize = 1024;
@@ -185,35 +186,48 @@ impl<C> Writer<C> {
                 continue;
             }
             batch.push(first);
+            let started = Instant::now();
             while batch.len() < MAX_BATCH {
                 match self.rx.try_recv() {
                     Ok(j) => batch.push(j),
                     Err(_) => break,
                 }
             }
-            let Some((completions, mut undo, notices)) = self.run_jobs(&mut batch) else {
+            let Some((completions, mut undo, notices, after)) = self.run_jobs(&mut batch) else {
                 return; // a test's crash
             };
             let outcome = self.journal(&mut undo);
+            let durable = matches!(outcome, BatchOutcome::Durable);
+            let ok = !matches!(outcome, BatchOutcome::Failed(_));
             self.answer(completions, notices, outcome);
+            if durable {
+                crate::metrics::metrics().commit(started.elapsed().as_secs_f64());
+            }
+            if ok {
+                for f in after {
+                    f();
+                }
+            }
             self.checkpoint();
         }
     }
 
     /// Phase 1: runs every job of the batch. Returns the answers, the batch's changes (to
-    /// journal, or undo), and its notices; `None` on a test's crash.
+    /// journal, or undo), its notices and what it deferred; `None` on a test's crash.
     #[allow(clippy::type_complexity)]
     fn run_jobs(
         &mut self,
         batch: &mut Vec<Job<C>>,
-    ) -> Option<(Vec<Completion>, Vec<Undo>, Notices)> {
+    ) -> Option<(Vec<Completion>, Vec<Undo>, Notices, Vec<Deferred>)> {
         let mut completions = Vec::with_capacity(batch.len());
         let mut undo: Vec<Undo> = Vec::new();
         let mut notices = Notices::new();
+        let mut after: Vec<Deferred> = Vec::new();
         for job in batch.drain(..) {
             match job {
                 Job::Run(f) => {
                     let mark = undo.len();
+                    let deferred = after.len();
                     let before = notices.clone();
                     let frozen = self.frozen.as_ref().map(|(f, _)| f.as_ref());
                     let mut tx = Tx::new(
@@ -223,12 +237,14 @@ impl<C> Writer<C> {
                         &mut self.cur,
                         &mut undo,
                         &mut notices,
+                        &mut after,
                         &self.ctx,
                     );
                     let (done, failed) = f(Some(&mut tx));
                     if failed {
                         rollback(&mut self.cur, &mut undo, mark);
                         notices = before;
+                        after.truncate(deferred);
                     }
                     completions.push(done);
                 }
@@ -239,7 +255,7 @@ impl<C> Writer<C> {
                 Job::Freeze => self.force_freeze = true,
             }
         }
-        Some((completions, undo, notices))
+        Some((completions, undo, notices, after))
     }
 
     /// Phase 2: the batch's changes as one journal record, appended and synced. On

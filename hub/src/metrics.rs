@@ -1,0 +1,231 @@
+//! The hub's metrics, served by `GET /metrics` in the Prometheus text format (0.0.4):
+//! what the hub counts as it happens (signals, wakes, waitpoint states, links opened,
+//! remote waits armed, the store's commit and fsync times) and what is read when scraped
+//! (the fleet, from the device registry).
+//!
+//! One set per process ([`metrics`]), as there is one store per process: the store's
+//! writer thread, the device links and the routes reach it without a handle passed
+//! through every layer. Recording is an atomic add (a family's series is found under a
+//! read lock, created once); no lock is held across an await.
+
+use std::sync::LazyLock;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+/// The `Content-Type` of `GET /metrics`.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// The waitpoint states, as the store names them (`engine::State::as_str`).
+pub const WAITPOINT_STATES: [&str; 4] = ["armed", "resolved", "expired", "cancelled"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SignalLabels {
+    source: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+/// What is read at scrape time rather than counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fleet {
+    /// Enrolled devices with a live link.
+    pub online: i64,
+    /// Enrolled devices without one.
+    pub offline: i64,
+    /// The mesh's open links (past the hello).
+    pub links: i64,
+}
+
+/// Everything the hub counts.
+pub struct Metrics {
+    signals: Family<SignalLabels, Counter>,
+    wakes: Family<ReasonLabels, Counter>,
+    waitpoints: Family<StateLabels, Gauge>,
+    links_opened: Counter,
+    reconnects: Counter,
+    remote_waits: Family<KindLabels, Counter>,
+    commit: Histogram,
+    fsync: Histogram,
+}
+
+/// The process's metrics.
+pub fn metrics() -> &'static Metrics {
+    static M: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+    &M
+}
+
+/// Latency buckets from 50 µs to about 1.6 s (doubling): an fdatasync on an SSD is tens
+/// of microseconds to a few milliseconds, a group commit under load tens of them.
+fn latency_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let m = Metrics {
+            signals: Family::default(),
+            wakes: Family::default(),
+            waitpoints: Family::default(),
+            links_opened: Counter::default(),
+            reconnects: Counter::default(),
+            remote_waits: Family::default(),
+            commit: latency_buckets(),
+            fsync: latency_buckets(),
+        };
+        // Every state is shown from the start, 0 included.
+        for state in WAITPOINT_STATES {
+            m.waitpoints.get_or_create(&StateLabels { state }).set(0);
+        }
+        m
+    }
+
+    /// A signal the store answered: `source` as stored (`http`, `spool`, `device:NAME`,
+    /// `device-wait`), `result` as [`crate::intake::SignalOutcome::as_str`] says.
+    pub fn signal(&self, source: &str, result: &'static str) {
+        self.signals
+            .get_or_create(&SignalLabels {
+                source: source.to_owned(),
+                result,
+            })
+            .inc();
+    }
+
+    /// A wake delivered into a session's log, by its reason (`fired`, `failed`, …).
+    pub fn wake(&self, reason: &'static str) {
+        self.wakes.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// A waitpoint moved from `from` (`None`: created) to `to` (`None`: forgotten).
+    pub fn waitpoint_moved(&self, from: Option<&'static str>, to: Option<&'static str>) {
+        if from == to {
+            return;
+        }
+        if let Some(state) = from {
+            self.waitpoints.get_or_create(&StateLabels { state }).dec();
+        }
+        if let Some(state) = to {
+            self.waitpoints.get_or_create(&StateLabels { state }).inc();
+        }
+    }
+
+    /// The waitpoints by state as the store holds them at start.
+    pub fn set_waitpoints(&self, counts: &[(&'static str, i64)]) {
+        for &(state, n) in counts {
+            self.waitpoints.get_or_create(&StateLabels { state }).set(n);
+        }
+    }
+
+    /// A device's link passed its hello; `again`: that device had one before since the
+    /// hub started (a reconnect).
+    pub fn link_opened(&self, again: bool) {
+        self.links_opened.inc();
+        if again {
+            self.reconnects.inc();
+        }
+    }
+
+    /// A remote wait was created (durably), by kind (`pid`, `file`, …).
+    pub fn remote_wait_armed(&self, kind: &'static str) {
+        self.remote_waits.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    /// One group commit: from its first job run to its callers answered.
+    pub fn commit(&self, seconds: f64) {
+        self.commit.observe(seconds);
+    }
+
+    /// One fdatasync of the store's journal.
+    pub fn fsync(&self, seconds: f64) {
+        self.fsync.observe(seconds);
+    }
+
+    /// The exposition: the counters as they stand and `fleet` as read now.
+    pub fn encode(&self, fleet: Fleet) -> Result<String, std::fmt::Error> {
+        let mut reg = Registry::default();
+        let devices = Family::<StateLabels, Gauge>::default();
+        devices
+            .get_or_create(&StateLabels { state: "online" })
+            .set(fleet.online);
+        devices
+            .get_or_create(&StateLabels { state: "offline" })
+            .set(fleet.offline);
+        reg.register("cortex_devices", "Enrolled devices, by state", devices);
+        let links = Gauge::<i64>::default();
+        links.set(fleet.links);
+        reg.register("cortex_mesh_links", "Open device links", links);
+        reg.register(
+            "cortex_mesh_links_opened",
+            "Device links opened (past the hello) since the hub started",
+            self.links_opened.clone(),
+        );
+        reg.register(
+            "cortex_mesh_reconnects",
+            "Links opened by a device that had one before since the hub started",
+            self.reconnects.clone(),
+        );
+        reg.register(
+            "cortex_signals",
+            "Signals answered, by source (http, spool, device:NAME, device-wait) and result",
+            self.signals.clone(),
+        );
+        reg.register(
+            "cortex_wakes",
+            "Wakes delivered into a session's log, by reason",
+            self.wakes.clone(),
+        );
+        reg.register(
+            "cortex_waitpoints",
+            "Waitpoints the store holds, by state (ended ones until they are forgotten)",
+            self.waitpoints.clone(),
+        );
+        reg.register(
+            "cortex_remote_waits_armed",
+            "Remote waits created, by kind",
+            self.remote_waits.clone(),
+        );
+        reg.register_with_unit(
+            "cortex_store_commit",
+            "One group commit of the store: its jobs run, journaled, fdatasynced, answered",
+            Unit::Seconds,
+            self.commit.clone(),
+        );
+        reg.register_with_unit(
+            "cortex_store_fsync",
+            "One fdatasync of the store's journal",
+            Unit::Seconds,
+            self.fsync.clone(),
+        );
+        let mut out = String::new();
+        prometheus_text::encode(&mut out, &reg)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;
