@@ -359,6 +359,7 @@ fn creation_refuses_bad_parameters_with_a_clear_message() {
     let span = wp["expires_at"].as_u64().expect("t") - wp["created_at"].as_u64().expect("t");
     assert_eq!(span, 168 * 3_600_000, "7 days by default");
     assert_eq!(wp["how_to_signal"]["recommended"], "cli");
+    hub.add_device("gpu1");
     let wp = hub.waitpoint(
         &sid,
         json!({"label": "x", "intent": "y", "device": "gpu1", "members": ["a"]}),
