@@ -336,11 +336,22 @@ const PACKAGES: [(&str, &[&str]); 3] = [
         &[
             "./usr/bin/cortex-hub",
             "./lib/systemd/system/cortex-hub.service",
+            "./usr/share/man/man1/cortex-hub.1",
+            "./usr/share/bash-completion/completions/cortex-hub",
         ],
     ),
     (
         "cortex-cli",
-        &["./usr/bin/cortex", "./usr/bin/cortex-signal"],
+        &[
+            "./usr/bin/cortex",
+            "./usr/bin/cortex-signal",
+            "./usr/share/man/man1/cortex.1",
+            "./usr/share/man/man1/cortex-wait-for.1",
+            "./usr/share/man/man1/cortex-signal.1",
+            "./usr/share/bash-completion/completions/cortex",
+            "./usr/share/zsh/vendor-completions/_cortex-signal",
+            "./usr/share/fish/vendor_completions.d/cortex.fish",
+        ],
     ),
     (
         "cortex-device-agent",
@@ -348,6 +359,7 @@ const PACKAGES: [(&str, &[&str]); 3] = [
             "./usr/bin/cortex-device-agent",
             "./lib/systemd/system/cortex-device-agent@.service",
             "./usr/share/cortex-device-agent/install-agent.sh",
+            "./usr/share/man/man1/cortex-device-agent.1",
         ],
     ),
 ];
@@ -376,6 +388,17 @@ fn the_debian_packages_install_and_their_units_verify() {
     let out = tempfile::tempdir().expect("tmp");
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // The man pages and completions the packages take (what `cargo xtask deb` writes
+    // first), from the xtask the suite built.
+    let dist = Command::new(cortex_tests::bin("xtask"))
+        .arg("dist")
+        .output()
+        .expect("xtask");
+    assert!(
+        dist.status.success(),
+        "xtask dist: {}",
+        String::from_utf8_lossy(&dist.stderr)
+    );
     let mut debs = Vec::new();
     for (package, files) in PACKAGES {
         // The suite's own (dev) binaries, stripped into the package: a release build here
@@ -406,7 +429,10 @@ fn the_debian_packages_install_and_their_units_verify() {
         let listing = String::from_utf8_lossy(&listing.stdout);
         for f in files {
             assert!(
-                listing.lines().any(|l| l.ends_with(f)),
+                // cargo-deb gzips man pages, as Debian's policy asks.
+                listing
+                    .lines()
+                    .any(|l| l.ends_with(f) || l.ends_with(&format!("{f}.gz"))),
                 "{package} lacks {f}: {listing}"
             );
         }
@@ -453,6 +479,10 @@ fn the_debian_packages_install_and_their_units_verify() {
             .unwrap_or_else(|e| panic!("{bin}: {e}"));
         assert!(v.status.success(), "{bin} --version");
     }
+    assert!(
+        base.join("usr/share/man/man1/cortex-wait-for.1.gz")
+            .is_file()
+    );
     // The installed units, as installed: a bare `ExecStart=cortex-…` resolves only when the
     // binary is in /usr/bin; unpacked, it is pointed at the unpacked one.
     let units = base.join("lib/systemd/system");

@@ -10,6 +10,49 @@ use anyhow::{Context, bail};
 /// The crates that ship as packages, with their package names.
 pub const PACKAGES: [&str; 3] = ["cortex-hub", "cortex-cli", "cortex-device-agent"];
 
+/// `cargo xtask dist`: the man pages and shell completions the packages ship, by
+/// package: `TARGET/dist/PACKAGE/man/*.1` and `TARGET/dist/PACKAGE/completions/`, where each
+/// crate's `[package.metadata.deb]` takes them from.
+pub fn run_dist(args: &[&str]) -> anyhow::Result<()> {
+    if !args.is_empty() {
+        bail!("usage: cargo xtask dist");
+    }
+    let root = crate::bench_kit::workspace_root();
+    dist(&crate::bench_kit::target_dir(&root))
+}
+
+fn dist(target: &std::path::Path) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    let by_package: [(&str, Vec<clap::Command>); 3] = [
+        (
+            "cortex-cli",
+            vec![
+                cortex_cli::cmd::Cli::command(),
+                cortex_cli::signal::SignalArgs::command(),
+            ],
+        ),
+        ("cortex-hub", vec![cortex_hub::cli::Args::command()]),
+        (
+            "cortex-device-agent",
+            vec![cortex_device_agent::cli::Args::command()],
+        ),
+    ];
+    for (package, cmds) in by_package {
+        let dir = target.join("dist").join(package);
+        // Nothing stale from a command since renamed.
+        let _ = std::fs::remove_dir_all(&dir);
+        for cmd in cmds {
+            crate::dist_docs::man_of(cmd.clone(), &dir.join("man"))?;
+            crate::dist_docs::completions_of(cmd, &dir.join("completions"))?;
+        }
+    }
+    eprintln!(
+        "xtask: man pages and completions in {}",
+        target.join("dist").display()
+    );
+    Ok(())
+}
+
 pub fn run(args: &[&str]) -> anyhow::Result<()> {
     let mut out: Option<PathBuf> = None;
     let mut build = true;
@@ -37,6 +80,7 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
     if build {
         crate::bench_kit::cargo_build(&root, &PACKAGES)?;
     }
+    dist(&crate::bench_kit::target_dir(&root))?;
     for p in PACKAGES {
         let st = Command::new(&cargo)
             .current_dir(&root)

@@ -45,21 +45,28 @@ pub fn run_man(args: &[&str]) -> anyhow::Result<()> {
 
 /// Writes every binary's completion script for every shell into `dir`; returns the files.
 pub fn completions(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut written = Vec::new();
-    for mut cmd in commands() {
-        let name = cmd.get_name().to_string();
-        for shell in [
-            Shell::Bash,
-            Shell::Zsh,
-            Shell::Fish,
-            Shell::Elvish,
-            Shell::PowerShell,
-        ] {
-            let path = clap_complete::generate_to(shell, &mut cmd, &name, dir)
-                .with_context(|| format!("writing {name}'s {shell} completions"))?;
-            written.push(path);
-        }
+    for cmd in commands() {
+        written.extend(completions_of(cmd, dir)?);
+    }
+    Ok(written)
+}
+
+/// One binary's completion scripts, every shell, into `dir`.
+pub fn completions_of(mut cmd: clap::Command, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let name = cmd.get_name().to_string();
+    let mut written = Vec::new();
+    for shell in [
+        Shell::Bash,
+        Shell::Zsh,
+        Shell::Fish,
+        Shell::Elvish,
+        Shell::PowerShell,
+    ] {
+        let path = clap_complete::generate_to(shell, &mut cmd, &name, dir)
+            .with_context(|| format!("writing {name}'s {shell} completions"))?;
+        written.push(path);
     }
     Ok(written)
 }
@@ -67,14 +74,21 @@ pub fn completions(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 /// Writes a man page for every binary and each of its subcommands into `dir`
 /// (`cortex.1`, `cortex-wait.1`, `cortex-wait-for.1`, …); returns the files.
 pub fn man(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    for cmd in commands() {
+        written.extend(man_of(cmd, dir)?);
+    }
+    Ok(written)
+}
+
+/// One binary's man pages (its own and its subcommands') into `dir`.
+pub fn man_of(mut cmd: clap::Command, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut written = Vec::new();
-    for mut cmd in commands() {
-        // Built, so global flags (--hub, --json) appear on each subcommand's page too.
-        cmd.build();
-        let name = cmd.get_name().to_string();
-        page(&cmd, &name, dir, &mut written)?;
-    }
+    // Built, so global flags (--hub, --json) appear on each subcommand's page too.
+    cmd.build();
+    let name = cmd.get_name().to_string();
+    page(&cmd, &name, dir, &mut written)?;
     Ok(written)
 }
 

@@ -62,8 +62,10 @@ tasks:
       docs/benchmarks.md
   deb [--out DIR] [--no-build]
       the Debian packages cortex-hub, cortex-cli and cortex-device-agent (cargo-deb:
-      cargo install cargo-deb --locked) from stripped release binaries, with the units;
-      default DIR target/debian; see docs/install.md
+      cargo install cargo-deb --locked) from stripped release binaries, with the units,
+      man pages and shell completions; default DIR target/debian; see docs/install.md
+  dist
+      the man pages and completions the packages ship, by package, in target/dist/
   real-model [--base-url URL] [--serve SCRIPT] [--model NAME] [--no-build]
       the runner's story against a real OpenAI-compatible server (default: llama.cpp's
       llama-server with SmolLM2-135M through a serve script): a device_wait_pid call parsed
@@ -86,6 +88,7 @@ fn main() -> ExitCode {
         ["bench", "agent", rest @ ..] => bench_agent::run(rest),
         ["real-model", rest @ ..] => real_model::run(rest),
         ["deb", rest @ ..] => deb::run(rest),
+        ["dist", rest @ ..] => deb::run_dist(rest),
         [] | ["help" | "-h" | "--help", ..] => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
