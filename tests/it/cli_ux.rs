@@ -65,6 +65,14 @@ fn devices_show_the_host_facts_the_agent_told() {
     // A device that never connected has no host facts: a dash, not a gap or an error.
     let spare = lines.iter().find(|l| l.starts_with("spare ")).unwrap();
     assert!(spare.contains("never connected  -"), "{out}");
+
+    // Revoked, it stays in the list as revoked, with the host it last had.
+    let (code, _, err) = hub.cortex(&["device", "revoke", "gpu1"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = hub.cortex(&["devices"]);
+    assert_eq!(code, 0, "{err}");
+    let gpu1 = out.lines().find(|l| l.starts_with("gpu1 ")).unwrap_or("");
+    assert!(gpu1.contains("revoked") && gpu1.contains(hostname), "{out}");
 }
 
 #[test]
