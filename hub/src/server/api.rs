@@ -448,7 +448,7 @@ pub async fn not_found(req: Request<Body>) -> ApiError {
         StatusCode::NOT_FOUND,
         "no_route",
         format!(
-            "no route {} {}; see docs/waitpoints.md for the API",
+            "no route {} {}; see docs/api.md (or GET /api/openapi.json) for the routes",
             req.method(),
             req.uri().path()
         ),

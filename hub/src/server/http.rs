@@ -450,7 +450,10 @@ async fn as_json_error(resp: Response, method: &Method, path: &str) -> Response 
         ),
         StatusCode::UNPROCESSABLE_ENTITY => ("unprocessable", "fix the body".to_string()),
         s if s.is_server_error() => ("server_error", "retry shortly".to_string()),
-        _ => ("refused", "see docs/waitpoints.md for the API".to_string()),
+        _ => (
+            "refused",
+            "see docs/api.md (or GET /api/openapi.json) for the routes".to_string(),
+        ),
     };
     let message = if said.is_empty() {
         hint
