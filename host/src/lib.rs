@@ -10,6 +10,8 @@
 //!   waits run it.
 //! - [`daemon`]: the logging and error exit both daemons' `main` share, and the one wait
 //!   for SIGTERM/SIGINT ([`daemon::shutdown_signal`]).
+//! - [`hostname`]: this machine's name (uname), for the spool's lock line and the hub's
+//!   mesh URL.
 //! - [`notify`]: systemd's notify socket (`READY=1`, `STATUS=`, `WATCHDOG=1`) for both
 //!   daemons' `Type=notify` units.
 //! - [`timing`]: the benchmarks' timing records (`CORTEX_TIMING_FILE`), off and free
@@ -33,3 +35,11 @@ pub mod spool;
 pub mod sse;
 pub mod timing;
 pub mod wait;
+
+/// This machine's host name as the kernel has it (uname(2), not /proc/sys, which the hub's
+/// sandbox hides); `None` when empty.
+pub fn hostname() -> Option<String> {
+    let uts = rustix::system::uname();
+    let name = uts.nodename().to_string_lossy().trim().to_string();
+    (!name.is_empty()).then_some(name)
+}

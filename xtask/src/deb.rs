@@ -22,34 +22,17 @@ pub fn run_dist(args: &[&str]) -> anyhow::Result<()> {
 }
 
 fn dist(target: &std::path::Path) -> anyhow::Result<()> {
-    use clap::CommandFactory;
-    let by_package: [(&str, Vec<clap::Command>); 3] = [
-        (
-            "cortex-cli",
-            vec![
-                cortex_cli::cmd::Cli::command(),
-                cortex_cli::signal::SignalArgs::command(),
-            ],
-        ),
-        ("cortex-hub", vec![cortex_hub::cli::Args::command()]),
-        (
-            "cortex-device-agent",
-            vec![cortex_device_agent::cli::Args::command()],
-        ),
-    ];
-    for (package, cmds) in by_package {
-        let dir = target.join("dist").join(package);
-        // Nothing stale from a command since renamed.
-        let _ = std::fs::remove_dir_all(&dir);
-        for cmd in cmds {
-            crate::dist_docs::man_of(cmd.clone(), &dir.join("man"))?;
-            crate::dist_docs::completions_of(cmd, &dir.join("completions"))?;
-        }
+    let dist = target.join("dist");
+    // Nothing stale from a command since renamed.
+    for package in PACKAGES {
+        let _ = std::fs::remove_dir_all(dist.join(package));
     }
-    eprintln!(
-        "xtask: man pages and completions in {}",
-        target.join("dist").display()
-    );
+    for (package, cmd) in crate::dist_docs::packaged() {
+        let dir = dist.join(package);
+        crate::dist_docs::man_of(cmd.clone(), &dir.join("man"))?;
+        crate::dist_docs::completions_of(cmd, &dir.join("completions"))?;
+    }
+    eprintln!("xtask: man pages and completions in {}", dist.display());
     Ok(())
 }
 

@@ -11,11 +11,19 @@ use clap_complete::Shell;
 
 /// The four binaries' command lines, as their `--help` prints them.
 pub fn commands() -> Vec<clap::Command> {
-    vec![
-        cortex_cli::cmd::Cli::command(),
-        cortex_cli::signal::SignalArgs::command(),
-        cortex_hub::cli::Args::command(),
-        cortex_device_agent::cli::Args::command(),
+    packaged().into_iter().map(|(_, cmd)| cmd).collect()
+}
+
+/// Each binary's command line with the Debian package that ships it (`cargo xtask deb`).
+pub fn packaged() -> [(&'static str, clap::Command); 4] {
+    [
+        ("cortex-cli", cortex_cli::cmd::Cli::command()),
+        ("cortex-cli", cortex_cli::signal::SignalArgs::command()),
+        ("cortex-hub", cortex_hub::cli::Args::command()),
+        (
+            "cortex-device-agent",
+            cortex_device_agent::cli::Args::command(),
+        ),
     ]
 }
 

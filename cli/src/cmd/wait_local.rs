@@ -276,14 +276,11 @@ pub fn not_running(pid: i32) -> String {
 
 pub fn file(args: &FileArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
     let prepared = spec_path(&args.path).and_then(|path| {
-        let store = match &args.cursor {
-            Some(f) => Some(CursorStore::open(f, Path::new(&path), CursorKind::File)?),
-            None => None,
-        };
-        let cursor = store.as_ref().and_then(|s| match s.loaded {
+        let (store, kept) = open_cursor(args.cursor.as_deref(), &path, CursorKind::File)?;
+        let cursor = match kept {
             Some(Kept::File(c)) => Some(c),
             _ => None,
-        });
+        };
         let spec = checked(WaitSpec::File {
             path,
             cursor,
@@ -291,22 +288,16 @@ pub fn file(args: &FileArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         })?;
         Ok((spec, store))
     });
-    match prepared {
-        Ok((spec, store)) => wait(spec, &args.bound, store.as_ref(), out, err),
-        Err(e) => broke(err, &e),
-    }
+    wait_prepared(prepared, &args.bound, out, err)
 }
 
 pub fn log(args: &LogArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
     let prepared = spec_path(&args.path).and_then(|path| {
-        let store = match &args.cursor {
-            Some(f) => Some(CursorStore::open(f, Path::new(&path), CursorKind::Log)?),
-            None => None,
-        };
-        let cursor = store.as_ref().and_then(|s| match s.loaded {
+        let (store, kept) = open_cursor(args.cursor.as_deref(), &path, CursorKind::Log)?;
+        let cursor = match kept {
             Some(Kept::Log(c)) => Some(c),
             _ => None,
-        });
+        };
         let spec = checked(WaitSpec::Log {
             path,
             pattern: args.pattern.clone(),
@@ -315,8 +306,32 @@ pub fn log(args: &LogArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         })?;
         Ok((spec, store))
     });
+    wait_prepared(prepared, &args.bound, out, err)
+}
+
+/// The `--cursor` file's store for `path` when one was given, and the position it kept.
+fn open_cursor(
+    file: Option<&Path>,
+    path: &str,
+    kind: CursorKind,
+) -> anyhow::Result<(Option<CursorStore>, Option<Kept>)> {
+    let store = match file {
+        Some(f) => Some(CursorStore::open(f, Path::new(path), kind)?),
+        None => None,
+    };
+    let kept = store.as_ref().and_then(|s| s.loaded);
+    Ok((store, kept))
+}
+
+/// Waits on a spec built from the arguments, or says why none could be built (exit 2).
+fn wait_prepared(
+    prepared: anyhow::Result<(WaitSpec, Option<CursorStore>)>,
+    bound: &Bound,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
     match prepared {
-        Ok((spec, store)) => wait(spec, &args.bound, store.as_ref(), out, err),
+        Ok((spec, store)) => wait(spec, bound, store.as_ref(), out, err),
         Err(e) => broke(err, &e),
     }
 }

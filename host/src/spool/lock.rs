@@ -41,11 +41,7 @@ impl Collector {
 
     /// `PROGRAM pid PID on host HOST [(device NAME)] since TIME`: this process, now.
     pub(super) fn holder_line(&self) -> String {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_owned())
-            .ok()
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "(unknown)".to_owned());
+        let host = crate::hostname().unwrap_or_else(|| "(unknown)".to_owned());
         let device = self
             .device
             .as_ref()

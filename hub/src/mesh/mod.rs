@@ -125,7 +125,7 @@ impl Bound {
         let url = match (&setup.public_url, &setup.tls) {
             (Some(u), _) => u.clone(),
             (None, Some((cert, _))) => {
-                let hostname = hostname();
+                let hostname = cortex_host::hostname();
                 match tls::url_host(cert, addr, hostname.as_deref()) {
                     Some(host) => format!("wss://{host}:{}{MESH_PATH}", addr.port()),
                     None => {
@@ -151,21 +151,13 @@ impl Bound {
 fn url(addr: SocketAddr, tls: bool) -> String {
     let scheme = if tls { "wss" } else { "ws" };
     let host = if addr.ip().is_unspecified() {
-        hostname().unwrap_or_else(|| "HUB-HOST".into())
+        cortex_host::hostname().unwrap_or_else(|| "HUB-HOST".into())
     } else if addr.is_ipv6() {
         format!("[{}]", addr.ip())
     } else {
         addr.ip().to_string()
     };
     format!("{scheme}://{host}:{}{MESH_PATH}", addr.port())
-}
-
-/// This machine's host name, as the kernel has it (uname(2): /proc/sys is hidden under
-/// the shipped unit's `ProcSubset=pid`).
-fn hostname() -> Option<String> {
-    let uts = rustix::system::uname();
-    let name = uts.nodename().to_string_lossy().trim().to_string();
-    (!name.is_empty()).then_some(name)
 }
 
 /// `--public-url` checked: `ws://` or `wss://` as the mesh serves it, a host, and the
