@@ -85,11 +85,17 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List the sessions: id, title, armed waitpoints, created
+    /// List the sessions, newest first: id, title, state (running, idle, waiting on a
+    /// machine, waiting on you, failed, cancelled), kind (agent or mailbox), armed
+    /// waitpoints, created
     #[command(
-        after_help = "Examples:\n  cortex sessions\n  cortex sessions --json | jq -r '.[].id'"
+        after_help = "Examples:\n  cortex sessions\n  cortex sessions --json | jq -r '.[] | select(.state == \"waiting_on_you\") | .id'"
     )]
     Sessions,
+    /// List the armed waitpoints of every session, oldest first: what the hub still
+    /// waits on
+    #[command(after_help = "Examples:\n  cortex waits\n  cortex waits --json | jq -r '.[].id'")]
+    Waits,
     /// Create a session, post a message to one, read its events, delete one
     #[command(
         subcommand,
@@ -181,9 +187,10 @@ pub enum DeviceCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum SessionCommand {
-    /// Create a session and print its id
+    /// Create a session and print its id: an agent session (a model answers its messages
+    /// and wakes) with any agent flag or --runs, else a mailbox (recorded, never answered)
     #[command(
-        after_help = "Examples:\n  cortex session new --title nightly\n  cortex session new --instructions @prompt.md --schema @answer.schema.json"
+        after_help = "Examples:\n  cortex session new --title nightly              # a mailbox, for scripts and waits\n  cortex session new --instructions @prompt.md --schema @answer.schema.json\n  cortex session new --runs --allow ''             # a model on the defaults, shown no tools"
     )]
     New(NewArgs),
     /// Post a message to a session (read at its next turn, or now); with --follow, print
@@ -324,7 +331,8 @@ pub struct NewArgs {
     /// Tools refused outright (comma-separated)
     #[arg(long, value_name = "TOOLS", value_delimiter = ',')]
     pub deny: Option<Vec<String>>,
-    /// Only these tools run (comma-separated); the others are refused
+    /// Only these tools are shown to the model and run (comma-separated); the others are
+    /// refused. --allow '' shows it no tools at all
     #[arg(long, value_name = "TOOLS", value_delimiter = ',')]
     pub allow: Option<Vec<String>>,
     /// An approval not answered within this long denies the call (30s, 10m, 2h)
@@ -341,6 +349,12 @@ pub struct NewArgs {
     /// enforces best]
     #[arg(long, value_name = "auto|emit|respond|native", requires = "schema", value_parser = parse_strategy)]
     pub strategy: Option<cortex_protocol::api::OutputStrategy>,
+    /// A model runs turns for it on the hub's defaults, with no other agent flag (any of
+    /// --instructions, --examples, --max-tokens, --allow, --deny, --require-approval,
+    /// --approval-timeout, --unattended, --schema implies it). Without any, the session
+    /// is a mailbox: its messages and wakes are recorded and no turn runs
+    #[arg(long)]
+    pub runs: bool,
 }
 
 fn parse_strategy(v: &str) -> Result<cortex_protocol::api::OutputStrategy, String> {
@@ -547,6 +561,7 @@ fn execute(
     let json = cli.json;
     match &cli.command {
         Command::Sessions => sessions::list(&hub, json, out)?,
+        Command::Waits => wait::armed(&hub, json, out)?,
         Command::Session(SessionCommand::New(args)) => {
             let body = sessions::create_body(args, &mut || {
                 let mut s = String::new();
@@ -571,7 +586,7 @@ fn execute(
             if *follow {
                 return sessions::say_follow(&hub, &post, *reasoning, json, &env.term, out, err);
             }
-            sessions::say(&hub, &post, json, out)?
+            sessions::say(&hub, &post, json, out, err)?
         }
         Command::Session(SessionCommand::Delete { sid }) => sessions::delete(&hub, sid, json, out)?,
         Command::Session(SessionCommand::Cancel { sid, turn }) => {

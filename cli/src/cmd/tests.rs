@@ -45,6 +45,9 @@ fn session_view(id: &str, title: Option<&str>, armed: u32) -> SessionView {
         last_seq: 3,
         armed_waitpoints: armed,
         spawned_from: None,
+        runs: false,
+        state: Default::default(),
+        config: None,
     }
 }
 
@@ -750,6 +753,7 @@ fn instructions_text_at_at_and_stdin() {
         unattended: false,
         schema: None,
         strategy: None,
+        runs: false,
     };
     let mut stdin = || Ok("from stdin".to_string());
     let body = sessions::create_body(&args("plain"), &mut stdin).expect("body");

@@ -238,9 +238,20 @@ pub fn finish(
                             CreateDeviceWaitOutcome::Invalid(e) => e.to_string(),
                             CreateDeviceWaitOutcome::Created { .. } => String::new(),
                         };
+                        let shown = t
+                            .agent(sid)?
+                            .map(|r| super::tools::Shown::of_record(&r))
+                            .unwrap_or_else(|| super::tools::Shown::of(&Default::default()));
+                        let next = if shown.has("device_wait_pid") {
+                            format!("call device_wait_pid with pid {}", started.pid)
+                        } else {
+                            format!(
+                                "its pid is {}; nothing will wake you when it exits",
+                                started.pid
+                            )
+                        };
                         result["wait_error"] = json!(format!(
-                            "it runs, but its wait could not be armed ({why}); call device_wait_pid with pid {}",
-                            started.pid
+                            "it runs, but its wait could not be armed ({why}); {next}"
                         ));
                     }
                 }

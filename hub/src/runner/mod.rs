@@ -185,6 +185,10 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
     stop.clear();
     let s = sid.to_string();
     let mut wrote = write(state, sid, 0, move |t, env| {
+        // A mailbox is never driven (an older hub may have queued one).
+        if !t.claim_runs(&s)? {
+            return Ok((Next::Idle, Vec::new()));
+        }
         let (mut prepared, mut secrets) = (HashMap::new(), Vec::new());
         let next = turn::boundary(t, &s, env, &mut prepared, &mut secrets)?;
         Ok((next, secrets))
@@ -224,7 +228,7 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
             Next::Prepare { calls, .. } => {
                 let mut ready = Vec::with_capacity(calls.len());
                 for c in calls {
-                    let p = prepare(state, sid, &c).await;
+                    let p = prepare(state, sid, &c, &shape.shown).await;
                     ready.push((c, p));
                 }
                 let s = sid.to_string();
@@ -292,6 +296,8 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
 /// it) and its output's checks and transport.
 struct Shape {
     specs: Vec<ToolSpec>,
+    /// The built-in tools among `specs`: what a tool error's hint may name.
+    shown: tools::Shown,
     output: Output,
     transport: Transport,
     plan: Option<output::Plan>,
@@ -299,14 +305,14 @@ struct Shape {
 
 impl Shape {
     fn of(config: Option<&AgentConfig>, caps: &output::Caps) -> Shape {
-        let mut specs = config.map_or_else(
-            || gate::shown_specs(&Default::default()),
-            |c| gate::shown_specs(&c.policy),
-        );
+        let policy = config.map(|c| c.policy.clone()).unwrap_or_default();
+        let mut specs = gate::shown_specs(&policy);
+        let shown = tools::Shown::of(&policy);
         let typed = config.and_then(|c| c.output.as_ref().zip(c.transport));
         let Some((o, transport)) = typed else {
             return Shape {
                 specs,
+                shown,
                 output: Output::chat(),
                 transport: Transport::Emit,
                 plan: None,
@@ -324,6 +330,7 @@ impl Shape {
         }
         Shape {
             specs,
+            shown,
             output,
             transport,
             plan: Some(plan),
@@ -474,7 +481,7 @@ async fn step_once(
                     }
                     let mut calls = Vec::with_capacity(run.len());
                     for call in run {
-                        let p = prepare(state, sid, &call).await;
+                        let p = prepare(state, sid, &call, &shape.shown).await;
                         calls.push((call, p));
                     }
                     turn::Reply::Calls(calls)
@@ -590,8 +597,13 @@ fn live_piece(
 
 /// Prepares one tool call ([`tools::prepare`]), building a `wait_create`'s spawned
 /// sessions' configuration and prefix here, where the prefix is known.
-async fn prepare(state: &AppState, sid: &str, call: &crate::model::ToolCall) -> tools::Prepared {
-    tools::prepare(state, sid, call)
+async fn prepare(
+    state: &AppState,
+    sid: &str,
+    call: &crate::model::ToolCall,
+    shown: &tools::Shown,
+) -> tools::Prepared {
+    tools::prepare(state, sid, call, shown)
         .await
         .build_spawn(|parent, instructions| {
             let (config, prefix) =

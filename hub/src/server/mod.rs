@@ -49,6 +49,7 @@ pub fn router(state: AppState) -> Router {
             "/sessions/{sid}/waitpoints",
             post(api::create_waitpoint).get(api::session_waitpoints),
         )
+        .route("/waitpoints", get(api::armed_waitpoints))
         .route(
             "/waitpoints/{id}",
             get(api::get_waitpoint).delete(api::cancel_waitpoint),

@@ -376,7 +376,20 @@ fn log_ok(page: RefOr<Schema>, example: Value) -> ResponseBuilder {
 
 fn session_example() -> Value {
     json!({"id": "ses_f34c0a6e83ea", "title": "nightly eval", "created_at": 1796166166252_u64,
-           "last_seq": 0, "armed_waitpoints": 0})
+           "last_seq": 0, "armed_waitpoints": 0, "runs": true, "state": "idle"})
+}
+
+fn session_with_config_example() -> Value {
+    let mut v = session_example();
+    v["config"] = json!({
+        "instructions": "You watch training jobs.",
+        "examples": [],
+        "stop": {"steps": 10, "repeatedCalls": 3, "outputRetries": 3},
+        "policy": {"requireApproval": ["device_exec"]},
+        "tools": ["wait_create", "wait_check", "wait_cancel", "devices", "device_exec"],
+        "unattended": false
+    });
+    v
 }
 
 fn how_to_signal_example(id: &str, recommended: &str) -> Value {
@@ -482,7 +495,11 @@ fn sessions(d: &mut Doc) {
             "Create a session",
             "Every field is optional, and so is the body. `instructions`, `examples`, \
              `maxTokens`, `stop`, `policy`, `unattended` and `output` configure the hub's agent \
-             loop for the session (the hub's defaults, settings.json `agent`, fill the rest).",
+             loop for the session (the hub's defaults, settings.json `agent`, fill the rest); \
+             any of them makes an agent session, whose messages and wakes a model answers. \
+             Without any (or with `runs: false`) it is a mailbox: messages and wakes are \
+             recorded for a script and no turn runs. `runs: true` makes an agent session on \
+             the defaults alone.",
         )
         .request_body(Some(body.build()))
         .response("201", created)
@@ -499,21 +516,29 @@ fn sessions(d: &mut Doc) {
             "sessions",
             "listSessions",
             "List the sessions",
-            "Every session, oldest first.",
+            "Every session, oldest first, with `runs` (an agent session or a mailbox) and \
+             its `state`.",
         )
         .response("200", list),
     );
 
-    let one = d.json::<SessionView>("The session", session_example());
+    let one = d.json::<SessionView>("The session", session_with_config_example());
     let missing = d.error("No such session", &["not_found"]);
     d.add(
         HttpMethod::Get,
         "/api/sessions/{sid}",
         Access::Operator,
-        op("sessions", "getSession", "One session", "One session.")
-            .parameter(sid())
-            .response("200", one)
-            .response("404", missing),
+        op(
+            "sessions",
+            "getSession",
+            "One session",
+            "One session, with its `state` and, for an agent session, its `config` (the \
+             instructions, worked example, bounds, policy and the tools it is shown; never a \
+             secret).",
+        )
+        .parameter(sid())
+        .response("200", one)
+        .response("404", missing),
     );
 
     let deleted = d.json::<shapes::SessionDeleted>(
@@ -712,6 +737,34 @@ fn waitpoints(d: &mut Doc) {
         .parameter(sid())
         .response("200", list)
         .response("404", missing),
+    );
+
+    let armed = d.json_list::<WaitpointView>(
+        "Every armed waitpoint across the sessions, oldest first, never a secret",
+        json!([waitpoint_view_example()]),
+    );
+    let bad = d.error("A `state` other than `armed`", &["bad_request"]);
+    d.add(
+        HttpMethod::Get,
+        "/api/waitpoints",
+        Access::Operator,
+        op(
+            "waitpoints",
+            "listArmedWaitpoints",
+            "Armed waitpoints, hub-wide",
+            "What is still waited on, in every session (`cortex waits`).",
+        )
+        .parameter(query_param(
+            "state",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(["armed"]))
+                .build()
+                .into(),
+            "Which waitpoints: `armed` (the default and only value)",
+        ))
+        .response("200", armed)
+        .response("400", bad),
     );
 
     let scope = || {

@@ -170,6 +170,11 @@ pub struct AgentRecord {
     /// The session was cancelled: it runs no more turns.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cancelled: bool,
+    /// A model runs turns for it (`true`, an agent session) or it is a mailbox (`false`):
+    /// fixed when it is made. `None` in rows from before sessions said so, decided from
+    /// what they hold ([`Tx::session_runs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<bool>,
 }
 
 impl AgentRecord {
@@ -190,6 +195,15 @@ impl AgentRecord {
             timers: Vec::new(),
             joining: Vec::new(),
             cancelled: false,
+            runs: None,
+        }
+    }
+
+    /// The row of a mailbox: no configuration, and no turn ever runs.
+    pub fn mailbox() -> Self {
+        AgentRecord {
+            runs: Some(false),
+            ..AgentRecord::new(None)
         }
     }
 }
@@ -226,7 +240,80 @@ impl Tx<'_> {
         }
         rec.prefix_len = rec.transcript_len;
         rec.config = Some(config);
+        rec.runs = Some(true);
         Ok(())
+    }
+
+    /// Whether a model runs turns for `sid` (row `rec`): as the row says, else (a row
+    /// from before rows said so) from what it holds, by
+    /// [`crate::session_state::legacy_runs`]. No row: a mailbox.
+    pub fn session_runs(&self, sid: &str, rec: Option<&AgentRecord>) -> Result<bool, StoreError> {
+        let Some(rec) = rec else {
+            return Ok(false);
+        };
+        if let Some(r) = rec.runs {
+            return Ok(r);
+        }
+        let c = rec.config.as_ref();
+        let stored = crate::session_state::Stored {
+            instructions: c.map(|c| c.instructions.as_str()),
+            examples: c.is_some_and(|c| !c.examples.is_empty()),
+            output: c.is_some_and(|c| c.output.is_some()),
+        };
+        let mut failed = None;
+        let replied =
+            crate::session_state::legacy_runs(stored, || match self.model_replied(sid, rec) {
+                Ok(r) => r,
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(replied),
+        }
+    }
+
+    /// Whether the transcript holds a model's reply after the prefix (read until the
+    /// first one).
+    fn model_replied(&self, sid: &str, rec: &AgentRecord) -> Result<bool, StoreError> {
+        #[derive(Deserialize)]
+        struct RoleOnly {
+            role: crate::model::Role,
+        }
+        for r in self
+            .table(&TRANSCRIPT)
+            .range((sid, rec.prefix_len)..(sid, rec.transcript_len.max(rec.prefix_len)))?
+        {
+            let v = r?.1;
+            let m: RoleOnly = serde_json::from_slice(v.value())
+                .map_err(|e| StoreError::Decode(format!("a transcript message: {e}")))?;
+            if m.role == crate::model::Role::Assistant {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The runner's check before it drives `sid`: whether a model runs turns for it. A
+    /// mailbox found in the ready queue (queued by a hub that did not tell them apart)
+    /// is taken out of it, its input left unread; a row that did not say is fixed to
+    /// what was decided.
+    pub fn claim_runs(&mut self, sid: &str) -> Result<bool, StoreError> {
+        let Some(mut rec) = self.agent(sid)? else {
+            return Ok(false);
+        };
+        let runs = self.session_runs(sid, Some(&rec))?;
+        let before = rec.clone();
+        rec.runs = Some(runs);
+        if !runs && (rec.status != RunStatus::Idle || rec.ready_order != 0) {
+            self.make_idle(sid, &mut rec)?;
+        }
+        if rec != before {
+            self.put_agent(sid, &rec)?;
+        }
+        Ok(runs)
     }
 
     /// Appends one message to a session's transcript (the caller saves `rec`).
@@ -271,6 +358,14 @@ impl Tx<'_> {
             Some(r) => (r, false),
             None => (AgentRecord::new(None), true),
         };
+        // A mailbox only records: no turn runs, so it never joins the queue.
+        if !self.session_runs(sid, (!fresh).then_some(&rec))? {
+            if rec.runs.is_none() && !fresh {
+                rec.runs = Some(false);
+                self.put_agent(sid, &rec)?;
+            }
+            return Ok(());
+        }
         // A ready or running session takes the item at its next boundary: its row does
         // not change, and is not written again.
         if rec.status != RunStatus::Idle && !fresh {
@@ -471,6 +566,7 @@ impl Tx<'_> {
                 seq: seq.value(),
                 duplicate: true,
                 runs: false,
+                mailbox: false,
             }));
         }
         let Some(p) = self

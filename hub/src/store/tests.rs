@@ -1107,7 +1107,10 @@ async fn parked(store: &Store, kind: &str, expires_at: Option<u64>) -> (String, 
     let (s, r) = (sid.clone(), request.clone());
     store
         .exec(move |t| {
-            let mut rec = AgentRecord::new(None);
+            let mut rec = AgentRecord {
+                runs: Some(true),
+                ..AgentRecord::new(None)
+            };
             t.park(&s, &mut rec, r)?;
             t.put_agent(&s, &rec)
         })

@@ -51,6 +51,9 @@ fn session(last_seq: u64) -> String {
         last_seq,
         armed_waitpoints: 1,
         spawned_from: None,
+        runs: false,
+        state: Default::default(),
+        config: None,
     };
     serde_json::to_string(&s).expect("ser")
 }
