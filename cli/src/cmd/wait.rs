@@ -53,7 +53,9 @@ pub fn create_body(args: &CreateArgs) -> anyhow::Result<CreateWaitpoint> {
         quorum: args.quorum,
         fail_fast: args.fail_fast,
         max_signals: args.max_signals,
-        expires_in_hours: args.expires_in_hours,
+        expires_in_hours: args
+            .expires_in_hours
+            .or(args.expires_in.map(|d| d.as_secs_f64() / 3600.0)),
         device: args.device.clone(),
         silence_after: seconds(args.silence_after),
         coalesce: seconds(args.coalesce),

@@ -615,6 +615,19 @@ impl Waitpoint {
         }
     }
 
+    /// When the store must next run this waitpoint's rules: its [`Self::timer`], or its
+    /// expiry, whichever comes first. Expiry is a timer like the others, so a waitpoint
+    /// expires at its deadline, not at the next sweep.
+    pub fn next_due(&self) -> Option<u64> {
+        if self.state != State::Armed {
+            return None;
+        }
+        Some(
+            self.timer()
+                .map_or(self.expires_at, |t| t.min(self.expires_at)),
+        )
+    }
+
     /// When the next `silent` wake is due, while armed.
     pub fn silence_due_at(&self) -> Option<u64> {
         if self.state == State::Armed {

@@ -1054,3 +1054,32 @@ fn state_from_before_the_new_rules_still_decodes() {
         (None, None, None)
     );
 }
+
+#[test]
+fn expiry_is_a_timer_like_the_others() {
+    let s = settings();
+    // 7 s: the store runs the rules at the deadline itself, not at the next sweep.
+    let mut w = wp(CreateParams {
+        expires_in_hours: Some(7.0 / 3600.0),
+        ..params("short")
+    });
+    let deadline = w.expires_at;
+    assert_eq!(w.timer(), None, "no wake decided, no silence");
+    assert_eq!(w.next_due(), Some(deadline), "the expiry alone");
+    assert!(w.tick(&s, deadline - 1).is_empty());
+    let fx = w.tick(&s, deadline);
+    assert_eq!(wakes(&fx), vec![(WakeReason::Expired, 0, 0)]);
+    assert_eq!(w.next_due(), None, "ended: nothing more is due");
+
+    // The earlier of a timer and the expiry.
+    let mut w = wp(CreateParams {
+        silence_after: secs(60.0),
+        expires_in_hours: Some(0.5),
+        ..params("quiet")
+    });
+    assert_eq!(w.next_due(), Some(T0 + 60_000), "the silence first");
+    w.tick(&s, T0 + 60_000);
+    assert_eq!(w.next_due(), Some(w.expires_at), "then the expiry");
+    assert!(w.cancel(T0 + 61_000));
+    assert_eq!(w.next_due(), None, "cancelled");
+}
