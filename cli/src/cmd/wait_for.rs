@@ -225,7 +225,7 @@ impl Waiter<'_> {
                         if self.announce {
                             let _ = writeln!(err, "cortex: {wp} is {state}; its last wake:");
                         }
-                        return self.fire(&wake, out, err);
+                        return self.take(&wake, out, err);
                     }
                     if !view.wakes.is_empty() && view.wakes.iter().all(|w| w.delivered) {
                         return Err(Broke(format!(
@@ -364,6 +364,8 @@ impl Waiter<'_> {
                     }
                 }
             }
+            // A remote wait (`cortex wait pid --device`) keeps to its one armed line.
+            _ if !self.announce => {}
             _ => {
                 let _ = writeln!(
                     err,
