@@ -782,6 +782,10 @@ pub struct WaitpointView {
     pub signals: Vec<SignalView>,
     pub wakes: Vec<WakeView>,
     pub badges: Badges,
+    /// How far it got, counted by the one rule every view uses
+    /// (`cortex_protocol::progress`); absent from hubs older than it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<crate::progress::Progress>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -386,7 +386,7 @@ fn how_to_signal_example(id: &str, recommended: &str) -> Value {
     json!({
         "env": format!("export CORTEX_SIGNAL_ID={id} CORTEX_SIGNAL_SECRET={secret}"),
         "cli": format!("cortex-signal --exit-code $? --url {url}"),
-        "curl": format!("curl -sS -XPOST {url} -H 'content-type: application/json' -d '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"ok\",\"message\":\"done\"}}'"),
+        "curl": format!("r=$(curl -sS -w ' %{{http_code}}' -XPOST {url} -H 'content-type: application/json' -d '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"ok\",\"message\":\"done\"}}'); printf '%s\\n' \"${{r% *}}\"; case \"${{r##* }}\" in 2??|410) ;; *) false ;; esac"),
         "shell": format!("s=$?; d=\"${{CORTEX_HOME:-$HOME/.cortex}}/tmp/signals\"; f=\"$d/$(date +%s%N)-$$-$RANDOM\"; mkdir -p \"$d\"; printf '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":\"exit=%s\"}}' \"$([ $s -eq 0 ] && echo ok || echo fail)\" \"$s\" > \"$f.tmp\" && mv \"$f.tmp\" \"$f.json\""),
         "attach_to_pid": format!("(while kill -0 PID 2>/dev/null; do sleep 5; done; CORTEX_SIGNAL_ID={id} CORTEX_SIGNAL_SECRET={secret} cortex-signal --status ok --message \"pid PID exited\" --url {url}) &"),
         "recommended": recommended,
@@ -420,6 +420,8 @@ fn waitpoint_view_example() -> Value {
         "wakes": [{"reason": "fired", "at": 1796166168130_u64, "delivered": true}],
         "badges": {"wake_limit_reached": false, "delivery_attempts": 0, "wakes_this_hour": 1,
                    "max_wakes_per_hour": 12},
+        "progress": {"received": 1, "quorum": 1, "reports": 1, "failed": 0, "heartbeats": 0,
+                     "wakes": 1, "max_signals": 1, "summary": "1/1"},
     })
 }
 

@@ -878,6 +878,13 @@ impl Tx<'_> {
                 spawned: None,
             });
         }
+        let mut facts = wp.progress_facts();
+        // A state written before fails were counted: the listed signals say at least this.
+        let listed_fails = signals
+            .iter()
+            .filter(|s| s.status == cortex_protocol::SignalStatus::Fail)
+            .count() as u64;
+        facts.failed = facts.failed.max(listed_fails);
         Ok(WaitpointView {
             id: wp.id.clone(),
             session: wp.session.clone(),
@@ -905,6 +912,7 @@ impl Tx<'_> {
                 wakes_this_hour: wp.wakes_in_hour(now, settings),
                 max_wakes_per_hour: settings.max_wakes_per_hour,
             },
+            progress: Some(cortex_protocol::progress::progress(facts)),
         })
     }
 

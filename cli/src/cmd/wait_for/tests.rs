@@ -39,6 +39,7 @@ fn view(state: &str, expires_at: u64, wakes: Vec<WakeView>, device: Option<&str>
             wakes_this_hour: 0,
             max_wakes_per_hour: 12,
         },
+        progress: None,
     };
     serde_json::to_string(&v).expect("ser")
 }
