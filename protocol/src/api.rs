@@ -493,6 +493,10 @@ pub struct RunMeta {
     pub steps: u32,
     pub output_retries: u32,
     pub elapsed_ms: u64,
+    /// Why the run's last model call stopped, as the server said (`stop`, `tool_calls`,
+    /// `length`: cut at `maxTokens`); absent when it said nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
 }
 
 /// Tokens, as the model server reported them (zero where it reported none).
