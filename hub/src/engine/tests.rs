@@ -1082,6 +1082,7 @@ fn expiry_is_a_timer_like_the_others() {
     assert_eq!(w.next_due(), Some(w.expires_at), "then the expiry");
     assert!(w.cancel(T0 + 61_000));
     assert_eq!(w.next_due(), None, "cancelled");
+}
 
 /// Progress, as every view shows it: a member is counted once however often it
 /// reports, a one-shot keeps its count once it fired, a monitor counts its wakes.
