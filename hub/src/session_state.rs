@@ -16,19 +16,24 @@ pub struct Stored<'a> {
     pub instructions: Option<&'a str>,
     pub examples: bool,
     pub output: bool,
+    /// The hub's own default instructions (settings.json `agent.instructions`), which a
+    /// session made without any was given: not instructions of its own either.
+    pub hub_default: Option<&'a str>,
 }
 
 /// Whether a session stored before sessions said so runs turns, from what it holds:
 /// one with instructions of its own, a worked example or an output schema was made for a
 /// model; one with none of these runs only if a model has answered in it before
-/// (`model_replied`, asked only then). A session with no configuration (the default
-/// session of remote waits, one made before the hub had a runner) and one that only ever
-/// held the default instructions and wakes is a mailbox.
+/// (`model_replied`, asked only then). A session with no configuration (one made before
+/// the hub had a runner) and one that only ever held default instructions (the built-in
+/// ones or the hub's) and wakes, as the default session of remote waits, is a mailbox.
 pub fn legacy_runs(stored: Stored<'_>, model_replied: impl FnOnce() -> bool) -> bool {
-    let Some(instructions) = stored.instructions else {
+    let Some(instructions) = stored.instructions.map(str::trim) else {
         return false;
     };
-    if instructions.trim() != DEFAULT_INSTRUCTIONS || stored.examples || stored.output {
+    let default = instructions == DEFAULT_INSTRUCTIONS
+        || stored.hub_default.is_some_and(|d| d.trim() == instructions);
+    if !default || stored.examples || stored.output {
         return true;
     }
     model_replied()
@@ -184,5 +189,20 @@ mod tests {
         ));
         assert!(!legacy_runs(default, || false), "only wakes: a mailbox");
         assert!(legacy_runs(default, || true), "a chat on the defaults");
+        // The hub's own default instructions are no session's own.
+        let hubs = Stored {
+            instructions: Some("You watch this lab's jobs."),
+            ..Stored::default()
+        };
+        assert!(legacy_runs(hubs, never), "instructions of its own");
+        let hub_default = Stored {
+            hub_default: Some("You watch this lab's jobs.\n"),
+            ..hubs
+        };
+        assert!(
+            !legacy_runs(hub_default, || false),
+            "the hub's default: a mailbox"
+        );
+        assert!(legacy_runs(hub_default, || true));
     }
 }

@@ -200,8 +200,9 @@ pub struct SessionView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spawned_from: Option<SpawnedFrom>,
     /// A model runs turns for it (an agent session); false: a mailbox, whose messages
-    /// and wakes are only recorded.
-    #[serde(default)]
+    /// and wakes are only recorded. Absent (a hub from before mailboxes, which ran every
+    /// session): true.
+    #[serde(default = "yes")]
     pub runs: bool,
     /// What it is doing now, for people (`cortex sessions`, the page).
     #[serde(default)]
@@ -210,6 +211,10 @@ pub struct SessionView {
     /// secret: the hub's model key is not part of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<SessionConfig>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// What a session is doing now, most pressing first: `cancelled` (it takes no more
@@ -261,6 +266,9 @@ impl SessionState {
 #[serde(rename_all = "camelCase")]
 pub struct SessionConfig {
     pub instructions: String,
+    /// The model the hub's runner calls for it (none on a hub that runs no model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// The worked example's chat messages.
     #[serde(default)]
     pub examples: Vec<serde_json::Value>,

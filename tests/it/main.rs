@@ -24,6 +24,7 @@ mod people;
 mod powerloss;
 mod remote_waits;
 mod runner;
+mod session_kinds;
 mod signal_cli;
 mod signal_load;
 mod signal_route;

@@ -284,7 +284,7 @@ fn history(hub: &Hub, sid: &str, last_seq: u64) -> anyhow::Result<Vec<Event>> {
         .filter(|(_, e)| is_input(&e.body))
         .map(|(i, _)| i)
         .collect();
-    let Some(&first) = starts.iter().rev().take(HISTORY_INPUTS).last() else {
+    let Some(&first) = starts.get(starts.len().saturating_sub(HISTORY_INPUTS)) else {
         return Ok(Vec::new());
     };
     Ok(events.split_off(first))

@@ -37,9 +37,11 @@ pub fn build(config: &AgentConfig, caps: &Caps) -> Vec<ChatMessage> {
 }
 
 /// A session's configuration as `GET /api/sessions/{sid}` shows it.
-pub fn config_view(c: &AgentConfig) -> cortex_protocol::api::SessionConfig {
+/// `model`: the model the hub's runner calls, if any.
+pub fn config_view(c: &AgentConfig, model: Option<String>) -> cortex_protocol::api::SessionConfig {
     cortex_protocol::api::SessionConfig {
         instructions: c.instructions.clone(),
+        model,
         examples: c
             .examples
             .iter()

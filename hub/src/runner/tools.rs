@@ -1004,7 +1004,8 @@ mod tests {
     #[test]
     fn guides_name_only_the_tools_shown() {
         let every: Vec<String> = specs().into_iter().map(|s| s.name).collect();
-        let cases: &[(Option<&[&str]>, Option<&[&str]>, &[&str])] = &[
+        type Names<'a> = Option<&'a [&'a str]>;
+        let cases: &[(Names, Names, &[&str])] = &[
             (
                 None,
                 Some(&["devices"]),

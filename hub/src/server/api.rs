@@ -175,6 +175,7 @@ pub async fn get_session(
     Path(sid): Path<String>,
 ) -> Result<Response, ApiError> {
     let model = state.runs_model;
+    let model_name = state.model_name.clone();
     match state
         .store
         .read({
@@ -187,7 +188,7 @@ pub async fn get_session(
                     .agent(&sid)?
                     .and_then(|a| a.config)
                     .filter(|_| v.runs)
-                    .map(|c| prefix::config_view(&c));
+                    .map(|c| prefix::config_view(&c, model_name));
                 Ok(Some(v))
             }
         })

@@ -135,8 +135,23 @@ pub async fn run_with_mesh(
         stops: Arc::default(),
         agent_defaults: config.settings.agent.clone(),
         runs_model: config.model.is_some(),
+        model_name: config.model.as_ref().and(config.model_name.clone()),
         caps: config.model.as_ref().map(|m| m.caps()).unwrap_or_default(),
     });
+    // Sessions stored before they said whether a model runs them are decided once, before
+    // anything can queue a turn for them.
+    let hub_default = config.settings.agent.instructions.clone();
+    let settled = state
+        .store
+        .exec(move |t| t.settle_runs(hub_default.as_deref()))
+        .await
+        .context("deciding which stored sessions run turns")?;
+    if settled > 0 {
+        tracing::info!(
+            settled,
+            "stored sessions decided: agent sessions or mailboxes"
+        );
+    }
     crate::mesh::start(&state, config.settings.device_loss_grace_ms).await?;
 
     let sweep =

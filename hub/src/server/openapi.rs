@@ -384,6 +384,7 @@ fn session_with_config_example() -> Value {
     let mut v = session_example();
     v["config"] = json!({
         "instructions": "You watch training jobs.",
+        "model": "qwen2.5:7b-instruct",
         "examples": [],
         "stop": {"steps": 10, "repeatedCalls": 3, "outputRetries": 3},
         "policy": {"requireApproval": ["device_exec"]},

@@ -248,20 +248,31 @@ impl Tx<'_> {
     }
 
     /// Whether a model runs turns for `sid` (row `rec`): as the row says, else (a row
-    /// from before rows said so) from what it holds, by
-    /// [`crate::session_state::legacy_runs`]. No row: a mailbox.
+    /// from before rows said so, not yet settled by [`Tx::settle_runs`]) from what it
+    /// holds, by [`crate::session_state::legacy_runs`]. No row: a mailbox.
     pub fn session_runs(&self, sid: &str, rec: Option<&AgentRecord>) -> Result<bool, StoreError> {
-        let Some(rec) = rec else {
-            return Ok(false);
-        };
-        if let Some(r) = rec.runs {
-            return Ok(r);
+        match rec {
+            None => Ok(false),
+            Some(rec) => match rec.runs {
+                Some(r) => Ok(r),
+                None => self.legacy_runs(sid, rec, None),
+            },
         }
+    }
+
+    /// [`crate::session_state::legacy_runs`] over what row `rec` of `sid` holds.
+    fn legacy_runs(
+        &self,
+        sid: &str,
+        rec: &AgentRecord,
+        hub_default: Option<&str>,
+    ) -> Result<bool, StoreError> {
         let c = rec.config.as_ref();
         let stored = crate::session_state::Stored {
             instructions: c.map(|c| c.instructions.as_str()),
             examples: c.is_some_and(|c| !c.examples.is_empty()),
             output: c.is_some_and(|c| c.output.is_some()),
+            hub_default,
         };
         let mut failed = None;
         let replied =
@@ -276,6 +287,31 @@ impl Tx<'_> {
             Some(e) => Err(e),
             None => Ok(replied),
         }
+    }
+
+    /// At the hub's start: decides, once, whether each row from before rows said so runs
+    /// turns (`hub_default`: the hub's default instructions), and writes it down. A
+    /// mailbox a hub that did not tell them apart left queued leaves the queue, its
+    /// input unread. Returns how many rows were settled.
+    pub fn settle_runs(&mut self, hub_default: Option<&str>) -> Result<usize, StoreError> {
+        let mut open = Vec::new();
+        for r in self.table(&AGENTS).iter()? {
+            let (k, v) = r?;
+            let rec: AgentRecord = decode(v.value())?;
+            if rec.runs.is_none() {
+                open.push((k.value().to_string(), rec));
+            }
+        }
+        let settled = open.len();
+        for (sid, mut rec) in open {
+            let runs = self.legacy_runs(&sid, &rec, hub_default)?;
+            rec.runs = Some(runs);
+            if !runs && (rec.status != RunStatus::Idle || rec.ready_order != 0) {
+                self.make_idle(&sid, &mut rec)?;
+            }
+            self.put_agent(&sid, &rec)?;
+        }
+        Ok(settled)
     }
 
     /// Whether the transcript holds a model's reply after the prefix (read until the
