@@ -259,23 +259,27 @@ fn bad_arguments_are_usage_errors() {
 
 #[test]
 fn hub_address() {
-    assert_eq!(
-        hub_url(None, None).expect("default"),
-        "http://127.0.0.1:3001"
-    );
-    assert_eq!(
-        hub_url(None, Some("4000")).expect("port"),
-        "http://127.0.0.1:4000"
-    );
-    assert_eq!(
-        hub_url(Some("http://h:1"), Some("4000")).expect("flag"),
-        "http://h:1"
-    );
-    assert_eq!(
-        hub_url(Some(""), None).expect("empty flag"),
-        "http://127.0.0.1:3001"
-    );
-    assert!(hub_url(None, Some("x")).is_err());
+    let file = Some("http://127.0.0.1:40123");
+    for (flag, port, from_file, want) in [
+        (None, None, None, "http://127.0.0.1:3001"),
+        (None, Some("4000"), None, "http://127.0.0.1:4000"),
+        (Some("http://h:1"), Some("4000"), file, "http://h:1"),
+        (Some(""), None, None, "http://127.0.0.1:3001"),
+        // The running hub's own word, when nothing was said.
+        (None, None, file, "http://127.0.0.1:40123"),
+        (Some(""), Some(" "), file, "http://127.0.0.1:40123"),
+        // What was said wins over the file.
+        (None, Some("4000"), file, "http://127.0.0.1:4000"),
+        (Some("http://h:1"), None, file, "http://h:1"),
+        (None, None, Some("  "), "http://127.0.0.1:3001"),
+    ] {
+        assert_eq!(
+            hub_url(flag, port, from_file).expect("an address"),
+            want,
+            "{flag:?} {port:?} {from_file:?}"
+        );
+    }
+    assert!(hub_url(None, Some("x"), file).is_err());
 }
 
 #[test]
