@@ -3,7 +3,8 @@
 //! included); `cortex-signal` takes `CORTEX_HUB` as `cortex` does; `cortex run -- CMD`
 //! arms a waitpoint, runs the command with the signal environment, and reports its end
 //! (the exit code, a signal, the hub away and back, no hub at all); `cortex completion`
-//! prints a shell's completions.
+//! prints a shell's completions; every listing's `--json` is an array; the hub's refusals
+//! name the flags the user typed.
 
 // Fields of JSON the hub just answered with; a panic is the test failing.
 #![allow(clippy::unwrap_used)]
@@ -332,4 +333,44 @@ fn cortex_completion_prints_each_shells_script() {
     let (code, _, err) = output(bare("cortex", &["completion", "tcsh"], &[]));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("possible values"), "{err}");
+}
+
+#[test]
+fn every_listing_prints_an_array_and_refusals_name_the_flags() {
+    let hub = Hub::start();
+    let sid = hub.session();
+    hub.waitpoint(&sid, json!({"label": "listed", "intent": "x"}));
+    let sessions = ["sessions"];
+    let devices = ["devices"];
+    let approvals = ["approvals"];
+    let check = ["wait", "check", "--session", sid.as_str()];
+    for args in [&sessions[..], &devices[..], &approvals[..], &check[..]] {
+        let mut full = vec!["--json"];
+        full.extend_from_slice(args);
+        let (code, out, err) = hub.cortex(&full);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let v: Value = serde_json::from_str(out.trim()).expect("JSON");
+        assert!(v.is_array(), "{args:?} --json is an array: {out}");
+    }
+    let (_, out, _) = hub.cortex(&["--json", "wait", "check", "--session", &sid]);
+    let v: Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(v[0]["label"], "listed", "{v}");
+
+    let (code, _, err) = hub.cortex(&[
+        "wait",
+        "create",
+        "--session",
+        &sid,
+        "--label",
+        "l",
+        "--intent",
+        "i",
+        "--coalesce",
+        "30s",
+    ]);
+    assert_eq!(code, 2, "a bad argument to a wait command: {err}");
+    assert!(
+        err.contains("--coalesce is for monitors only: set --max-signals above 1"),
+        "{err}"
+    );
 }

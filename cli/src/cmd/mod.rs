@@ -761,9 +761,83 @@ fn connect(flag: Option<&str>, env: &CortexEnv) -> anyhow::Result<Hub> {
     Hub::new(&url, &token).context("--hub / CORTEX_HUB")
 }
 
+/// The hub's words about a request's fields, told in the flags the user typed: `set
+/// max_signals above 1` becomes `set --max-signals above 1`. A field with `_` or `.` is
+/// replaced wherever it stands as a word; a plain one (`coalesce`, `label`) only where it
+/// opens the message, since elsewhere it is likely just a word.
+pub fn in_flags(message: &str, fields: &[(&str, &str)]) -> String {
+    let mut s = message.to_string();
+    for (field, flag) in fields {
+        if field.contains(['_', '.']) {
+            s = replace_word(&s, field, flag);
+        } else if let Some(rest) = s.strip_prefix(field)
+            && rest.starts_with([' ', ':', ','])
+        {
+            s = format!("{flag}{rest}");
+        }
+    }
+    s
+}
+
+/// `text` with each whole-word `word` (not inside a longer name) replaced by `by`.
+fn replace_word(text: &str, word: &str, by: &str) -> String {
+    let inside = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '-');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(word) {
+        let before = if i > 0 {
+            rest[..i].chars().last()
+        } else {
+            out.chars().last()
+        };
+        let after = rest[i + word.len()..].chars().next();
+        out.push_str(&rest[..i]);
+        out.push_str(if inside(before) || inside(after) {
+            word
+        } else {
+            by
+        });
+        rest = &rest[i + word.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A refusal from the hub (4xx) with its message told in flags; other errors as they are.
+pub fn refusal_in_flags(e: hub::HubError, fields: &[(&str, &str)]) -> anyhow::Error {
+    match e {
+        hub::HubError::Api {
+            status,
+            error,
+            message,
+        } if (400..500).contains(&status) && status != 401 => hub::HubError::Api {
+            status,
+            error,
+            message: in_flags(&message, fields),
+        }
+        .into(),
+        other => other.into(),
+    }
+}
+
 /// `--json`: the hub's answer exactly as it came, on one line of its own.
 fn print_raw(out: &mut dyn Write, reply: &Reply) -> anyhow::Result<()> {
     writeln!(out, "{}", reply.text()).context("writing the output")
+}
+
+/// `--json` for a listing: every listing prints a JSON array, whatever object the route
+/// wraps it in (`{"approvals": [...]}`, `{"waitpoints": [...]}`); the items as they came.
+fn print_list(out: &mut dyn Write, reply: &Reply, field: &str, what: &str) -> anyhow::Result<()> {
+    let v: serde_json::Value = reply.json(what)?;
+    let items = match v {
+        serde_json::Value::Array(_) => v,
+        mut obj => obj
+            .get_mut(field)
+            .map(serde_json::Value::take)
+            .filter(serde_json::Value::is_array)
+            .with_context(|| format!("the hub's answer to {what} has no {field} list"))?,
+    };
+    writeln!(out, "{items}").context("writing the output")
 }
 
 /// Left-aligned columns, two spaces apart; the last column is not padded.

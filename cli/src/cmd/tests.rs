@@ -1438,3 +1438,42 @@ fn a_closed_pipe_ends_quietly_with_0() {
         assert!(err.is_empty(), "quiet: {}", String::from_utf8_lossy(&err));
     }
 }
+
+#[test]
+fn the_hubs_field_names_are_said_as_the_flags_typed() {
+    let fields = [
+        ("max_signals", "--max-signals"),
+        ("silence_after", "--silence-after"),
+        ("expires_in_hours", "--expires-in-hours"),
+        ("spawn.title", "--spawn-title"),
+        ("coalesce", "--coalesce"),
+        ("quorum", "--quorum"),
+        ("members", "--members"),
+    ];
+    for (hub_said, user_reads) in [
+        (
+            "coalesce is for monitors only: set max_signals above 1 (a one-shot waitpoint wakes once anyway)",
+            "--coalesce is for monitors only: set --max-signals above 1 (a one-shot waitpoint wakes once anyway)",
+        ),
+        (
+            "silence_after must be between 1s and the waitpoint's lifetime (7d); got 9d. Give a duration like \"20m\", or a longer expires_in_hours",
+            "--silence-after must be between 1s and the waitpoint's lifetime (7d); got 9d. Give a duration like \"20m\", or a longer --expires-in-hours",
+        ),
+        (
+            "quorum 3 is more than the 2 members named; use at most 2 or \"all\"",
+            "--quorum 3 is more than the 2 members named; use at most 2 or \"all\"",
+        ),
+        (
+            "spawn.title is 90 characters; keep it under 80",
+            "--spawn-title is 90 characters; keep it under 80",
+        ),
+        // Not a field where it stands inside a longer name, or as a plain word mid-text.
+        (
+            "my_max_signals_x and max_signalsy",
+            "my_max_signals_x and max_signalsy",
+        ),
+        ("nothing to coalesce here", "nothing to coalesce here"),
+    ] {
+        assert_eq!(in_flags(hub_said, &fields), user_reads);
+    }
+}
