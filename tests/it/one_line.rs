@@ -373,4 +373,22 @@ fn every_listing_prints_an_array_and_refusals_name_the_flags() {
         err.contains("--coalesce is for monitors only: set --max-signals above 1"),
         "{err}"
     );
+    hub.add_device("gpu1");
+    let (code, _, err) = hub.cortex(&[
+        "wait",
+        "log",
+        "/x",
+        "--match",
+        "(unclosed",
+        "--device",
+        "gpu1",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--match \"(unclosed\" is not a usable"),
+        "{err}"
+    );
+    let (code, _, err) = hub.cortex(&["wait", "pid", "1", "--device", "gpu1", "--timeout", "0s"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--timeout (in seconds) must be"), "{err}");
 }

@@ -220,7 +220,13 @@ fn create(hub: &Hub, device: &str, b: &CreateDeviceWait) -> anyhow::Result<Devic
             return Err(NoSession(b.session.clone().unwrap_or_default()).into());
         }
         Err(e) => {
-            return Err(e).with_context(|| format!("asking the hub for a wait on {device}"));
+            let flags = [
+                ("timeout_s", "--timeout (in seconds)"),
+                ("match", "--match"),
+                ("silence", "--silence"),
+            ];
+            return Err(super::refusal_in_flags(e, &flags))
+                .with_context(|| format!("asking the hub for a wait on {device}"));
         }
     };
     Ok(reply.json("POST /api/devices/{name}/waits")?)
