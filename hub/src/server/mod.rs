@@ -7,6 +7,7 @@ pub mod api;
 pub mod consumers;
 pub mod devices;
 pub mod error;
+pub mod hosts;
 pub mod http;
 pub mod log;
 pub mod metrics;
@@ -89,8 +90,19 @@ pub fn router(state: AppState) -> Router {
         .nest("/api", api)
         .fallback(api::not_found)
         .layer(axum::Extension(page::Logins::shared()))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            hosts::check,
+        ))
         .layer(axum::middleware::from_fn(http::edge))
         .with_state(state)
+}
+
+/// The host of a URL like `wss://hub.example:3002/mesh/v1`.
+fn url_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next()?;
+    hosts::name_of(authority).map(str::to_string)
 }
 
 /// Runs the hub on `listener` until `shutdown` resolves, then stops accepting, finishes
@@ -135,6 +147,14 @@ pub async fn run_with_mesh(
         agent_defaults: config.settings.agent.clone(),
         runs_model: config.model.is_some(),
         caps: config.model.as_ref().map(|m| m.caps()).unwrap_or_default(),
+        hosts: hosts::Hosts::new(
+            config
+                .settings
+                .allowed_hosts
+                .iter()
+                .cloned()
+                .chain(mesh.as_ref().and_then(|m| url_host(&m.url))),
+        ),
     });
     crate::mesh::start(&state, config.settings.device_loss_grace_ms).await?;
 

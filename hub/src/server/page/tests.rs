@@ -43,6 +43,7 @@ fn hub() -> Hub {
         runs_model: false,
         caps: Default::default(),
         stops: Default::default(),
+        hosts: Default::default(),
     });
     Hub {
         app: crate::server::router(state),
