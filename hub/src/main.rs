@@ -93,6 +93,15 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
+    let config = cortex_hub::server::Config {
+        home: home.clone(),
+        settings,
+        token,
+        model,
+    };
+    // The store first: a connection is accepted only once it is open (until then none is,
+    // so a client is refused at once rather than left hanging through a long recovery).
+    let opened = rt.block_on(async { cortex_hub::server::open(&config) })?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -105,7 +114,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         let mesh_text = mesh
             .as_ref()
             .map_or_else(|| "mesh off".to_string(), |m| format!("mesh {}", m.url));
-        if model.is_none() {
+        if config.model.is_none() {
             tracing::info!("no model configured (CORTEX_LLM_BASE_URL or settings.json llm): sessions record messages and wakes, and no turn runs");
         }
         // Beside the token: where `cortex` and `cortex-signal` on this machine find a hub
@@ -121,16 +130,10 @@ fn real_main(args: Args) -> anyhow::Result<()> {
             home.display()
         );
         let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
-        let config = cortex_hub::server::Config {
-            home,
-            settings,
-            token,
-            model,
-        };
         let shutdown = async {
             cortex_host::daemon::shutdown_signal().await;
         };
-        let ran = cortex_hub::server::run_with_mesh(config, listener, mesh, shutdown).await;
+        let ran = cortex_hub::server::run_opened(config, opened, listener, mesh, shutdown).await;
         if let Err(e) = std::fs::remove_file(&url_file)
             && e.kind() != std::io::ErrorKind::NotFound
         {

@@ -123,13 +123,56 @@ pub async fn run_with_mesh(
     mesh: Option<crate::mesh::Bound>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let opened = open(&config)?;
+    run_opened(config, opened, listener, mesh, shutdown).await
+}
+
+/// The store and the spool, open: what must be ready before a connection is accepted.
+pub struct Opened {
+    store: Store,
+    writer: crate::store::WriterGuard,
+    spool: cortex_host::spool::Spool,
+}
+
+/// Opens the spool and the store (replaying the journal, and redb's own repair after a
+/// stop that was not clean), saying what it does and how far it is. `main` calls it
+/// before it binds the listener, so no connection waits on a store that is not open: one
+/// is refused instead, which a client reads as the hub being away (`cortex-signal`
+/// spools).
+pub fn open(config: &Config) -> anyhow::Result<Opened> {
     let hub_dir = config.home.join("hub");
     create_private_dir(&hub_dir)?;
     let spool_dir = config.home.join("tmp").join("signals");
     let spool = spool::open(&spool_dir)?;
     let db_path = hub_dir.join("hub.redb");
+    let started = std::time::Instant::now();
+    tracing::info!(path = %db_path.display(), "opening the store");
     let (store, writer) = Store::open(&db_path, config.settings.engine.clone())
         .with_context(|| format!("opening the store {}", db_path.display()))?;
+    tracing::info!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "the store is open"
+    );
+    Ok(Opened {
+        store,
+        writer,
+        spool,
+    })
+}
+
+/// [`run_with_mesh`] on a store [`open`] opened.
+pub async fn run_opened(
+    config: Config,
+    opened: Opened,
+    listener: tokio::net::TcpListener,
+    mesh: Option<crate::mesh::Bound>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let Opened {
+        store,
+        writer,
+        spool,
+    } = opened;
     let addr = listener
         .local_addr()
         .context("reading the listener's address")?;
