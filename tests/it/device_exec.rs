@@ -113,6 +113,7 @@ async fn scenario() {
         model_name: None,
         caps: Default::default(),
         stops: Default::default(),
+        hosts: Default::default(),
     });
     cortex_hub::mesh::start(&state, cortex_hub::config::DEFAULT_DEVICE_LOSS_GRACE_MS)
         .await
