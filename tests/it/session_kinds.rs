@@ -151,6 +151,11 @@ fn guides_and_hints_name_only_the_tools_shown() {
     }
     assert!(system.contains("no tools"), "{system}");
 
+    // --deny '*' is the other way to say it.
+    let (out, _) = ok(&hub, &["session", "new", "--deny", "*"]);
+    let (st, v) = hub.api(Method::Get, &format!("/api/sessions/{}", out.trim()), None);
+    assert_eq!((st, &v["config"]["tools"]), (200, &json!([])), "{v}");
+
     // Without `devices`, nothing tells the model to call it: not the prefix, not the
     // tools' descriptions, not a tool's error.
     let sid = new_session(&hub, json!({"policy": {"deny": ["devices"]}}));
