@@ -1,5 +1,5 @@
 //! The hub's configuration: `$CORTEX_HOME`, settings.json (`waitpointTtlMs`, `waitpointSweepMs`,
-//! `deviceLossGraceMs`, …; a key missing there falls back to its `CORTEX_…` environment
+//! `deviceLossGraceMs`, `notify`, …; a key missing there falls back to its `CORTEX_…` environment
 //! variable, then to its default), the operator token, and the listen address rule.
 
 use std::net::SocketAddr;
@@ -33,6 +33,8 @@ pub enum ConfigError {
         value: String,
         why_owned: String,
     },
+    #[error(transparent)]
+    Notify(#[from] crate::notify::NotifyConfigError),
     #[error(
         "{0} is not a loopback address; the hub's signal route and API listen on loopback only (use 127.0.0.1:PORT or [::1]:PORT, and reach other machines through the device mesh)"
     )]
@@ -53,6 +55,8 @@ pub struct HubSettings {
     pub agent: AgentDefaults,
     /// `llm`, as written (the model client reads it with the `CORTEX_LLM_*` variables).
     pub llm: Option<serde_json::Value>,
+    /// `notify`: where outgoing notices go (`crate::notify`; none by default).
+    pub notify: Vec<crate::notify::Target>,
 }
 
 /// settings.json `agent: {instructions?, maxTokens?, stop?, concurrency?, policy?, unattended?}`.
@@ -241,12 +245,14 @@ pub fn load_settings_with(
         }
     };
     let llm = json.get("llm").filter(|v| !v.is_null()).cloned();
+    let notify = crate::notify::parse(json.get("notify"))?;
     Ok(HubSettings {
         engine,
         sweep_ms,
         device_loss_grace_ms,
         agent,
         llm,
+        notify,
     })
 }
 

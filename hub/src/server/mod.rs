@@ -1,6 +1,6 @@
 //! The hub's server: `run(config, listener, shutdown)` starts everything `main` and the
 //! tests need — the HTTP listener (signal route and API), the timer that delivers decided
-//! wakes, the sweep, the local spool intake and, with [`run_with_mesh`], the device
+//! wakes, the sweep, the local spool intake, the outgoing notices and, with [`run_with_mesh`], the device
 //! mesh — and stops it all cleanly.
 
 pub mod api;
@@ -9,6 +9,7 @@ pub mod error;
 pub mod http;
 pub mod log;
 pub mod metrics;
+mod notices;
 pub mod openapi;
 pub mod page;
 pub mod people;
@@ -131,6 +132,14 @@ pub async fn run_with_mesh(
         runs_model: config.model.is_some(),
         caps: config.model.as_ref().map(|m| m.caps()).unwrap_or_default(),
     });
+    // The events some notice target wants, before anything that may queue one runs.
+    let targets = Arc::new(config.settings.notify.clone());
+    let wanted = crate::notify::wanted(&targets);
+    state
+        .store
+        .exec(move |t| t.set_notice_events(wanted))
+        .await
+        .map_err(|e| anyhow::anyhow!("recording the notice targets' events: {e}"))?;
     crate::mesh::start(&state, config.settings.device_loss_grace_ms).await?;
 
     let sweep =
@@ -139,6 +148,9 @@ pub async fn run_with_mesh(
     timers::start(&state, sweep.is_some()).await;
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(timers::run(state.clone(), sweep));
+    if !targets.is_empty() {
+        tasks.spawn(notices::run(state.clone(), targets));
+    }
     let rescan =
         (config.settings.sweep_ms > 0).then(|| Duration::from_millis(config.settings.sweep_ms));
     tasks.spawn(spool::collect(state.clone(), Arc::new(spool), rescan));

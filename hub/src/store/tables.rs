@@ -18,6 +18,8 @@
 //! - `device_waits`: (device, waitpoint) → an active remote wait (`device_waits.rs`)
 //! - `timers`, `device_wait_due`: what the timer queue replaced; emptied into it at start
 //! - `agents`, `transcript`, `ready`: the runner's (`agent.rs`)
+//! - `notices`: seq → a queued notice and its deliveries; `notice_keys`: event key → seq
+//!   (`notices.rs`, the outbox)
 //! - `meta`: name → number; `journal_seq` is the newest journal record a checkpoint holds
 
 use std::sync::Arc;
@@ -63,8 +65,10 @@ pub(crate) const PENDING: TableSpec<(u64, &str), ()> = TableSpec::new(17, "pendi
 /// Revoked devices, by name: what the fleet view still shows of them (`devices.rs`).
 pub(crate) const REVOKED_DEVICES: TableSpec<&str, &[u8]> = TableSpec::new(18, "revoked_devices");
 
+pub(crate) use super::notices::{NOTICE_KEYS, NOTICES};
+
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 19] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 21] = [
     &META,
     &TIMER_QUEUE,
     &WAITPOINTS,
@@ -84,6 +88,8 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 19] = [
     &READY,
     &PENDING,
     &REVOKED_DEVICES,
+    &NOTICES,
+    &NOTICE_KEYS,
 ];
 
 /// The timer kinds of the hub's domains (see [`super::kernel::timers`]): a decided wake
