@@ -108,6 +108,18 @@ impl Reply {
         Reply::new(Kind::Chunks(chunks))
     }
 
+    /// A text answer cut where the request's `max_tokens` ran out, as servers end one:
+    /// the text, then `finish_reason: "length"`.
+    pub fn cut_at_max_tokens(text: &str) -> Reply {
+        let mut chunks = vec![delta(json!({"role": "assistant", "content": ""}), None)];
+        for piece in text.chars().collect::<Vec<_>>().chunks(4) {
+            let piece: String = piece.iter().collect();
+            chunks.push(delta(json!({"content": piece}), None));
+        }
+        chunks.push(delta(json!({}), Some("length")));
+        Reply::new(Kind::Chunks(chunks))
+    }
+
     /// One tool call as vLLM and llama.cpp stream it: a chunk with its id and name,
     /// then its arguments in fragments of five characters (split mid-string), then
     /// `finish_reason: "tool_calls"`.

@@ -196,7 +196,7 @@ fn failed(sid: &str, title: Option<&str>, w: &Wake, at: u64) -> Notice {
         .signals
         .iter()
         .rev()
-        .find(|s| s.status == cortex_protocol::api::SignalStatus::Fail);
+        .find(|s| s.status == cortex_protocol::SignalStatus::Fail);
     if let Some(s) = fail {
         let member = s.member.as_deref().map(|m| format!(" {m}")).unwrap_or_default();
         match s.message.as_deref().filter(|m| !m.trim().is_empty()) {

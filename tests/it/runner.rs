@@ -584,3 +584,29 @@ fn cortex_say_follow_streams_the_answer_and_exits_with_the_run() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("model_call_failed"), "{err}");
 }
+
+#[test]
+fn an_answer_cut_at_max_tokens_is_marked_in_run_end_and_say_follow() {
+    let model = ScriptedModel::start(vec![
+        Reply::cut_at_max_tokens("The three reasons are: first, the"),
+        Reply::text("Short and whole."),
+    ]);
+    let (hub, _tmp) = hub(&model);
+    let (code, out, err) = hub.cortex(&["session", "new", "--max-tokens", "8"]);
+    assert_eq!(code, 0, "{err}");
+    let sid = out.trim().to_string();
+    let (code, out, err) =
+        hub.cortex(&["session", "say", &sid, "give me three reasons", "--follow"]);
+    assert_eq!(code, 0, "stdout {out}\nstderr {err}");
+    assert!(out.contains("first, the"), "{out}");
+    assert!(err.contains("(answer cut at maxTokens"), "{err}");
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(end["result"]["ok"], true, "{end}");
+    assert_eq!(end["meta"]["finishReason"], "length", "{end}");
+    assert_eq!(model.request(0).expect("request")["max_tokens"], 8);
+    // A whole answer is not marked.
+    let (code, _, err) = hub.cortex(&["session", "say", &sid, "and briefly?", "--follow"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("answer cut"), "{err}");
+    assert_eq!(run_end(&hub, &sid, 2)["meta"]["finishReason"], "stop");
+}

@@ -14,11 +14,15 @@
 
 use std::collections::{HashMap, HashSet};
 
-use cortex_protocol::api::{Decision, DeltaChannel, Event, EventBody, RunResult, Wake};
+use cortex_protocol::api::{Decision, DeltaChannel, Event, EventBody, RunMeta, RunResult, Wake};
 use serde_json::Value;
 
 use crate::sse;
 use crate::timefmt;
+
+/// The note after an answer the model server cut at the session's token cap
+/// (`meta.finishReason: "length"`).
+pub const TRUNCATED: &str = "(answer cut at maxTokens: the model server stopped it at the token cap; a session made with a higher --max-tokens answers longer)";
 
 /// One piece of output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,8 +201,12 @@ impl Render {
                 let line = format!("⊘ waitpoint {} cancelled by {by}", waitpoint.label);
                 self.note(&mut out, line);
             }
-            EventBody::RunEnd { run_id, result, .. } => {
-                self.run_end(&mut out, run_id, result);
+            EventBody::RunEnd {
+                run_id,
+                result,
+                meta,
+            } => {
+                self.run_end(&mut out, run_id, result, meta);
             }
             EventBody::RunStart { run_id, .. } => {
                 self.spoke.remove(run_id);
@@ -331,7 +339,7 @@ impl Render {
         }
     }
 
-    fn run_end(&mut self, out: &mut Vec<Out>, run_id: &str, result: &RunResult) {
+    fn run_end(&mut self, out: &mut Vec<Out>, run_id: &str, result: &RunResult, meta: &RunMeta) {
         // Whatever a stream cut short is void now: the run's stored text came before.
         self.printed.retain(|(r, _, _), _| r != run_id);
         self.live_retries.retain(|(r, _, _)| r != run_id);
@@ -348,6 +356,9 @@ impl Render {
             self.end_line(out);
             if let Some(d) = result.output.as_ref().and_then(|o| o.data.as_ref()) {
                 out.push(Out::Note(format!("= data {}", compact(d))));
+            }
+            if meta.finish_reason.as_deref() == Some("length") {
+                out.push(Out::Note(TRUNCATED.to_string()));
             }
         } else {
             let line = match &result.error {

@@ -1,7 +1,8 @@
 //! The notices' shapes, settings and retry schedule.
 
 use super::*;
-use cortex_protocol::api::{SignalStatus, SignalView, WaitpointRef};
+use cortex_protocol::SignalStatus;
+use cortex_protocol::api::{SignalView, WaitpointRef};
 
 fn wake(reason: WakeReason, message: Option<&str>) -> Wake {
     Wake {

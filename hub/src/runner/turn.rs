@@ -274,6 +274,7 @@ pub fn boundary(
                 repeat: None,
                 output_retries: 0,
                 terminations: 0,
+                finish_reason: None,
             });
         }
         if rec.parked.is_some() {
@@ -726,6 +727,7 @@ fn end_run(
         steps: turn.steps,
         output_retries: turn.output_retries,
         elapsed_ms: now.saturating_sub(turn.started_at),
+        finish_reason: turn.finish_reason,
     };
     event(
         t,
@@ -790,10 +792,13 @@ fn record_reply(
     now: u64,
 ) -> Result<(), StoreError> {
     let (sid, run_id, step) = (at.sid.as_str(), at.run_id.as_str(), at.step);
-    if let (Some(u), Some(turn)) = (out.usage, rec.turn.as_mut()) {
-        turn.usage.prompt_tokens += u.prompt_tokens;
-        turn.usage.completion_tokens += u.completion_tokens;
-        turn.usage.total_tokens += u.total_tokens;
+    if let Some(turn) = rec.turn.as_mut() {
+        if let Some(u) = out.usage {
+            turn.usage.prompt_tokens += u.prompt_tokens;
+            turn.usage.completion_tokens += u.completion_tokens;
+            turn.usage.total_tokens += u.total_tokens;
+        }
+        turn.finish_reason = out.finish_reason.clone();
     }
     t.append_transcript(sid, rec, &ChatMessage::assistant(out.text.clone(), calls))?;
     for (text, channel) in [

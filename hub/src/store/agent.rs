@@ -133,6 +133,9 @@ pub struct Turn {
     /// (not bounded by `outputRetries`).
     #[serde(default)]
     pub terminations: u32,
+    /// Why the last model call stopped, as the server said (`length`: cut at the token cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
 }
 
 /// One session's runner row.

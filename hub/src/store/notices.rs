@@ -18,9 +18,9 @@ use super::tables::{META, Tx, decode, encode};
 use crate::notify::Notice;
 
 /// seq → [`NoticeRecord`].
-pub(crate) const NOTICES: TableSpec<u64, &[u8]> = TableSpec::new(19, "notices");
+pub(crate) const NOTICES: TableSpec<u64, &[u8]> = TableSpec::new(20, "notices");
 /// The event's key → seq: an event is queued once.
-pub(crate) const NOTICE_KEYS: TableSpec<&str, u64> = TableSpec::new(20, "notice_keys");
+pub(crate) const NOTICE_KEYS: TableSpec<&str, u64> = TableSpec::new(21, "notice_keys");
 
 /// The notice topic: raised with the newest seq when a notice is queued.
 pub const TOPIC_NOTICE: &str = "notice";

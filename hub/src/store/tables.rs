@@ -18,6 +18,7 @@
 //! - `device_waits`: (device, waitpoint) → an active remote wait (`device_waits.rs`)
 //! - `timers`, `device_wait_due`: what the timer queue replaced; emptied into it at start
 //! - `agents`, `transcript`, `ready`: the runner's (`agent.rs`)
+//! - `wait_consumers`: (waitpoint, consumer) → the seq of the last wake it took
 //! - `notices`: seq → a queued notice and its deliveries; `notice_keys`: event key → seq
 //!   (`notices.rs`, the outbox)
 //! - `meta`: name → number; `journal_seq` is the newest journal record a checkpoint holds
@@ -64,11 +65,14 @@ pub(crate) const READY: TableSpec<(u64, &str), ()> = TableSpec::new(16, "ready")
 pub(crate) const PENDING: TableSpec<(u64, &str), ()> = TableSpec::new(17, "pending");
 /// Revoked devices, by name: what the fleet view still shows of them (`devices.rs`).
 pub(crate) const REVOKED_DEVICES: TableSpec<&str, &[u8]> = TableSpec::new(18, "revoked_devices");
+/// Named consumers' positions in a waitpoint's wakes (`consumers.rs`): (waitpoint, name) →
+/// the session event seq of the last wake taken.
+pub(crate) const CONSUMERS: TableSpec<(&str, &str), u64> = TableSpec::new(19, "wait_consumers");
 
 pub(crate) use super::notices::{NOTICE_KEYS, NOTICES};
 
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 21] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 22] = [
     &META,
     &TIMER_QUEUE,
     &WAITPOINTS,
@@ -88,6 +92,7 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 21] = [
     &READY,
     &PENDING,
     &REVOKED_DEVICES,
+    &CONSUMERS,
     &NOTICES,
     &NOTICE_KEYS,
 ];
@@ -288,7 +293,7 @@ impl Tx<'_> {
         before: Option<(u64, Option<u64>)>,
     ) -> Result<(), StoreError> {
         let deadline = wp.deadline(self.settings());
-        let timer = wp.timer();
+        let timer = wp.next_due();
         let id = wp.id.as_str();
         match before {
             Some((d, _)) if d == deadline => {}

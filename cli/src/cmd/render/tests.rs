@@ -220,6 +220,27 @@ fn a_run_that_fails_says_its_code_and_message() {
 }
 
 #[test]
+fn an_answer_cut_at_max_tokens_says_so() {
+    let mut cut = run_end_ok("r1", None);
+    cut["meta"]["finishReason"] = json!("length");
+    let mut whole = run_end_ok("r2", None);
+    whole["meta"]["finishReason"] = json!("stop");
+    let s = [
+        stored(4, run_start("r1", &[3])),
+        live(5, "r1", 1, "The answer is"),
+        stored(6, cut),
+        stored(7, run_start("r2", &[8])),
+        live(9, "r2", 1, "Done."),
+        stored(10, whole),
+    ]
+    .concat();
+    assert_eq!(
+        render(&s, Scope::All).0,
+        format!("The answer is\n[{TRUNCATED}]\nDone.\n")
+    );
+}
+
+#[test]
 fn an_answer_only_in_the_output_is_shown_at_the_end() {
     let s = [
         stored(4, run_start("r1", &[3])),
