@@ -198,7 +198,11 @@ fn failed(sid: &str, title: Option<&str>, w: &Wake, at: u64) -> Notice {
         .rev()
         .find(|s| s.status == cortex_protocol::SignalStatus::Fail);
     if let Some(s) = fail {
-        let member = s.member.as_deref().map(|m| format!(" {m}")).unwrap_or_default();
+        let member = s
+            .member
+            .as_deref()
+            .map(|m| format!(" {m}"))
+            .unwrap_or_default();
         match s.message.as_deref().filter(|m| !m.trim().is_empty()) {
             Some(m) => text.push_str(&format!("\nThe failing report{member}: {}", excerpt(m))),
             None => text.push_str(&format!("\nA report{member} said fail.")),
@@ -259,7 +263,13 @@ fn ascii_label(w: &Wake) -> String {
 /// Header-safe text: visible ASCII and spaces, anything else as `?`.
 fn ascii(s: &str) -> String {
     s.chars()
-        .map(|c| if c == ' ' || c.is_ascii_graphic() { c } else { '?' })
+        .map(|c| {
+            if c == ' ' || c.is_ascii_graphic() {
+                c
+            } else {
+                '?'
+            }
+        })
         .collect()
 }
 

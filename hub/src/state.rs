@@ -54,6 +54,10 @@ impl Shutdown {
         self.0.send_replace(true);
     }
 
+    pub fn is_cancelled(&self) -> bool {
+        *self.0.borrow()
+    }
+
     pub async fn cancelled(&self) {
         let mut rx = self.0.subscribe();
         let _ = rx.wait_for(|v| *v).await;

@@ -34,7 +34,10 @@ fn targets(json: &str) -> Result<Vec<Target>, NotifyConfigError> {
 
 #[test]
 fn a_failed_wake_names_the_waitpoint_and_the_failing_message_not_its_data() {
-    let body = EventBody::Wake(Box::new(wake(WakeReason::Failed, Some("loss=nan at step 40"))));
+    let body = EventBody::Wake(Box::new(wake(
+        WakeReason::Failed,
+        Some("loss=nan at step 40"),
+    )));
     let n = from_event("s_1", Some("nightly"), &body, |_| true, 7).expect("a notice");
     assert_eq!(n.event, NoticeEvent::Failed);
     assert!(n.text.contains("train run 7 (wp_1)"), "{}", n.text);
@@ -91,7 +94,11 @@ fn an_approval_names_the_tool_and_reason_never_the_arguments() {
     };
     let n = from_event("s_2", None, &body, |_| true, 0).expect("notice");
     assert_eq!(n.event, NoticeEvent::Approval);
-    assert!(n.text.contains("device_exec") && n.text.contains("req_9"), "{}", n.text);
+    assert!(
+        n.text.contains("device_exec") && n.text.contains("req_9"),
+        "{}",
+        n.text
+    );
     assert!(!n.text.contains("tok_SECRET") && !n.title.contains("tok_SECRET"));
 }
 
@@ -119,12 +126,23 @@ fn each_shape_sends_what_its_service_takes() {
 
     let ntfy = ts[2].request("n3", &n);
     assert_eq!(ntfy.body, n.text.as_bytes());
-    let h = |k: &str| ntfy.headers.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
-    assert_eq!(h("Title").as_deref(), Some("cortex: device gpu1 is offline"));
+    let h = |k: &str| {
+        ntfy.headers
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        h("Title").as_deref(),
+        Some("cortex: device gpu1 is offline")
+    );
     assert_eq!(h("Priority").as_deref(), Some("4"));
     assert!(h("Tags").is_some_and(|t| t.contains("warning")));
     assert!(!ts[2].wants(NoticeEvent::DeviceLost) && ts[2].wants(NoticeEvent::Question));
-    assert!(ts[0].wants(NoticeEvent::DeviceLost), "all events by default");
+    assert!(
+        ts[0].wants(NoticeEvent::DeviceLost),
+        "all events by default"
+    );
     assert_eq!(
         wanted(&ts[2..]),
         NoticeEvent::Approval.bit() | NoticeEvent::Question.bit()

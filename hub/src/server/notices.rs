@@ -1,27 +1,33 @@
 //! The delivery task of outgoing notices: it reads the store's outbox
 //! (`store/notices.rs`), sends each notice to every target that wants it (`crate::notify`:
-//! the shape's request, one `POST`, bounded by `ATTEMPT_TIMEOUT`), and records each
-//! attempt's outcome in the store before it counts it. It wakes when a notice is queued
-//! (the store's `notice` topic, raised once the write is durable), when a retry falls due,
-//! or at the hub's stop; a restart finds what was pending in the outbox and goes on.
+//! the shape's request, one `POST` per target, those of one notice at once, each bounded
+//! by `ATTEMPT_TIMEOUT`), and records the attempts' outcomes (`Delivery::attempted`: sent,
+//! due again after a backoff, or given up) in the store before it counts them. It wakes
+//! when a notice is queued (the store's `notice` topic, raised once the write is durable),
+//! when a retry falls due, or at the hub's stop; a restart finds what was pending in the
+//! outbox and goes on from there.
 //!
-//! Delivery is at least once: an attempt answered 2xx whose record did not reach the
-//! store (the hub killed in between) is sent again after the restart, with the same
+//! At the hub's stop no new attempt starts; one under way is finished and recorded.
+//! Delivery is at least once only where the process dies between a 2xx and its record
+//! (SIGKILL, a power cut): that notice is sent again after the restart with the same
 //! `X-Cortex-Notice` id, so a receiver can drop the repeat. Logs name a target by its id
 //! and `scheme://host/…`, never its whole URL.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::notify::{self, Target, Verdict};
+use crate::notify::{self, Target};
 use crate::state::AppState;
-use crate::store::notices::{DONE_KEPT_MS, Delivery, DeliveryState, NoticeRecord, TOPIC_NOTICE};
+use crate::store::notices::{DONE_KEPT_MS, NoticeRecord, Outcome, TOPIC_NOTICE};
 use crate::time::now_ms;
 
 /// Notices read per pass.
 const PAGE: usize = 64;
 /// How long a failing store is left before the next pass.
 const STORE_RETRY: Duration = Duration::from_secs(1);
+/// How often notices done a day ago are forgotten, and how many per write.
+const PURGE_EVERY_MS: u64 = 3600 * 1000;
+const PURGE_BATCH: usize = 1000;
 
 /// Runs until the hub stops.
 pub(super) async fn run(state: AppState, targets: Arc<Vec<Target>>) {
@@ -50,23 +56,37 @@ pub(super) async fn run(state: AppState, targets: Arc<Vec<Target>>) {
             Ok(next) => next,
             Err(()) => Some(now_ms() + STORE_RETRY.as_millis() as u64),
         };
+        if state.shutdown.is_cancelled() {
+            return;
+        }
         let now = now_ms();
-        if now.saturating_sub(last_purge) > 3600_000 {
+        if now.saturating_sub(last_purge) >= PURGE_EVERY_MS {
             last_purge = now;
-            let before = now.saturating_sub(DONE_KEPT_MS);
-            if let Err(e) = state
-                .store
-                .exec(move |t| t.purge_notices(before, 1000))
-                .await
-            {
-                tracing::warn!(error = %e, "cannot purge the notices done a day ago");
-            }
+            purge(&state, now.saturating_sub(DONE_KEPT_MS)).await;
         }
         let sleep = next.map(|at| Duration::from_millis(at.saturating_sub(now_ms())));
         tokio::select! {
             () = async { match sleep { Some(d) => tokio::time::sleep(d).await, None => std::future::pending().await } } => {}
             r = queued.changed() => if r.is_err() { return },
             () = state.shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Forgets the notices done before `before`, a batch per write.
+async fn purge(state: &AppState, before: u64) {
+    loop {
+        match state
+            .store
+            .exec(move |t| t.purge_notices(before, PURGE_BATCH))
+            .await
+        {
+            Ok(n) if n >= PURGE_BATCH => continue,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot forget the notices done a day ago");
+                return;
+            }
         }
     }
 }
@@ -85,27 +105,27 @@ async fn pass(
         .map_err(|e| tracing::error!(error = %e, "cannot read the notices' outbox"))?;
     let full = pending.len() >= PAGE;
     let mut next: Option<u64> = None;
-    for rec in pending {
-        let (deliveries, counted) = deliver(client, targets, &rec).await;
-        let seq = rec.seq;
-        let keep = deliveries.clone();
-        let now = now_ms();
+    for mut rec in pending {
+        if state.shutdown.is_cancelled() {
+            return Ok(None);
+        }
+        let counted = deliver(client, targets, &mut rec).await;
+        let (seq, now) = (rec.seq, now_ms());
+        let deliveries = rec.deliveries.clone().unwrap_or_default();
         if let Err(e) = state
             .store
-            .exec(move |t| t.notice_progress(seq, keep, now))
+            .exec(move |t| t.notice_progress(seq, deliveries, now))
             .await
         {
             tracing::error!(error = %e, notice = seq, "cannot record a notice's delivery; it is tried again");
             return Err(());
         }
         // Counted once the outcome is durable.
-        for result in counted {
-            crate::metrics::metrics().notice(rec.notice.event.as_str(), result);
+        for outcome in counted {
+            crate::metrics::metrics().notice(rec.notice.event.as_str(), outcome.as_str());
         }
-        for d in &deliveries {
-            if d.state == DeliveryState::Pending {
-                next = Some(next.map_or(d.next_at, |n| n.min(d.next_at)));
-            }
+        if let Some(due) = rec.next_due() {
+            next = Some(next.map_or(due, |n| n.min(due)));
         }
     }
     if full {
@@ -115,79 +135,68 @@ async fn pass(
     Ok(next)
 }
 
-/// The deliveries of `rec` after this pass's attempts (fanned out to the targets that
-/// want it on its first pass), and what each attempt counts as.
+/// This pass's attempts on `rec` (fanned out to the targets that want it on its first
+/// pass): the due ones at once, each recorded in `rec`. Returns what each counts as.
 async fn deliver(
     client: &reqwest::Client,
     targets: &[Target],
-    rec: &NoticeRecord,
-) -> (Vec<Delivery>, Vec<&'static str>) {
+    rec: &mut NoticeRecord,
+) -> Vec<Outcome> {
     let now = now_ms();
-    let mut deliveries = rec.deliveries.clone().unwrap_or_else(|| {
-        targets
-            .iter()
-            .filter(|t| t.wants(rec.notice.event))
-            .map(|t| Delivery {
-                target: t.id.clone(),
-                attempts: 0,
-                next_at: now,
-                state: DeliveryState::Pending,
-            })
-            .collect()
-    });
-    let mut counted = Vec::new();
+    rec.fan_out(targets, now);
     let id = rec.id();
-    for d in deliveries.iter_mut() {
-        if d.state != DeliveryState::Pending || d.next_at > now {
+    let event = rec.notice.event.as_str();
+    let mut counted = Vec::new();
+    let mut attempts = tokio::task::JoinSet::new();
+    let Some(deliveries) = rec.deliveries.as_mut() else {
+        return counted;
+    };
+    for (i, d) in deliveries.iter_mut().enumerate() {
+        if !d.due(now) {
             continue;
         }
         let Some(target) = targets.iter().find(|t| t.id == d.target) else {
             tracing::warn!(notice = %id, target_id = %d.target, "a notice's target is no longer in settings.json notify; given up");
-            d.state = DeliveryState::Failed {
-                at: now,
-                why: "the target left the settings".into(),
-            };
-            counted.push("failed");
+            counted.push(d.give_up(now, "the target left settings.json notify".into()));
             continue;
         };
-        d.attempts += 1;
-        let (status, why) = attempt(client, target, &id, rec).await;
-        let at = now_ms();
-        match notify::verdict(status) {
-            Verdict::Sent => {
-                tracing::info!(notice = %id, event = rec.notice.event.as_str(), target_id = %target.id, attempts = d.attempts, "notice sent");
-                d.state = DeliveryState::Sent { at };
-                counted.push("sent");
+        let req = target.request(&id, &rec.notice);
+        let (client, target) = (client.clone(), target.clone());
+        attempts.spawn(async move {
+            let (status, why) = attempt(&client, &target, req).await;
+            (i, target, status, why)
+        });
+    }
+    while let Some(joined) = attempts.join_next().await {
+        let Ok((i, target, status, why)) = joined else {
+            continue;
+        };
+        let Some(d) = deliveries.get_mut(i) else {
+            continue;
+        };
+        let outcome = d.attempted(notify::verdict(status), &why, now_ms(), notify::unit_draw());
+        match outcome {
+            Outcome::Sent => {
+                tracing::info!(notice = %id, event, target_id = %target.id, attempts = d.attempts, "notice sent");
             }
-            Verdict::Retry if d.attempts < notify::MAX_ATTEMPTS => {
-                let delay = notify::retry_delay(d.attempts, notify::unit_draw());
-                tracing::warn!(notice = %id, target_id = %target.id, url = %target.shown_url(), attempts = d.attempts, error = %why, retry_in_ms = delay.as_millis() as u64, "a notice was not delivered; it is tried again");
-                d.next_at = at + delay.as_millis() as u64;
-                counted.push("retry");
+            Outcome::Retry => {
+                tracing::warn!(notice = %id, event, target_id = %target.id, url = %target.shown_url(), attempts = d.attempts, error = %why, retry_in_ms = d.next_at.saturating_sub(now_ms()), "a notice was not delivered; it is tried again");
             }
-            verdict => {
-                let why = if verdict == Verdict::Refused {
-                    format!("refused: {why}")
-                } else {
-                    format!("{} attempts: {why}", d.attempts)
-                };
-                tracing::error!(notice = %id, target_id = %target.id, url = %target.shown_url(), error = %why, "a notice was given up");
-                d.state = DeliveryState::Failed { at, why };
-                counted.push("failed");
+            Outcome::GaveUp => {
+                tracing::error!(notice = %id, event, target_id = %target.id, url = %target.shown_url(), attempts = d.attempts, error = %why, "a notice was given up");
             }
         }
+        counted.push(outcome);
     }
-    (deliveries, counted)
+    counted
 }
 
 /// One `POST`: the status it was answered (`None`: no answer), and what to log of it.
 async fn attempt(
     client: &reqwest::Client,
     target: &Target,
-    id: &str,
-    rec: &NoticeRecord,
+    req: notify::Request,
 ) -> (Option<u16>, String) {
-    let req = target.request(id, &rec.notice);
     let mut b = client
         .post(target.url())
         .header(reqwest::header::CONTENT_TYPE, req.content_type)

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::kernel::error::StoreError;
 use super::kernel::{Table, TableSpec};
 use super::tables::{META, Tx, decode, encode};
-use crate::notify::Notice;
+use crate::notify::{self, Notice, Target, Verdict};
 
 /// seq → [`NoticeRecord`].
 pub(crate) const NOTICES: TableSpec<u64, &[u8]> = TableSpec::new(20, "notices");
@@ -63,15 +63,119 @@ pub struct Delivery {
 pub enum DeliveryState {
     Pending,
     /// Answered 2xx at `at`.
-    Sent { at: u64 },
+    Sent {
+        at: u64,
+    },
     /// Given up at `at`: refused, out of attempts, or the target left the settings.
-    Failed { at: u64, why: String },
+    Failed {
+        at: u64,
+        why: String,
+    },
+}
+
+/// What one attempt (or giving up) counts as (`cortex_notices_total{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Delivered (2xx).
+    Sent,
+    /// Not delivered; tried again at `next_at`.
+    Retry,
+    /// Given up: refused, out of attempts, or the target is gone.
+    GaveUp,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Sent => "sent",
+            Outcome::Retry => "retry",
+            Outcome::GaveUp => "failed",
+        }
+    }
+}
+
+impl Delivery {
+    /// A delivery to `target`, due at `now`.
+    pub fn new(target: &str, now: u64) -> Delivery {
+        Delivery {
+            target: target.to_string(),
+            attempts: 0,
+            next_at: now,
+            state: DeliveryState::Pending,
+        }
+    }
+
+    /// Pending, and its next attempt is due at `now`.
+    pub fn due(&self, now: u64) -> bool {
+        self.state == DeliveryState::Pending && self.next_at <= now
+    }
+
+    /// Records an attempt answered at `at` with `verdict` (`why`: what the answer was, for
+    /// a give-up's record): sent; or, while attempts remain, due again after
+    /// `notify::retry_delay` (`unit` its jitter); else given up.
+    pub fn attempted(&mut self, verdict: Verdict, why: &str, at: u64, unit: f64) -> Outcome {
+        self.attempts = self.attempts.saturating_add(1);
+        match verdict {
+            Verdict::Sent => {
+                self.state = DeliveryState::Sent { at };
+                Outcome::Sent
+            }
+            Verdict::Retry if self.attempts < notify::MAX_ATTEMPTS => {
+                let delay = notify::retry_delay(self.attempts, unit);
+                self.next_at = at.saturating_add(delay.as_millis() as u64);
+                Outcome::Retry
+            }
+            Verdict::Retry => {
+                self.give_up(at, format!("{} attempts, the last: {why}", self.attempts))
+            }
+            Verdict::Refused => self.give_up(at, format!("refused: {why}")),
+        }
+    }
+
+    /// Ends it unsent at `at`.
+    pub fn give_up(&mut self, at: u64, why: String) -> Outcome {
+        self.state = DeliveryState::Failed { at, why };
+        Outcome::GaveUp
+    }
 }
 
 impl NoticeRecord {
     /// The outbox id a receiver sees (`X-Cortex-Notice`, the webhook's `id`).
     pub fn id(&self) -> String {
         format!("n{}", self.seq)
+    }
+
+    /// On its first pass: one delivery per target that wants its event, due at `now`.
+    /// Later passes keep the deliveries it has (a target added since is not told).
+    pub fn fan_out(&mut self, targets: &[Target], now: u64) {
+        if self.deliveries.is_none() {
+            self.deliveries = Some(
+                targets
+                    .iter()
+                    .filter(|t| t.wants(self.notice.event))
+                    .map(|t| Delivery::new(&t.id, now))
+                    .collect(),
+            );
+        }
+    }
+
+    /// Every delivery ended (sent or given up); also a notice no target wants.
+    pub fn is_done(&self) -> bool {
+        self.deliveries
+            .as_ref()
+            .is_some_and(|ds| ds.iter().all(|d| d.state != DeliveryState::Pending))
+    }
+
+    /// When its next attempt is due (`None`: none pending).
+    pub fn next_due(&self) -> Option<u64> {
+        match &self.deliveries {
+            None => Some(self.queued_at),
+            Some(ds) => ds
+                .iter()
+                .filter(|d| d.state == DeliveryState::Pending)
+                .map(|d| d.next_at)
+                .min(),
+        }
     }
 }
 
@@ -96,10 +200,7 @@ impl Tx<'_> {
         notice: Notice,
         now: u64,
     ) -> Result<Option<u64>, StoreError> {
-        let mask = self
-            .table(&META)
-            .get(EVENTS_KEY)?
-            .map_or(0, |v| v.value());
+        let mask = self.table(&META).get(EVENTS_KEY)?.map_or(0, |v| v.value());
         if mask & notice.event.bit() == 0 {
             return Ok(None);
         }
@@ -147,7 +248,7 @@ impl Tx<'_> {
     }
 
     /// The delivery task's record of a pass over notice `seq`: its deliveries as they
-    /// stand, and done when none is pending. False when it is gone.
+    /// stand, and done (at `now`) when none is pending. False when it is gone.
     pub fn notice_progress(
         &mut self,
         seq: u64,
@@ -162,11 +263,8 @@ impl Tx<'_> {
         else {
             return Ok(false);
         };
-        let done = deliveries
-            .iter()
-            .all(|d| d.state != DeliveryState::Pending);
         rec.deliveries = Some(deliveries);
-        rec.done_at = done.then_some(now);
+        rec.done_at = rec.is_done().then_some(now);
         self.notices().insert(seq, encode(&rec)?.as_slice())?;
         Ok(true)
     }
@@ -191,3 +289,6 @@ impl Tx<'_> {
         Ok(gone.len())
     }
 }
+
+#[cfg(test)]
+mod tests;
