@@ -12,15 +12,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::kernel::Table;
 use super::kernel::error::StoreError;
-use super::kernel::{Table, TableSpec};
-use super::tables::{META, Tx, decode, encode};
+use super::tables::{META, NOTICE_KEYS, NOTICES, Tx, decode, encode};
 use crate::notify::{self, Notice, Target, Verdict};
-
-/// seq → [`NoticeRecord`].
-pub(crate) const NOTICES: TableSpec<u64, &[u8]> = TableSpec::new(20, "notices");
-/// The event's key → seq: an event is queued once.
-pub(crate) const NOTICE_KEYS: TableSpec<&str, u64> = TableSpec::new(21, "notice_keys");
 
 /// The notice topic: raised with the newest seq when a notice is queued.
 pub const TOPIC_NOTICE: &str = "notice";

@@ -69,7 +69,10 @@ pub(crate) const REVOKED_DEVICES: TableSpec<&str, &[u8]> = TableSpec::new(18, "r
 /// the session event seq of the last wake taken.
 pub(crate) const CONSUMERS: TableSpec<(&str, &str), u64> = TableSpec::new(19, "wait_consumers");
 
-pub(crate) use super::notices::{NOTICE_KEYS, NOTICES};
+/// The outbox of outgoing notices (`notices.rs`): seq → a queued notice and its deliveries.
+pub(crate) const NOTICES: TableSpec<u64, &[u8]> = TableSpec::new(20, "notices");
+/// The event's key → its notice's seq: an event is queued once.
+pub(crate) const NOTICE_KEYS: TableSpec<&str, u64> = TableSpec::new(21, "notice_keys");
 
 /// Every table of the hub, each at its position.
 pub(crate) static REGISTRY: [&dyn AnyTable; 22] = [
