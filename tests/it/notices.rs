@@ -313,3 +313,45 @@ fn a_bad_notify_setting_stops_the_hub_at_start_without_showing_the_url() {
     assert!(err.contains("settings.json notify[0]"), "{err}");
     assert!(!err.contains("SECRET_PATH"), "{err}");
 }
+
+#[test]
+fn a_target_taken_out_of_the_settings_is_given_up_after_the_restart() {
+    let rx = Receiver::start();
+    rx.down.store(true, Ordering::SeqCst);
+    let tmp = tempfile::tempdir().expect("tmp");
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    let settings = home.join("settings.json");
+    std::fs::write(
+        &settings,
+        json!({"notify": [{"type": "webhook", "url": rx.url("/hook"), "name": "hook"}]})
+            .to_string(),
+    )
+    .expect("settings");
+    let mut hub = Hub::at(&home, &tmp.path().join("hub.log"), &[], &[]);
+    hub.spawn();
+    let sid = hub.session();
+    let wp = hub.waitpoint(&sid, json!({"label": "deploy", "intent": "check it"}));
+    let (st, v) = hub.signal(&body(&wp, json!({"status": "fail"})));
+    assert_eq!(st, 202, "{v}");
+    wait_until(LIMIT, "the notice answered 500", || {
+        (counted(&hub, "failed", "retry") >= 1.0).then_some(())
+    });
+    hub.stop();
+    std::fs::write(&settings, "{}").expect("settings");
+    hub.spawn();
+    wait_until(LIMIT, "the notice given up", || {
+        (counted(&hub, "failed", "failed") == 1.0).then_some(())
+    });
+    assert!(
+        hub.log()
+            .contains("a notice's target is no longer in settings.json notify; given up"),
+        "{}",
+        hub.log()
+    );
+    let tried = rx.on("/hook", "deploy");
+    assert!(
+        tried.iter().all(|g| g.answered == 500),
+        "never delivered: {tried:#?}"
+    );
+}

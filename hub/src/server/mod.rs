@@ -153,9 +153,8 @@ pub async fn run_with_mesh(
     timers::start(&state, sweep.is_some()).await;
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(timers::run(state.clone(), sweep));
-    if !targets.is_empty() {
-        tasks.spawn(notices::run(state.clone(), targets));
-    }
+    // Also without targets: what an earlier run left pending is closed (given up).
+    tasks.spawn(notices::run(state.clone(), targets));
     let rescan =
         (config.settings.sweep_ms > 0).then(|| Duration::from_millis(config.settings.sweep_ms));
     tasks.spawn(spool::collect(state.clone(), Arc::new(spool), rescan));
