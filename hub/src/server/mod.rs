@@ -140,11 +140,10 @@ pub async fn run_with_mesh(
     // The events some notice target wants, before anything that may queue one runs.
     let targets = Arc::new(config.settings.notify.clone());
     let wanted = crate::notify::wanted(&targets);
-    state
-        .store
-        .exec(move |t| t.set_notice_events(wanted))
-        .await
-        .map_err(|e| anyhow::anyhow!("recording the notice targets' events: {e}"))?;
+    if let Err(e) = state.store.exec(move |t| t.set_notice_events(wanted)).await {
+        // The hub still serves; notices follow the events the last run recorded.
+        tracing::error!(error = %e, "cannot record which events the notice targets want");
+    }
     crate::mesh::start(&state, config.settings.device_loss_grace_ms).await?;
 
     let sweep =

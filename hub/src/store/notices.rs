@@ -179,9 +179,10 @@ impl Tx<'_> {
         self.table_mut(&NOTICES)
     }
 
-    /// At start: the events the running hub's targets want (`notify::wanted`).
+    /// At start: the events the running hub's targets want (`notify::wanted`); written
+    /// only when it changed (a hub without targets writes nothing).
     pub fn set_notice_events(&mut self, mask: u64) -> Result<(), StoreError> {
-        if self.table(&META).get(EVENTS_KEY)?.map(|v| v.value()) != Some(mask) {
+        if self.table(&META).get(EVENTS_KEY)?.map_or(0, |v| v.value()) != mask {
             self.table_mut(&META).insert(EVENTS_KEY, mask)?;
         }
         Ok(())
