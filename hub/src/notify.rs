@@ -260,6 +260,14 @@ fn ascii_label(w: &Wake) -> String {
     ascii(&excerpt(l))
 }
 
+/// Slack's three control characters escaped, so a label like `<nightly>` is shown as
+/// written rather than read as a link or a mention.
+fn slack_escaped(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
 /// Header-safe text: visible ASCII and spaces, anything else as `?`.
 fn ascii(s: &str) -> String {
     s.chars()
@@ -384,7 +392,7 @@ impl Target {
                 content_type: "application/json",
                 headers: vec![("X-Cortex-Notice", id.to_string())],
                 body: serde_json::json!({
-                    "text": format!("*{}*\n{}", notice.title, notice.text)
+                    "text": format!("*{}*\n{}", slack_escaped(&notice.title), slack_escaped(&notice.text))
                 })
                 .to_string()
                 .into_bytes(),

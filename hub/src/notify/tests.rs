@@ -122,6 +122,15 @@ fn each_shape_sends_what_its_service_takes() {
     let v: serde_json::Value = serde_json::from_slice(&slack.body).expect("json");
     assert_eq!(v.as_object().map(|o| o.len()), Some(1), "only text: {v}");
     assert!(v["text"].as_str().is_some_and(|t| t.contains("gpu1")));
+    let odd = device_lost("<!channel> & co", 0, 1, 1);
+    let v: serde_json::Value =
+        serde_json::from_slice(&ts[1].request("n4", &odd).body).expect("json");
+    assert!(
+        v["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("&lt;!channel&gt; &amp; co") && !t.contains('<')),
+        "Slack's control characters escaped: {v}"
+    );
     assert_eq!(ts[1].id, "team");
 
     let ntfy = ts[2].request("n3", &n);
