@@ -120,22 +120,21 @@ fn session_name(sid: &str, title: Option<&str>) -> String {
 }
 
 /// The notice a session's event becomes, if any: an approval or a question waiting on a
-/// person, a failed wake, an expiry (`never_heard`: the waitpoint holds no signal at all,
-/// which for a monitor is what makes its expiry worth a notice).
+/// person, a failed wake, an expiry nobody answered (`unanswered(id)`: the waitpoint is a
+/// one-shot, whose expiry means its reports never all came, or a monitor that never heard
+/// a signal; a monitor that heard its job just reached the end of its life).
 pub fn from_event(
     sid: &str,
     title: Option<&str>,
     body: &EventBody,
-    monitor_never_heard: impl FnOnce(&str) -> bool,
+    unanswered: impl FnOnce(&str) -> bool,
     at: u64,
 ) -> Option<Notice> {
     match body {
         EventBody::ApprovalRequired { approval, .. } => Some(asked(sid, title, approval, at)),
         EventBody::Wake(w) => match w.reason {
             WakeReason::Failed => Some(failed(sid, title, w, at)),
-            WakeReason::Expired if monitor_never_heard(&w.waitpoint.id) => {
-                Some(expired(sid, title, w, at))
-            }
+            WakeReason::Expired if unanswered(&w.waitpoint.id) => Some(expired(sid, title, w, at)),
             _ => None,
         },
         _ => None,
