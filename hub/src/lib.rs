@@ -15,12 +15,14 @@
 //! - [`metrics`]: what `GET /metrics` shows (Prometheus text format).
 //! - [`session_state`]: whether a session runs turns or is a mailbox, and its state for
 //!   people, as pure rules.
+//! - [`notify`]: outgoing notices (targets, shapes, retries), pure.
 
 pub mod admission;
 pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod home_lock;
+pub mod hosts;
 pub mod intake;
 #[cfg(test)]
 mod layering;
@@ -28,6 +30,7 @@ pub mod live;
 pub mod mesh;
 pub mod metrics;
 pub mod model;
+pub mod notify;
 pub mod registry;
 pub mod remote_wait;
 pub mod runner;
