@@ -119,6 +119,18 @@ fn a_mailbox_runs_no_turn_when_the_hub_gains_a_model() {
     assert_eq!(count(&events, "run-start"), 0, "{events:#?}");
     assert_eq!(count(&events, "message"), 3, "{events:#?}");
     assert_eq!(model.request_count(), 2);
+
+    // cortex chat opens with the recent past: the messages and what answered them.
+    let (out, err) = ok(&with, &["chat", &agent]);
+    let at = |t: &str| {
+        out.find(t)
+            .unwrap_or_else(|| panic!("no {t:?} in {out}\n{err}"))
+    };
+    assert!(
+        at("» hello") < at("Hello.") && at("Hello.") < at("» and now?"),
+        "{out}"
+    );
+    assert!(at("» and now?") < at("Still here."), "{out}");
 }
 
 #[test]
