@@ -8,6 +8,11 @@ use cortex_protocol::api::SessionState;
 /// The instructions of a session whose creator and hub give none.
 pub const DEFAULT_INSTRUCTIONS: &str = "You are an agent working inside cortex. Answer the person plainly. When work takes long (a training run, a build, a process on another machine), do not wait in a loop: arm a waitpoint or a device wait, hand the job its signal line, and end your turn. You will be woken with the result and can act on it then.";
 
+/// [`DEFAULT_INSTRUCTIONS`] for a session shown no tool that waits (no `wait_create`, no
+/// `device_wait_*`): they do not speak of waits it cannot arm.
+pub const DEFAULT_INSTRUCTIONS_WITHOUT_WAITS: &str =
+    "You are an agent working inside cortex. Answer the person plainly.";
+
 /// What a session stored before sessions said whether they run holds, for
 /// [`legacy_runs`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -32,6 +37,7 @@ pub fn legacy_runs(stored: Stored<'_>, model_replied: impl FnOnce() -> bool) -> 
         return false;
     };
     let default = instructions == DEFAULT_INSTRUCTIONS
+        || instructions == DEFAULT_INSTRUCTIONS_WITHOUT_WAITS
         || stored.hub_default.is_some_and(|d| d.trim() == instructions);
     if !default || stored.examples || stored.output {
         return true;
@@ -188,6 +194,14 @@ mod tests {
             never
         ));
         assert!(!legacy_runs(default, || false), "only wakes: a mailbox");
+        let without_waits = Stored {
+            instructions: Some(DEFAULT_INSTRUCTIONS_WITHOUT_WAITS),
+            ..Stored::default()
+        };
+        assert!(
+            !legacy_runs(without_waits, || false),
+            "the other built-in text"
+        );
         assert!(legacy_runs(default, || true), "a chat on the defaults");
         // The hub's own default instructions are no session's own.
         let hubs = Stored {

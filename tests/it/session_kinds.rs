@@ -162,6 +162,7 @@ fn guides_and_hints_name_only_the_tools_shown() {
         assert!(!system.contains(tool), "{tool} in {system}");
     }
     assert!(system.contains("no tools"), "{system}");
+    assert!(!system.contains("device wait"), "{system}");
 
     // --deny '*' is the other way to say it.
     let (out, _) = ok(&hub, &["session", "new", "--deny", "*"]);

@@ -84,7 +84,7 @@ pub fn config(
         output,
         ..
     } = req;
-    let instructions = instructions
+    let mut instructions = instructions
         .filter(|s| !s.trim().is_empty())
         .or_else(|| defaults.instructions.clone())
         .unwrap_or_else(|| DEFAULT_INSTRUCTIONS.to_string());
@@ -121,6 +121,16 @@ pub fn config(
         return Err("stop.steps and stop.repeatedCalls must be above 0".into());
     }
     let policy = super::gate::resolve(policy, defaults.policy.clone())?;
+    // The built-in instructions speak of waits only to a session that can arm one.
+    let shown = tools::Shown::of(&policy);
+    if instructions == DEFAULT_INSTRUCTIONS
+        && !shown
+            .names()
+            .iter()
+            .any(|t| t == "wait_create" || t.starts_with("device_wait_"))
+    {
+        instructions = crate::session_state::DEFAULT_INSTRUCTIONS_WITHOUT_WAITS.to_string();
+    }
     let transport = match &output {
         Some(o) => {
             let compiled = output::compile(o).map_err(|e| e.to_string())?;
@@ -261,6 +271,9 @@ mod tests {
         .expect("an empty allow list: no tools");
         assert!(none.contains("You have no tools"), "{none}");
         assert!(!none.contains("wait_create"), "{none}");
+        // Nor do the built-in instructions speak of waits it cannot arm.
+        assert!(!none.contains("waitpoint or a device wait"), "{none}");
+        assert!(open.contains("waitpoint or a device wait"), "{open}");
         let e = with(Policy {
             allow: Some(vec![String::new()]),
             ..Policy::default()
