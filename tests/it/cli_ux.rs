@@ -338,14 +338,15 @@ fn bare_remote_waits_share_one_default_session_that_survives_its_deletion() {
     let (_, list) = hub.api(Method::Get, "/api/sessions", None);
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
 
-    // --must-exist on a device: the agent finds the pid gone, and the wait breaks.
+    // --must-exist on a device: the agent finds the pid gone, and the wait breaks; the
+    // wake printed is the broken one, as for any remote wait that did not fire.
     let pid = gone_pid();
     let (code, out, err) = cortex_as(
         &hub,
         &["wait", "pid", &pid, "--device", "gpu1", "--must-exist"],
     );
     assert_eq!(code, 2, "{err}");
-    assert_eq!(out, "");
+    assert!(out.contains(r#"\"outcome\":\"broke\""#), "{out}");
     assert!(err.contains(&format!("pid {pid} is not running")), "{err}");
 }
 

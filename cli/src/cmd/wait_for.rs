@@ -86,10 +86,7 @@ pub fn run_from(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
-    let how = How {
-        announce: true,
-        must_exist: false,
-    };
+    let how = How { announce: true };
     wait_with(hub, wp, timeout, how, from, out, err)
 }
 
@@ -100,10 +97,6 @@ pub struct How {
     /// armed line: it leaves out the "waiting for" line, and the "already resolved" one
     /// when the wake came before the first look (the outcome, however fast).
     pub announce: bool,
-    /// A remote pid wait's `--must-exist`: an outcome whose payload says `already_gone`
-    /// (the pid was not running when the device armed it) breaks the wait, and is not
-    /// printed as a fire.
-    pub must_exist: bool,
 }
 
 /// [`run`], as `how` says.
@@ -132,7 +125,6 @@ fn wait_with(
         wp,
         timeout,
         announce: how.announce,
-        must_exist: how.must_exist,
         deadline: after(timeout.unwrap_or(GRACE)),
         device_bound: false,
         from,
@@ -156,7 +148,6 @@ struct Waiter<'a> {
     wp: &'a str,
     timeout: Option<Duration>,
     announce: bool,
-    must_exist: bool,
     deadline: Instant,
     /// A remote wait's waitpoint: its `report` wakes are the hub's loss reports.
     device_bound: bool,
@@ -333,10 +324,10 @@ impl Waiter<'_> {
         }
     }
 
-    /// The wake, printed ([`Self::fire`]); then a consumer's position moved to it, and
+    /// The wake, printed ([`fire`]); then a consumer's position moved to it, and
     /// the seq to resume after said on stderr.
     fn take(&self, wake: &Value, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8, Broke> {
-        let code = self.fire(wake, out, err)?;
+        let code = fire(wake, out, err);
         let Some(seq) = wake["seq"].as_u64() else {
             return Ok(code);
         };
@@ -374,17 +365,6 @@ impl Waiter<'_> {
             }
         }
         Ok(code)
-    }
-
-    /// The wake, printed, as an exit status; with `must_exist`, a pid gone before the
-    /// arm breaks instead.
-    fn fire(&self, wake: &Value, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8, Broke> {
-        if self.must_exist
-            && let Some(pid) = already_gone(wake)
-        {
-            return Err(Broke(super::wait_local::not_running(pid)));
-        }
-        Ok(fire(wake, out, err))
     }
 
     fn waitpoint(&self) -> Result<WaitpointView, Broke> {
@@ -535,21 +515,6 @@ pub fn exit_status(wake: &Value, err: &mut dyn Write) -> u8 {
         Some("silent") => SILENT,
         _ => FIRED,
     }
-}
-
-/// The pid of a remote pid wait whose payload says it was already gone when armed.
-fn already_gone(wake: &Value) -> Option<i32> {
-    let signals = wake["signals"].as_array()?;
-    signals.iter().rev().find_map(|s| {
-        if s["source"] != "device-wait" {
-            return None;
-        }
-        let data: Value = serde_json::from_str(s["data"].as_str()?).ok()?;
-        let p = &data["payload"];
-        (p["already_gone"] == true)
-            .then(|| p["pid"].as_i64().and_then(|n| i32::try_from(n).ok()))
-            .flatten()
-    })
 }
 
 /// Whether a fired remote wait's payload says its job failed: a pid wait on a job the

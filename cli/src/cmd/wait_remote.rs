@@ -79,10 +79,7 @@ pub fn run(
         armed_line(&created, device, online, timeout)
     );
     let _ = err.flush();
-    let how = How {
-        announce: false,
-        must_exist: matches!(wait, LocalWait::Pid(a) if a.must_exist),
-    };
+    let how = How { announce: false };
     wait_for::run_with(hub, &wp.id, Some(timeout + SLACK), how, out, err)
 }
 
@@ -155,6 +152,9 @@ pub fn body(wait: &LocalWait, device: &str) -> anyhow::Result<CreateDeviceWait> 
             b.kind = "pid".into();
             b.pid = Some(a.pid);
             b.start_time = a.start_time;
+            // The device's agent decides it, where the pid lives: one not running there
+            // breaks the wait, and the hub and the session hear `broke`.
+            b.must_exist = a.must_exist;
         }
         LocalWait::File(a) => {
             anyhow::ensure!(

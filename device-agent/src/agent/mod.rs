@@ -77,6 +77,7 @@ pub const CAPABILITIES: &[&str] = &[
     mesh::CAP_WAIT_LOG,
     mesh::CAP_WAIT_SILENCE,
     mesh::CAP_WAIT_ANY,
+    mesh::CAP_WAIT_PID_MUST_EXIST,
 ];
 
 /// Outcomes of remote waits waiting for the loop; a task whose outcome finds it full

@@ -568,6 +568,7 @@ async fn prepare_inner(state: &AppState, sid: &str, call: &ToolCall) -> Result<P
                 kind: kind.to_string(),
                 pid,
                 start_time: None,
+                must_exist: false,
                 path: a.path,
                 pattern: a.pattern,
                 silence: a.silence,

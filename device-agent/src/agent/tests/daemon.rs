@@ -134,7 +134,8 @@ async fn files_are_forwarded_and_deleted_only_once_acknowledged() {
             "wait-flock",
             "wait-log",
             "wait-silence",
-            "wait-any"
+            "wait-any",
+            "wait-pid-must-exist"
         ]
     );
     assert!(hello.waits.is_empty());
