@@ -36,6 +36,7 @@ pub(super) fn config(home: &Path, url: &str) -> Config {
         hub: HubUrl::parse(url, false).expect("url"),
         name: "gpu1".into(),
         token: Token::new(TOKEN, "test").expect("token"),
+        token_file: None,
         home: home.to_owned(),
         ca_cert: None,
         allow_exec: false,
