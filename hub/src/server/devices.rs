@@ -273,7 +273,7 @@ pub async fn revoke_device(
             StatusCode::CONFLICT,
             "already_revoked",
             format!(
-                "device {name:?} was already revoked {} ago; nothing changed. `cortex device remove {name}` drops it from the list, `cortex device add {name}` enrols it again",
+                "device {name:?} was already revoked ({} ago); nothing changed. `cortex device remove {name}` drops it from the list, `cortex device add {name}` enrols it again",
                 human_duration(now.saturating_sub(gone.revoked_at))
             ),
         ));
