@@ -385,6 +385,39 @@ async fn a_refused_token_is_retried_slowly_and_after_the_hubs_retry_after() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_token_in_the_token_file_is_dialed_at_once_after_a_refusal() {
+    let home = tempfile::tempdir().expect("tmp");
+    spool_in(home.path());
+    let file = home.path().join("device-token");
+    std::fs::write(&file, format!("{TOKEN}\n")).expect("token file");
+    let hub = FakeHub::bind().await;
+    let mut c = config(home.path(), &hub.url());
+    c.token_file = Some(file.clone());
+    let agent = Agent::start(c);
+
+    // Refused, with the hub's minute-long floor: the same token would wait it out.
+    let body = serde_json::to_string(&CloseReason {
+        code: "forbidden".into(),
+        message: "unknown device or wrong token".into(),
+        retry_after_ms: Some(60_000),
+    })
+    .expect("json");
+    hub.refuse(403, &body).await;
+    // Re-enrolled: the new token goes to the file (replaced, as an installer does).
+    let tmp = home.path().join("device-token.new");
+    std::fs::write(&tmp, "fresh-token\n").expect("new token");
+    std::fs::rename(&tmp, &file).expect("replace");
+    // Within the fake hub's accept bound (10 s), far inside the refused token's 60 s.
+    let mut conn = hub.accept().await;
+    assert_eq!(
+        conn.header("authorization").as_deref(),
+        Some("Bearer fresh-token")
+    );
+    conn.welcome_default().await;
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wss_with_a_private_ca_given_by_ca_cert() {
     let home = tempfile::tempdir().expect("tmp");
     let spool = spool_in(home.path());
