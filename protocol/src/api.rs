@@ -1019,6 +1019,10 @@ pub struct CreateDeviceWait {
     /// got the same pid is never waited on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<u64>,
+    /// With `pid`: a process not running on the device when its agent arms the wait
+    /// breaks it (`broke`) instead of firing at once (`cortex wait pid --must-exist`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub must_exist: bool,
     /// With `file`, `flock` and `log`: an absolute path on the device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
@@ -1050,6 +1054,7 @@ impl CreateDeviceWait {
             kind: self.kind.clone(),
             pid: self.pid,
             start_time: self.start_time,
+            must_exist: self.must_exist,
             path: self.path.clone(),
             pattern: self.pattern.clone(),
             silence: self.silence.clone(),

@@ -6,6 +6,7 @@ mod cli_ux;
 mod cortex_cli;
 mod device_exec;
 mod device_loss;
+mod device_tokens;
 mod durability;
 mod full_disk;
 mod hostile;

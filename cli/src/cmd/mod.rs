@@ -125,10 +125,11 @@ pub enum Command {
         after_help = "Examples:\n  cortex devices\n  cortex devices --json | jq '.[] | {name, host}'"
     )]
     Devices,
-    /// Enrol a device (prints its token once) or revoke one
+    /// Enrol a device (prints its token once), revoke one, or remove a revoked one from
+    /// the list
     #[command(
         subcommand,
-        after_help = "Examples:\n  cortex device add gpu1\n  cortex device revoke gpu1"
+        after_help = "Examples:\n  cortex device add gpu1\n  cortex device revoke gpu1\n  cortex device remove gpu1"
     )]
     Device(DeviceCommand),
     /// What waits on a person across sessions (approvals and questions), and how to
@@ -231,9 +232,25 @@ pub enum DeviceCommand {
         name: String,
     },
     /// Revoke a device's token and drop its link at once
-    #[command(after_help = "Examples:\n  cortex device revoke gpu1")]
+    #[command(
+        after_help = "Examples:\n  cortex device revoke gpu1\n  cortex device revoke gpu1 --remove   # and drop it from the list\n\nExit status: 0 revoked; 1 already revoked (nothing changed) or no such device."
+    )]
     Revoke {
         /// The device, as `cortex devices` lists it
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// Also remove it from the list (as `cortex device remove`); a device already
+        /// revoked is then only removed
+        #[arg(long)]
+        remove: bool,
+    },
+    /// Remove a revoked device from the list (`cortex devices` shows revoked ones until
+    /// then); an enrolled device is refused: revoke it first
+    #[command(
+        after_help = "Examples:\n  cortex device remove gpu1\n\nExit status: 0 removed; 1 not revoked, or no such revoked device."
+    )]
+    Remove {
+        /// The revoked device, as `cortex devices` lists it
         #[arg(value_name = "NAME")]
         name: String,
     },
@@ -706,7 +723,10 @@ fn execute(
         }
         Command::Devices => devices::list(&hub, json, out)?,
         Command::Device(DeviceCommand::Add { name }) => devices::add(&hub, name, json, out)?,
-        Command::Device(DeviceCommand::Revoke { name }) => devices::revoke(&hub, name, json, out)?,
+        Command::Device(DeviceCommand::Revoke { name, remove }) => {
+            devices::revoke(&hub, name, *remove, json, out)?
+        }
+        Command::Device(DeviceCommand::Remove { name }) => devices::remove(&hub, name, json, out)?,
         Command::Wait(WaitCommand::Create(args)) => wait::create(&hub, args, json, out)?,
         Command::Wait(WaitCommand::Check { session, wp }) => {
             wait::check(&hub, session.as_deref(), wp.as_deref(), json, out)?

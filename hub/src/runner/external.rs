@@ -217,6 +217,7 @@ pub fn finish(
                 new.spec = WaitSpec::Pid {
                     pid: started.pid,
                     start_time: Some(started.start_time),
+                    must_exist: false,
                 };
                 match t.create_device_wait(*new, hash, now)? {
                     CreateDeviceWaitOutcome::Created { waitpoint, .. } => {

@@ -713,6 +713,7 @@ async fn prepare_inner(
                 kind: kind.to_string(),
                 pid,
                 start_time: None,
+                must_exist: false,
                 path: a.path,
                 pattern: a.pattern,
                 silence: a.silence,

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 
 pub use crate::state::Config;
 use crate::state::{AppState, Inner, Shutdown};
@@ -70,6 +70,7 @@ pub fn router(state: AppState) -> Router {
             get(devices::get_device).delete(devices::revoke_device),
         )
         .route("/devices/{name}/waits", post(devices::create_wait))
+        .route("/devices/{name}/revoked", delete(devices::remove_device))
         .route("/devices/{name}/files", get(devices::device_files))
         .route("/events", get(devices::hub_events))
         .route("/openapi.json", get(openapi::serve))

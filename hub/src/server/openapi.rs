@@ -1069,6 +1069,11 @@ fn devices(d: &mut Doc) {
         json!({"name": "gpu1", "revoked": true, "dropped_link": true}),
     );
     let missing = d.error("No such device", &["not_found"]);
+    let again = d.error(
+        "Revoked already: nothing changed (the message says when, and how to remove it from \
+         the list)",
+        &["already_revoked"],
+    );
     d.add(
         HttpMethod::Delete,
         "/api/devices/{name}",
@@ -1081,7 +1086,34 @@ fn devices(d: &mut Doc) {
         )
         .parameter(name())
         .response("200", revoked)
-        .response("404", missing),
+        .response("404", missing)
+        .response("409", again),
+    );
+
+    let removed = d.json::<shapes::DeviceRemoved>(
+        "Removed: the revoked device is no longer listed",
+        json!({"name": "gpu1", "removed": true}),
+    );
+    let missing = d.error("No revoked device of that name", &["not_found"]);
+    let enrolled = d.error(
+        "The device is enrolled, not revoked: revoke it first",
+        &["not_revoked"],
+    );
+    d.add(
+        HttpMethod::Delete,
+        "/api/devices/{name}/revoked",
+        Access::Operator,
+        op(
+            "devices",
+            "removeDevice",
+            "Remove a revoked device from the list",
+            "A revoked device stays listed (state `revoked`) until its name is added again or \
+             it is removed here. Only a revoked one: this never cuts an enrolled device off.",
+        )
+        .parameter(name())
+        .response("200", removed)
+        .response("404", missing)
+        .response("409", enrolled),
     );
 
     let body = d.body::<CreateDeviceWait>(
@@ -1452,6 +1484,13 @@ mod shapes {
         revoked: bool,
         /// A live link was ended.
         dropped_link: bool,
+    }
+
+    /// `DELETE /api/devices/{name}/revoked`.
+    #[derive(ToSchema)]
+    pub struct DeviceRemoved {
+        name: String,
+        removed: bool,
     }
 
     /// `GET /api/devices/{name}/files`.

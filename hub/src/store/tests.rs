@@ -1,6 +1,7 @@
 use super::*;
 use crate::engine::{CreateParams, State};
 use crate::store::agent::{AgentRecord, AnswerOutcome, CancelPosted};
+use crate::store::devices::Forget;
 use crate::store::ops::{CancelOutcome, CreateOutcome};
 use cortex_protocol::SignalRequest;
 use cortex_protocol::api::{Decision, Event, EventBody, PendingRequest, PostAnswer, WakeReason};
@@ -474,6 +475,30 @@ async fn devices_are_added_once_and_revoked_with_their_events() {
     );
     assert!(store.read(|r| r.devices()).await.expect("read").is_empty());
     assert_eq!(hub_kinds(&store).await, ["device-added", "device-revoked"]);
+    // Revoked, it is remembered (listed as revoked) until removed, once.
+    let gone = store
+        .read(|r| r.revoked_device("gpu1"))
+        .await
+        .expect("read");
+    assert_eq!(gone.map(|d| d.revoked_at), Some(T0));
+    let forget = |n: &'static str| store.exec(move |t| t.forget_revoked_device(n));
+    assert_eq!(forget("gpu1").await.expect("forget"), Forget::Removed);
+    assert_eq!(forget("gpu1").await.expect("forget"), Forget::Unknown);
+    assert!(
+        store
+            .read(|r| r.revoked_devices())
+            .await
+            .expect("read")
+            .is_empty()
+    );
+    // An enrolled device is not removed: it is revoked first.
+    assert!(
+        store
+            .exec(|t| t.add_device("gpu2", [7; 32], T0))
+            .await
+            .expect("add")
+    );
+    assert_eq!(forget("gpu2").await.expect("forget"), Forget::Enrolled);
     // A revoked device cannot be recorded online.
     let up = online(1);
     assert!(
