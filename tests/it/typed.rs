@@ -74,12 +74,14 @@ fn follow(hub: &Hub, sid: &str, limit: Duration) -> std::thread::JoinHandle<Vec<
         let end = Instant::now() + limit;
         let mut head_done = false;
         while Instant::now() < end {
-            line.clear();
+            // A read timeout may come mid-line: what was read stays in `line`, and the
+            // next read completes it (clearing it there lost a piece under load).
             match r.read_line(&mut line) {
                 Ok(0) => break,
-                Ok(_) => {}
-                Err(_) => continue,
+                Ok(_) if line.ends_with('\n') => {}
+                Ok(_) | Err(_) => continue,
             }
+            let line = std::mem::take(&mut line);
             if !head_done {
                 if line == "\r\n" {
                     head_done = true;
