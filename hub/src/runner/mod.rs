@@ -9,6 +9,7 @@
 //! After a crash or restart the queue still holds every session that was ready or
 //! running, so the runner goes on where it stopped.
 
+pub mod compact;
 pub mod external;
 pub mod gate;
 pub mod output;
@@ -38,14 +39,91 @@ const PASS: usize = 256;
 
 /// Runs the runner until the hub stops.
 pub async fn run(state: AppState, model: Arc<dyn Model>) {
+    let window = model.context_window().await;
+    match &window {
+        Some(w) => tracing::info!(context_tokens = w.tokens, source = %w.source, "the model's context; sessions are compacted as they near it"),
+        None => tracing::info!("the model's context is unknown (set llm.contextTokens or CORTEX_LLM_CONTEXT_TOKENS): a session is compacted only when the server refuses a request for its size"),
+    }
+    let compactor = Arc::new(Compactor {
+        context: window.map(|w| w.tokens),
+        ..Compactor::default()
+    });
     let mut drivers = tokio::task::JoinSet::new();
-    queue(&state, model, &mut drivers).await;
+    queue(&state, model, &compactor, &mut drivers).await;
     // The drivers see the stop too: a model call in flight is dropped, a store write
     // finishes. Each holds the state, so the store closes only once they are gone.
     while drivers.join_next().await.is_some() {}
+    let mut jobs = std::mem::take(&mut *compactor.jobs.lock().unwrap_or_else(|e| e.into_inner()));
+    while jobs.join_next().await.is_some() {}
 }
 
-async fn queue(state: &AppState, model: Arc<dyn Model>, drivers: &mut tokio::task::JoinSet<()>) {
+/// What the runner knows for compaction: the model's context, the sessions with a
+/// summary being computed beside their steps, and each session's tokens per byte as the
+/// server counted its last request.
+#[derive(Default)]
+struct Compactor {
+    context: Option<u64>,
+    jobs: Mutex<tokio::task::JoinSet<()>>,
+    running: Mutex<HashSet<String>>,
+    per_byte: Mutex<HashMap<String, f64>>,
+}
+
+impl Compactor {
+    fn per_byte(&self, sid: &str) -> f64 {
+        let m = self.per_byte.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(sid).copied().unwrap_or(compact::DEFAULT_TOKENS_PER_BYTE)
+    }
+
+    fn learn(&self, sid: &str, per_byte: f64) {
+        let mut m = self.per_byte.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(sid.to_string(), per_byte);
+    }
+
+    /// Starts computing `job` beside `sid`'s steps unless one is already; its outcome is
+    /// posted to the session's inbox (a summary only: a failure is logged, and a later
+    /// step tries again).
+    fn start(self: &Arc<Self>, state: &AppState, model: &Arc<dyn Model>, sid: &str, job: compact::Job) {
+        if !self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(sid.to_string())
+        {
+            return;
+        }
+        let (state, model, me, sid) = (state.clone(), model.clone(), self.clone(), sid.to_string());
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        while jobs.try_join_next().is_some() {}
+        jobs.spawn(async move {
+            tracing::debug!(session = %sid, "a compaction starts beside the steps");
+            let done = tokio::select! {
+                c = compact::summarize(model.as_ref(), &job) => Some(c),
+                () = state.shutdown.cancelled() => None,
+            };
+            match done {
+                Some(c) if c.error.is_none() => {
+                    let s = sid.clone();
+                    let body = EventBody::Compaction(Box::new(c));
+                    if let Err(e) = state.store.exec(move |t| t.append_event(&s, body, now_ms())).await {
+                        tracing::warn!(session = %sid, error = %e, "a compaction could not be posted");
+                    }
+                }
+                Some(c) => {
+                    tracing::info!(session = %sid, error = c.error.as_deref().unwrap_or_default(), "a compaction beside the steps came to nothing");
+                }
+                None => {}
+            }
+            me.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&sid);
+        });
+    }
+}
+
+async fn queue(
+    state: &AppState,
+    model: Arc<dyn Model>,
+    compactor: &Arc<Compactor>,
+    drivers: &mut tokio::task::JoinSet<()>,
+) {
     let slots = Arc::new(Semaphore::new(state.agent_defaults.concurrency()));
     let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<String>();
@@ -87,8 +165,9 @@ async fn queue(state: &AppState, model: Arc<dyn Model>, drivers: &mut tokio::tas
                 () = state.shutdown.cancelled() => return,
             };
             let (state, model, done) = (state.clone(), model.clone(), done_tx.clone());
+            let compactor = compactor.clone();
             drivers.spawn(async move {
-                if let Err(e) = drive(&state, model.as_ref(), &sid).await {
+                if let Err(e) = drive(&state, &model, &compactor, &sid).await {
                     tracing::error!(session = %sid, error = %e, "the runner stopped driving a session; it goes on after the hub restarts");
                 }
                 drop(permit);
@@ -173,7 +252,12 @@ where
 }
 
 /// Drives one session until it is handed back idle or parked (or the hub stops).
-async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), DriveError> {
+async fn drive(
+    state: &AppState,
+    model: &Arc<dyn Model>,
+    compactor: &Arc<Compactor>,
+    sid: &str,
+) -> Result<(), DriveError> {
     // Heard while this task waits on the model or a device: a cancel. Rings that came
     // before a write are forgotten as it starts: the write takes their items.
     let mut stop = state.stops.listen(sid);
@@ -205,6 +289,11 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
     // The last step's record, answered before it was durable: the next model call goes
     // out while it is written, and nothing else happens until it is on disk.
     let mut writing: Option<Durable> = None;
+    // The bytes a request carries besides its messages.
+    let overhead = serde_json::to_vec(&shape.specs).map_or(0, |v| v.len()) + 200;
+    // The step made again after a compaction it waited for, or after a refusal for size:
+    // once each.
+    let (mut waited_for, mut refused_for): (Option<StepAt>, Option<StepAt>) = (None, None);
     loop {
         let (next, tail, secrets) = wrote;
         if matches!(next, Next::Step { step: 1, .. }) {
@@ -253,19 +342,95 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
                 })
                 .await?
             }
+            Next::Compact {
+                prefix_len,
+                summary,
+                max_tokens: _,
+            } => {
+                let job = compact::Job {
+                    messages: messages.clone(),
+                    prefix_len,
+                    summary,
+                    context: compactor.context.unwrap_or(0),
+                    per_byte: compactor.per_byte(sid),
+                    overhead,
+                    cause: "forced",
+                };
+                let job = compact::Job {
+                    context: window_or_estimate(&job),
+                    ..job
+                };
+                let c = tokio::select! {
+                    c = compact::summarize(model.as_ref(), &job) => c,
+                    () = state.shutdown.cancelled() => return Ok(()),
+                };
+                let s = sid.to_string();
+                stop.clear();
+                write(state, sid, known, move |t, env| {
+                    event(t, &s, EventBody::Compaction(Box::new(c)), env.now)?;
+                    let (mut prepared, mut secrets) = (HashMap::new(), Vec::new());
+                    let next = turn::boundary(t, &s, env, &mut prepared, &mut secrets)?;
+                    Ok((next, secrets))
+                })
+                .await?
+            }
             Next::Step {
                 run_id,
                 step,
                 max_tokens,
                 seq,
+                prefix_len,
+                summary,
             } => {
-                let (w, done) = step_once(
+                let at = StepAt {
+                    sid: sid.to_string(),
+                    run_id: run_id.clone(),
+                    step,
+                };
+                let sent = compact::context(&patched(&messages, &unredacted), prefix_len, summary.as_ref());
+                let per_byte = compactor.per_byte(sid);
+                let bytes: usize = sent.iter().map(compact::message_bytes).sum::<usize>() + overhead;
+                let estimate = compact::tokens(bytes, per_byte);
+                let plan = compactor.context.map_or(compact::Plan::Fits, |ctx| {
+                    compact::plan(estimate, compact::reserve(max_tokens, ctx), ctx)
+                });
+                let job = |cause| compact::Job {
+                    messages: messages.clone(),
+                    prefix_len,
+                    summary: summary.clone(),
+                    context: compactor.context.unwrap_or(0),
+                    per_byte,
+                    overhead,
+                    cause,
+                };
+                let waited = waited_for.as_ref().is_some_and(|w| same_step(w, &at));
+                if plan == compact::Plan::Now && !waited {
+                    // It would not fit: the step waits for the summary.
+                    tracing::info!(session = %sid, estimate, context = compactor.context.unwrap_or(0), "the next request nears the model's context; it waits for a compaction");
+                    waited_for = Some(at.clone());
+                    let j = job("threshold");
+                    let c = tokio::select! {
+                        c = compact::summarize(model.as_ref(), &j) => c,
+                        () = state.shutdown.cancelled() => return Ok(()),
+                    };
+                    if let Some(w) = writing.take() {
+                        w.wait().await?;
+                    }
+                    wrote = post_and_step_again(state, sid, known, c, at, None).await?;
+                    continue;
+                }
+                if plan == compact::Plan::Soon {
+                    compactor.start(state, model, sid, job("threshold"));
+                }
+                let may_retry = !refused_for.as_ref().is_some_and(|r| same_step(r, &at));
+                let stepped = step_once(
                     state,
-                    model,
+                    model.as_ref(),
+                    compactor,
                     sid,
-                    &messages,
+                    &sent,
+                    bytes,
                     &shape,
-                    &unredacted,
                     &mut stop,
                     StepCall {
                         run_id,
@@ -274,17 +439,95 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
                         seq,
                         known,
                     },
+                    may_retry,
                     writing.take(),
                 )
                 .await?;
-                let Some(w) = w else {
-                    return Ok(());
-                };
-                writing = done;
-                w
+                match stepped {
+                    Stepped::Stopping => return Ok(()),
+                    Stepped::Wrote(w, done) => {
+                        writing = done;
+                        w
+                    }
+                    Stepped::Refused { message, retries } => {
+                        tracing::info!(session = %sid, estimate, error = %message, "the model server refused a request for its size; the transcript is compacted and the step made again");
+                        refused_for = Some(at.clone());
+                        let j = job("refused");
+                        // Without a known context, the refused request's own size bounds it.
+                        let j = compact::Job {
+                            context: compactor.context.unwrap_or(estimate * 3 / 4).min(estimate * 3 / 4).max(256),
+                            ..j
+                        };
+                        let c = tokio::select! {
+                            c = compact::summarize(model.as_ref(), &j) => c,
+                            () = state.shutdown.cancelled() => return Ok(()),
+                        };
+                        post_and_step_again(state, sid, known, c, at, Some((message, retries))).await?
+                    }
+                }
             }
         };
     }
+}
+
+fn same_step(a: &StepAt, b: &StepAt) -> bool {
+    a.run_id == b.run_id && a.step == b.step
+}
+
+/// A forced compaction's context when the model's is unknown: the whole request's.
+fn window_or_estimate(job: &compact::Job) -> u64 {
+    if job.context > 0 {
+        return job.context;
+    }
+    let bytes: usize = job.messages.iter().map(compact::message_bytes).sum::<usize>() + job.overhead;
+    compact::tokens(bytes, job.per_byte).max(1024)
+}
+
+/// `messages` with the answers whose stored copy hides a secret as the model must read them.
+fn patched(messages: &[ChatMessage], unredacted: &HashMap<u64, String>) -> Vec<ChatMessage> {
+    let mut copy = messages.to_vec();
+    for (i, content) in unredacted {
+        if let Some(m) = usize::try_from(*i).ok().and_then(|i| copy.get_mut(i)) {
+            m.content = Some(content.clone());
+        }
+    }
+    copy
+}
+
+/// Posts compaction `c` (to the inbox: the boundary takes it) and makes step `at` again.
+async fn post_and_step_again(
+    state: &AppState,
+    sid: &str,
+    known: u64,
+    c: cortex_protocol::api::Compaction,
+    at: StepAt,
+    refused: Option<(String, Vec<RetryNote>)>,
+) -> Result<Wrote, DriveError> {
+    let s = sid.to_string();
+    write(state, sid, known, move |t, env| {
+        event(t, &s, EventBody::Compaction(Box::new(c)), env.now)?;
+        turn::step_again(t, &at, refused, env)
+    })
+    .await
+}
+
+/// Appends `body` to `sid`'s log.
+fn event(t: &mut Tx<'_>, sid: &str, body: EventBody, now: u64) -> Result<u64, StoreError> {
+    t.append_event(sid, body, now)?
+        .ok_or_else(|| StoreError::Decode(format!("session {sid} vanished mid-write")))
+}
+
+/// How a model call came out.
+enum Stepped {
+    /// The hub is stopping.
+    Stopping,
+    /// Recorded: the write's answer and, for a reply, the record still going to disk.
+    Wrote(Wrote, Option<Durable>),
+    /// The server refused the request for its size (not recorded yet).
+    Refused {
+        message: String,
+        retries: Vec<RetryNote>,
+    },
 }
 
 /// What a session's model calls carry, fixed for the life of a driving task: the tools
@@ -341,33 +584,23 @@ struct StepCall {
     known: u64,
 }
 
-/// Makes model call `c` from `messages` and records what came of it. Returns the write's
-/// answer (`None`: the hub is stopping) and, for a reply, the record still going to disk.
+/// Makes model call `c` with `sent` (the request's messages, `bytes` with the tools) and
+/// records what came of it; a refusal for size is handed back unrecorded when
+/// `may_retry`.
 #[allow(clippy::too_many_arguments)]
 async fn step_once(
     state: &AppState,
     model: &dyn Model,
+    compactor: &Compactor,
     sid: &str,
-    messages: &[ChatMessage],
+    sent: &[ChatMessage],
+    bytes: usize,
     shape: &Shape,
-    unredacted: &HashMap<u64, String>,
     stop: &mut crate::stops::Listener,
     c: StepCall,
+    may_retry: bool,
     writing: Option<Durable>,
-) -> Result<(Option<Wrote>, Option<Durable>), DriveError> {
-    let patched;
-    let sent: &[ChatMessage] = if unredacted.is_empty() {
-        messages
-    } else {
-        let mut copy = messages.to_vec();
-        for (i, content) in unredacted {
-            if let Some(m) = usize::try_from(*i).ok().and_then(|i| copy.get_mut(i)) {
-                m.content = Some(content.clone());
-            }
-        }
-        patched = copy;
-        &patched
-    };
+) -> Result<Stepped, DriveError> {
     let mut retries: Vec<RetryNote> = Vec::new();
     // The reply's text so far, kept if a cancel cuts it off.
     let mut partial = String::new();
@@ -422,7 +655,7 @@ async fn step_once(
             () = stop.rung() => None,
             // The model call is dropped (stopped); the session stays running in the
             // queue and its step is made again after the restart.
-            () = state.shutdown.cancelled() => return Ok((None, None)),
+            () = state.shutdown.cancelled() => return Ok(Stepped::Stopping),
         }
     };
     timing::record("runner_model_done", &mark, None);
@@ -443,8 +676,24 @@ async fn step_once(
             turn::step_interrupted(t, &at, partial, retries, env)
         })
         .await?;
-        return Ok((Some(w), None));
+        return Ok(Stepped::Wrote(w, None));
     };
+    if let Ok(out) = &outcome
+        && let Some(per_byte) = out
+            .usage
+            .and_then(|u| compact::calibrate(u.prompt_tokens, bytes))
+    {
+        compactor.learn(sid, per_byte);
+    }
+    if let Err(e) = &outcome
+        && may_retry
+        && compact::is_context_refusal(e)
+    {
+        return Ok(Stepped::Refused {
+            message: e.to_string(),
+            retries,
+        });
+    }
     let (defaults, url) = (state.agent_defaults.clone(), state.signal_url.clone());
     let record = |f: StepWrite| {
         let sid = sid.to_string();
@@ -498,7 +747,7 @@ async fn step_once(
         }
     };
     timing::record("runner_step_recorded", &mark, None);
-    Ok((Some(w), Some(durable)))
+    Ok(Stepped::Wrote(w, Some(durable)))
 }
 
 type StepResult = Result<(Next, Vec<turn::Unredacted>), StoreError>;

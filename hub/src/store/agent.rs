@@ -173,6 +173,22 @@ pub struct AgentRecord {
     /// The session was cancelled: it runs no more turns.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cancelled: bool,
+    /// The transcript's older part as summarized (compaction): a request carries the
+    /// prefix, this summary, then the messages from `through` on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<Summary>,
+    /// A person asked for a compaction that has not been answered yet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compact_asked: bool,
+}
+
+/// The summary a compaction left: it stands for transcript positions `prefix_len..through`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub through: u64,
+    pub text: String,
+    /// Compactions taken so far.
+    pub count: u32,
 }
 
 impl AgentRecord {
@@ -193,6 +209,8 @@ impl AgentRecord {
             timers: Vec::new(),
             joining: Vec::new(),
             cancelled: false,
+            summary: None,
+            compact_asked: false,
         }
     }
 }

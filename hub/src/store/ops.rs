@@ -111,6 +111,8 @@ impl Tx<'_> {
                 | EventBody::Answer(_)
                 | EventBody::Cancel { .. }
                 | EventBody::Timer { .. }
+                | EventBody::Compact { .. }
+                | EventBody::Compaction(_)
         );
         rec.last_seq += 1;
         let ev = Event {
