@@ -56,6 +56,7 @@ impl HttpError {
 pub enum Method {
     Get,
     Post,
+    Put,
     Delete,
 }
 
@@ -64,6 +65,7 @@ impl Method {
         match self {
             Method::Get => "GET",
             Method::Post => "POST",
+            Method::Put => "PUT",
             Method::Delete => "DELETE",
         }
     }
@@ -72,6 +74,7 @@ impl Method {
         match self {
             Method::Get => http::Method::GET,
             Method::Post => http::Method::POST,
+            Method::Put => http::Method::PUT,
             Method::Delete => http::Method::DELETE,
         }
     }

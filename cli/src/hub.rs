@@ -159,6 +159,14 @@ impl Hub {
         self.call(Method::Post, path, Some(&body), http::DEFAULT_TIMEOUT)
     }
 
+    pub fn put(&self, path: &str, body: &impl Serialize) -> Result<Reply, HubError> {
+        let body = serde_json::to_vec(body).map_err(|e| HubError::Decode {
+            what: path.to_string(),
+            reason: e.to_string(),
+        })?;
+        self.call(Method::Put, path, Some(&body), http::DEFAULT_TIMEOUT)
+    }
+
     pub fn delete(&self, path: &str) -> Result<Reply, HubError> {
         self.call(Method::Delete, path, None, http::DEFAULT_TIMEOUT)
     }

@@ -318,8 +318,11 @@ pub fn how_to_signal(wp: &Waitpoint, secret: &str, signal_url: &str) -> HowToSig
         wp.id
     );
     let cli = format!("cortex-signal --exit-code $?{member_flag}{url_flag}");
+    // The status decides, not curl's `--fail`: a 410 (already ended) is no error for the
+    // job, a refusal (401, 404, 422, 429, …) and no answer at all are. The body is
+    // printed either way; the code rides after its last space.
     let curl = format!(
-        r#"curl -sS --fail-with-body -XPOST {signal_url} -H 'content-type: application/json' -d '{{"id":"{}","secret":"{secret}","status":"ok","message":"done"{member_json}}}'"#,
+        r#"r=$(curl -sS -w ' %{{http_code}}' -XPOST {signal_url} -H 'content-type: application/json' -d '{{"id":"{}","secret":"{secret}","status":"ok","message":"done"{member_json}}}'); printf '%s\n' "${{r% *}}"; case "${{r##* }}" in 2??|410) ;; *) false ;; esac"#,
         wp.id
     );
     let shell = format!(

@@ -746,6 +746,46 @@ pub struct Badges {
     pub max_wakes_per_hour: u32,
 }
 
+/// The longest name a waitpoint's consumer takes (`cortex wait for --consumer NAME`).
+pub const MAX_CONSUMER_CHARS: usize = 64;
+
+/// Whether `name` can name a consumer: 1 to [`MAX_CONSUMER_CHARS`] characters of letters,
+/// digits, `.`, `_` and `-`. The error says what to write instead.
+pub fn check_consumer_name(name: &str) -> Result<(), String> {
+    let n = name.chars().count();
+    if n == 0 || n > MAX_CONSUMER_CHARS {
+        return Err(format!(
+            "a consumer's name is 1 to {MAX_CONSUMER_CHARS} characters (this one has {n})"
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "a consumer's name takes letters, digits, '.', '_' and '-', not {c:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// `GET|PUT /api/waitpoints/{id}/consumers/{name}`: where a named consumer stands in the
+/// waitpoint's wakes. `after` is the session event seq of the last wake it took (0: none
+/// yet); its next wake is the first after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ConsumerPosition {
+    pub waitpoint: String,
+    pub consumer: String,
+    pub after: u64,
+}
+
+/// `PUT /api/waitpoints/{id}/consumers/{name}`: the consumer took the wake at `after`. A
+/// position only moves forward: an older `after` leaves it where it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ConsumerAdvance {
+    pub after: u64,
+}
+
 /// `GET /api/waitpoints/{id}` and each entry of wait_check; never the secret.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct WaitpointView {
@@ -783,6 +823,10 @@ pub struct WaitpointView {
     pub signals: Vec<SignalView>,
     pub wakes: Vec<WakeView>,
     pub badges: Badges,
+    /// How far it got, counted by the one rule every view uses
+    /// (`cortex_protocol::progress`); absent from hubs older than it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<crate::progress::Progress>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

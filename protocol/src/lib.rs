@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod mesh;
+pub mod progress;
 pub mod signal;
 pub mod waits;
 

@@ -10,6 +10,7 @@
 
 use std::os::fd::OwnedFd;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use cortex_cli::http::Method;
 use cortex_tests::agent::Agent;
@@ -346,4 +347,51 @@ fn bare_remote_waits_share_one_default_session_that_survives_its_deletion() {
     assert_eq!(code, 2, "{err}");
     assert_eq!(out, "");
     assert!(err.contains(&format!("pid {pid} is not running")), "{err}");
+}
+
+/// One rule counts a waitpoint's progress, and every view shows it: a barrier of three
+/// where one member reported three times is 1/3 in `wait check` (its table and --json)
+/// and in the API's view; a monitor says its wakes against max_signals.
+#[test]
+fn wait_check_counts_a_member_once_and_a_monitors_wakes() {
+    let hub = Hub::start();
+    let sid = hub.session();
+    let wp = hub.waitpoint(
+        &sid,
+        json!({"label": "sweep", "intent": "compare", "members": ["a", "b", "c"]}),
+    );
+    let id = wp["id"].as_str().unwrap();
+    for i in 0..3 {
+        let st = hub.signal(&body(
+            &wp,
+            json!({"status": "ok", "member": "a", "message": format!("try {i}")}),
+        ));
+        assert_eq!(st.0, 202, "{}", st.1);
+    }
+    let (code, out, err) = hub.cortex(&["wait", "check", id]);
+    assert_eq!(code, 0, "{err}");
+    let row = out.lines().nth(1).unwrap_or_default();
+    assert!(row.contains("  1/3  "), "{out}");
+    let (code, out, err) = hub.cortex(&["--json", "wait", "check", id]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(out.trim()).expect("json");
+    assert_eq!(v["progress"]["received"], 1, "{v}");
+    assert_eq!(v["progress"]["summary"], "1/3", "{v}");
+    assert_eq!(hub.get_waitpoint(id)["progress"]["received"], 1);
+
+    let mon = hub.waitpoint(
+        &sid,
+        json!({"label": "mon", "intent": "watch", "max_signals": 4}),
+    );
+    let mid = mon["id"].as_str().unwrap();
+    for status in ["ok", "fail", "ok"] {
+        let st = hub.signal(&body(&mon, json!({"status": status})));
+        assert_eq!(st.0, 202, "{}", st.1);
+    }
+    hub.wait_wake(&sid, mid, 3, Duration::from_secs(10));
+    let (code, out, err) = hub.cortex(&["wait", "check", "--session", &sid]);
+    assert_eq!(code, 0, "{err}");
+    let row = out.lines().find(|l| l.starts_with(mid)).unwrap_or_default();
+    assert!(row.contains("3/4 wakes, 3 reports (1 failed)"), "{out}");
+    assert!(!row.contains("3/1"), "{out}");
 }

@@ -109,7 +109,11 @@ fn wait_for_exits_0_when_the_waitpoint_fires() {
     assert_eq!(hub.signal(&body(&wp, json!({"message": "landed"}))).0, 202);
     let (code, out, err) = finish(child);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(err.lines().count(), 1, "one line when armed: {err}");
+    assert_eq!(
+        err.lines().count(),
+        2,
+        "one line when armed, one naming the seq to resume after: {err}"
+    );
     let wake: Value = serde_json::from_str(out.trim()).expect("one JSON object on stdout");
     assert_eq!(wake["kind"], "wake");
     assert_eq!(wake["reason"], "fired");

@@ -30,5 +30,6 @@ mod signal_route;
 mod spool_collect;
 mod torture;
 mod typed;
+mod wait_cursor;
 mod waitpoints;
 mod webdriver;

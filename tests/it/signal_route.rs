@@ -3,6 +3,7 @@
 use cortex_cli::http::Method;
 use cortex_tests::{Hub, body};
 use serde_json::json;
+use std::time::Duration;
 
 #[test]
 fn every_code_of_the_signal_route() {
@@ -159,28 +160,49 @@ fn the_hub_refuses_a_non_loopback_listen_address() {
 }
 
 /// The curl line the hub hands out fails the job's shell on a refusal (a wrong secret is
-/// a 401, not a silent exit 0), and succeeds when the signal is taken.
+/// a 401, an unknown id a 404: never a silent exit 0), shows the hub's answer either way,
+/// and succeeds when the signal is taken (202) and on a resend after the waitpoint
+/// resolved (410, which is no error for the job), so a `set -e` job lives on.
 #[test]
-fn the_handed_out_curl_line_fails_on_a_refusal() {
+fn the_handed_out_curl_line_fails_on_a_refusal_and_not_on_410() {
     let hub = Hub::start();
     let sid = hub.session();
     let wp = hub.waitpoint(&sid, json!({"label": "job", "intent": "look"}));
     let line = wp["how_to_signal"]["curl"].as_str().expect("curl line");
+    let id = wp["id"].as_str().expect("id");
     let secret = wp["secret"].as_str().expect("secret");
     let run = |line: &str| {
-        std::process::Command::new("sh")
-            .args(["-c", line])
+        let out = std::process::Command::new("sh")
+            .args(["-ec", &format!("{line}\necho still-running")])
             .output()
-            .expect("sh")
+            .expect("sh");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
     };
     let wrong = run(&line.replace(secret, &"0".repeat(secret.len())));
-    assert!(!wrong.status.success(), "a 401 must fail the line");
+    assert_ne!(wrong.0, Some(0), "a 401 must fail the line: {wrong:?}");
     assert!(
-        String::from_utf8_lossy(&wrong.stdout).contains("wrong_secret"),
-        "the body says why: {:?}",
-        String::from_utf8_lossy(&wrong.stdout)
+        wrong.1.contains("wrong_secret"),
+        "the body says why: {wrong:?}"
     );
+    assert!(
+        !wrong.1.contains("still-running"),
+        "set -e stops: {wrong:?}"
+    );
+    let unknown = run(&line.replace(id, "wp_000000000000"));
+    assert_ne!(unknown.0, Some(0), "a 404 must fail the line: {unknown:?}");
+    assert!(unknown.1.contains("unknown"), "{unknown:?}");
+
     let right = run(line);
-    assert!(right.status.success(), "{right:?}");
-    assert!(String::from_utf8_lossy(&right.stdout).contains("accepted"));
+    assert_eq!(right.0, Some(0), "{right:?}");
+    assert!(right.1.contains("accepted"), "{right:?}");
+    assert!(right.1.contains("still-running"), "{right:?}");
+    hub.wait_wake(&sid, id, 1, Duration::from_secs(10));
+    // The same line again, after the waitpoint resolved: 410, and the job goes on.
+    let again = run(line);
+    assert_eq!(again.0, Some(0), "a 410 is no error for the job: {again:?}");
+    assert!(again.1.contains("already_resolved"), "{again:?}");
+    assert!(again.1.contains("still-running"), "{again:?}");
 }

@@ -61,11 +61,19 @@ const FOR_AFTER_HELP: &str = "\
 Examples:
   cortex wait for wp_1a2b3c4d5e6f --timeout 8h
   cortex wait for wp_1a2b3c4d5e6f > wake.json; echo $?
+  while cortex wait for wp_1a2b3c4d5e6f --consumer deploy; do ./on-report.sh; done
+  cortex wait for wp_1a2b3c4d5e6f --after 41     # the first wake after seq 41
+
+Every wake, however early it came, is seen by a loop that names a --consumer (the hub
+keeps its position) or passes --after the `seq` of the wake it last printed; without
+either, the next wake. The last stderr line names the seq to resume after.
 
 Exit status (the wait contract): 0 fired (the job reported ok, or a monitor's report),
 1 timed out (its --timeout passed, or the waitpoint expired), 2 broke (cancelled, unknown,
-the hub lost and not back within the bound), 3 fired and the job reported failure (the
-wake's reason is `failed`).";
+the hub never reached, or lost and not back within the bound; with a cursor, an ended
+waitpoint with no wake after it), 3 fired and the job reported failure (the wake's reason
+is `failed`), 4 the job went silent (the waitpoint's silence_after passed with no signal;
+it stays armed).";
 
 /// The cortex command line: sessions and waitpoints on a cortex hub
 #[derive(Debug, Parser)]
@@ -285,8 +293,9 @@ pub enum WaitCommand {
         #[arg(value_name = "WP_ID")]
         wp: String,
     },
-    /// Block until the waitpoint's next wake and print it as one JSON line
-    /// (exit 0 fired, 1 timed out or expired, 2 broke, 3 fired with the job's failure)
+    /// Block until the waitpoint's next wake (or the first after a cursor) and print it as
+    /// one JSON line (exit 0 fired, 1 timed out or expired, 2 broke, 3 fired with the job's
+    /// failure, 4 silent)
     #[command(after_help = FOR_AFTER_HELP)]
     For {
         /// The waitpoint (wp_…), as `cortex wait create` printed it
@@ -296,6 +305,15 @@ pub enum WaitCommand {
         /// [default: until the waitpoint's expiry plus 2 minutes]
         #[arg(long, value_name = "DUR", value_parser = parse_duration)]
         timeout: Option<Duration>,
+        /// Print the first wake after this session event seq (a printed wake's `seq`),
+        /// even one that came before this command started
+        #[arg(long, value_name = "SEQ", conflicts_with = "consumer")]
+        after: Option<u64>,
+        /// Read as this named consumer: from the position the hub keeps for it (its first
+        /// use: the waitpoint's first wake), moved to each wake once printed, so a loop
+        /// sees every wake once
+        #[arg(long, value_name = "NAME")]
+        consumer: Option<String>,
     },
     #[command(flatten)]
     Local(wait_local::LocalWait),
@@ -376,8 +394,12 @@ pub struct CreateArgs {
     #[arg(long, value_name = "N")]
     pub max_signals: Option<u32>,
     /// Deadline in hours, fractional allowed [default: 168, at most 720]
-    #[arg(long, value_name = "H", value_parser = parse_hours)]
+    #[arg(long, value_name = "H", value_parser = parse_hours, conflicts_with = "expires_in")]
     pub expires_in_hours: Option<f64>,
+    /// Deadline as a duration (90s, 45m, 6h, 2d) [default: 7d, at most 30d]; it expires at
+    /// that moment, to the second
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub expires_in: Option<Duration>,
     /// The connected device the job runs on (its signal files are collected there)
     #[arg(long, value_name = "NAME")]
     pub device: Option<String>,
@@ -613,8 +635,24 @@ fn execute(
             wait::check(&hub, session.as_deref(), wp.as_deref(), json, out)?
         }
         Command::Wait(WaitCommand::Cancel { wp }) => wait::cancel(&hub, wp, json, out)?,
-        Command::Wait(WaitCommand::For { wp, timeout }) => {
-            return Ok(wait_for::run(&hub, wp, *timeout, out, err));
+        Command::Wait(WaitCommand::For {
+            wp,
+            timeout,
+            after,
+            consumer,
+        }) => {
+            let from = match (after, consumer) {
+                (Some(seq), _) => wait_for::From::After(*seq),
+                (None, Some(name)) => {
+                    if let Err(why) = cortex_protocol::api::check_consumer_name(name) {
+                        let _ = writeln!(err, "cortex: --consumer: {why}");
+                        return Ok(wait_for::BROKE);
+                    }
+                    wait_for::From::Consumer(name.clone())
+                }
+                (None, None) => wait_for::From::Now,
+            };
+            return Ok(wait_for::run_from(&hub, wp, *timeout, from, out, err));
         }
         Command::Wait(WaitCommand::Local(w)) => {
             return Ok(wait_remote::run(&hub, w, env.user.as_deref(), out, err));

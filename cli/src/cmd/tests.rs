@@ -99,6 +99,49 @@ fn create_flags_become_the_protocol_body() {
         "l",
         "--intent",
         "i",
+        "--expires-in",
+        "90s",
+    ])
+    .expect("parse");
+    let Command::Wait(WaitCommand::Create(args)) = cli.command else {
+        panic!("not wait create")
+    };
+    let body = serde_json::to_value(wait::create_body(&args).expect("body")).expect("ser");
+    assert_eq!(
+        body["expires_in_hours"]
+            .as_f64()
+            .map(|h| (h * 3_600_000.0).round()),
+        Some(90_000.0),
+        "--expires-in is a duration, to the millisecond: {body}"
+    );
+    assert!(
+        parse(&[
+            "wait",
+            "create",
+            "--session",
+            "s",
+            "--label",
+            "l",
+            "--intent",
+            "i",
+            "--expires-in",
+            "1m",
+            "--expires-in-hours",
+            "1",
+        ])
+        .is_err(),
+        "one deadline"
+    );
+
+    let cli = parse(&[
+        "wait",
+        "create",
+        "--session",
+        "s",
+        "--label",
+        "l",
+        "--intent",
+        "i",
         "--quorum",
         "all",
     ])

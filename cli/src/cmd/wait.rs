@@ -7,7 +7,6 @@ use anyhow::Context;
 use cortex_protocol::api::{
     CreateWaitpoint, SpawnConfig, WaitpointCreated, WaitpointList, WaitpointView,
 };
-use cortex_protocol::signal::SignalStatus;
 use cortex_protocol::waits::DurationValue;
 
 use super::{CreateArgs, print_raw, short, table};
@@ -53,7 +52,9 @@ pub fn create_body(args: &CreateArgs) -> anyhow::Result<CreateWaitpoint> {
         quorum: args.quorum,
         fail_fast: args.fail_fast,
         max_signals: args.max_signals,
-        expires_in_hours: args.expires_in_hours,
+        expires_in_hours: args
+            .expires_in_hours
+            .or(args.expires_in.map(|d| d.as_secs_f64() / 3600.0)),
         device: args.device.clone(),
         silence_after: seconds(args.silence_after),
         coalesce: seconds(args.coalesce),
@@ -268,21 +269,8 @@ fn indented(out: &mut dyn Write, header: &[&str], rows: &[Vec<String>]) -> anyho
 }
 
 fn row(v: &WaitpointView, now: u64) -> Vec<String> {
-    let terminal = v.signals.iter().filter(|s| s.status.is_terminal()).count();
-    let failed = v
-        .signals
-        .iter()
-        .filter(|s| s.status == SignalStatus::Fail)
-        .count();
-    // `signals` lists only the latest ones; `signal_count` counts them all.
-    let progress = (v.signal_count as usize).max(v.signals.len()) - terminal;
-    let mut signals = format!("{terminal}/{}", v.quorum);
-    if failed > 0 {
-        signals.push_str(&format!(" ({failed} failed)"));
-    }
-    if progress > 0 {
-        signals.push_str(&format!(" +{progress} progress"));
-    }
+    // The hub's count (or the same rule over the listed signals, from an older hub).
+    let signals = v.progress().summary;
     vec![
         v.id.clone(),
         short(&v.label, 40),

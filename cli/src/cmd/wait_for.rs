@@ -4,7 +4,16 @@
 //! job's failure (the wake's reason `failed`: a `fail` signal resolved it).
 //!
 //! It reads the session's event log by long polls from a cursor taken before the waitpoint's
-//! state, so no wake can fall between the two; it changes nothing on the hub.
+//! state, so no wake can fall between the two. By default the cursor is now (the next
+//! wake); `--after SEQ` starts after a seq the caller kept (the printed wake's `seq`), and
+//! `--consumer NAME` after the position the hub keeps for that name, which it moves to
+//! each wake once printed: a loop of `cortex wait for WP --consumer NAME` sees every wake,
+//! reports sent before it started included, across restarts of the loop and of the hub.
+//! Every fire ends with one stderr line naming the seq to resume after.
+//!
+//! A `silent` wake (the waitpoint's `silence_after` passed with no signal) exits 4: the job
+//! went quiet, which is neither its success nor the wait's end. A hub never reached is
+//! said at once and exits 2; a hub lost after it answered is retried until the bound.
 //!
 //! A remote wait's waitpoint (`cortex wait pid|file|flock --device`) is ended by a signal
 //! with `source: "device-wait"` whose data says how: `fired`, `timed_out` or `broke`. That
@@ -15,11 +24,12 @@
 //! A fired remote pid wait on a job the device started (`device_exec`) carries the job's
 //! exit: a non-zero code or a signal is the job's failure, 3.
 
+use std::cell::Cell;
 use std::io::Write;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cortex_protocol::api::{SessionView, WaitpointView};
+use cortex_protocol::api::{ConsumerAdvance, ConsumerPosition, SessionView, WaitpointView};
 use cortex_protocol::mesh::WaitEnd;
 use serde_json::Value;
 
@@ -33,6 +43,20 @@ pub const BROKE: u8 = 2;
 /// Fired, and the job reported failure (`cortex wait for` and remote waits only: a local
 /// wait cannot know how the process it watched ended).
 pub const FAILED: u8 = 3;
+/// A `silent` wake: no signal came for the waitpoint's `silence_after` (`cortex wait for`).
+pub const SILENT: u8 = 4;
+
+/// Where `cortex wait for` starts reading the waitpoint's wakes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum From {
+    /// Its next wake (or, when it has ended, its last one).
+    Now,
+    /// The first wake after this session event seq.
+    After(u64),
+    /// The first wake after the position the hub keeps for this consumer, which is moved
+    /// to each wake once it is printed.
+    Consumer(String),
+}
 
 /// Longest single long poll.
 const POLL_SECS: u64 = 30;
@@ -50,11 +74,23 @@ pub fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
+    run_from(hub, wp, timeout, From::Now, out, err)
+}
+
+/// [`run`], reading from `from`.
+pub fn run_from(
+    hub: &Hub,
+    wp: &str,
+    timeout: Option<Duration>,
+    from: From,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
     let how = How {
         announce: true,
         must_exist: false,
     };
-    run_with(hub, wp, timeout, how, out, err)
+    wait_with(hub, wp, timeout, how, from, out, err)
 }
 
 /// How [`run_with`] waits.
@@ -79,6 +115,18 @@ pub fn run_with(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
+    wait_with(hub, wp, timeout, how, From::Now, out, err)
+}
+
+fn wait_with(
+    hub: &Hub,
+    wp: &str,
+    timeout: Option<Duration>,
+    how: How,
+    from: From,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
     let mut waiter = Waiter {
         hub,
         wp,
@@ -87,6 +135,9 @@ pub fn run_with(
         must_exist: how.must_exist,
         deadline: after(timeout.unwrap_or(GRACE)),
         device_bound: false,
+        from,
+        reached: Cell::new(false),
+        lost: Cell::new(false),
     };
     match waiter.wait(out, err) {
         Ok(code) => code,
@@ -109,6 +160,11 @@ struct Waiter<'a> {
     deadline: Instant,
     /// A remote wait's waitpoint: its `report` wakes are the hub's loss reports.
     device_bound: bool,
+    from: From,
+    /// The hub has answered once: losing it now is waited out, not a broken wait.
+    reached: Cell<bool>,
+    /// Said already that the hub was lost (once per outage).
+    lost: Cell<bool>,
 }
 
 impl Waiter<'_> {
@@ -119,7 +175,7 @@ impl Waiter<'_> {
         if self.timeout.is_none() {
             self.deadline = instant_at(view.expires_at.saturating_add(GRACE.as_millis() as u64));
         }
-        if view.state == "cancelled" {
+        if view.state == "cancelled" && self.from == From::Now {
             return Err(cancelled(wp, None));
         }
         let sid = view.session.clone();
@@ -135,23 +191,47 @@ impl Waiter<'_> {
             })?;
         let view = self.waitpoint()?;
         let mut cursor = session.last_seq;
-        match view.state.as_str() {
-            "armed" => {}
-            "cancelled" => return Err(cancelled(wp, None)),
-            state => {
-                // Resolved or expired: its wake is in the log, or still on its way. Said
-                // only to someone who named an existing waitpoint: for a caller that just
-                // armed it (and said so), this wake is simply the outcome, however fast.
-                if let Some(wake) = self.last_wake(&sid)? {
-                    if self.announce {
-                        let _ = writeln!(err, "cortex: {wp} is {state}; its last wake:");
-                    }
-                    return self.fire(&wake, out, err);
+        if let Some(start) = self.start()? {
+            // The state first, then the log from the cursor: a wake after what the scan
+            // read is in the polls that follow.
+            let (found, end) = self.first_after(&sid, start)?;
+            if let Some(ev) = found {
+                if ev["kind"] == "wake" {
+                    return self.take(&ev, out, err);
                 }
-                if !view.wakes.is_empty() && view.wakes.iter().all(|w| w.delivered) {
+                return Err(cancelled(wp, ev["by"].as_str()));
+            }
+            match view.state.as_str() {
+                "armed" => {}
+                "cancelled" => return Err(cancelled(wp, None)),
+                state if view.wakes.iter().all(|w| w.delivered) => {
                     return Err(Broke(format!(
-                        "{wp} is {state} but its wake is not in session {sid}'s events; look with: cortex wait check {wp}"
+                        "{wp} is {state} and has no wake after seq {start}; nothing more will wake it"
                     )));
+                }
+                // Ended, with its last wake still on its way to the log.
+                _ => {}
+            }
+            cursor = end.max(start);
+        } else {
+            match view.state.as_str() {
+                "armed" => {}
+                "cancelled" => return Err(cancelled(wp, None)),
+                state => {
+                    // Resolved or expired: its wake is in the log, or still on its way. Said
+                    // only to someone who named an existing waitpoint: for a caller that just
+                    // armed it (and said so), this wake is simply the outcome, however fast.
+                    if let Some(wake) = self.last_wake(&sid)? {
+                        if self.announce {
+                            let _ = writeln!(err, "cortex: {wp} is {state}; its last wake:");
+                        }
+                        return self.take(&wake, out, err);
+                    }
+                    if !view.wakes.is_empty() && view.wakes.iter().all(|w| w.delivered) {
+                        return Err(Broke(format!(
+                            "{wp} is {state} but its wake is not in session {sid}'s events; look with: cortex wait check {wp}"
+                        )));
+                    }
                 }
             }
         }
@@ -194,13 +274,106 @@ impl Waiter<'_> {
             for ev in events {
                 cursor = cursor.max(ev["seq"].as_u64().unwrap_or(cursor));
                 if is_for(ev, "wake", wp) && !self.is_loss_report(ev) {
-                    return self.fire(ev, out, err);
+                    return self.take(ev, out, err);
                 }
                 if is_for(ev, "waitpoint-cancelled", wp) {
                     return Err(cancelled(wp, ev["by"].as_str()));
                 }
             }
         }
+    }
+
+    /// The seq to read after, for a cursor: `--after`'s, or the consumer's position as the
+    /// hub keeps it; `None` for the next wake.
+    fn start(&self) -> Result<Option<u64>, Broke> {
+        match &self.from {
+            From::Now => Ok(None),
+            From::After(seq) => Ok(Some(*seq)),
+            From::Consumer(name) => {
+                let pos: ConsumerPosition = self
+                    .ask(&self.consumer_path(name), None)
+                    .and_then(|r| r.json("GET /api/waitpoints/{id}/consumers/{name}"))
+                    .map_err(|e| self.broke(e, &format!("unknown waitpoint {}", self.wp)))?;
+                Ok(Some(pos.after))
+            }
+        }
+    }
+
+    fn consumer_path(&self, name: &str) -> String {
+        format!(
+            "/api/waitpoints/{}/consumers/{}",
+            segment(self.wp),
+            segment(name)
+        )
+    }
+
+    /// The first wake (or cancellation) of this waitpoint after `start` in the session's
+    /// log, and the newest seq read.
+    fn first_after(&self, sid: &str, start: u64) -> Result<(Option<Value>, u64), Broke> {
+        let mut cursor = start;
+        loop {
+            let path = format!("/api/sessions/{}/events?after={cursor}", segment(sid));
+            let page: Value = self
+                .ask(&path, None)
+                .and_then(|r| r.json("GET /api/sessions/{sid}/events"))
+                .map_err(|e| self.broke(e, &format!("session {sid} of {} is gone", self.wp)))?;
+            let events = events_of(&page).map_err(|e| Broke(e.to_string()))?;
+            let before = cursor;
+            for ev in events {
+                cursor = cursor.max(ev["seq"].as_u64().unwrap_or(cursor));
+                if (is_for(ev, "wake", self.wp) && !self.is_loss_report(ev))
+                    || is_for(ev, "waitpoint-cancelled", self.wp)
+                {
+                    return Ok((Some(ev.clone()), cursor));
+                }
+            }
+            if events.is_empty() || cursor == before {
+                return Ok((None, cursor));
+            }
+        }
+    }
+
+    /// The wake, printed ([`Self::fire`]); then a consumer's position moved to it, and
+    /// the seq to resume after said on stderr.
+    fn take(&self, wake: &Value, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8, Broke> {
+        let code = self.fire(wake, out, err)?;
+        let Some(seq) = wake["seq"].as_u64() else {
+            return Ok(code);
+        };
+        let wp = self.wp;
+        match &self.from {
+            From::Consumer(name) => {
+                let moved = self
+                    .hub
+                    .put(&self.consumer_path(name), &ConsumerAdvance { after: seq })
+                    .and_then(|r| {
+                        r.json::<ConsumerPosition>("PUT /api/waitpoints/{id}/consumers/{name}")
+                    });
+                match moved {
+                    Ok(_) => {
+                        let _ = writeln!(
+                            err,
+                            "cortex: consumer {name} took seq {seq}; its next: cortex wait for {wp} --consumer {name}"
+                        );
+                    }
+                    Err(e) => {
+                        let _ = writeln!(
+                            err,
+                            "cortex: the wake at seq {seq} was printed, but consumer {name}'s position could not be saved ({e}); its next wait may print it again"
+                        );
+                    }
+                }
+            }
+            // A remote wait (`cortex wait pid --device`) keeps to its one armed line.
+            _ if !self.announce => {}
+            _ => {
+                let _ = writeln!(
+                    err,
+                    "cortex: seq {seq}; resume after it: cortex wait for {wp} --after {seq}"
+                );
+            }
+        }
+        Ok(code)
     }
 
     /// The wake, printed, as an exit status; with `must_exist`, a pid gone before the
@@ -268,15 +441,29 @@ impl Waiter<'_> {
                 None => self.hub.get(path),
             };
             match asked {
+                // Never reached: said at once, and nothing was waited for.
+                Err(e @ HubError::Unreachable { .. }) if !self.reached.get() => return Err(e),
                 Err(e) if e.is_transient() => {
+                    self.reached.set(true);
                     let left = self.deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return Err(e);
                     }
+                    if !self.lost.replace(true) {
+                        eprintln!(
+                            "cortex: {e}; still waiting for {}, asking again until {}",
+                            self.wp,
+                            utc(timefmt::now_ms().saturating_add(left.as_millis() as u64))
+                        );
+                    }
                     thread::sleep(backoff.min(left));
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
-                other => return other,
+                other => {
+                    self.reached.set(true);
+                    self.lost.set(false);
+                    return other;
+                }
             }
         }
     }
@@ -285,6 +472,9 @@ impl Waiter<'_> {
     fn broke(&self, e: HubError, gone: &str) -> Broke {
         if e.status() == Some(404) {
             return Broke(gone.to_string());
+        }
+        if !self.reached.get() {
+            return Broke(format!("{e}; nothing was waited for"));
         }
         if e.is_transient() {
             let bound = match self.timeout {
@@ -342,6 +532,7 @@ pub fn exit_status(wake: &Value, err: &mut dyn Write) -> u8 {
     match wake["reason"].as_str() {
         Some("expired") => TIMED_OUT,
         Some("failed") => FAILED,
+        Some("silent") => SILENT,
         _ => FIRED,
     }
 }

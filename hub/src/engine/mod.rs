@@ -372,6 +372,9 @@ pub struct Waitpoint {
     /// `spawn`: each wake starts a new session.
     #[serde(default)]
     pub spawn: Option<SpawnRule>,
+    /// Terminal signals that said `fail` (0 in a state written before it was counted).
+    #[serde(default)]
+    pub fail_count: u64,
 }
 
 fn valid_member(m: &str) -> bool {
@@ -543,6 +546,7 @@ impl Waitpoint {
             last_signal_at: None,
             coalesce_ms,
             spawn,
+            fail_count: 0,
         })
     }
 
@@ -559,6 +563,27 @@ impl Waitpoint {
     /// Reports delivered so far (the wakes that count toward `max_signals`).
     pub fn reports_delivered(&self) -> u32 {
         self.wakes.iter().filter(|w| Self::counts(w.reason)).count() as u32
+    }
+
+    /// What its progress is counted from (`cortex_protocol::progress`, the one rule every
+    /// view uses): a barrier counts each member once, a one-shot all its signals (its
+    /// round ends only with it), a monitor its current round.
+    pub fn progress_facts(&self) -> cortex_protocol::progress::Facts {
+        let counted = match (self.is_monitor(), self.members.is_empty()) {
+            (true, true) => u64::from(self.round.terminal),
+            (true, false) => self.round.members.len() as u64,
+            (false, true) => self.terminal_count,
+            (false, false) => self.ever_reported.len() as u64,
+        };
+        cortex_protocol::progress::Facts {
+            quorum: self.quorum,
+            max_signals: self.max_signals,
+            counted,
+            reports: self.terminal_count,
+            failed: self.fail_count,
+            heartbeats: self.progress_count,
+            wakes: self.reports_delivered(),
+        }
     }
 
     /// Wakes decided so far (delivered, or pending) that count toward `max_signals`.
@@ -615,6 +640,19 @@ impl Waitpoint {
         }
     }
 
+    /// When the store must next run this waitpoint's rules: its [`Self::timer`], or its
+    /// expiry, whichever comes first. Expiry is a timer like the others, so a waitpoint
+    /// expires at its deadline, not at the next sweep.
+    pub fn next_due(&self) -> Option<u64> {
+        if self.state != State::Armed {
+            return None;
+        }
+        Some(
+            self.timer()
+                .map_or(self.expires_at, |t| t.min(self.expires_at)),
+        )
+    }
+
     /// When the next `silent` wake is due, while armed.
     pub fn silence_due_at(&self) -> Option<u64> {
         if self.state == State::Armed {
@@ -665,6 +703,9 @@ impl Waitpoint {
             return Ok(Vec::new());
         }
         self.terminal_count += 1;
+        if sig.status == SignalStatus::Fail {
+            self.fail_count += 1;
+        }
         if let Some(m) = sig.member
             && !self.ever_reported.iter().any(|x| x == m)
         {

@@ -1054,3 +1054,69 @@ fn state_from_before_the_new_rules_still_decodes() {
         (None, None, None)
     );
 }
+
+#[test]
+fn expiry_is_a_timer_like_the_others() {
+    let s = settings();
+    // 7 s: the store runs the rules at the deadline itself, not at the next sweep.
+    let mut w = wp(CreateParams {
+        expires_in_hours: Some(7.0 / 3600.0),
+        ..params("short")
+    });
+    let deadline = w.expires_at;
+    assert_eq!(w.timer(), None, "no wake decided, no silence");
+    assert_eq!(w.next_due(), Some(deadline), "the expiry alone");
+    assert!(w.tick(&s, deadline - 1).is_empty());
+    let fx = w.tick(&s, deadline);
+    assert_eq!(wakes(&fx), vec![(WakeReason::Expired, 0, 0)]);
+    assert_eq!(w.next_due(), None, "ended: nothing more is due");
+
+    // The earlier of a timer and the expiry.
+    let mut w = wp(CreateParams {
+        silence_after: secs(60.0),
+        expires_in_hours: Some(0.5),
+        ..params("quiet")
+    });
+    assert_eq!(w.next_due(), Some(T0 + 60_000), "the silence first");
+    w.tick(&s, T0 + 60_000);
+    assert_eq!(w.next_due(), Some(w.expires_at), "then the expiry");
+    assert!(w.cancel(T0 + 61_000));
+    assert_eq!(w.next_due(), None, "cancelled");
+}
+
+/// Progress, as every view shows it: a member is counted once however often it
+/// reports, a one-shot keeps its count once it fired, a monitor counts its wakes.
+#[test]
+fn progress_counts_each_member_once_and_a_monitors_wakes() {
+    let s = settings();
+    let mut w = wp(CreateParams {
+        members: members(&["a", "b", "c"]),
+        fail_fast: Some(false),
+        ..params("sweep")
+    });
+    for _ in 0..3 {
+        w.signal(sig(OK, Some("a")), &s, T0).expect("a");
+    }
+    w.signal(sig(PROGRESS, Some("b")), &s, T0).expect("b");
+    let p = cortex_protocol::progress::progress(w.progress_facts());
+    assert_eq!((p.received, p.quorum, p.reports), (1, 3, 3));
+    assert_eq!(p.summary, "1/3 +1 progress");
+    w.signal(sig(FAIL, Some("b")), &s, T0).expect("b");
+    w.signal(sig(OK, Some("c")), &s, T0).expect("c");
+    w.tick(&s, T0 + s.barrier_delay_ms);
+    assert_eq!(w.state, State::Resolved);
+    let p = cortex_protocol::progress::progress(w.progress_facts());
+    assert_eq!(p.summary, "3/3 (1 failed) +1 progress", "{p:?}");
+
+    let mut m = wp(CreateParams {
+        max_signals: Some(5),
+        ..params("mon")
+    });
+    for (i, st) in [OK, FAIL, OK].into_iter().enumerate() {
+        m.signal(sig(st, None), &s, T0 + i as u64 * 1000)
+            .expect("report");
+    }
+    let p = cortex_protocol::progress::progress(m.progress_facts());
+    assert_eq!((p.wakes, p.max_signals, p.reports, p.failed), (3, 5, 3, 1));
+    assert_eq!(p.summary, "3/5 wakes, 3 reports (1 failed)");
+}

@@ -4,6 +4,7 @@
 //! mesh — and stops it all cleanly.
 
 pub mod api;
+pub mod consumers;
 pub mod devices;
 pub mod error;
 pub mod http;
@@ -52,6 +53,10 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/waitpoints/{id}",
             get(api::get_waitpoint).delete(api::cancel_waitpoint),
+        )
+        .route(
+            "/waitpoints/{id}/consumers/{name}",
+            get(consumers::get).put(consumers::put),
         )
         .route(
             "/devices",

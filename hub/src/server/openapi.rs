@@ -10,9 +10,10 @@ use std::sync::LazyLock;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use cortex_protocol::api::{
-    ApprovalList, CreateDevice, CreateDeviceWait, CreateSession, CreateWaitpoint, DeviceCreated,
-    DeviceView, DeviceWaitCreated, EventsPage, MessagePosted, PostAnswer, PostCancel, PostMessage,
-    SessionResult, SessionView, WaitpointCreated, WaitpointList, WaitpointView,
+    ApprovalList, ConsumerAdvance, ConsumerPosition, CreateDevice, CreateDeviceWait, CreateSession,
+    CreateWaitpoint, DeviceCreated, DeviceView, DeviceWaitCreated, EventsPage, MessagePosted,
+    PostAnswer, PostCancel, PostMessage, SessionResult, SessionView, WaitpointCreated,
+    WaitpointList, WaitpointView,
 };
 use cortex_protocol::signal::{ErrorBody, MAX_BODY_BYTES, SignalAccepted, SignalRequest};
 use serde_json::{Value, json};
@@ -385,7 +386,7 @@ fn how_to_signal_example(id: &str, recommended: &str) -> Value {
     json!({
         "env": format!("export CORTEX_SIGNAL_ID={id} CORTEX_SIGNAL_SECRET={secret}"),
         "cli": format!("cortex-signal --exit-code $? --url {url}"),
-        "curl": format!("curl -sS -XPOST {url} -H 'content-type: application/json' -d '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"ok\",\"message\":\"done\"}}'"),
+        "curl": format!("r=$(curl -sS -w ' %{{http_code}}' -XPOST {url} -H 'content-type: application/json' -d '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"ok\",\"message\":\"done\"}}'); printf '%s\\n' \"${{r% *}}\"; case \"${{r##* }}\" in 2??|410) ;; *) false ;; esac"),
         "shell": format!("s=$?; d=\"${{CORTEX_HOME:-$HOME/.cortex}}/tmp/signals\"; f=\"$d/$(date +%s%N)-$$-$RANDOM\"; mkdir -p \"$d\"; printf '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":\"exit=%s\"}}' \"$([ $s -eq 0 ] && echo ok || echo fail)\" \"$s\" > \"$f.tmp\" && mv \"$f.tmp\" \"$f.json\""),
         "attach_to_pid": format!("(while kill -0 PID 2>/dev/null; do sleep 5; done; CORTEX_SIGNAL_ID={id} CORTEX_SIGNAL_SECRET={secret} cortex-signal --status ok --message \"pid PID exited\" --url {url}) &"),
         "recommended": recommended,
@@ -419,6 +420,8 @@ fn waitpoint_view_example() -> Value {
         "wakes": [{"reason": "fired", "at": 1796166168130_u64, "delivered": true}],
         "badges": {"wake_limit_reached": false, "delivery_attempts": 0, "wakes_this_hour": 1,
                    "max_wakes_per_hour": 12},
+        "progress": {"received": 1, "quorum": 1, "reports": 1, "failed": 0, "heartbeats": 0,
+                     "wakes": 1, "max_signals": 1, "summary": "1/1"},
     })
 }
 
@@ -772,6 +775,66 @@ fn waitpoints(d: &mut Doc) {
         .parameter(scope())
         .response("200", cancelled)
         .response("404", missing),
+    );
+
+    let name = || {
+        path_param(
+            "name",
+            "The consumer's name: 1 to 64 letters, digits, `.`, `_` or `-`",
+            "deploy-loop",
+        )
+    };
+    let at = |d: &mut Doc| {
+        d.json::<ConsumerPosition>(
+            "Where the consumer stands: `after` is the session event seq of the last wake it \
+             took (0: none yet)",
+            json!({"waitpoint": "wp_136f3f1391b7", "consumer": "deploy-loop", "after": 12}),
+        )
+    };
+    let bad = |d: &mut Doc| {
+        d.error(
+            "A name that is not a consumer's name, or a body not such JSON",
+            &["bad_request"],
+        )
+    };
+    let missing = |d: &mut Doc| d.error("No such waitpoint", &["not_found"]);
+    let (ok, refused, gone) = (at(d), bad(d), missing(d));
+    d.add(
+        HttpMethod::Get,
+        "/api/waitpoints/{id}/consumers/{name}",
+        Access::Operator,
+        op(
+            "waitpoints",
+            "getWaitpointConsumer",
+            "A consumer's position",
+            "Where a named consumer (`cortex wait for --consumer NAME`) stands in the \
+             waitpoint's wakes; a name never used stands at 0.",
+        )
+        .parameter(wp())
+        .parameter(name())
+        .response("200", ok)
+        .response("400", refused)
+        .response("404", gone),
+    );
+    let body = d.body::<ConsumerAdvance>(true, json!({"after": 12}));
+    let (ok, refused, gone) = (at(d), bad(d), missing(d));
+    d.add(
+        HttpMethod::Put,
+        "/api/waitpoints/{id}/consumers/{name}",
+        Access::Operator,
+        op(
+            "waitpoints",
+            "advanceWaitpointConsumer",
+            "Move a consumer's position",
+            "The consumer took the wake at `after`. A position only moves forward: an older \
+             `after` leaves it where it stands, and the answer says where that is.",
+        )
+        .parameter(wp())
+        .parameter(name())
+        .request_body(Some(body.build()))
+        .response("200", ok)
+        .response("400", refused)
+        .response("404", gone),
     );
 }
 

@@ -15,6 +15,7 @@
 //! otherwise.
 
 pub mod agent;
+pub mod consumers;
 pub mod device_waits;
 pub mod devices;
 pub mod kernel;

@@ -205,7 +205,7 @@ impl Tx<'_> {
         let ids = seconds_of(&self.table(&SESSION_WPS), sid)?;
         for id in ids {
             if let Some(mut wp) = self.get_wp(&id)? {
-                let before = (wp.deadline(self.settings()), wp.timer());
+                let before = (wp.deadline(self.settings()), wp.next_due());
                 if wp.cancel(now) {
                     self.put_wp(&wp, Some(before))?;
                 }
@@ -345,7 +345,7 @@ impl Tx<'_> {
         if scope.is_some_and(|s| s != wp.session) {
             return Ok(CancelOutcome::NotFound);
         }
-        let before = (wp.deadline(self.settings()), wp.timer());
+        let before = (wp.deadline(self.settings()), wp.next_due());
         if !wp.cancel(now) {
             return Ok(CancelOutcome::AlreadyEnded(wp.state));
         }
@@ -459,7 +459,7 @@ impl Tx<'_> {
         {
             return Ok(SignalOutcome::Duplicate { state: wp.state });
         }
-        let before = (wp.deadline(self.settings()), wp.timer());
+        let before = (wp.deadline(self.settings()), wp.next_due());
         let settings = self.settings().clone();
         let mut effects = wp.tick(&settings, now);
         let meta = SignalMeta {
@@ -546,7 +546,7 @@ impl Tx<'_> {
         let Some(mut wp) = self.get_wp(id)? else {
             return Ok(());
         };
-        let before = (wp.deadline(self.settings()), timer.unwrap_or(wp.timer()));
+        let before = (wp.deadline(self.settings()), timer.unwrap_or(wp.next_due()));
         let settings = self.settings().clone();
         let effects = wp.tick(&settings, now);
         self.apply(&mut wp, &effects, now)?;
@@ -693,6 +693,7 @@ impl Tx<'_> {
             self.keys().remove((id, k.as_str()))?;
         }
         self.session_wps().remove((wp.session.as_str(), id))?;
+        self.forget_consumers(id)?;
         let held = self.wps().remove((id, STATE))?;
         if let Some(from) = held.and_then(|h| super::tables::state_of(h.value())) {
             self.on_durable(move || {
@@ -705,7 +706,7 @@ impl Tx<'_> {
 
 /// The second halves of the keys `(first, _)` of a table keyed by string pairs: a session's
 /// waitpoints, a waitpoint's signal keys, a session's message keys.
-fn seconds_of<V: redb::Value + 'static>(
+pub(super) fn seconds_of<V: redb::Value + 'static>(
     t: &super::kernel::TableRef<'_, (&'static str, &'static str), V>,
     first: &str,
 ) -> Result<Vec<String>, StoreError> {
@@ -879,6 +880,13 @@ impl Tx<'_> {
                 spawned: None,
             });
         }
+        let mut facts = wp.progress_facts();
+        // A state written before fails were counted: the listed signals say at least this.
+        let listed_fails = signals
+            .iter()
+            .filter(|s| s.status == cortex_protocol::SignalStatus::Fail)
+            .count() as u64;
+        facts.failed = facts.failed.max(listed_fails);
         Ok(WaitpointView {
             id: wp.id.clone(),
             session: wp.session.clone(),
@@ -906,6 +914,7 @@ impl Tx<'_> {
                 wakes_this_hour: wp.wakes_in_hour(now, settings),
                 max_wakes_per_hour: settings.max_wakes_per_hour,
             },
+            progress: Some(cortex_protocol::progress::progress(facts)),
         })
     }
 

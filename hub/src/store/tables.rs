@@ -18,6 +18,7 @@
 //! - `device_waits`: (device, waitpoint) → an active remote wait (`device_waits.rs`)
 //! - `timers`, `device_wait_due`: what the timer queue replaced; emptied into it at start
 //! - `agents`, `transcript`, `ready`: the runner's (`agent.rs`)
+//! - `wait_consumers`: (waitpoint, consumer) → the seq of the last wake it took
 //! - `meta`: name → number; `journal_seq` is the newest journal record a checkpoint holds
 
 use std::sync::Arc;
@@ -62,9 +63,12 @@ pub(crate) const READY: TableSpec<(u64, &str), ()> = TableSpec::new(16, "ready")
 pub(crate) const PENDING: TableSpec<(u64, &str), ()> = TableSpec::new(17, "pending");
 /// Revoked devices, by name: what the fleet view still shows of them (`devices.rs`).
 pub(crate) const REVOKED_DEVICES: TableSpec<&str, &[u8]> = TableSpec::new(18, "revoked_devices");
+/// Named consumers' positions in a waitpoint's wakes (`consumers.rs`): (waitpoint, name) →
+/// the session event seq of the last wake taken.
+pub(crate) const CONSUMERS: TableSpec<(&str, &str), u64> = TableSpec::new(19, "wait_consumers");
 
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 19] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 20] = [
     &META,
     &TIMER_QUEUE,
     &WAITPOINTS,
@@ -84,6 +88,7 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 19] = [
     &READY,
     &PENDING,
     &REVOKED_DEVICES,
+    &CONSUMERS,
 ];
 
 /// The timer kinds of the hub's domains (see [`super::kernel::timers`]): a decided wake
@@ -282,7 +287,7 @@ impl Tx<'_> {
         before: Option<(u64, Option<u64>)>,
     ) -> Result<(), StoreError> {
         let deadline = wp.deadline(self.settings());
-        let timer = wp.timer();
+        let timer = wp.next_due();
         let id = wp.id.as_str();
         match before {
             Some((d, _)) if d == deadline => {}

@@ -782,7 +782,10 @@ async fn journaled_signals_survive_a_crash_once_each() {
     // The second member completes the barrier after the restart, as if nothing happened.
     let mut b = sig(&barrier, &bsecret, Some("b1"));
     b.req.member = Some("b".into());
-    assert!(next_timer(&store).is_none());
+    assert!(
+        next_timer(&store).is_some_and(|t| t >= T0 + 168 * crate::engine::HOUR_MS),
+        "no wake decided: only the deadlines are queued"
+    );
     assert!(matches!(
         send(&store, b, T0 + 5).await,
         SignalOutcome::Accepted { .. }
@@ -1410,4 +1413,92 @@ async fn a_spawning_monitor_starts_one_session_per_wake_in_the_deciding_write() 
     got.sort();
     assert_eq!(got, want);
     assert!(view.spawn);
+}
+
+#[tokio::test]
+async fn a_waitpoint_expires_by_its_timer_without_a_sweep() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    let sid = session(&store).await;
+    let p = CreateParams {
+        expires_in_hours: Some(7.0 / 3600.0),
+        ..params()
+    };
+    waitpoint(&store, &sid, p).await;
+    assert_eq!(
+        next_timer(&store),
+        Some(T0 + 7_000),
+        "the deadline is queued"
+    );
+    let fired = store
+        .exec(|t| t.fire_timers(T0 + 7_000))
+        .await
+        .expect("fire");
+    assert_eq!(fired, 1);
+    assert_eq!(wakes(&store, &sid).await, vec![WakeReason::Expired]);
+    assert_eq!(next_timer(&store), None);
+}
+
+#[tokio::test]
+async fn a_consumer_position_moves_forward_only_and_goes_with_its_waitpoint() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, guard) = open(dir.path());
+    let sid = session(&store).await;
+    let (id, _) = waitpoint(&store, &sid, params()).await;
+    let i = id.clone();
+    let pos = move |name: &'static str| {
+        let i = i.clone();
+        move |t: &mut Tx<'_>| t.consumer_position(&i, name)
+    };
+    assert_eq!(store.exec(pos("loop")).await.expect("read"), Some(0));
+    let i = id.clone();
+    let moved = store
+        .exec(move |t| t.advance_consumer(&i, "loop", 7))
+        .await
+        .expect("advance");
+    assert_eq!(moved, Some(7));
+    let i = id.clone();
+    let back = store
+        .exec(move |t| t.advance_consumer(&i, "loop", 3))
+        .await
+        .expect("advance");
+    assert_eq!(back, Some(7), "never back");
+    assert_eq!(store.exec(pos("other")).await.expect("read"), Some(0));
+    let unknown = store
+        .exec(|t| t.advance_consumer("wp_nope", "loop", 1))
+        .await
+        .expect("advance");
+    assert_eq!(unknown, None);
+    drop(store);
+    guard.join();
+
+    let (store, _guard) = open(dir.path());
+    assert_eq!(
+        store.exec(pos("loop")).await.expect("read"),
+        Some(7),
+        "durable"
+    );
+    let i = id.clone();
+    store
+        .exec(move |t| t.cancel_waitpoint(&i, None, "operator", T0 + 1))
+        .await
+        .expect("cancel");
+    let d = crate::engine::DAY_MS;
+    store
+        .exec(move |t| t.sweep(T0 + 30 * d))
+        .await
+        .expect("sweep");
+    assert_eq!(store.exec(pos("loop")).await.expect("read"), None, "purged");
+    let left = store
+        .read(|r| {
+            let mut n = 0;
+            for row in r.table(&tables::CONSUMERS).iter()? {
+                row?;
+                n += 1;
+            }
+            Ok(n)
+        })
+        .await
+        .expect("count");
+    assert_eq!(left, 0, "its rows went with it");
 }

@@ -39,6 +39,7 @@ fn view(state: &str, expires_at: u64, wakes: Vec<WakeView>, device: Option<&str>
             wakes_this_hour: 0,
             max_wakes_per_hour: 12,
         },
+        progress: None,
     };
     serde_json::to_string(&v).expect("ser")
 }
@@ -169,8 +170,14 @@ fn waits_for_this_waitpoints_wake_and_prints_it_as_one_line() {
     assert_eq!(out.lines().count(), 1);
     let printed: Value = serde_json::from_str(out.trim()).expect("one JSON object");
     assert_eq!(printed, wake(10, "wp_1", "fired"));
-    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(err.lines().count(), 2, "{err}");
     assert!(err.contains("waiting for wp_1 \"nightly\""), "{err}");
+    assert!(
+        err.lines()
+            .last()
+            .is_some_and(|l| l.ends_with("cortex wait for wp_1 --after 10")),
+        "the seq to resume after: {err}"
+    );
     assert_eq!(
         paths(&server),
         [
@@ -329,16 +336,81 @@ fn session_gone_while_waiting_breaks() {
 }
 
 #[test]
-fn unreachable_hub_not_back_within_the_bound_breaks() {
+fn a_hub_never_reached_breaks_at_once_saying_so() {
     let hub = Hub::new(&format!("http://{}", refused_addr()), "tok").expect("hub");
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = run(&hub, "wp_1", Some(Duration::ZERO), &mut out, &mut err);
+    let started = Instant::now();
+    // A bound of an hour: a hub that never answered is not waited out.
+    let code = run(
+        &hub,
+        "wp_1",
+        Some(Duration::from_secs(3600)),
+        &mut out,
+        &mut err,
+    );
     assert_eq!(code, BROKE);
+    assert!(started.elapsed() < Duration::from_secs(60), "at once");
     let err = String::from_utf8(err).expect("utf8");
     assert!(
-        err.contains("cannot reach the hub") && err.contains("not back within"),
+        err.contains("cannot reach the hub") && err.contains("nothing was waited for"),
         "{err}"
     );
+    assert!(out.is_empty());
+}
+
+#[test]
+fn a_silent_wake_has_its_own_exit_status() {
+    let mut sink = Vec::new();
+    assert_eq!(exit_status(&wake(3, "wp_1", "silent"), &mut sink), SILENT);
+    assert_eq!(exit_status(&wake(3, "wp_1", "fired"), &mut sink), FIRED);
+    assert_eq!(exit_status(&wake(3, "wp_1", "report"), &mut sink), FIRED);
+    assert_eq!(exit_status(&wake(3, "wp_1", "failed"), &mut sink), FAILED);
+    assert_eq!(
+        exit_status(&wake(3, "wp_1", "expired"), &mut sink),
+        TIMED_OUT
+    );
+}
+
+#[test]
+fn after_a_seq_it_prints_a_wake_that_came_before_it_started() {
+    let mut fake = Fake::armed(vec![]);
+    fake.last_seq = 12;
+    fake.log = vec![
+        wake(4, "wp_1", "report"),
+        wake(7, "wp_other", "fired"),
+        wake(9, "wp_1", "report"),
+    ];
+    let server = fake.serve();
+    let hub = Hub::new(&server.url(""), "tok").expect("hub");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run_from(&hub, "wp_1", None, From::After(4), &mut out, &mut err);
+    let err = String::from_utf8(err).expect("utf8");
+    assert_eq!(code, FIRED, "{err}");
+    let printed: Value =
+        serde_json::from_str(String::from_utf8(out).expect("utf8").trim()).expect("json");
+    assert_eq!(printed["seq"], 9, "the first of wp_1's after seq 4");
+    assert!(err.contains("--after 9"), "{err}");
+}
+
+#[test]
+fn after_its_last_wake_an_ended_waitpoint_breaks_rather_than_repeating_it() {
+    let mut fake = Fake::armed(vec![]);
+    fake.states = vec!["resolved"];
+    fake.wakes = vec![WakeView {
+        reason: WakeReason::Fired,
+        at: 1,
+        delivered: true,
+        spawned: None,
+    }];
+    fake.log = vec![wake(9, "wp_1", "fired")];
+    let server = fake.serve();
+    let hub = Hub::new(&server.url(""), "tok").expect("hub");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run_from(&hub, "wp_1", None, From::After(9), &mut out, &mut err);
+    let err = String::from_utf8(err).expect("utf8");
+    assert_eq!(code, BROKE, "{err}");
+    assert!(err.contains("no wake after seq 9"), "{err}");
+    assert!(out.is_empty());
 }
 
 #[test]

@@ -711,15 +711,13 @@
 
   // ------------------------------------------------------------------ waitpoints
 
-  function received(wp) {
-    const counted = wp.signals.filter(function (s) { return s.status !== 'progress'; });
-    let n;
-    if (wp.members.length) {
-      const m = {};
-      counted.forEach(function (s) { if (s.member) m[s.member] = true; });
-      n = Object.keys(m).length;
-    } else n = counted.length;
-    return Math.min(n, wp.quorum);
+  // How far a waitpoint got, as the hub counts it (cortex_protocol::progress, the one
+  // rule `cortex wait check` shows too): a barrier's members each once, a monitor's wakes.
+  function tally(wp) {
+    const p = wp.progress;
+    if (!p) return '';
+    if (wp.max_signals > 1) return p.wakes + '/' + p.max_signals + ' wakes · ' + p.reports + ' report' + (p.reports === 1 ? '' : 's');
+    return p.received + '/' + p.quorum + ' received';
   }
   function undelivered(wp) {
     return wp.wakes.some(function (w) { return !w.delivered; });
@@ -753,7 +751,7 @@
     }
     let text;
     if (NARROW.matches) text = String(armed.length);
-    else if (armed.length === 1) text = armed[0].label + ' · ' + received(armed[0]) + '/' + armed[0].quorum + ' received · expires in ' + left(armed[0].expires_at);
+    else if (armed.length === 1) text = armed[0].label + ' · ' + tally(armed[0]) + ' · expires in ' + left(armed[0].expires_at);
     else text = armed.length + ' waiting items · ' + armed[0].label;
     const dot = st.waitpoints.some(function (wp) { return badges(wp).length > 0; });
     const cap = el('button', { type: 'button', class: 'capsule', 'data-test': 'capsule', 'aria-haspopup': 'dialog', 'aria-expanded': String(st.panelOpen), title: armed.length + ' armed', onclick: function () { if (st.panelOpen) closePanel(); else openPanel(st); } },
@@ -802,13 +800,12 @@
   }
 
   function wpCard(st, wp) {
-    const n = received(wp);
     const card = el('div', { class: 'wp', 'data-test': 'wp', 'data-id': wp.id },
       el('div', { class: 'wp-head' }, el('b', {}, wp.label), ' ', el('span', { class: 'pill' }, wp.state),
         el('span', { class: 'sub' }, wp.state === 'armed' ? ' · expires in ' + left(wp.expires_at) : ' · wake being delivered'),
         wp.device ? el('span', { class: 'sub' }, ' · on ' + wp.device) : null),
       el('p', { class: 'intent', 'data-test': 'wp-intent' }, wp.intent),
-      el('p', { class: 'quorum', 'data-test': 'wp-quorum' }, n + '/' + wp.quorum + ' received' + (wp.fail_fast ? ' · fails fast' : '') + (wp.max_signals > 1 ? ' · reports up to ' + wp.max_signals : '')));
+      el('p', { class: 'quorum', 'data-test': 'wp-quorum' }, tally(wp) + (wp.fail_fast ? ' · fails fast' : '')));
     const bs = badges(wp);
     if (bs.length) card.appendChild(el('div', { class: 'badges' }, bs.map(function (b) { return el('span', { class: 'badge ' + b.cls, 'data-test': 'wp-badge' }, b.text); })));
     if (wp.members.length) {
