@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -378,6 +378,8 @@ struct Shared {
     /// A context size in tokens, as llama.cpp's server has one: reported at `GET /props`,
     /// and a chat request whose prompt reaches it refused (400) as llama.cpp refuses it.
     context: Mutex<Option<u64>>,
+    /// Whether `GET /props` tells the context (a server that does not: 404).
+    context_reported: AtomicBool,
     refused: AtomicUsize,
 }
 
@@ -442,6 +444,7 @@ impl ScriptedModel {
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
             context: Mutex::new(None),
+            context_reported: AtomicBool::new(true),
             refused: AtomicUsize::new(0),
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -540,6 +543,12 @@ impl ScriptedModel {
     /// llama.cpp's words (recorded as a request; no reply of the script is used).
     pub fn set_context(&self, tokens: Option<u64>) {
         *self.shared.context.lock().expect("context") = tokens;
+    }
+
+    /// Whether `GET /props` tells the context set (default yes; no: 404, as a server
+    /// without the route answers).
+    pub fn report_context(&self, yes: bool) {
+        self.shared.context_reported.store(yes, Ordering::SeqCst);
     }
 
     /// A request body's prompt tokens as this server counts them: a token every four bytes.
@@ -689,12 +698,16 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
     shared.targets.lock().expect("targets").push(target);
     if req.method() == hyper::Method::GET && req.uri().path() == "/props" {
         let ctx = *shared.context.lock().expect("context");
+        let ctx = ctx.filter(|_| shared.context_reported.load(Ordering::SeqCst));
         return Ok(match ctx {
             Some(n) => json_answer(
                 StatusCode::OK,
                 json!({"default_generation_settings": {"n_ctx": n}, "total_slots": 1}),
             ),
-            None => json_answer(StatusCode::NOT_FOUND, json!({"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}})),
+            None => json_answer(
+                StatusCode::NOT_FOUND,
+                json!({"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}),
+            ),
         });
     }
     if req.method() != hyper::Method::POST || req.uri().path() != "/v1/chat/completions" {

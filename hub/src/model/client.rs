@@ -19,7 +19,9 @@ use super::caps::{Caps, Endpoint};
 use super::config::{ModelConfig, base_url_of};
 use super::error::ModelError;
 use super::retry;
-use super::step::{ContextFuture, ContextWindow, Delta, Model, StepFuture, StepOutput, StepRequest};
+use super::step::{
+    ContextFuture, ContextWindow, Delta, Model, StepFuture, StepOutput, StepRequest,
+};
 use super::wire::{ChatMessage, ToolSpec};
 use cortex_host::sse::Parser;
 

@@ -507,7 +507,8 @@ mod tests {
     fn the_context_is_set_in_settings_or_the_environment() {
         let base = json!({"baseUrl": "http://h/v1", "model": "m"});
         // (settings.json llm.contextTokens, CORTEX_LLM_CONTEXT_TOKENS, the setting or the error's words)
-        let cases: [(Option<Value>, Option<&str>, Result<Option<u64>, &str>); 6] = [
+        type Case<'a> = (Option<Value>, Option<&'a str>, Result<Option<u64>, &'a str>);
+        let cases: [Case<'_>; 6] = [
             (None, None, Ok(None)),
             (Some(json!(2048)), None, Ok(Some(2048))),
             (None, Some(" 8192 "), Ok(Some(8192))),

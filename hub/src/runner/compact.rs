@@ -45,9 +45,7 @@ pub enum Plan {
 /// The tokens kept for the answer: the session's `maxTokens`, else an eighth of the
 /// context, at most a quarter of it.
 pub fn reserve(max_tokens: Option<u32>, context: u64) -> u64 {
-    max_tokens
-        .map_or(context / 8, u64::from)
-        .min(context / 4)
+    max_tokens.map_or(context / 8, u64::from).min(context / 4)
 }
 
 /// When to compact, given the next request's estimated tokens.
@@ -82,13 +80,14 @@ pub fn calibrate(prompt_tokens: u64, bytes: usize) -> Option<f64> {
 
 /// Where a compaction cuts a transcript of messages with these `roles` and estimated
 /// `sizes`, summarizing from position `from` on: the first position kept. The kept tail
-/// holds at most `keep` tokens where it can, never starts with a tool's answer (its call
-/// would be summarized away) and is never empty (the model must see the last message);
-/// it starts at a person's message where one fits. `None`: nothing to summarize.
+/// is the longest that holds at most `keep` tokens, never starts with a tool's answer
+/// (its call would be summarized away) and is never empty (the model must see the last
+/// message: when it alone exceeds `keep`, it is kept whole). At least one message is
+/// summarized. `None`: nothing to summarize.
 pub fn cut(roles: &[Role], sizes: &[u64], from: usize, keep: u64) -> Option<usize> {
     let len = roles.len().min(sizes.len());
     let valid = |i: usize| roles[i] != Role::Tool;
-    let (mut user, mut any) = (None, None);
+    let mut longest = None;
     let mut tail = 0u64;
     for i in (from.saturating_add(1)..len).rev() {
         tail = tail.saturating_add(sizes[i]);
@@ -96,15 +95,12 @@ pub fn cut(roles: &[Role], sizes: &[u64], from: usize, keep: u64) -> Option<usiz
             break;
         }
         if valid(i) {
-            any = Some(i);
-            if roles[i] == Role::User {
-                user = Some(i);
-            }
+            longest = Some(i);
         }
     }
     // A tail too big for `keep`: the shortest one that is whole.
     let shortest = || (from.saturating_add(1)..len).rev().find(|&i| valid(i));
-    user.or(any).or_else(shortest)
+    longest.or_else(shortest)
 }
 
 /// The digest of what a summary is computed from: the summary before it and the messages.
@@ -116,7 +112,10 @@ pub fn digest(previous: Option<&str>, messages: &[ChatMessage]) -> String {
         h.update(serde_json::to_vec(m).unwrap_or_default());
         h.update([b'\n']);
     }
-    h.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect()
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The first line of the summary's message in a request.
@@ -192,8 +191,7 @@ pub fn summary_prompt(
     let mut lines: Vec<String> = messages.iter().map(line).collect();
     let fixed = system.len() + previous.map_or(0, str::len) + 200;
     let mut left_out = 0;
-    while !lines.is_empty() && fixed + lines.iter().map(|l| l.len() + 1).sum::<usize>() > budget
-    {
+    while !lines.is_empty() && fixed + lines.iter().map(|l| l.len() + 1).sum::<usize>() > budget {
         lines.remove(0);
         left_out += 1;
     }
@@ -243,7 +241,9 @@ fn cut_chars(s: &str) -> String {
 /// length"), and the like.
 pub fn is_context_refusal(e: &ModelError) -> bool {
     let text = match e {
-        ModelError::Status { status, excerpt, .. } if (400..500).contains(status) => excerpt,
+        ModelError::Status {
+            status, excerpt, ..
+        } if (400..500).contains(status) => excerpt,
         ModelError::Server { message, .. } => message,
         _ => return false,
     };
@@ -260,6 +260,32 @@ pub fn is_context_refusal(e: &ModelError) -> bool {
     .any(|k| t.contains(k))
 }
 
+/// The context a refusal for size names: llama.cpp's `"n_ctx": 2048`, OpenAI's
+/// "maximum context length is 8192 tokens".
+pub fn refusal_context(e: &ModelError) -> Option<u64> {
+    number_after(e, "\"n_ctx\"").or_else(|| number_after(e, "maximum context length is"))
+}
+
+/// The request's tokens a refusal for size names: llama.cpp's `"n_prompt_tokens": 2100`,
+/// OpenAI's "your messages resulted in 9000 tokens".
+pub fn refusal_prompt_tokens(e: &ModelError) -> Option<u64> {
+    number_after(e, "\"n_prompt_tokens\"").or_else(|| number_after(e, "resulted in"))
+}
+
+/// The whole number right after `key` in a refusal's body.
+fn number_after(e: &ModelError, key: &str) -> Option<u64> {
+    let ModelError::Status { excerpt, .. } = e else {
+        return None;
+    };
+    let at = excerpt.find(key)? + key.len();
+    let digits: String = excerpt[at..]
+        .trim_start_matches([':', ' ', '"'])
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse::<u64>().ok().filter(|&n| n > 0)
+}
+
 /// One compaction to compute.
 pub struct Job {
     /// The stored transcript (secrets redacted: a summary never holds one).
@@ -274,6 +300,11 @@ pub struct Job {
 }
 
 impl Job {
+    /// The first position the summary covers: after the prefix, or the last summary.
+    pub fn from(&self) -> u64 {
+        self.summary.as_ref().map_or(self.prefix_len, |s| s.through)
+    }
+
     /// The estimated tokens of a request with `summary` in force.
     fn estimate(&self, summary: Option<&Summary>) -> u64 {
         let bytes: usize = context(&self.messages, self.prefix_len, summary)
@@ -287,7 +318,7 @@ impl Job {
 /// Computes job `j` with `model`: where to cut, then the summary call. Always answers:
 /// a compaction without a summary says why in `error`.
 pub async fn summarize(model: &dyn Model, j: &Job) -> Compaction {
-    let from = j.summary.as_ref().map_or(j.prefix_len, |s| s.through);
+    let from = j.from();
     let before = j.estimate(j.summary.as_ref());
     let mut c = Compaction {
         cause: j.cause.to_string(),
@@ -384,13 +415,15 @@ mod tests {
     #[test]
     fn where_to_cut() {
         // (roles, sizes, from, keep, through)
-        let chat = [System, User, Assistant, User, Assistant, User, Assistant, User];
+        let chat = [
+            System, User, Assistant, User, Assistant, User, Assistant, User,
+        ];
         let tools = [System, User, Assistant, Tool, Tool, Assistant, User];
-        let cases: [(&[Role], &[u64], usize, u64, Option<usize>); 9] = [
-            // Keeps the most recent messages within `keep`, from a person's message.
+        type Case<'a> = (&'a [Role], &'a [u64], usize, u64, Option<usize>);
+        let cases: [Case<'_>; 9] = [
+            // Keeps the most recent messages within `keep`, as many as fit.
             (&chat, &[50, 10, 10, 10, 10, 10, 10, 10], 1, 30, Some(5)),
-            (&chat, &[50, 10, 10, 10, 10, 10, 10, 10], 1, 45, Some(5)),
-            // A tail that fits only from an assistant's message starts there.
+            (&chat, &[50, 10, 10, 10, 10, 10, 10, 10], 1, 45, Some(4)),
             (&chat, &[50, 10, 10, 10, 10, 10, 10, 10], 1, 20, Some(6)),
             // Never a tail that starts with a tool's answer: the call stays with it.
             (&tools, &[50, 10, 10, 10, 10, 10, 10], 1, 35, Some(5)),
@@ -400,8 +433,8 @@ mod tests {
             // Nothing before the last message: nothing to summarize.
             (&chat, &[50, 10, 10, 10, 10, 10, 10, 10], 7, 30, None),
             (&chat[..2], &[50, 10], 1, 30, None),
-            // From the end of the last summary on.
-            (&chat, &[50, 10, 10, 10, 10, 10, 10, 10], 5, 100, Some(7)),
+            // From the end of the last summary on; all of it fits, still one is summarized.
+            (&chat, &[50, 10, 10, 10, 10, 10, 10, 10], 5, 100, Some(6)),
         ];
         for (roles, sizes, from, keep, want) in cases {
             assert_eq!(
@@ -446,7 +479,11 @@ mod tests {
         assert_eq!(&got[3..], &m[3..]);
         let s = Summary { through: 4, ..s };
         let got = context(&m, 1, Some(&s));
-        assert_eq!(got.len(), 3, "no acknowledgement before an assistant's message");
+        assert_eq!(
+            got.len(),
+            3,
+            "no acknowledgement before an assistant's message"
+        );
         assert_eq!(got[2], m[4]);
     }
 
@@ -480,8 +517,24 @@ mod tests {
             (good(3, 4, Some("other")), Some(&earlier), from(3), false),
             // A range the transcript does not hold, or none.
             (good(1, 3, None), None, &m[1..2], false),
-            (Compaction { through: 1, ..good(1, 3, None) }, None, from(1), false),
-            (Compaction { summary: " ".into(), ..good(1, 3, None) }, None, from(1), false),
+            (
+                Compaction {
+                    through: 1,
+                    ..good(1, 3, None)
+                },
+                None,
+                from(1),
+                false,
+            ),
+            (
+                Compaction {
+                    summary: " ".into(),
+                    ..good(1, 3, None)
+                },
+                None,
+                from(1),
+                false,
+            ),
             (
                 Compaction {
                     error: Some("x".into()),
@@ -507,13 +560,19 @@ mod tests {
         let p = summary_prompt(Some("the summary so far"), &m, 1_600, 100);
         assert_eq!(p.len(), 2);
         let user = p[1].content.clone().unwrap_or_default();
-        assert!(user.contains("The summary so far:\nthe summary so far"), "{user}");
+        assert!(
+            user.contains("The summary so far:\nthe summary so far"),
+            "{user}"
+        );
         assert!(user.contains("message 49"), "the newest stay: {user}");
         assert!(user.contains("earlier messages left out"), "{user}");
         assert!(!user.contains(&long), "{user}");
         let whole = summary_prompt(None, &m[1..3], 100_000, 100);
         let user = whole[1].content.clone().unwrap_or_default();
-        assert!(user.contains("person: message 0\nperson: message 1\n"), "{user}");
+        assert!(
+            user.contains("person: message 0\nperson: message 1\n"),
+            "{user}"
+        );
         assert!(!user.contains("left out"), "{user}");
     }
 
@@ -548,5 +607,18 @@ mod tests {
         for (e, want) in cases {
             assert_eq!(is_context_refusal(&e), want, "{e}");
         }
+        let llama = status(
+            400,
+            r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":2100,"n_ctx": 2048}}"#,
+        );
+        assert_eq!(refusal_context(&llama), Some(2048));
+        assert_eq!(refusal_prompt_tokens(&llama), Some(2100));
+        let openai = status(
+            400,
+            "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.",
+        );
+        assert_eq!(refusal_context(&openai), Some(8192));
+        assert_eq!(refusal_prompt_tokens(&openai), Some(9000));
+        assert_eq!(refusal_context(&status(400, "context size")), None);
     }
 }

@@ -19,10 +19,11 @@ pub mod tools;
 pub mod turn;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cortex_host::timing;
-use cortex_protocol::api::{DeltaChannel, Event, EventBody};
+use cortex_protocol::api::{Compaction, DeltaChannel, Event, EventBody};
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::model::{ChatMessage, Delta, Model, StepRequest, ToolSpec};
@@ -41,13 +42,15 @@ const PASS: usize = 256;
 pub async fn run(state: AppState, model: Arc<dyn Model>) {
     let window = model.context_window().await;
     match &window {
-        Some(w) => tracing::info!(context_tokens = w.tokens, source = %w.source, "the model's context; sessions are compacted as they near it"),
-        None => tracing::info!("the model's context is unknown (set llm.contextTokens or CORTEX_LLM_CONTEXT_TOKENS): a session is compacted only when the server refuses a request for its size"),
+        Some(w) => {
+            tracing::info!(context_tokens = w.tokens, source = %w.source, "the model's context; sessions are compacted as they near it")
+        }
+        None => tracing::info!(
+            "the model's context is unknown (set llm.contextTokens or CORTEX_LLM_CONTEXT_TOKENS): a session is compacted only when the server refuses a request for its size"
+        ),
     }
-    let compactor = Arc::new(Compactor {
-        context: window.map(|w| w.tokens),
-        ..Compactor::default()
-    });
+    let compactor = Arc::new(Compactor::default());
+    compactor.set_context(window.map(|w| w.tokens));
     let mut drivers = tokio::task::JoinSet::new();
     queue(&state, model, &compactor, &mut drivers).await;
     // The drivers see the stop too: a model call in flight is dropped, a store write
@@ -59,19 +62,34 @@ pub async fn run(state: AppState, model: Arc<dyn Model>) {
 
 /// What the runner knows for compaction: the model's context, the sessions with a
 /// summary being computed beside their steps, and each session's tokens per byte as the
-/// server counted its last request.
+/// server counted its last request. All of it is in memory only: lost with the process,
+/// it is asked or computed again.
 #[derive(Default)]
 struct Compactor {
-    context: Option<u64>,
+    /// The model's context in tokens; 0: unknown.
+    context: AtomicU64,
     jobs: Mutex<tokio::task::JoinSet<()>>,
     running: Mutex<HashSet<String>>,
+    /// Per session, where the last summary posted from beside the steps starts: another
+    /// from the same place would only repeat it before the boundary takes it.
+    posted: Mutex<HashMap<String, u64>>,
     per_byte: Mutex<HashMap<String, f64>>,
 }
 
 impl Compactor {
+    fn context(&self) -> Option<u64> {
+        Some(self.context.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    }
+
+    fn set_context(&self, tokens: Option<u64>) {
+        self.context.store(tokens.unwrap_or(0), Ordering::Relaxed);
+    }
+
     fn per_byte(&self, sid: &str) -> f64 {
         let m = self.per_byte.lock().unwrap_or_else(|e| e.into_inner());
-        m.get(sid).copied().unwrap_or(compact::DEFAULT_TOKENS_PER_BYTE)
+        m.get(sid)
+            .copied()
+            .unwrap_or(compact::DEFAULT_TOKENS_PER_BYTE)
     }
 
     fn learn(&self, sid: &str, per_byte: f64) {
@@ -79,15 +97,29 @@ impl Compactor {
         m.insert(sid.to_string(), per_byte);
     }
 
-    /// Starts computing `job` beside `sid`'s steps unless one is already; its outcome is
-    /// posted to the session's inbox (a summary only: a failure is logged, and a later
-    /// step tries again).
-    fn start(self: &Arc<Self>, state: &AppState, model: &Arc<dyn Model>, sid: &str, job: compact::Job) {
-        if !self
-            .running
+    /// Starts computing `job` beside `sid`'s steps unless one is already, or one from the
+    /// same place waits in the inbox; a summary is posted to the session's inbox (a
+    /// failure is logged, and a later step tries again).
+    fn start(
+        self: &Arc<Self>,
+        state: &AppState,
+        model: &Arc<dyn Model>,
+        sid: &str,
+        job: compact::Job,
+    ) {
+        let from = job.from();
+        let posted = self
+            .posted
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(sid.to_string())
+            .get(sid)
+            == Some(&from);
+        if posted
+            || !self
+                .running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(sid.to_string())
         {
             return;
         }
@@ -104,8 +136,11 @@ impl Compactor {
                 Some(c) if c.error.is_none() => {
                     let s = sid.clone();
                     let body = EventBody::Compaction(Box::new(c));
-                    if let Err(e) = state.store.exec(move |t| t.append_event(&s, body, now_ms())).await {
-                        tracing::warn!(session = %sid, error = %e, "a compaction could not be posted");
+                    match state.store.exec(move |t| t.append_event(&s, body, now_ms())).await {
+                        Ok(_) => {
+                            me.posted.lock().unwrap_or_else(|e| e.into_inner()).insert(sid.clone(), from);
+                        }
+                        Err(e) => tracing::warn!(session = %sid, error = %e, "a compaction could not be posted"),
                     }
                 }
                 Some(c) => {
@@ -210,7 +245,7 @@ fn with_tail(
     known: u64,
 ) -> Result<(Next, Vec<ChatMessage>), StoreError> {
     let tail = match next {
-        Next::Step { .. } => t.transcript_from(sid, known)?,
+        Next::Step { .. } | Next::Compact { .. } => t.transcript_from(sid, known)?,
         _ => Vec::new(),
     };
     Ok((next, tail))
@@ -345,13 +380,12 @@ async fn drive(
             Next::Compact {
                 prefix_len,
                 summary,
-                max_tokens: _,
             } => {
                 let job = compact::Job {
                     messages: messages.clone(),
                     prefix_len,
                     summary,
-                    context: compactor.context.unwrap_or(0),
+                    context: compactor.context().unwrap_or(0),
                     per_byte: compactor.per_byte(sid),
                     overhead,
                     cause: "forced",
@@ -360,9 +394,17 @@ async fn drive(
                     context: window_or_estimate(&job),
                     ..job
                 };
-                let c = tokio::select! {
-                    c = compact::summarize(model.as_ref(), &job) => c,
-                    () = state.shutdown.cancelled() => return Ok(()),
+                let c = match summarize_here(state, model.as_ref(), &mut stop, &job).await {
+                    Summed::Done(c) => c,
+                    Summed::Stopping => return Ok(()),
+                    // Answered still, so the ask does not come back after the cancel.
+                    Summed::Stopped => Compaction {
+                        cause: "forced".into(),
+                        from: job.from(),
+                        through: job.from(),
+                        error: Some("a cancel stopped it".into()),
+                        ..Compaction::default()
+                    },
                 };
                 let s = sid.to_string();
                 stop.clear();
@@ -387,40 +429,50 @@ async fn drive(
                     run_id: run_id.clone(),
                     step,
                 };
-                let sent = compact::context(&patched(&messages, &unredacted), prefix_len, summary.as_ref());
+                let sent = compact::context(
+                    &patched(&messages, &unredacted),
+                    prefix_len,
+                    summary.as_ref(),
+                );
                 let per_byte = compactor.per_byte(sid);
-                let bytes: usize = sent.iter().map(compact::message_bytes).sum::<usize>() + overhead;
+                let bytes: usize =
+                    sent.iter().map(compact::message_bytes).sum::<usize>() + overhead;
                 let estimate = compact::tokens(bytes, per_byte);
-                let plan = compactor.context.map_or(compact::Plan::Fits, |ctx| {
+                let context = compactor.context();
+                let plan = context.map_or(compact::Plan::Fits, |ctx| {
                     compact::plan(estimate, compact::reserve(max_tokens, ctx), ctx)
                 });
-                let job = |cause| compact::Job {
+                let job = |cause, context: u64, per_byte: f64| compact::Job {
                     messages: messages.clone(),
                     prefix_len,
                     summary: summary.clone(),
-                    context: compactor.context.unwrap_or(0),
+                    context,
                     per_byte,
                     overhead,
                     cause,
                 };
                 let waited = waited_for.as_ref().is_some_and(|w| same_step(w, &at));
                 if plan == compact::Plan::Now && !waited {
-                    // It would not fit: the step waits for the summary.
-                    tracing::info!(session = %sid, estimate, context = compactor.context.unwrap_or(0), "the next request nears the model's context; it waits for a compaction");
+                    // It would not fit: the step waits for the summary (once).
+                    tracing::info!(session = %sid, estimate, context = context.unwrap_or(0), "the next request nears the model's context; it waits for a compaction");
                     waited_for = Some(at.clone());
-                    let j = job("threshold");
-                    let c = tokio::select! {
-                        c = compact::summarize(model.as_ref(), &j) => c,
-                        () = state.shutdown.cancelled() => return Ok(()),
-                    };
+                    let j = job("threshold", context.unwrap_or(0), per_byte);
+                    let summed = summarize_here(state, model.as_ref(), &mut stop, &j).await;
                     if let Some(w) = writing.take() {
                         w.wait().await?;
                     }
-                    wrote = post_and_step_again(state, sid, known, c, at, None).await?;
+                    wrote = match summed {
+                        Summed::Done(c) => {
+                            post_and_step_again(state, sid, known, c, at, None).await?
+                        }
+                        Summed::Stopping => return Ok(()),
+                        Summed::Stopped => interrupted(state, sid, known, &mut stop, at).await?,
+                    };
                     continue;
                 }
                 if plan == compact::Plan::Soon {
-                    compactor.start(state, model, sid, job("threshold"));
+                    let ctx = context.unwrap_or(0);
+                    compactor.start(state, model, sid, job("threshold", ctx, per_byte));
                 }
                 let may_retry = !refused_for.as_ref().is_some_and(|r| same_step(r, &at));
                 let stepped = step_once(
@@ -449,25 +501,88 @@ async fn drive(
                         writing = done;
                         w
                     }
-                    Stepped::Refused { message, retries } => {
+                    Stepped::Refused {
+                        message,
+                        retries,
+                        context: said,
+                        prompt_tokens,
+                    } => {
                         tracing::info!(session = %sid, estimate, error = %message, "the model server refused a request for its size; the transcript is compacted and the step made again");
                         refused_for = Some(at.clone());
-                        let j = job("refused");
-                        // Without a known context, the refused request's own size bounds it.
-                        let j = compact::Job {
-                            context: compactor.context.unwrap_or(estimate * 3 / 4).min(estimate * 3 / 4).max(256),
-                            ..j
-                        };
-                        let c = tokio::select! {
-                            c = compact::summarize(model.as_ref(), &j) => c,
-                            () = state.shutdown.cancelled() => return Ok(()),
-                        };
-                        post_and_step_again(state, sid, known, c, at, Some((message, retries))).await?
+                        // What the refusal says: the context, and the request's real size.
+                        if let Some(n) = said
+                            && context.is_none_or(|c| n < c)
+                        {
+                            tracing::info!(session = %sid, context_tokens = n, "the model's context, as the server's refusal names it");
+                            compactor.set_context(Some(n));
+                        }
+                        let mut per_byte = per_byte;
+                        if let Some(p) = prompt_tokens.and_then(|p| compact::calibrate(p, bytes)) {
+                            compactor.learn(sid, p);
+                            per_byte = p;
+                        }
+                        // The request was bigger than it looked: size the summary for
+                        // three quarters of it, or of the context if that is smaller.
+                        let real = compact::tokens(bytes, per_byte);
+                        let ctx = compactor
+                            .context()
+                            .map_or(real * 3 / 4, |c| c.min(real * 3 / 4))
+                            .max(256);
+                        let j = job("refused", ctx, per_byte);
+                        match summarize_here(state, model.as_ref(), &mut stop, &j).await {
+                            Summed::Done(c) => {
+                                let refused = Some((message, retries));
+                                post_and_step_again(state, sid, known, c, at, refused).await?
+                            }
+                            Summed::Stopping => return Ok(()),
+                            Summed::Stopped => {
+                                interrupted(state, sid, known, &mut stop, at).await?
+                            }
+                        }
                     }
                 }
             }
         };
     }
+}
+
+/// How a summary computed in the step's place came out.
+enum Summed {
+    Done(Compaction),
+    /// A cancel was heard: its item is in the inbox.
+    Stopped,
+    /// The hub is stopping.
+    Stopping,
+}
+
+/// Computes `job` while the session's step waits on it.
+async fn summarize_here(
+    state: &AppState,
+    model: &dyn Model,
+    stop: &mut crate::stops::Listener,
+    job: &compact::Job,
+) -> Summed {
+    tokio::select! {
+        c = compact::summarize(model, job) => Summed::Done(c),
+        () = stop.rung() => Summed::Stopped,
+        () = state.shutdown.cancelled() => Summed::Stopping,
+    }
+}
+
+/// Step `at`, begun and waiting on a summary, was stopped by a cancel: recorded as a
+/// model call the cancel cut off before it wrote anything.
+async fn interrupted(
+    state: &AppState,
+    sid: &str,
+    known: u64,
+    stop: &mut crate::stops::Listener,
+    at: StepAt,
+) -> Result<Wrote, DriveError> {
+    stop.clear();
+    write(state, sid, known, move |t, env| {
+        turn::step_interrupted(t, &at, String::new(), Vec::new(), env)
+    })
+    .await
 }
 
 fn same_step(a: &StepAt, b: &StepAt) -> bool {
@@ -479,7 +594,12 @@ fn window_or_estimate(job: &compact::Job) -> u64 {
     if job.context > 0 {
         return job.context;
     }
-    let bytes: usize = job.messages.iter().map(compact::message_bytes).sum::<usize>() + job.overhead;
+    let bytes: usize = job
+        .messages
+        .iter()
+        .map(compact::message_bytes)
+        .sum::<usize>()
+        + job.overhead;
     compact::tokens(bytes, job.per_byte).max(1024)
 }
 
@@ -523,10 +643,13 @@ enum Stepped {
     Stopping,
     /// Recorded: the write's answer and, for a reply, the record still going to disk.
     Wrote(Wrote, Option<Durable>),
-    /// The server refused the request for its size (not recorded yet).
+    /// The server refused the request for its size (not recorded yet), naming perhaps
+    /// the model's context and the request's tokens.
     Refused {
         message: String,
         retries: Vec<RetryNote>,
+        context: Option<u64>,
+        prompt_tokens: Option<u64>,
     },
 }
 
@@ -692,6 +815,8 @@ async fn step_once(
         return Ok(Stepped::Refused {
             message: e.to_string(),
             retries,
+            context: compact::refusal_context(e),
+            prompt_tokens: compact::refusal_prompt_tokens(e),
         });
     }
     let (defaults, url) = (state.agent_defaults.clone(), state.signal_url.clone());

@@ -48,7 +48,6 @@ pub enum Next {
     Compact {
         prefix_len: u64,
         summary: Option<Summary>,
-        max_tokens: Option<u32>,
     },
     /// Prepare these open calls outside the store and bring them to [`calls_ready`].
     Prepare {
@@ -277,7 +276,6 @@ fn boundary_at(
             return Ok(Next::Compact {
                 prefix_len: rec.prefix_len,
                 summary: rec.summary.clone(),
-                max_tokens: config.max_tokens,
             });
         }
         if rec.turn.is_none() {
@@ -342,7 +340,9 @@ fn boundary_at(
         let Some(turn) = rec.turn.as_mut() else {
             continue;
         };
-        if let Some(stop) = rules::stop_before_step(turn, &config.stop, now) {
+        // A step made again was let through its bounds when it began.
+        let again = redo.is_some_and(|at| at.run_id == turn.run_id && at.step == turn.steps);
+        if !again && let Some(stop) = rules::stop_before_step(turn, &config.stop, now) {
             end_run(
                 t,
                 sid,
@@ -352,7 +352,6 @@ fn boundary_at(
             )?;
             continue;
         }
-        let again = redo.is_some_and(|at| at.run_id == turn.run_id && at.step == turn.steps);
         let (step, run_id) = (turn.steps + u32::from(!again), turn.run_id.clone());
         let seq = match again {
             true => t.get_session(sid)?.map_or(0, |s| s.last_seq),
@@ -1204,7 +1203,8 @@ pub fn step_again(
 ) -> Result<(Next, Vec<Unredacted>), StoreError> {
     let (mut unredacted, mut prepared) = (Vec::new(), HashMap::new());
     if let Some((issues, retries)) = refused
-        && t.agent(&at.sid)?.is_some_and(|r| is_current(&r, &at.run_id))
+        && t.agent(&at.sid)?
+            .is_some_and(|r| is_current(&r, &at.run_id))
     {
         record_retries(t, at, retries, env.now)?;
         retry_event(t, at, "context", 1, issues, 0, env.now)?;

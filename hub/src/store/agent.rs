@@ -465,7 +465,7 @@ pub enum AnswerOutcome {
     Invalid(String),
 }
 
-/// What became of a cancel posted to a session.
+/// What became of a cancel (or a compaction's ask) posted to a session.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CancelPosted {
     Posted(MessagePosted),
@@ -559,6 +559,23 @@ impl Tx<'_> {
         }
         Ok(
             match self.post_inbox(sid, EventBody::Cancel { turn_only }, None, now)? {
+                Some(p) => CancelPosted::Posted(p),
+                None => CancelPosted::NoSession,
+            },
+        )
+    }
+
+    /// `POST /api/sessions/{sid}/compact`: asks for the session's transcript to be
+    /// compacted at its next boundary (an inbox item; a `compaction` answers it).
+    pub fn post_compact(&mut self, sid: &str, now: u64) -> Result<CancelPosted, StoreError> {
+        if self.get_session(sid)?.is_none() {
+            return Ok(CancelPosted::NoSession);
+        }
+        if self.agent_cancelled(sid)? {
+            return Ok(CancelPosted::Ended);
+        }
+        Ok(
+            match self.post_inbox(sid, EventBody::Compact {}, None, now)? {
                 Some(p) => CancelPosted::Posted(p),
                 None => CancelPosted::NoSession,
             },
