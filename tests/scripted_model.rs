@@ -539,8 +539,9 @@ impl ScriptedModel {
 
     /// Gives the server a context of `tokens`, as llama.cpp's has: `GET /props` reports it
     /// (`default_generation_settings.n_ctx`), and a chat request whose prompt holds that
-    /// many tokens or more ([`ScriptedModel::prompt_tokens`]) is answered 400 with
-    /// llama.cpp's words (recorded as a request; no reply of the script is used).
+    /// many tokens or more (a token every four bytes of the body, as its usage counts) is
+    /// answered 400 with llama.cpp's words and numbers (recorded as a request; no reply of
+    /// the script is used).
     pub fn set_context(&self, tokens: Option<u64>) {
         *self.shared.context.lock().expect("context") = tokens;
     }
@@ -549,11 +550,6 @@ impl ScriptedModel {
     /// without the route answers).
     pub fn report_context(&self, yes: bool) {
         self.shared.context_reported.store(yes, Ordering::SeqCst);
-    }
-
-    /// A request body's prompt tokens as this server counts them: a token every four bytes.
-    pub fn prompt_tokens(body: &Value) -> u64 {
-        body.to_string().len() as u64 / 4
     }
 
     /// Chat requests refused for their size so far.

@@ -23,7 +23,7 @@ use crate::store::agent::Summary;
 /// A compaction starts beside the step once the next request (with room for the answer)
 /// reaches this share of the context.
 pub const COMPACT_AT_PERCENT: u64 = 75;
-/// The messages kept as they are after a compaction: at most this share of the context.
+/// A person's ask keeps at most this share of the messages it could summarize.
 pub const KEEP_PERCENT: u64 = 25;
 /// Tokens per byte of a request before a server's usage says better (JSON and English
 /// run at 3.5 to 4 bytes a token; a third errs towards compacting early).
@@ -46,6 +46,27 @@ pub enum Plan {
 /// context, at most a quarter of it.
 pub fn reserve(max_tokens: Option<u32>, context: u64) -> u64 {
     max_tokens.map_or(context / 8, u64::from).min(context / 4)
+}
+
+/// The tokens a summary may take: an eighth of the context, 64 to 512.
+pub fn summary_room(context: u64) -> u64 {
+    (context / 8).clamp(64, 512)
+}
+
+/// The tokens of messages a compaction keeps as they are: half of what is left below the
+/// threshold once the prefix and tools (`fixed`), the answer's `reserve` and the summary
+/// are counted, so the next compaction is as far off as the kept part is big. A person's
+/// ask (`forced`: the tokens it could summarize) keeps at most a quarter of those.
+pub fn keep(context: u64, reserve: u64, fixed: u64, forced: Option<u64>) -> u64 {
+    let below = (context * COMPACT_AT_PERCENT / 100)
+        .saturating_sub(reserve)
+        .saturating_sub(fixed)
+        .saturating_sub(summary_room(context));
+    let keep = below / 2;
+    match forced {
+        Some(total) => keep.min(total * KEEP_PERCENT / 100),
+        None => keep,
+    }
 }
 
 /// When to compact, given the next request's estimated tokens.
@@ -293,6 +314,8 @@ pub struct Job {
     pub prefix_len: u64,
     pub summary: Option<Summary>,
     pub context: u64,
+    /// The session's `maxTokens`: room kept for the answer.
+    pub max_tokens: Option<u32>,
     pub per_byte: f64,
     /// The bytes a request carries besides its messages (the tools).
     pub overhead: usize,
@@ -335,8 +358,13 @@ pub async fn summarize(model: &dyn Model, j: &Job) -> Compaction {
         .iter()
         .map(|m| tokens(message_bytes(m), j.per_byte))
         .collect();
-    let start = usize::try_from(from).unwrap_or(usize::MAX);
-    let keep = j.context * KEEP_PERCENT / 100;
+    let start = usize::try_from(from).unwrap_or(usize::MAX).min(sizes.len());
+    let prefix = usize::try_from(j.prefix_len)
+        .unwrap_or(usize::MAX)
+        .min(sizes.len());
+    let fixed = tokens(j.overhead, j.per_byte) + sizes[..prefix].iter().sum::<u64>();
+    let forced = (j.cause == "forced").then(|| sizes[start..].iter().sum::<u64>());
+    let keep = keep(j.context, reserve(j.max_tokens, j.context), fixed, forced);
     let Some(through) = cut(&roles, &sizes, start, keep) else {
         c.error = Some(format!(
             "nothing to compact: the transcript holds {} messages after the prefix and the last summary",
@@ -348,8 +376,7 @@ pub async fn summarize(model: &dyn Model, j: &Job) -> Compaction {
     let previous = j.summary.as_ref().map(|s| s.text.as_str());
     c.through = through as u64;
     c.digest = digest(previous, range);
-    // The summary's room: an eighth of the context, 64 to 512 tokens.
-    let answer = (j.context / 8).clamp(64, 512);
+    let answer = summary_room(j.context);
     let words = answer * 3 / 4;
     let budget = ((j.context.saturating_sub(answer + 64)) as f64 / j.per_byte) as usize;
     let prompt = summary_prompt(previous, range, budget, words);
@@ -410,6 +437,29 @@ mod tests {
         assert_eq!(reserve(Some(256), 2048), 256);
         assert_eq!(reserve(Some(4096), 2048), 512, "at most a quarter");
         assert_eq!(reserve(None, 2048), 256, "an eighth without a cap");
+    }
+
+    #[test]
+    fn what_is_kept() {
+        // (context, reserve, fixed, forced, keep)
+        let cases = [
+            // 1,536 below the threshold, less 256 reserve, 700 fixed, 256 summary: 324 / 2.
+            (2048, 256, 700, None, 162),
+            (2048, 64, 700, None, 258),
+            // A prefix over the threshold leaves nothing: the last message is kept alone.
+            (2048, 256, 1_600, None, 0),
+            (8192, 512, 1_000, None, 2_060),
+            // A person's ask: at most a quarter of what it could summarize.
+            (100_000, 512, 3_000, Some(480), 120),
+            (2048, 256, 700, Some(10_000), 162),
+        ];
+        for (context, reserve, fixed, forced, want) in cases {
+            assert_eq!(
+                keep(context, reserve, fixed, forced),
+                want,
+                "{context} {reserve} {fixed} {forced:?}"
+            );
+        }
     }
 
     #[test]

@@ -380,12 +380,14 @@ async fn drive(
             Next::Compact {
                 prefix_len,
                 summary,
+                max_tokens,
             } => {
                 let job = compact::Job {
                     messages: messages.clone(),
                     prefix_len,
                     summary,
                     context: compactor.context().unwrap_or(0),
+                    max_tokens,
                     per_byte: compactor.per_byte(sid),
                     overhead,
                     cause: "forced",
@@ -447,6 +449,7 @@ async fn drive(
                     prefix_len,
                     summary: summary.clone(),
                     context,
+                    max_tokens,
                     per_byte,
                     overhead,
                     cause,

@@ -48,6 +48,7 @@ pub enum Next {
     Compact {
         prefix_len: u64,
         summary: Option<Summary>,
+        max_tokens: Option<u32>,
     },
     /// Prepare these open calls outside the store and bring them to [`calls_ready`].
     Prepare {
@@ -276,6 +277,7 @@ fn boundary_at(
             return Ok(Next::Compact {
                 prefix_len: rec.prefix_len,
                 summary: rec.summary.clone(),
+                max_tokens: config.max_tokens,
             });
         }
         if rec.turn.is_none() {
