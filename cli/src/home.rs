@@ -46,6 +46,20 @@ pub fn token_file(home: &std::path::Path) -> PathBuf {
     home.join("hub").join("token")
 }
 
+/// The file a running hub writes its address to (`http://127.0.0.1:PORT`), beside the
+/// token, so a hub on any port (port 0 included) is found without configuration.
+pub fn url_file(home: &std::path::Path) -> PathBuf {
+    home.join("hub").join("url")
+}
+
+/// The address in `$CORTEX_HOME/hub/url`, when a hub wrote one there: its first line,
+/// trimmed; `None` for no file, an unreadable one or an empty one.
+pub fn hub_url_from_file(home: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(url_file(home)).ok()?;
+    let line = text.lines().next()?.trim();
+    (!line.is_empty()).then(|| line.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

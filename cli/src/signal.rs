@@ -70,7 +70,9 @@ pub struct SignalArgs {
     #[arg(long, value_name = "@file|-|text")]
     pub data: Option<String>,
 
-    /// Signal endpoint [default: http://127.0.0.1:$WEBHOOK_PORT/webhook/signal, port 3001]
+    /// Signal endpoint [default: $CORTEX_HUB/webhook/signal, else
+    /// http://127.0.0.1:$WEBHOOK_PORT/webhook/signal, else the address a hub on this machine
+    /// wrote to $CORTEX_HOME/hub/url, else port 3001]
     #[arg(long, value_name = "url")]
     pub url: Option<String>,
 
@@ -108,9 +110,11 @@ pub struct SignalEnv {
     pub id: Option<String>,
     /// `CORTEX_SIGNAL_SECRET`
     pub secret: Option<String>,
+    /// `CORTEX_HUB`: the hub's base URL, as `cortex` takes it.
+    pub hub: Option<String>,
     /// `WEBHOOK_PORT`
     pub webhook_port: Option<String>,
-    /// `$CORTEX_HOME`, default `~/.cortex`: where the spool is.
+    /// `$CORTEX_HOME`, default `~/.cortex`: where the spool is, and the hub's `hub/url`.
     pub cortex_home: Result<PathBuf, HomeError>,
 }
 
@@ -120,6 +124,7 @@ impl SignalEnv {
         SignalEnv {
             id: var("CORTEX_SIGNAL_ID"),
             secret: var("CORTEX_SIGNAL_SECRET"),
+            hub: var("CORTEX_HUB"),
             webhook_port: var("WEBHOOK_PORT"),
             cortex_home: home::cortex_home(),
         }
@@ -172,6 +177,38 @@ pub enum UsageError {
     BadUrl(String),
 }
 
+/// The signal route's URL: `--url`, else `$CORTEX_HUB/webhook/signal`, else loopback on
+/// `WEBHOOK_PORT`, else the address the hub on this machine wrote to
+/// `$CORTEX_HOME/hub/url`, else loopback on port 3001: the order `cortex` finds the hub in.
+pub fn signal_url(flag: Option<&str>, env: &SignalEnv) -> Result<String, UsageError> {
+    let set = |v: Option<&str>| v.map(str::trim).filter(|s| !s.is_empty()).map(String::from);
+    if let Some(u) = set(flag) {
+        return Ok(u);
+    }
+    let route = |base: &str| format!("{}/webhook/signal", base.trim_end_matches('/'));
+    if let Some(base) = set(env.hub.as_deref()) {
+        return Ok(route(&base));
+    }
+    let port = match set(env.webhook_port.as_deref()) {
+        None => {
+            let from_file = env
+                .cortex_home
+                .as_ref()
+                .ok()
+                .and_then(|h| home::hub_url_from_file(h));
+            if let Some(base) = from_file {
+                return Ok(route(&base));
+            }
+            cortex_protocol::DEFAULT_WEBHOOK_PORT
+        }
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 => n,
+            _ => return Err(UsageError::BadPort(p)),
+        },
+    };
+    Ok(format!("http://127.0.0.1:{port}/webhook/signal"))
+}
+
 /// A signal ready to send: the body, the URL, and what to warn about.
 #[derive(Debug, Clone)]
 pub struct Prepared {
@@ -195,24 +232,7 @@ pub fn prepare(
     let secret = present(&args.secret)
         .or_else(|| present(&env.secret))
         .ok_or(UsageError::NoSecret)?;
-    let url = match &args.url {
-        Some(u) => u.clone(),
-        None => {
-            let port = match env
-                .webhook_port
-                .as_deref()
-                .map(str::trim)
-                .filter(|p| !p.is_empty())
-            {
-                None => cortex_protocol::DEFAULT_WEBHOOK_PORT,
-                Some(p) => match p.parse::<u16>() {
-                    Ok(n) if n > 0 => n,
-                    _ => return Err(UsageError::BadPort(p.to_string())),
-                },
-            };
-            format!("http://127.0.0.1:{port}/webhook/signal")
-        }
-    };
+    let url = signal_url(args.url.as_deref(), env)?;
     Url::parse(&url).map_err(|e| UsageError::BadUrl(e.to_string()))?;
 
     let mut warnings = Vec::new();

@@ -53,6 +53,9 @@ pub struct HubSettings {
     pub agent: AgentDefaults,
     /// `llm`, as written (the model client reads it with the `CORTEX_LLM_*` variables).
     pub llm: Option<serde_json::Value>,
+    /// `allowedHosts` (else `CORTEX_ALLOWED_HOSTS`, comma-separated): names the listener
+    /// answers to besides loopback, `localhost` and the mesh's public host.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// settings.json `agent: {instructions?, maxTokens?, stop?, concurrency?, policy?, unattended?}`.
@@ -241,13 +244,64 @@ pub fn load_settings_with(
         }
     };
     let llm = json.get("llm").filter(|v| !v.is_null()).cloned();
+    let allowed_hosts = allowed_hosts(&json, lookup)?;
     Ok(HubSettings {
         engine,
         sweep_ms,
         device_loss_grace_ms,
         agent,
         llm,
+        allowed_hosts,
     })
+}
+
+/// `allowedHosts`: a list of host names (no scheme, port or path), else
+/// `CORTEX_ALLOWED_HOSTS`, comma-separated.
+fn allowed_hosts(
+    json: &serde_json::Value,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<String>, ConfigError> {
+    let (key, names): (&str, Vec<String>) = match json.get("allowedHosts") {
+        None | Some(serde_json::Value::Null) => (
+            "CORTEX_ALLOWED_HOSTS",
+            lookup("CORTEX_ALLOWED_HOSTS")
+                .unwrap_or_default()
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+        ),
+        Some(v) => match v.as_array().and_then(|a| {
+            a.iter()
+                .map(|n| n.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+        }) {
+            Some(names) => ("allowedHosts", names),
+            None => {
+                return Err(ConfigError::BadSection {
+                    key: "allowedHosts".into(),
+                    value: v.to_string(),
+                    why_owned: "expected a list of host names, like [\"hub.example.com\"]".into(),
+                });
+            }
+        },
+    };
+    for n in &names {
+        let ok = !n.trim().is_empty()
+            && n.len() <= 253
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'));
+        if !ok {
+            return Err(ConfigError::BadSection {
+                key: key.into(),
+                value: n.clone(),
+                why_owned:
+                    "a host name or address, without a scheme, port or path (like hub.example.com)"
+                        .into(),
+            });
+        }
+    }
+    Ok(names)
 }
 
 /// The listen rule of the contract: loopback only.

@@ -93,6 +93,15 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
+    let config = cortex_hub::server::Config {
+        home: home.clone(),
+        settings,
+        token,
+        model,
+    };
+    // The store first: a connection is accepted only once it is open (until then none is,
+    // so a client is refused at once rather than left hanging through a long recovery).
+    let opened = rt.block_on(async { cortex_hub::server::open(&config) })?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -105,9 +114,15 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         let mesh_text = mesh
             .as_ref()
             .map_or_else(|| "mesh off".to_string(), |m| format!("mesh {}", m.url));
-        if model.is_none() {
+        if config.model.is_none() {
             tracing::info!("no model configured (CORTEX_LLM_BASE_URL or settings.json llm): sessions record messages and wakes, and no turn runs");
         }
+        // Beside the token: where `cortex` and `cortex-signal` on this machine find a hub
+        // started on any port (port 0 included). Removed again on a clean stop;
+        // written before the line below, so whoever reads the line finds it.
+        let url_file = home.join("hub").join("url");
+        cortex_host::atomic::write_file(&url_file, format!("http://{addr}\n").as_bytes(), 0o600)
+            .with_context(|| format!("writing the hub's address to {}", url_file.display()))?;
         // Tests and scripts read this line: keep its prefix and the mesh's place. One
         // write, so a reader never sees half of it (eprintln! writes piece by piece).
         let line = format!(
@@ -115,16 +130,16 @@ fn real_main(args: Args) -> anyhow::Result<()> {
             home.display()
         );
         let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
-        let config = cortex_hub::server::Config {
-            home,
-            settings,
-            token,
-            model,
-        };
         let shutdown = async {
             cortex_host::daemon::shutdown_signal().await;
         };
-        cortex_hub::server::run_with_mesh(config, listener, mesh, shutdown).await
+        let ran = cortex_hub::server::run_opened(config, opened, listener, mesh, shutdown).await;
+        if let Err(e) = std::fs::remove_file(&url_file)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(error = %e, path = %url_file.display(), "cannot remove the hub's address file");
+        }
+        ran
     })
 }
 

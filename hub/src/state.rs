@@ -84,6 +84,8 @@ pub struct Inner {
     pub caps: crate::model::Caps,
     /// Stops for the turns being driven (a cancel rings them).
     pub stops: Arc<crate::stops::Stops>,
+    /// The names the listener answers to, besides loopback and `localhost`.
+    pub hosts: crate::server::hosts::Hosts,
 }
 
 /// The shared state, cheap to clone (one `Arc`).

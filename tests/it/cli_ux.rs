@@ -304,8 +304,8 @@ fn bare_remote_waits_share_one_default_session_that_survives_its_deletion() {
     let _agent = Agent::start(&hub, "gpu1", &token);
     hub.wait_online("gpu1");
     let session_of = |out: &str| -> String {
-        let wake: Value = serde_json::from_str(out.trim()).expect("the wake");
-        hub.get_waitpoint(wake["waitpoint"]["id"].as_str().unwrap())["session"]
+        let printed: Value = serde_json::from_str(out.trim()).expect("the payload");
+        hub.get_waitpoint(printed["waitpoint"].as_str().unwrap())["session"]
             .as_str()
             .unwrap()
             .to_string()

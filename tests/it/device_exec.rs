@@ -112,6 +112,7 @@ async fn scenario() {
         runs_model: false,
         caps: Default::default(),
         stops: Default::default(),
+        hosts: Default::default(),
     });
     cortex_hub::mesh::start(&state, cortex_hub::config::DEFAULT_DEVICE_LOSS_GRACE_MS)
         .await

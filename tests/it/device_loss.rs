@@ -134,7 +134,8 @@ fn a_device_lost_past_the_grace_is_reported_once_and_the_outcome_still_arrives()
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     let printed: Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
-    assert_eq!(printed["reason"], "fired", "{printed}");
+    assert_eq!(printed["waitpoint"], wp.as_str(), "{printed}");
+    assert_eq!(printed["device"], "gpu1", "{printed}");
     assert_eq!(stderr.lines().count(), 1, "only the armed line: {stderr}");
 
     let reasons: Vec<Value> = wakes_of(&hub, &sid, &wp)

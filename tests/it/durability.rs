@@ -185,7 +185,7 @@ fn sse_streams_events_as_they_land() {
     let mut s = std::net::TcpStream::connect(&hub.addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(30)))
         .expect("timeout");
-    write!(s, "GET /api/sessions/{sid}/events?after=0 HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nAuthorization: Bearer {}\r\n\r\n", hub.token).expect("write");
+    write!(s, "GET /api/sessions/{sid}/events?after=0 HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\nAuthorization: Bearer {}\r\n\r\n", hub.token).expect("write");
     let mut r = BufReader::new(s);
     let wp = hub.waitpoint(&sid, json!({"label": "live", "intent": "x"}));
     hub.signal(&body(&wp, json!({"message": "streamed"})));

@@ -77,7 +77,8 @@ fn every_refusal_is_the_json_error_shape_framework_errors_included() {
     let a = hub.addr.as_str();
     let auth = format!("Authorization: Bearer {}\r\n", hub.token);
     let get = |target: &str, extra: &str| {
-        format!("GET {target} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n").into_bytes()
+        format!("GET {target} HTTP/1.1\r\nHost: localhost\r\n{extra}Connection: close\r\n\r\n")
+            .into_bytes()
     };
 
     assert_error("unknown route", raw(a, &get("/nope", "")), 404);
@@ -85,7 +86,7 @@ fn every_refusal_is_the_json_error_shape_framework_errors_included() {
         "wrong method",
         raw(
             a,
-            b"PUT /webhook/signal HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            b"PUT /webhook/signal HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
         ),
         405,
     );
@@ -127,13 +128,13 @@ fn every_refusal_is_the_json_error_shape_framework_errors_included() {
     // A body over the limit, announced, and one sent chunked without a length.
     let big = "a".repeat(2 * 1024 * 1024);
     let announced = format!(
-        "POST /api/sessions HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{big}",
+        "POST /api/sessions HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{big}",
         big.len()
     );
     assert_error("body over the limit", raw(a, announced.as_bytes()), 413);
     let chunk = "a".repeat(64 * 1024);
     let mut chunked = format!(
-        "POST /api/sessions HTTP/1.1\r\nHost: x\r\n{auth}Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        "POST /api/sessions HTTP/1.1\r\nHost: localhost\r\n{auth}Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     );
     for _ in 0..32 {
         chunked.push_str(&format!("{:x}\r\n{chunk}\r\n", chunk.len()));
@@ -150,7 +151,7 @@ fn every_refusal_is_the_json_error_shape_framework_errors_included() {
         "d".repeat(70_000)
     );
     let post = format!(
-        "POST /webhook/signal HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{over}",
+        "POST /webhook/signal HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{over}",
         over.len()
     );
     assert_error("signal body over 64 KB", raw(a, post.as_bytes()), 413);
@@ -178,7 +179,7 @@ fn idle_and_slowloris_connections_are_closed_but_a_long_poll_is_not() {
         let (addr, token, sid) = (hub.addr.clone(), hub.token.clone(), sid.clone());
         std::thread::spawn(move || {
             let req = format!(
-                "GET /api/sessions/{sid}/events?after=0&wait=14 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+                "GET /api/sessions/{sid}/events?after=0&wait=14 HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
             );
             let mut s = TcpStream::connect(&addr).expect("connect");
             s.set_read_timeout(Some(Duration::from_secs(60)))
@@ -191,7 +192,7 @@ fn idle_and_slowloris_connections_are_closed_but_a_long_poll_is_not() {
     };
     let mut idle = TcpStream::connect(&hub.addr).expect("connect");
     let mut slow = TcpStream::connect(&hub.addr).expect("connect");
-    slow.write_all(b"POST /webhook/signal HTTP/1.1\r\nHost: x\r\n")
+    slow.write_all(b"POST /webhook/signal HTTP/1.1\r\nHost: localhost\r\n")
         .expect("write");
     for s in [&idle, &slow] {
         s.set_read_timeout(Some(Duration::from_millis(500)))
@@ -249,7 +250,9 @@ fn thousands_of_idle_connections_do_not_crowd_out_a_signal_or_the_spool() {
         match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
             Ok(mut s) => {
                 if i >= idle_n {
-                    let _ = s.write_all(b"POST /webhook/signal HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n");
+                    let _ = s.write_all(
+                        b"POST /webhook/signal HTTP/1.1\r\nHost: localhost\r\nX-A: 1\r\n",
+                    );
                 }
                 socks.push(s);
             }
@@ -261,7 +264,7 @@ fn thousands_of_idle_connections_do_not_crowd_out_a_signal_or_the_spool() {
         json!({"id": wp["id"], "secret": wp["secret"], "status": "progress", "message": "through"})
             .to_string();
     let post = format!(
-        "POST /webhook/signal HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{signal}",
+        "POST /webhook/signal HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{signal}",
         signal.len()
     );
     let (status, v) = raw(&hub.addr, post.as_bytes());
@@ -480,4 +483,91 @@ fn a_devices_wrong_secrets_past_the_budget_are_held_back_and_logged_once() {
         "one warning line for 200 wrong secrets:\n{}",
         hub.log()
     );
+}
+
+/// A page on another site that resolves its own name to 127.0.0.1 (DNS rebinding) sends
+/// that name as the Host: the hub answers only to its own names, on every route.
+#[test]
+fn a_request_for_a_name_the_hub_does_not_serve_is_refused_on_every_route() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    std::fs::write(
+        home.join("settings.json"),
+        r#"{"allowedHosts": ["hub.internal"]}"#,
+    )
+    .expect("settings.json");
+    let mut hub = Hub::at(&home, &tmp.path().join("hub.log"), &[], &[]);
+    hub.spawn();
+    let port = hub.addr.rsplit(':').next().expect("port").to_string();
+    let get = |path: &str, host: Option<&str>| {
+        let host = host.map_or(String::new(), |h| format!("Host: {h}\r\n"));
+        let version = if host.is_empty() { "1.0" } else { "1.1" };
+        let req = format!("GET {path} HTTP/{version}\r\n{host}Connection: close\r\n\r\n");
+        let to: std::net::SocketAddr = hub.addr.parse().expect("addr");
+        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(10)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        let _ = s.write_all(req.as_bytes());
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        let text = String::from_utf8_lossy(&out).to_string();
+        let status: u16 = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("no status line in {text:?}"));
+        (status, text)
+    };
+    let evil = format!("evil.example:{port}");
+    for path in [
+        "/healthz",
+        "/metrics",
+        "/",
+        "/api/sessions",
+        "/webhook/signal",
+    ] {
+        let (status, text) = get(path, Some(&evil));
+        assert_eq!(status, 421, "{path}: {text}");
+        assert!(text.contains("\"unknown_host\""), "{path}: {text}");
+        assert!(text.contains("allowedHosts"), "{path}: {text}");
+    }
+    let local = format!("localhost:{port}");
+    let internal = format!("hub.internal:{port}");
+    for host in [
+        Some(hub.addr.as_str()),
+        Some(&local),
+        Some(&internal),
+        Some("[::1]"),
+        None,
+    ] {
+        let (status, text) = get("/healthz", host);
+        assert_eq!(status, 200, "{host:?}: {text}");
+    }
+    assert!(
+        hub.log()
+            .contains("refused a request for a name this hub does not serve")
+    );
+}
+
+/// A start after a SIGKILL says what the recovery does, and takes connections only once
+/// the store is open: the listen line (and the bound port) come after "the store is open".
+#[test]
+fn a_start_after_a_kill_says_it_repairs_and_listens_only_once_the_store_is_open() {
+    let mut hub = Hub::start();
+    hub.session();
+    hub.kill();
+    hub.spawn();
+    let log = hub.log();
+    let second = log
+        .rfind("opening the store")
+        .expect("the second start says it opens the store");
+    let tail = &log[second..];
+    let repair = tail
+        .find("repairing the store after a stop that was not clean")
+        .unwrap_or_else(|| panic!("redb's repair is said: {tail}"));
+    let open = tail.find("the store is open").expect("the store is open");
+    let listening = tail.find("cortex-hub listening on").expect("listening");
+    assert!(repair < open && open < listening, "{tail}");
+    assert!(hub.session().starts_with("ses_"), "and it serves");
 }

@@ -297,15 +297,26 @@ fn a_remote_log_wait_fires_after_the_arm_and_follows_rotation_and_truncation() {
         stderr.contains("a line matching /nan/ appended to"),
         "{stderr}"
     );
-    let wake: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
-    let sig = &wake["signals"][0];
+    // One payload shape: what `cortex wait log` on this machine prints, plus where.
+    let printed: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(printed["line"], "loss=nan", "{printed}");
+    assert_eq!(printed["before"], json!(["loss=0.2"]), "{printed}");
+    assert_eq!(printed["device"], "gpu1", "{printed}");
+    let view = hub.get_waitpoint(printed["waitpoint"].as_str().unwrap());
+    let sig = &view["signals"][0];
     assert_eq!(
         sig["message"],
         format!("{}: a line matched /nan/: \"loss=nan\"", s(&log))
     );
     let data: Value = serde_json::from_str(sig["data"].as_str().unwrap()).unwrap();
-    assert_eq!(data["payload"]["line"], "loss=nan");
-    assert_eq!(data["payload"]["before"], json!(["loss=0.2"]));
+    let mut local_shape = printed.clone();
+    for k in ["device", "waitpoint"] {
+        local_shape.as_object_mut().unwrap().remove(k);
+    }
+    assert_eq!(
+        data["payload"], local_shape,
+        "the device's payload, as it made it"
+    );
 
     // Rotated by rename, the match in the new file.
     let body = json!({"kind": "log", "path": s(&log), "match": "ERROR", "timeout_s": 600});

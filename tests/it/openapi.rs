@@ -29,6 +29,7 @@ fn method_of(m: &str) -> Method {
     match m {
         "get" => Method::Get,
         "post" => Method::Post,
+        "put" => Method::Put,
         "delete" => Method::Delete,
         other => panic!("the document names {other}, which this test cannot send"),
     }

@@ -135,8 +135,15 @@ fn gating_stops_at_the_first_ask_and_an_approval_survives_a_sigkill() {
         .collect();
     assert_eq!(names, ["wait_check", "devices", "wait_check"]);
     assert!(ends.iter().all(|e| e["observation"]["ok"] == true));
-    let (st, _) = answer(&hub, &sid, json!({"request_id": id, "decision": "deny"}));
-    assert_eq!(st, 200, "a repeat of the answer is a duplicate");
+    let (st, v) = answer(&hub, &sid, json!({"request_id": id, "decision": "allow"}));
+    assert_eq!(st, 200, "the same answer again is a duplicate: {v}");
+    assert_eq!(v["duplicate"], true, "{v}");
+    // Deny after allow: the first answer stands, and the second is told which it was.
+    let (st, v) = answer(&hub, &sid, json!({"request_id": id, "decision": "deny"}));
+    assert_eq!(st, 409, "{v}");
+    assert_eq!(v["error"], "already_answered", "{v}");
+    let msg = v["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("already answered allow by a person"), "{msg}");
     let (st, list) = hub.api(Method::Get, "/api/approvals", None);
     assert_eq!(st, 200);
     assert_eq!(list["approvals"], json!([]), "{list}");
@@ -180,6 +187,15 @@ fn an_approval_timeout_denies_and_the_run_goes_on() {
     let a = first(&events, "answer");
     assert_eq!(a["by"], "timeout", "{a}");
     assert_eq!(a["decision"], "deny", "{a}");
+    // Allow after the timeout's deny: 409, the deny stands.
+    let id = a["request_id"].as_str().unwrap_or_default().to_string();
+    let (st, v) = answer(&hub, &sid, json!({"request_id": id, "decision": "allow"}));
+    assert_eq!(st, 409, "{v}");
+    let msg = v["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("already answered deny by the approval's timeout"),
+        "{msg}"
+    );
     let obs = &first(&events, "tool-end")["observation"];
     assert_eq!(obs["ok"], false);
     assert!(

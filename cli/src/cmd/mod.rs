@@ -7,6 +7,7 @@ pub mod devices;
 pub mod follow;
 pub mod people;
 pub mod render;
+pub mod run;
 pub mod sessions;
 pub mod wait;
 pub mod wait_for;
@@ -32,7 +33,8 @@ Examples:
   cortex wait for wp_1a2b3c4d5e6f --timeout 8h
   cortex wait pid 4242 --device gpu1
 
-The hub's address: --hub URL, else $CORTEX_HUB, else http://127.0.0.1:$WEBHOOK_PORT (port 3001).
+The hub's address: --hub URL, else $CORTEX_HUB, else http://127.0.0.1:$WEBHOOK_PORT, else the
+address a running hub wrote to $CORTEX_HOME/hub/url, else http://127.0.0.1:3001.
 The operator token: $CORTEX_WEBHOOK_TOKEN, else the file $CORTEX_HOME/hub/token (CORTEX_HOME
 defaults to ~/.cortex).
 
@@ -165,6 +167,50 @@ pub enum Command {
         #[arg(long)]
         reasoning: bool,
     },
+    /// Run a command and wake a session when it ends: arms a waitpoint, runs CMD with
+    /// CORTEX_SIGNAL_ID, CORTEX_SIGNAL_SECRET and CORTEX_HUB set, and signals its exit
+    /// status (spooled if the hub is away). Exits with the command's status.
+    #[command(after_help = RUN_AFTER_HELP)]
+    Run(RunArgs),
+    /// Print shell completions for cortex (bash, zsh, fish, elvish, powershell)
+    #[command(
+        after_help = "Examples:\n  cortex completion bash > ~/.local/share/bash-completion/completions/cortex\n  cortex completion zsh > \"${fpath[1]}/_cortex\"\n  cortex completion fish > ~/.config/fish/completions/cortex.fish"
+    )]
+    Completion {
+        /// The shell
+        #[arg(value_name = "SHELL", value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+const RUN_AFTER_HELP: &str = "\
+Examples:
+  cortex run -- python train.py --epochs 3
+  cortex run --label nightly --session ses_8a1e2f3b4c5d -- make -j8 test
+
+The command runs even when no waitpoint can be armed (said on stderr). SIGTERM, SIGHUP and
+SIGQUIT are passed to the command; Ctrl-C reaches it from the terminal.
+
+Exit status: the command's (128+N when signal N ended it; 127 not found, 126 not runnable).";
+
+/// `cortex run`'s flags and the command.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// The session the wake goes to [default: this user's `cortex waits (USER)` session]
+    #[arg(long, env = "CORTEX_SESSION", value_name = "SID")]
+    pub session: Option<String>,
+    /// Short name shown on the wake [default: the program's name]
+    #[arg(long, value_name = "L")]
+    pub label: Option<String>,
+    /// What the session does when it wakes [default: the command line]
+    #[arg(long, value_name = "I")]
+    pub intent: Option<String>,
+    /// The waitpoint's deadline (90s, 45m, 6h, 2d) [default: 7d, at most 30d]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub expires_in: Option<Duration>,
+    /// The command and its arguments, after `--`
+    #[arg(value_name = "CMD", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -568,6 +614,22 @@ fn execute(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<u8> {
+    if let Command::Completion { shell } = &cli.command {
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        clap_complete::generate(*shell, &mut cmd, "cortex", out);
+        return Ok(0);
+    }
+    // The command runs whether or not a hub is there to hear of it.
+    if let Command::Run(args) = &cli.command {
+        let hub = connect(cli.hub.as_deref(), env);
+        return Ok(run::run(
+            hub,
+            args,
+            env.user.as_deref(),
+            &env.cortex_home,
+            err,
+        ));
+    }
     // Local waits need no hub: no address, no token.
     if let Command::Wait(WaitCommand::Local(w)) = &cli.command
         && w.device().is_none()
@@ -669,17 +731,27 @@ fn execute(
         Command::Wait(WaitCommand::Local(w)) => {
             return Ok(wait_remote::run(&hub, w, env.user.as_deref(), out, err));
         }
+        Command::Run(_) | Command::Completion { .. } => {}
     }
     Ok(0)
 }
 
-/// The hub's base URL: the flag (or `CORTEX_HUB`), else loopback on `WEBHOOK_PORT`.
-pub fn hub_url(flag: Option<&str>, webhook_port: Option<&str>) -> anyhow::Result<String> {
+/// The hub's base URL: the flag (or `CORTEX_HUB`), else loopback on `WEBHOOK_PORT`, else
+/// the address the running hub wrote to `$CORTEX_HOME/hub/url` (`from_file`), else
+/// loopback on port 3001.
+pub fn hub_url(
+    flag: Option<&str>,
+    webhook_port: Option<&str>,
+    from_file: Option<&str>,
+) -> anyhow::Result<String> {
     if let Some(url) = flag.map(str::trim).filter(|u| !u.is_empty()) {
         return Ok(url.to_string());
     }
     let port = match webhook_port.map(str::trim).filter(|p| !p.is_empty()) {
-        None => cortex_protocol::DEFAULT_WEBHOOK_PORT,
+        None => match from_file.map(str::trim).filter(|u| !u.is_empty()) {
+            Some(url) => return Ok(url.to_string()),
+            None => cortex_protocol::DEFAULT_WEBHOOK_PORT,
+        },
         Some(p) => match p.parse::<u16>() {
             Ok(n) if n > 0 => n,
             _ => anyhow::bail!(
@@ -691,14 +763,93 @@ pub fn hub_url(flag: Option<&str>, webhook_port: Option<&str>) -> anyhow::Result
 }
 
 fn connect(flag: Option<&str>, env: &CortexEnv) -> anyhow::Result<Hub> {
-    let url = hub_url(flag, env.webhook_port.as_deref())?;
+    let from_file = env
+        .cortex_home
+        .as_ref()
+        .ok()
+        .and_then(|h| home::hub_url_from_file(h));
+    let url = hub_url(flag, env.webhook_port.as_deref(), from_file.as_deref())?;
     let token = hub::load_token(env.token.as_deref(), &env.cortex_home)?;
     Hub::new(&url, &token).context("--hub / CORTEX_HUB")
+}
+
+/// The hub's words about a request's fields, told in the flags the user typed: `set
+/// max_signals above 1` becomes `set --max-signals above 1`. A field with `_` or `.` is
+/// replaced wherever it stands as a word; a plain one (`coalesce`, `label`) only where it
+/// opens the message, since elsewhere it is likely just a word.
+pub fn in_flags(message: &str, fields: &[(&str, &str)]) -> String {
+    let mut s = message.to_string();
+    for (field, flag) in fields {
+        if field.contains(['_', '.']) {
+            s = replace_word(&s, field, flag);
+        } else if let Some(rest) = s.strip_prefix(field)
+            && rest.starts_with([' ', ':', ','])
+        {
+            s = format!("{flag}{rest}");
+        }
+    }
+    s
+}
+
+/// `text` with each whole-word `word` (not inside a longer name) replaced by `by`.
+fn replace_word(text: &str, word: &str, by: &str) -> String {
+    let inside = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '-');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(word) {
+        let before = if i > 0 {
+            rest[..i].chars().last()
+        } else {
+            out.chars().last()
+        };
+        let after = rest[i + word.len()..].chars().next();
+        out.push_str(&rest[..i]);
+        out.push_str(if inside(before) || inside(after) {
+            word
+        } else {
+            by
+        });
+        rest = &rest[i + word.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A refusal from the hub (4xx) with its message told in flags; other errors as they are.
+pub fn refusal_in_flags(e: hub::HubError, fields: &[(&str, &str)]) -> anyhow::Error {
+    match e {
+        hub::HubError::Api {
+            status,
+            error,
+            message,
+        } if (400..500).contains(&status) && status != 401 => hub::HubError::Api {
+            status,
+            error,
+            message: in_flags(&message, fields),
+        }
+        .into(),
+        other => other.into(),
+    }
 }
 
 /// `--json`: the hub's answer exactly as it came, on one line of its own.
 fn print_raw(out: &mut dyn Write, reply: &Reply) -> anyhow::Result<()> {
     writeln!(out, "{}", reply.text()).context("writing the output")
+}
+
+/// `--json` for a listing: every listing prints a JSON array, whatever object the route
+/// wraps it in (`{"approvals": [...]}`, `{"waitpoints": [...]}`); the items as they came.
+fn print_list(out: &mut dyn Write, reply: &Reply, field: &str, what: &str) -> anyhow::Result<()> {
+    let v: serde_json::Value = reply.json(what)?;
+    let items = match v {
+        serde_json::Value::Array(_) => v,
+        mut obj => obj
+            .get_mut(field)
+            .map(serde_json::Value::take)
+            .filter(serde_json::Value::is_array)
+            .with_context(|| format!("the hub's answer to {what} has no {field} list"))?,
+    };
+    writeln!(out, "{items}").context("writing the output")
 }
 
 /// Left-aligned columns, two spaces apart; the last column is not padded.

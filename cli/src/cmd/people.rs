@@ -7,7 +7,7 @@ use anyhow::Context;
 use cortex_protocol::api::{ApprovalList, Decision, PostAnswer, PostCancel};
 use serde_json::Value;
 
-use super::{print_raw, short, table};
+use super::{print_list, print_raw, short, table};
 use crate::hub::{Hub, segment};
 use crate::timefmt::{now_ms, relative};
 
@@ -18,7 +18,7 @@ pub fn list(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
         .get("/api/approvals")
         .context("listing what waits on a person")?;
     if json {
-        return print_raw(out, &reply);
+        return print_list(out, &reply, "approvals", "GET /api/approvals");
     }
     let list: ApprovalList = reply.json("GET /api/approvals")?;
     if list.approvals.is_empty() {

@@ -259,23 +259,27 @@ fn bad_arguments_are_usage_errors() {
 
 #[test]
 fn hub_address() {
-    assert_eq!(
-        hub_url(None, None).expect("default"),
-        "http://127.0.0.1:3001"
-    );
-    assert_eq!(
-        hub_url(None, Some("4000")).expect("port"),
-        "http://127.0.0.1:4000"
-    );
-    assert_eq!(
-        hub_url(Some("http://h:1"), Some("4000")).expect("flag"),
-        "http://h:1"
-    );
-    assert_eq!(
-        hub_url(Some(""), None).expect("empty flag"),
-        "http://127.0.0.1:3001"
-    );
-    assert!(hub_url(None, Some("x")).is_err());
+    let file = Some("http://127.0.0.1:40123");
+    for (flag, port, from_file, want) in [
+        (None, None, None, "http://127.0.0.1:3001"),
+        (None, Some("4000"), None, "http://127.0.0.1:4000"),
+        (Some("http://h:1"), Some("4000"), file, "http://h:1"),
+        (Some(""), None, None, "http://127.0.0.1:3001"),
+        // The running hub's own word, when nothing was said.
+        (None, None, file, "http://127.0.0.1:40123"),
+        (Some(""), Some(" "), file, "http://127.0.0.1:40123"),
+        // What was said wins over the file.
+        (None, Some("4000"), file, "http://127.0.0.1:4000"),
+        (Some("http://h:1"), None, file, "http://h:1"),
+        (None, None, Some("  "), "http://127.0.0.1:3001"),
+    ] {
+        assert_eq!(
+            hub_url(flag, port, from_file).expect("an address"),
+            want,
+            "{flag:?} {port:?} {from_file:?}"
+        );
+    }
+    assert!(hub_url(None, Some("x"), file).is_err());
 }
 
 #[test]
@@ -1432,5 +1436,44 @@ fn a_closed_pipe_ends_quietly_with_0() {
         let code = run(&cli, &env(), &mut ClosedPipe, &mut err);
         assert_eq!(code, 0, "{argv:?}");
         assert!(err.is_empty(), "quiet: {}", String::from_utf8_lossy(&err));
+    }
+}
+
+#[test]
+fn the_hubs_field_names_are_said_as_the_flags_typed() {
+    let fields = [
+        ("max_signals", "--max-signals"),
+        ("silence_after", "--silence-after"),
+        ("expires_in_hours", "--expires-in-hours"),
+        ("spawn.title", "--spawn-title"),
+        ("coalesce", "--coalesce"),
+        ("quorum", "--quorum"),
+        ("members", "--members"),
+    ];
+    for (hub_said, user_reads) in [
+        (
+            "coalesce is for monitors only: set max_signals above 1 (a one-shot waitpoint wakes once anyway)",
+            "--coalesce is for monitors only: set --max-signals above 1 (a one-shot waitpoint wakes once anyway)",
+        ),
+        (
+            "silence_after must be between 1s and the waitpoint's lifetime (7d); got 9d. Give a duration like \"20m\", or a longer expires_in_hours",
+            "--silence-after must be between 1s and the waitpoint's lifetime (7d); got 9d. Give a duration like \"20m\", or a longer --expires-in-hours",
+        ),
+        (
+            "quorum 3 is more than the 2 members named; use at most 2 or \"all\"",
+            "--quorum 3 is more than the 2 members named; use at most 2 or \"all\"",
+        ),
+        (
+            "spawn.title is 90 characters; keep it under 80",
+            "--spawn-title is 90 characters; keep it under 80",
+        ),
+        // Not a field where it stands inside a longer name, or as a plain word mid-text.
+        (
+            "my_max_signals_x and max_signalsy",
+            "my_max_signals_x and max_signalsy",
+        ),
+        ("nothing to coalesce here", "nothing to coalesce here"),
+    ] {
+        assert_eq!(in_flags(hub_said, &fields), user_reads);
     }
 }

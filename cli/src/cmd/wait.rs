@@ -9,7 +9,7 @@ use cortex_protocol::api::{
 };
 use cortex_protocol::waits::DurationValue;
 
-use super::{CreateArgs, print_raw, short, table};
+use super::{CreateArgs, print_list, print_raw, short, table};
 use crate::hub::{Hub, segment};
 use crate::timefmt::{now_ms, relative, utc};
 
@@ -62,6 +62,30 @@ pub fn create_body(args: &CreateArgs) -> anyhow::Result<CreateWaitpoint> {
     })
 }
 
+/// The request's fields and the `cortex wait create` flags that set them, for the hub's
+/// refusals (`set max_signals above 1` is said `set --max-signals above 1`).
+fn create_flags(args: &CreateArgs) -> Vec<(&'static str, &'static str)> {
+    let expiry = if args.expires_in.is_some() {
+        "--expires-in (in hours)"
+    } else {
+        "--expires-in-hours"
+    };
+    vec![
+        ("max_signals", "--max-signals"),
+        ("expires_in_hours", expiry),
+        ("silence_after", "--silence-after"),
+        ("fail_fast", "--fail-fast"),
+        ("spawn.instructions", "--spawn-instructions"),
+        ("spawn.title", "--spawn-title"),
+        ("coalesce", "--coalesce"),
+        ("quorum", "--quorum"),
+        ("members", "--members"),
+        ("label", "--label"),
+        ("intent", "--intent"),
+        ("spawn", "--spawn-instructions"),
+    ]
+}
+
 pub fn create(hub: &Hub, args: &CreateArgs, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
     let sid = args
         .session
@@ -79,7 +103,10 @@ pub fn create(hub: &Hub, args: &CreateArgs, json: bool, out: &mut dyn Write) -> 
             Some(d) if super::devices::is_unknown(&e, d) => {
                 anyhow::bail!(super::devices::unknown(d))
             }
-            _ => return Err(e).with_context(|| format!("arming a waitpoint in session {sid}")),
+            _ => {
+                return Err(super::refusal_in_flags(e, &create_flags(args)))
+                    .with_context(|| format!("arming a waitpoint in session {sid}"));
+            }
         },
     };
     if json {
@@ -158,7 +185,12 @@ pub fn check(
                 .get(&format!("/api/sessions/{}/waitpoints", segment(sid)))
                 .with_context(|| format!("listing the waitpoints of session {sid}"))?;
             if json {
-                return print_raw(out, &reply);
+                return print_list(
+                    out,
+                    &reply,
+                    "waitpoints",
+                    "GET /api/sessions/{sid}/waitpoints",
+                );
             }
             let list: WaitpointList = reply.json("GET /api/sessions/{sid}/waitpoints")?;
             if list.waitpoints.is_empty() {

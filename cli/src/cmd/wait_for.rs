@@ -89,6 +89,7 @@ pub fn run_from(
     let how = How {
         announce: true,
         must_exist: false,
+        payload: false,
     };
     wait_with(hub, wp, timeout, how, from, out, err)
 }
@@ -104,6 +105,10 @@ pub struct How {
     /// (the pid was not running when the device armed it) breaks the wait, and is not
     /// printed as a fire.
     pub must_exist: bool,
+    /// A remote wait (`cortex wait … --device`): print what the same wait on this machine
+    /// prints, the condition's payload (with `device` and `waitpoint` added), and nothing
+    /// on stdout when it did not fire; not the whole wake.
+    pub payload: bool,
 }
 
 /// [`run`], as `how` says.
@@ -133,6 +138,7 @@ fn wait_with(
         timeout,
         announce: how.announce,
         must_exist: how.must_exist,
+        payload: how.payload,
         deadline: after(timeout.unwrap_or(GRACE)),
         device_bound: false,
         from,
@@ -157,6 +163,7 @@ struct Waiter<'a> {
     timeout: Option<Duration>,
     announce: bool,
     must_exist: bool,
+    payload: bool,
     deadline: Instant,
     /// A remote wait's waitpoint: its `report` wakes are the hub's loss reports.
     device_bound: bool,
@@ -384,7 +391,7 @@ impl Waiter<'_> {
         {
             return Err(Broke(super::wait_local::not_running(pid)));
         }
-        Ok(fire(wake, out, err))
+        Ok(fire(wake, self.payload, out, err))
     }
 
     fn waitpoint(&self) -> Result<WaitpointView, Broke> {
@@ -501,11 +508,19 @@ fn is_for(ev: &Value, kind: &str, wp: &str) -> bool {
 
 /// Prints the wake as one JSON line; a remote wait's outcome, else the wake's reason,
 /// decides the exit status. A remote wait that did not fire says why on `err`.
-fn fire(wake: &Value, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
-    let printed = serde_json::to_string(wake)
-        .map_err(std::io::Error::other)
-        .and_then(|line| writeln!(out, "{line}"))
-        .and_then(|()| out.flush());
+fn fire(wake: &Value, payload: bool, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    let shown = if payload {
+        printed_payload(wake)
+    } else {
+        Some(wake.clone())
+    };
+    let printed = match shown {
+        Some(v) => serde_json::to_string(&v)
+            .map_err(std::io::Error::other)
+            .and_then(|line| writeln!(out, "{line}"))
+            .and_then(|()| out.flush()),
+        None => Ok(()),
+    };
     match printed {
         // The reader closed the pipe: it wants no more, and the status still says how
         // the wait ended.
@@ -516,6 +531,45 @@ fn fire(wake: &Value, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         _ => {}
     }
     exit_status(wake, err)
+}
+
+/// What a remote wait prints: a fired outcome's payload as the device's wait produced it
+/// (the object the same wait on this machine prints), with `device` and `waitpoint`
+/// added; `None` (nothing on stdout) for an outcome that did not fire. A wake without an
+/// outcome is printed whole.
+pub fn printed_payload(wake: &Value) -> Option<Value> {
+    let Some(data) = device_wait_data(wake) else {
+        return Some(wake.clone());
+    };
+    if data["outcome"] != "fired" {
+        return None;
+    }
+    let mut p = data.get("payload").cloned().unwrap_or(Value::Null);
+    if !p.is_object() {
+        p = serde_json::json!({ "payload": p });
+    }
+    if let Some(obj) = p.as_object_mut() {
+        obj.entry("device")
+            .or_insert_with(|| data["device"].clone());
+        obj.entry("waitpoint")
+            .or_insert_with(|| wake["waitpoint"]["id"].clone());
+    }
+    Some(p)
+}
+
+/// The data of the `device-wait` signal a remote wait's wake carries (the last one).
+fn device_wait_data(wake: &Value) -> Option<Value> {
+    device_wait_signal(wake).map(|(_, data)| data)
+}
+
+/// The last `device-wait` signal of a wake, with its data parsed.
+fn device_wait_signal(wake: &Value) -> Option<(&Value, Value)> {
+    wake["signals"].as_array()?.iter().rev().find_map(|s| {
+        if s["source"] != "device-wait" {
+            return None;
+        }
+        Some((s, serde_json::from_str(s["data"].as_str()?).ok()?))
+    })
 }
 
 /// The exit status a wake stands for: a remote wait's outcome, else the wake's reason.
@@ -573,18 +627,12 @@ fn job_failed(wake: &Value) -> bool {
 /// The outcome and message of the remote wait a wake carries, if it carries one: its
 /// `device-wait` signal's data says `{"outcome": "fired"|"timed_out"|"broke", …}`.
 pub fn device_wait_outcome(wake: &Value) -> Option<(WaitEnd, String)> {
-    let signals = wake["signals"].as_array()?;
-    signals.iter().rev().find_map(|s| {
-        if s["source"] != "device-wait" {
-            return None;
-        }
-        let data: Value = serde_json::from_str(s["data"].as_str()?).ok()?;
-        let outcome = WaitEnd::parse(data["outcome"].as_str()?)?;
-        Some((
-            outcome,
-            s["message"].as_str().unwrap_or_default().to_string(),
-        ))
-    })
+    let (s, data) = device_wait_signal(wake)?;
+    let outcome = WaitEnd::parse(data["outcome"].as_str()?)?;
+    Some((
+        outcome,
+        s["message"].as_str().unwrap_or_default().to_string(),
+    ))
 }
 
 /// The monotonic instant at which the wall clock reads `ms` (now, if that is past).

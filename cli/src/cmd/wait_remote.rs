@@ -1,9 +1,11 @@
 //! `cortex wait pid|file|flock|log|any … --device NAME`: a remote wait. It asks the hub for one
 //! (`POST /api/devices/{name}/waits`: a waitpoint bound to the device, which the device's
 //! agent signals when the condition holds), prints one armed line on stderr, and then ends
-//! exactly like `cortex wait for` on that waitpoint: the wake as one JSON object on stdout,
-//! exit 0 fired, 1 timed out, 2 broke (the device lost and not back within the bound, the
-//! wait refused or cancelled, the hub unreachable).
+//! like `cortex wait for` on that waitpoint, printing what the same wait on this machine
+//! prints: the condition's payload as one JSON object on stdout when it fired (with
+//! `device` and `waitpoint` added), nothing there otherwise; exit 0 fired, 1 timed out, 2
+//! broke (the device lost and not back within the bound, the wait refused or cancelled,
+//! the hub unreachable), 3 fired and a job the device started failed.
 //!
 //! The bound is the hub's: `--timeout` goes to the hub as `timeout_s`, and the hub (or the
 //! agent) ends the wait then. This command waits that long plus [`SLACK`] for the wake, so
@@ -82,6 +84,7 @@ pub fn run(
     let how = How {
         announce: false,
         must_exist: matches!(wait, LocalWait::Pid(a) if a.must_exist),
+        payload: true,
     };
     wait_for::run_with(hub, &wp.id, Some(timeout + SLACK), how, out, err)
 }
@@ -217,7 +220,13 @@ fn create(hub: &Hub, device: &str, b: &CreateDeviceWait) -> anyhow::Result<Devic
             return Err(NoSession(b.session.clone().unwrap_or_default()).into());
         }
         Err(e) => {
-            return Err(e).with_context(|| format!("asking the hub for a wait on {device}"));
+            let flags = [
+                ("timeout_s", "--timeout (in seconds)"),
+                ("match", "--match"),
+                ("silence", "--silence"),
+            ];
+            return Err(super::refusal_in_flags(e, &flags))
+                .with_context(|| format!("asking the hub for a wait on {device}"));
         }
     };
     Ok(reply.json("POST /api/devices/{name}/waits")?)

@@ -16,6 +16,7 @@ fn env_with(home: &Path) -> SignalEnv {
     SignalEnv {
         id: Some("wp_env".into()),
         secret: Some(SECRET.into()),
+        hub: None,
         webhook_port: None,
         cortex_home: Ok(home.to_path_buf()),
     }
@@ -160,6 +161,48 @@ fn missing_secret_is_a_usage_error_and_sends_nothing() {
     assert_eq!(outcome, Outcome::Usage);
     assert_eq!(outcome.exit_code(), 2);
     assert!(String::from_utf8_lossy(&err).contains("no secret"));
+}
+
+#[test]
+fn url_from_cortex_hub_and_the_hubs_url_file() {
+    let home = tempfile::tempdir().expect("tmp");
+    let mut e = env_with(home.path());
+    let url = |e: &SignalEnv| {
+        prepare(&args(&[]), e, &mut io::empty())
+            .expect("prepare")
+            .url
+    };
+    assert_eq!(
+        url(&e),
+        "http://127.0.0.1:3001/webhook/signal",
+        "nothing said"
+    );
+    std::fs::create_dir_all(home.path().join("hub")).expect("mkdir");
+    std::fs::write(home.path().join("hub/url"), "http://127.0.0.1:40999\n").expect("write");
+    assert_eq!(
+        url(&e),
+        "http://127.0.0.1:40999/webhook/signal",
+        "the hub's file"
+    );
+    e.webhook_port = Some("4555".into());
+    assert_eq!(
+        url(&e),
+        "http://127.0.0.1:4555/webhook/signal",
+        "WEBHOOK_PORT wins"
+    );
+    e.hub = Some("https://hub.example:8443/".into());
+    assert_eq!(
+        url(&e),
+        "https://hub.example:8443/webhook/signal",
+        "CORTEX_HUB wins"
+    );
+    let p = prepare(
+        &args(&["--url", "http://127.0.0.1:1/webhook/signal"]),
+        &e,
+        &mut io::empty(),
+    )
+    .expect("prepare");
+    assert_eq!(p.url, "http://127.0.0.1:1/webhook/signal", "--url wins");
 }
 
 #[test]

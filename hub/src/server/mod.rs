@@ -7,6 +7,7 @@ pub mod api;
 pub mod consumers;
 pub mod devices;
 pub mod error;
+pub mod hosts;
 pub mod http;
 pub mod log;
 pub mod metrics;
@@ -90,8 +91,19 @@ pub fn router(state: AppState) -> Router {
         .nest("/api", api)
         .fallback(api::not_found)
         .layer(axum::Extension(page::Logins::shared()))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            hosts::check,
+        ))
         .layer(axum::middleware::from_fn(http::edge))
         .with_state(state)
+}
+
+/// The host of a URL like `wss://hub.example:3002/mesh/v1`.
+fn url_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next()?;
+    hosts::name_of(authority).map(str::to_string)
 }
 
 /// Runs the hub on `listener` until `shutdown` resolves, then stops accepting, finishes
@@ -112,13 +124,56 @@ pub async fn run_with_mesh(
     mesh: Option<crate::mesh::Bound>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let opened = open(&config)?;
+    run_opened(config, opened, listener, mesh, shutdown).await
+}
+
+/// The store and the spool, open: what must be ready before a connection is accepted.
+pub struct Opened {
+    store: Store,
+    writer: crate::store::WriterGuard,
+    spool: cortex_host::spool::Spool,
+}
+
+/// Opens the spool and the store (replaying the journal, and redb's own repair after a
+/// stop that was not clean), saying what it does and how far it is. `main` calls it
+/// before it binds the listener, so no connection waits on a store that is not open: one
+/// is refused instead, which a client reads as the hub being away (`cortex-signal`
+/// spools).
+pub fn open(config: &Config) -> anyhow::Result<Opened> {
     let hub_dir = config.home.join("hub");
     create_private_dir(&hub_dir)?;
     let spool_dir = config.home.join("tmp").join("signals");
     let spool = spool::open(&spool_dir)?;
     let db_path = hub_dir.join("hub.redb");
+    let started = std::time::Instant::now();
+    tracing::info!(path = %db_path.display(), "opening the store");
     let (store, writer) = Store::open(&db_path, config.settings.engine.clone())
         .with_context(|| format!("opening the store {}", db_path.display()))?;
+    tracing::info!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "the store is open"
+    );
+    Ok(Opened {
+        store,
+        writer,
+        spool,
+    })
+}
+
+/// [`run_with_mesh`] on a store [`open`] opened.
+pub async fn run_opened(
+    config: Config,
+    opened: Opened,
+    listener: tokio::net::TcpListener,
+    mesh: Option<crate::mesh::Bound>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let Opened {
+        store,
+        writer,
+        spool,
+    } = opened;
     let addr = listener
         .local_addr()
         .context("reading the listener's address")?;
@@ -136,6 +191,14 @@ pub async fn run_with_mesh(
         agent_defaults: config.settings.agent.clone(),
         runs_model: config.model.is_some(),
         caps: config.model.as_ref().map(|m| m.caps()).unwrap_or_default(),
+        hosts: hosts::Hosts::new(
+            config
+                .settings
+                .allowed_hosts
+                .iter()
+                .cloned()
+                .chain(mesh.as_ref().and_then(|m| url_host(&m.url))),
+        ),
     });
     crate::mesh::start(&state, config.settings.device_loss_grace_ms).await?;
 

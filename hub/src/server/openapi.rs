@@ -848,7 +848,7 @@ fn people(d: &mut Doc) {
         json!({"seq": 9, "duplicate": false, "runs": true}),
     );
     let duplicate = d.json::<MessagePosted>(
-        "The same answer was posted before",
+        "The same answer was posted before (a retry: nothing more is counted)",
         json!({"seq": 9, "duplicate": true, "runs": true}),
     );
     let bad = d.error(
@@ -859,6 +859,12 @@ fn people(d: &mut Doc) {
         "No such session (`not_found`), or nothing waits under `request_id` (`not_pending`: \
          answered, withdrawn by a cancel, or never asked)",
         &["not_found", "not_pending"],
+    );
+    let conflict = d.error(
+        "An answer that decides otherwise than the one that stands (allow after deny, deny \
+         after allow, allow after the approval's timeout denied it): the first answer wins, \
+         and the message says which it was",
+        &["already_answered"],
     );
     d.add(
         HttpMethod::Post,
@@ -878,7 +884,8 @@ fn people(d: &mut Doc) {
         .response("201", posted)
         .response("200", duplicate)
         .response("400", bad)
-        .response("404", missing),
+        .response("404", missing)
+        .response("409", conflict),
     );
 
     let body = d.body::<PostCancel>(false, json!({"turn_only": true}));

@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use cortex_protocol::api::{ApprovalList, PendingView, PostAnswer, PostCancel};
+use cortex_protocol::api::{ApprovalList, Decision, PendingView, PostAnswer, PostCancel};
 use serde_json::json;
 
 use super::error::{ApiError, parse_json};
@@ -50,6 +50,25 @@ pub async fn answer(
             ),
         )),
         AnswerOutcome::Invalid(why) => Err(ApiError::bad_request(why)),
+        AnswerOutcome::Conflict { decision, by, seq } => {
+            let stands = match decision {
+                Some(Decision::Allow) => "allow",
+                Some(Decision::Deny) => "deny",
+                None => "an answer",
+            };
+            let who = if by == "timeout" {
+                "the approval's timeout".to_string()
+            } else {
+                format!("a {by}")
+            };
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "already_answered",
+                format!(
+                    "{id} was already answered {stands} by {who} (event {seq}); the first answer stands and this one is not counted"
+                ),
+            ))
+        }
     }
 }
 

@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use super::kernel::error::StoreError;
 use super::tables::{
-    AGENTS, MESSAGE_KEYS, META, PENDING, READY, TIMER_AGENT, TIMER_APPROVAL, TRANSCRIPT, Tx,
-    decode, encode,
+    AGENTS, EVENTS, MESSAGE_KEYS, META, PENDING, READY, TIMER_AGENT, TIMER_APPROVAL, TRANSCRIPT,
+    Tx, decode, encode,
 };
 use crate::model::{ChatMessage, ToolCall};
 
@@ -463,6 +463,15 @@ pub enum AnswerOutcome {
     NotPending,
     /// The answer does not fit what is asked; the text says why.
     Invalid(String),
+    /// An earlier answer stands, and this one decides otherwise: the first answer wins.
+    Conflict {
+        /// The standing answer's decision (`None`: a question's data).
+        decision: Option<Decision>,
+        /// Who gave it: `person`, or `timeout`.
+        by: String,
+        /// Its event's seq.
+        seq: u64,
+    },
 }
 
 /// What became of a cancel (or a compaction's ask) posted to a session.
@@ -488,8 +497,19 @@ impl Tx<'_> {
         }
         let key = format!("answer:{}", a.request_id);
         if let Some(seq) = self.table(&MESSAGE_KEYS).get((sid, key.as_str()))? {
+            let seq = seq.value();
+            // The same answer again is a retry; a different one is told what stands.
+            if let Some(first) = self.answer_at(sid, seq)?
+                && (first.decision != a.decision || (a.data.is_some() && first.data != a.data))
+            {
+                return Ok(AnswerOutcome::Conflict {
+                    decision: first.decision,
+                    by: first.by,
+                    seq,
+                });
+            }
             return Ok(AnswerOutcome::Posted(MessagePosted {
-                seq: seq.value(),
+                seq,
                 duplicate: true,
                 runs: false,
             }));
@@ -534,6 +554,19 @@ impl Tx<'_> {
         Ok(match self.post_inbox(sid, body, Some(key), now)? {
             Some(p) => AnswerOutcome::Posted(p),
             None => AnswerOutcome::NoSession,
+        })
+    }
+
+    /// The answer recorded as event `seq` of `sid`, if that event is one.
+    fn answer_at(&self, sid: &str, seq: u64) -> Result<Option<AnswerItem>, StoreError> {
+        let Some(raw) = self.table(&EVENTS).get((sid, seq))? else {
+            return Ok(None);
+        };
+        let ev: cortex_protocol::api::Event = serde_json::from_slice(raw.value())
+            .map_err(|e| StoreError::Decode(format!("event {sid}/{seq}: {e}")))?;
+        Ok(match ev.body {
+            EventBody::Answer(a) => Some(*a),
+            _ => None,
         })
     }
 

@@ -269,6 +269,7 @@ fn a_caller_that_just_armed_it_gets_its_wake_without_the_already_line() {
     let how = How {
         announce: false,
         must_exist: false,
+        payload: false,
     };
     let code = run_with(&hub, "wp_1", None, how, &mut out, &mut err);
     assert_eq!(code, FIRED);
@@ -574,10 +575,34 @@ fn a_closed_stdout_keeps_the_outcomes_status() {
     }
     let mut err = Vec::new();
     assert_eq!(
-        fire(&wake(6, "wp_1", "failed"), &mut Closed, &mut err),
+        fire(&wake(6, "wp_1", "failed"), false, &mut Closed, &mut err),
         FAILED
     );
     assert!(err.is_empty(), "quiet: {}", String::from_utf8_lossy(&err));
+}
+
+#[test]
+fn a_remote_wait_prints_the_payload_a_local_one_would() {
+    let mut w = device_wake(6, "fired", "a line matched");
+    let payload = json!({"reason": "matched", "line": "loss=nan", "before": ["loss=0.2"]});
+    w["signals"][0]["data"] = json!({"outcome": "fired", "device": "gpu1", "kind": "log",
+        "payload": payload})
+    .to_string()
+    .into();
+    let mut want = payload.clone();
+    want["device"] = json!("gpu1");
+    want["waitpoint"] = w["waitpoint"]["id"].clone();
+    assert_eq!(printed_payload(&w), Some(want));
+    for outcome in ["timed_out", "broke"] {
+        let w = device_wake(7, outcome, "not fired");
+        assert_eq!(printed_payload(&w), None, "{outcome}: nothing on stdout");
+    }
+    let plain = wake(8, "wp_1", "fired");
+    assert_eq!(
+        printed_payload(&plain),
+        Some(plain.clone()),
+        "no outcome: the wake"
+    );
 }
 
 #[test]
@@ -594,6 +619,7 @@ fn must_exist_breaks_on_a_remote_pid_already_gone() {
     let how = How {
         announce: false,
         must_exist: true,
+        payload: true,
     };
     let code = run_with(&hub, "wp_1", None, how, &mut out, &mut err);
     let err = String::from_utf8_lossy(&err);

@@ -270,8 +270,8 @@ pub fn form_field(body: &[u8], name: &str) -> Option<String> {
     pairs.into_iter().find(|(k, _)| k == name).map(|(_, v)| v)
 }
 
-/// `POST /login` `token=...`: right, a new login and 303 to `/`; wrong, 401 with the
-/// form; with the minute's budget of wrong tokens spent, 429 without comparing.
+/// `POST /login` `token=...`: right, a new login and 303 to `/`, whatever the budget;
+/// wrong, 401 with the form; wrong with the minute's budget of wrong tokens spent, 429.
 pub async fn login(
     State(state): State<AppState>,
     Extension(logins): Extension<Arc<Logins>>,
@@ -286,7 +286,12 @@ pub async fn login(
         Err(_) => Bytes::new(),
     };
     let now = Instant::now();
-    if logins.locked(now) {
+    let token = form_field(&body, "token").unwrap_or_default();
+    let token = token.trim();
+    // The right token always passes: the budget slows guessing (the token is 256 random
+    // bits), and wrong guesses, anyone's, must never lock the operator out.
+    let right = !token.is_empty() && secret::matches(token, &state.token_hash);
+    if !right && logins.locked(now) {
         tracing::warn!("the page's login form: too many wrong tokens this minute");
         return html(
             StatusCode::TOO_MANY_REQUESTS,
@@ -295,9 +300,7 @@ pub async fn login(
             )),
         );
     }
-    let token = form_field(&body, "token").unwrap_or_default();
-    let token = token.trim();
-    if token.is_empty() || !secret::matches(token, &state.token_hash) {
+    if !right {
         logins.miss(now);
         return html(
             StatusCode::UNAUTHORIZED,

@@ -79,10 +79,28 @@ impl PacedFile {
 }
 
 /// Opens (or creates, mode 0600) the redb database at `path` on a [`PacedFile`].
+/// After a stop that was not clean redb repairs the file before it opens (its allocator
+/// state is rebuilt from every page), which on a large store takes long: that is said,
+/// with how far it is, at most every 2 s and at the end.
 pub fn open_database(path: &Path) -> Result<redb::Database, redb::DatabaseError> {
-    redb::Database::builder()
+    let started = std::time::Instant::now();
+    let said = std::sync::Mutex::new(None::<std::time::Instant>);
+    let db = redb::Database::builder()
         .set_cache_size(CACHE_BYTES)
-        .create_with_backend(PacedFile::open(path)?)
+        .set_repair_callback(move |session| {
+            let mut last = said.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = std::time::Instant::now();
+            if last.is_none_or(|t| now.duration_since(t) >= std::time::Duration::from_secs(2)) {
+                *last = Some(now);
+                tracing::warn!(
+                    progress_pct = (session.progress() * 100.0).round() as u64,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "repairing the store after a stop that was not clean (redb checks every page); no connection is accepted until it is open"
+                );
+            }
+        })
+        .create_with_backend(PacedFile::open(path)?)?;
+    Ok(db)
 }
 
 /// redb's page cache. Its default (1 GiB) keeps every page a checkpoint wrote resident, so
