@@ -3,7 +3,7 @@
 #
 #   sudo ./install-agent.sh --hub wss://hub.example:3002/mesh/v1 --name gpu1 < token
 #
-# It installs the binary (/usr/local/bin), the unit cortex-device-agent@.service
+# It installs the binary (/usr/local/bin, named in the unit), the unit cortex-device-agent@.service
 # (/etc/systemd/system), /etc/cortex/device-agent.env (hub URL, device name, CA) and
 # /etc/cortex/device-agent.token (root, 0600; systemd hands it to the agent as a
 # credential), creates the user's spool (~/.cortex/tmp/signals, 0700), and enables
@@ -21,8 +21,9 @@ usage: install-agent.sh --hub URL --name NAME [options] < TOKEN
   --name NAME        this device's name, as given to `cortex device add NAME` on the hub
   --user USER        whose spool to forward and as whom to run (default: $SUDO_USER)
   --token-file FILE  read the token from FILE instead of stdin
-  --binary PATH      the cortex-device-agent binary (default: next to this script, or
-                     ./cortex-device-agent; skipped when a package installed /usr/bin's)
+  --binary PATH      the cortex-device-agent binary, installed in /usr/local/bin
+                     (default: next to this script, or ./cortex-device-agent; none when
+                     a package installed /usr/bin's, which the unit then runs)
   --ca-cert PEM      trust this CA for the hub's certificate (a private CA)
   --root DIR         install under DIR instead of /, and skip chown and systemctl
                      (for packaging and tests)
@@ -101,8 +102,31 @@ elif [ ! -x "$root/usr/bin/cortex-device-agent" ] && [ ! -x "$root/usr/local/bin
     die "no cortex-device-agent binary: pass --binary PATH"
 fi
 
+# The unit names the binary's path: the package's (/usr/bin) as shipped, else this
+# script's (/usr/local/bin).
+if [ -z "$binary" ] && [ -x "$root/usr/bin/cortex-device-agent" ]; then
+    agent_path=/usr/bin/cortex-device-agent
+else
+    agent_path=/usr/local/bin/cortex-device-agent
+fi
+bin_dropin="$root/etc/systemd/system/cortex-device-agent@.service.d"
 if [ -f "$unit_src" ] && [ -z "$packaged_unit" ]; then
-    install -D -m 644 "$unit_src" "$root/etc/systemd/system/cortex-device-agent@.service"
+    unit_dst="$root/etc/systemd/system/cortex-device-agent@.service"
+    install -d -m 755 "$(dirname "$unit_dst")"
+    sed "s|^ExecStart=/usr/bin/cortex-device-agent|ExecStart=$agent_path|" "$unit_src" > "$unit_dst.tmp"
+    chmod 644 "$unit_dst.tmp"
+    mv "$unit_dst.tmp" "$unit_dst"
+elif [ "$agent_path" != /usr/bin/cortex-device-agent ]; then
+    # The package's unit runs /usr/bin's; the binary installed here is the one wanted.
+    install -d -m 755 "$bin_dropin"
+    cat > "$bin_dropin/binary.conf" <<EOF
+# install-agent.sh --binary: the agent in /usr/local/bin, not the package's.
+[Service]
+ExecStart=
+ExecStart=$agent_path
+EOF
+else
+    rm -f "$bin_dropin/binary.conf"
 fi
 
 install -d -m 755 "$root/etc/cortex"

@@ -1,5 +1,5 @@
 //! The hub's configuration: `$CORTEX_HOME`, settings.json (`waitpointTtlMs`, `waitpointSweepMs`,
-//! `deviceLossGraceMs`, …; a key missing there falls back to its `CORTEX_…` environment
+//! `deviceLossGraceMs`, `notify`, …; a key missing there falls back to its `CORTEX_…` environment
 //! variable, then to its default), the operator token, and the listen address rule.
 
 use std::net::SocketAddr;
@@ -33,6 +33,8 @@ pub enum ConfigError {
         value: String,
         why_owned: String,
     },
+    #[error(transparent)]
+    Notify(#[from] crate::notify::NotifyConfigError),
     #[error(
         "{0} is not a loopback address; the hub's signal route and API listen on loopback only (use 127.0.0.1:PORT or [::1]:PORT, and reach other machines through the device mesh)"
     )]
@@ -56,6 +58,8 @@ pub struct HubSettings {
     /// `allowedHosts` (else `CORTEX_ALLOWED_HOSTS`, comma-separated): names the listener
     /// answers to besides loopback, `localhost` and the mesh's public host.
     pub allowed_hosts: Vec<String>,
+    /// `notify`: where outgoing notices go (`crate::notify`; none by default).
+    pub notify: Vec<crate::notify::Target>,
 }
 
 /// settings.json `agent: {instructions?, maxTokens?, stop?, concurrency?, policy?, unattended?}`.
@@ -245,6 +249,7 @@ pub fn load_settings_with(
     };
     let llm = json.get("llm").filter(|v| !v.is_null()).cloned();
     let allowed_hosts = allowed_hosts(&json, lookup)?;
+    let notify = crate::notify::parse(json.get("notify"))?;
     Ok(HubSettings {
         engine,
         sweep_ms,
@@ -252,6 +257,7 @@ pub fn load_settings_with(
         agent,
         llm,
         allowed_hosts,
+        notify,
     })
 }
 

@@ -13,12 +13,14 @@
 //! - [`text`]: what agents and people read (wake text, how_to_signal).
 //! - [`cli`]: `cortex-hub`'s flags and help (its `main.rs` parses them).
 //! - [`metrics`]: what `GET /metrics` shows (Prometheus text format).
+//! - [`notify`]: outgoing notices (targets, shapes, retries), pure.
 
 pub mod admission;
 pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod home_lock;
+pub mod hosts;
 pub mod intake;
 #[cfg(test)]
 mod layering;
@@ -26,6 +28,7 @@ pub mod live;
 pub mod mesh;
 pub mod metrics;
 pub mod model;
+pub mod notify;
 pub mod registry;
 pub mod remote_wait;
 pub mod runner;

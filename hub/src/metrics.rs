@@ -1,6 +1,6 @@
 //! The hub's metrics, served by `GET /metrics` in the Prometheus text format (0.0.4):
 //! what the hub counts as it happens (signals, wakes, waitpoint states, links opened,
-//! remote waits armed, the store's commit and fsync times) and what is read when scraped
+//! remote waits armed, notices sent or failed, the store's commit and fsync times) and what is read when scraped
 //! (the fleet, from the device registry).
 //!
 //! One set per process ([`metrics`]), as there is one store per process: the store's
@@ -45,6 +45,12 @@ struct KindLabels {
     kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NoticeLabels {
+    event: &'static str,
+    result: &'static str,
+}
+
 /// What is read at scrape time rather than counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Fleet {
@@ -64,6 +70,7 @@ pub struct Metrics {
     links_opened: Counter,
     reconnects: Counter,
     remote_waits: Family<KindLabels, Counter>,
+    notices: Family<NoticeLabels, Counter>,
     commit: Histogram,
     fsync: Histogram,
 }
@@ -95,6 +102,7 @@ impl Metrics {
             links_opened: Counter::default(),
             reconnects: Counter::default(),
             remote_waits: Family::default(),
+            notices: Family::default(),
             commit: latency_buckets(),
             fsync: latency_buckets(),
         };
@@ -155,6 +163,15 @@ impl Metrics {
         self.remote_waits.get_or_create(&KindLabels { kind }).inc();
     }
 
+    /// One delivery attempt of an outgoing notice whose outcome is durable, by event
+    /// (`approval`, `failed`, …) and result: `sent` (2xx), `retry` (it is tried again
+    /// later), `failed` (given up).
+    pub fn notice(&self, event: &'static str, result: &'static str) {
+        self.notices
+            .get_or_create(&NoticeLabels { event, result })
+            .inc();
+    }
+
     /// One group commit: from its first job run to its callers answered.
     pub fn commit(&self, seconds: f64) {
         self.commit.observe(seconds);
@@ -208,6 +225,11 @@ impl Metrics {
             "cortex_remote_waits_armed",
             "Remote waits created, by kind",
             self.remote_waits.clone(),
+        );
+        reg.register(
+            "cortex_notices",
+            "Outgoing notices' delivery attempts, by event and result (sent, retry, failed)",
+            self.notices.clone(),
         );
         reg.register_with_unit(
             "cortex_store_commit",

@@ -54,6 +54,10 @@ impl Shutdown {
         self.0.send_replace(true);
     }
 
+    pub fn is_cancelled(&self) -> bool {
+        *self.0.borrow()
+    }
+
     pub async fn cancelled(&self) {
         let mut rx = self.0.subscribe();
         let _ = rx.wait_for(|v| *v).await;
@@ -85,7 +89,7 @@ pub struct Inner {
     /// Stops for the turns being driven (a cancel rings them).
     pub stops: Arc<crate::stops::Stops>,
     /// The names the listener answers to, besides loopback and `localhost`.
-    pub hosts: crate::server::hosts::Hosts,
+    pub hosts: crate::hosts::Hosts,
 }
 
 /// The shared state, cheap to clone (one `Arc`).

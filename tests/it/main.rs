@@ -18,6 +18,7 @@ mod mesh_hub;
 mod metrics;
 mod model_client;
 mod monitors;
+mod notices;
 mod one_line;
 mod openapi;
 mod packaging;

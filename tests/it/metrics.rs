@@ -18,7 +18,7 @@ const T: Duration = Duration::from_secs(20);
 
 /// One scrape: the samples by `name{labels}` as written, each line checked to be a
 /// comment or `name{labels} value`.
-fn scrape(hub: &Hub) -> HashMap<String, f64> {
+pub(crate) fn scrape(hub: &Hub) -> HashMap<String, f64> {
     let resp = Request::new(Method::Get, &hub.url("/metrics"))
         .send()
         .expect("GET /metrics");

@@ -9,16 +9,37 @@ fn packaging() -> PathBuf {
 }
 
 /// Points a unit's `ExecStart=` at the freshly built binaries (the unit names the installed
-/// path, or a bare name systemd looks up in /usr/local/bin and /usr/bin, which a test
-/// machine does not have).
+/// path: the package's /usr/bin, install-agent.sh's /usr/local/bin, a user's ~/.local/bin,
+/// none of which a test machine has).
 fn with_built_binaries(text: &str) -> String {
     let bin_dir = cortex_tests::target_dir();
     text.replace("%h/.local/bin/", &format!("{}/", bin_dir.display()))
         .replace("/usr/local/bin/", &format!("{}/", bin_dir.display()))
         .replace(
-            "ExecStart=cortex-",
+            "ExecStart=/usr/bin/cortex-",
             &format!("ExecStart={}/cortex-", bin_dir.display()),
         )
+}
+
+/// The man pages `cargo xtask man` writes (what the packages install), as a `MANPATH`
+/// root, so `systemd-analyze verify` checks the units' `Documentation=man:…` pages exist.
+fn man_path() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tmp");
+        let out = Command::new(cortex_tests::bin("xtask"))
+            .args(["man", "--out"])
+            .arg(dir.path().join("man1"))
+            .output()
+            .expect("xtask");
+        assert!(
+            out.status.success(),
+            "xtask man: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    })
+    .path()
 }
 
 /// What `systemd-analyze verify` says about the unit file `dir/name` (and any drop-ins in
@@ -26,7 +47,14 @@ fn with_built_binaries(text: &str) -> String {
 /// exits 0 on many problems (unknown keys, bad values are "ignoring" warnings), so the
 /// lines are what count.
 fn analyze(dir: &Path, name: &str, user: bool) -> (bool, Vec<String>) {
+    analyze_with_man(dir, name, user, man_path())
+}
+
+/// [`analyze`], with the man pages under `man` (`Documentation=man:…` is checked by
+/// running man(1), which looks in `MANPATH`).
+fn analyze_with_man(dir: &Path, name: &str, user: bool, man: &Path) -> (bool, Vec<String>) {
     let mut cmd = Command::new("systemd-analyze");
+    cmd.env("MANPATH", man);
     if user {
         // A user manager needs a runtime directory; a test machine has no login session.
         cmd.arg("--user").env("XDG_RUNTIME_DIR", dir);
@@ -179,6 +207,67 @@ fn the_device_agent_unit_verifies_as_a_template_and_as_an_instance() {
     );
 }
 
+/// The shipped system units run the binaries where their packages install them, and their
+/// `Documentation=` names what the packages install: a man page `cargo xtask man` writes
+/// and a file among the package's assets (no placeholder URL).
+#[test]
+fn the_units_name_the_packaged_binaries_and_documentation() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for (unit, package, manifest) in [
+        ("systemd/cortex-hub.service", "cortex-hub", "hub/Cargo.toml"),
+        (
+            "systemd/cortex-device-agent@.service",
+            "cortex-device-agent",
+            "device-agent/Cargo.toml",
+        ),
+        (
+            "systemd/user/cortex-hub.service",
+            "cortex-hub",
+            "hub/Cargo.toml",
+        ),
+    ] {
+        let text = std::fs::read_to_string(packaging().join(unit)).expect("unit");
+        let assets = std::fs::read_to_string(workspace.join(manifest)).expect("manifest");
+        let exec = text
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .unwrap_or_else(|| panic!("{unit}: no ExecStart="));
+        let program = exec.split_whitespace().next().unwrap_or_default();
+        if unit.contains("/user/") {
+            assert_eq!(program, format!("%h/.local/bin/{package}"), "{unit}");
+        } else {
+            assert_eq!(program, format!("/usr/bin/{package}"), "{unit}");
+            assert!(
+                assets.contains(&format!("[\"target/release/{package}\", \"usr/bin/\"")),
+                "{manifest} does not install {package} in /usr/bin"
+            );
+        }
+        let docs: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("Documentation="))
+            .flat_map(str::split_whitespace)
+            .collect();
+        assert!(!docs.is_empty(), "{unit}: no Documentation=");
+        for doc in docs {
+            if let Some(page) = doc.strip_prefix("man:") {
+                let name = page.trim_end_matches("(1)");
+                assert!(
+                    man_path().join("man1").join(format!("{name}.1")).is_file(),
+                    "{unit}: {doc} is not a page xtask man writes"
+                );
+            } else if let Some(path) = doc.strip_prefix("file:///") {
+                let (dir, file) = path.rsplit_once('/').expect("a file path");
+                assert!(
+                    assets.contains(&format!("/{file}\", \"{dir}/\"")),
+                    "{unit}: {doc} is not installed by {manifest}"
+                );
+            } else {
+                panic!("{unit}: {doc} is neither a man page nor an installed file");
+            }
+        }
+    }
+}
+
 /// The check above is only as good as `analyze`'s eye: a broken copy must be caught.
 #[test]
 fn a_broken_unit_is_caught() {
@@ -237,6 +326,16 @@ fn the_install_script_writes_what_the_unit_reads() {
             & 0o7777
     };
     assert_eq!(mode("usr/local/bin/cortex-device-agent"), 0o755);
+    // The unit it installs runs the binary where it put it.
+    let installed =
+        std::fs::read_to_string(r.join("etc/systemd/system/cortex-device-agent@.service"))
+            .expect("installed unit");
+    assert!(
+        installed
+            .lines()
+            .any(|l| l == "ExecStart=/usr/local/bin/cortex-device-agent"),
+        "{installed}"
+    );
     assert_eq!(
         mode("etc/systemd/system/cortex-device-agent@.service"),
         0o644
@@ -483,8 +582,9 @@ fn the_debian_packages_install_and_their_units_verify() {
         base.join("usr/share/man/man1/cortex-wait-for.1.gz")
             .is_file()
     );
-    // The installed units, as installed: a bare `ExecStart=cortex-…` resolves only when the
-    // binary is in /usr/bin; unpacked, it is pointed at the unpacked one.
+    // The installed units, as installed: `ExecStart=/usr/bin/cortex-…` and the man pages
+    // their `Documentation=` names are the package's own; unpacked, both are pointed at
+    // the unpacked files.
     let units = base.join("lib/systemd/system");
     for (unit, as_name) in [
         ("cortex-hub.service", "cortex-hub.service"),
@@ -501,12 +601,12 @@ fn the_debian_packages_install_and_their_units_verify() {
         let mut text = std::fs::read_to_string(units.join(unit)).expect("installed unit");
         if !root {
             text = text.replace(
-                "ExecStart=cortex-",
+                "ExecStart=/usr/bin/cortex-",
                 &format!("ExecStart={}/usr/bin/cortex-", base.display()),
             );
         }
         std::fs::write(dir.path().join(as_name), text).expect("write");
-        let (ok, lines) = analyze(dir.path(), as_name, false);
+        let (ok, lines) = analyze_with_man(dir.path(), as_name, false, &base.join("usr/share/man"));
         assert!(
             ok && lines.is_empty(),
             "installed {unit} as {as_name}: {lines:#?}"

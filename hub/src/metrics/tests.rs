@@ -34,6 +34,7 @@ fn full() -> Metrics {
     m.signal("http", "accepted");
     m.wake("fired");
     m.remote_wait_armed("pid");
+    m.notice("approval", "sent");
     m
 }
 
@@ -50,6 +51,7 @@ fn every_family_is_named_with_the_prefix_and_its_unit() {
         ("cortex_wakes_total", "counter"),
         ("cortex_waitpoints", "gauge"),
         ("cortex_remote_waits_armed_total", "counter"),
+        ("cortex_notices_total", "counter"),
         ("cortex_store_commit_seconds", "histogram"),
         ("cortex_store_fsync_seconds", "histogram"),
     ];

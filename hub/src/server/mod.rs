@@ -1,6 +1,6 @@
 //! The hub's server: `run(config, listener, shutdown)` starts everything `main` and the
 //! tests need — the HTTP listener (signal route and API), the timer that delivers decided
-//! wakes, the sweep, the local spool intake and, with [`run_with_mesh`], the device
+//! wakes, the sweep, the local spool intake, the outgoing notices and, with [`run_with_mesh`], the device
 //! mesh — and stops it all cleanly.
 
 pub mod api;
@@ -11,6 +11,7 @@ pub mod hosts;
 pub mod http;
 pub mod log;
 pub mod metrics;
+mod notices;
 pub mod openapi;
 pub mod page;
 pub mod people;
@@ -103,7 +104,7 @@ pub fn router(state: AppState) -> Router {
 fn url_host(url: &str) -> Option<String> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let authority = rest.split('/').next()?;
-    hosts::name_of(authority).map(str::to_string)
+    crate::hosts::name_of(authority).map(str::to_string)
 }
 
 /// Runs the hub on `listener` until `shutdown` resolves, then stops accepting, finishes
@@ -191,7 +192,7 @@ pub async fn run_opened(
         agent_defaults: config.settings.agent.clone(),
         runs_model: config.model.is_some(),
         caps: config.model.as_ref().map(|m| m.caps()).unwrap_or_default(),
-        hosts: hosts::Hosts::new(
+        hosts: crate::hosts::Hosts::new(
             config
                 .settings
                 .allowed_hosts
@@ -200,6 +201,13 @@ pub async fn run_opened(
                 .chain(mesh.as_ref().and_then(|m| url_host(&m.url))),
         ),
     });
+    // The events some notice target wants, before anything that may queue one runs.
+    let targets = Arc::new(config.settings.notify.clone());
+    let wanted = crate::notify::wanted(&targets);
+    if let Err(e) = state.store.exec(move |t| t.set_notice_events(wanted)).await {
+        // The hub still serves; notices follow the events the last run recorded.
+        tracing::error!(error = %e, "cannot record which events the notice targets want");
+    }
     crate::mesh::start(&state, config.settings.device_loss_grace_ms).await?;
 
     let sweep =
@@ -208,6 +216,8 @@ pub async fn run_opened(
     timers::start(&state, sweep.is_some()).await;
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(timers::run(state.clone(), sweep));
+    // Also without targets: what an earlier run left pending is closed (given up).
+    tasks.spawn(notices::run(state.clone(), targets));
     let rescan =
         (config.settings.sweep_ms > 0).then(|| Duration::from_millis(config.settings.sweep_ms));
     tasks.spawn(spool::collect(state.clone(), Arc::new(spool), rescan));

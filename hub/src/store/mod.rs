@@ -20,6 +20,7 @@ pub mod device_waits;
 pub mod devices;
 pub mod kernel;
 pub mod logged;
+pub mod notices;
 pub mod ops;
 pub mod tables;
 pub mod timers;

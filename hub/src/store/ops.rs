@@ -122,6 +122,20 @@ impl Tx<'_> {
         };
         let json = serde_json::to_vec(&ev).map_err(|e| StoreError::Decode(e.to_string()))?;
         self.events().insert((sid, rec.last_seq), json.as_slice())?;
+        // What asks a person or went wrong is told outside too, once: queued with the event.
+        // An expiry is told unless it ends a monitor that heard its job (read from the
+        // stored waitpoint: an expiry changes neither its kind nor its signals).
+        let unanswered = |wp: &str| {
+            self.get_wp(wp)
+                .ok()
+                .flatten()
+                .is_none_or(|w| !w.is_monitor() || w.signal_count == 0)
+        };
+        if let Some(n) =
+            crate::notify::from_event(sid, rec.title.as_deref(), &ev.body, unanswered, now)
+        {
+            self.queue_notice(&format!("event:{sid}:{}", rec.last_seq), n, now)?;
+        }
         self.table_mut(&SESSIONS)
             .insert(sid, encode(&rec)?.as_slice())?;
         self.notify(super::tables::TOPIC_SESSION, sid, rec.last_seq);

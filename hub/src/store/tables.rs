@@ -19,6 +19,8 @@
 //! - `timers`, `device_wait_due`: what the timer queue replaced; emptied into it at start
 //! - `agents`, `transcript`, `ready`: the runner's (`agent.rs`)
 //! - `wait_consumers`: (waitpoint, consumer) → the seq of the last wake it took
+//! - `notices`: seq → a queued notice and its deliveries; `notice_keys`: event key → seq
+//!   (`notices.rs`, the outbox)
 //! - `meta`: name → number; `journal_seq` is the newest journal record a checkpoint holds
 
 use std::sync::Arc;
@@ -67,8 +69,13 @@ pub(crate) const REVOKED_DEVICES: TableSpec<&str, &[u8]> = TableSpec::new(18, "r
 /// the session event seq of the last wake taken.
 pub(crate) const CONSUMERS: TableSpec<(&str, &str), u64> = TableSpec::new(19, "wait_consumers");
 
+/// The outbox of outgoing notices (`notices.rs`): seq → a queued notice and its deliveries.
+pub(crate) const NOTICES: TableSpec<u64, &[u8]> = TableSpec::new(20, "notices");
+/// The event's key → its notice's seq: an event is queued once.
+pub(crate) const NOTICE_KEYS: TableSpec<&str, u64> = TableSpec::new(21, "notice_keys");
+
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 20] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 22] = [
     &META,
     &TIMER_QUEUE,
     &WAITPOINTS,
@@ -89,6 +96,8 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 20] = [
     &PENDING,
     &REVOKED_DEVICES,
     &CONSUMERS,
+    &NOTICES,
+    &NOTICE_KEYS,
 ];
 
 /// The timer kinds of the hub's domains (see [`super::kernel::timers`]): a decided wake

@@ -5,14 +5,14 @@ use crate::store::ops::{CancelOutcome, CreateOutcome};
 use cortex_protocol::SignalRequest;
 use cortex_protocol::api::{Decision, Event, EventBody, PendingRequest, PostAnswer, WakeReason};
 
-const T0: u64 = 1_796_000_000_000;
+pub(super) const T0: u64 = 1_796_000_000_000;
 
 /// A store in `dir`, with the default settings (the device-wait tests share it).
 pub(crate) fn open(dir: &std::path::Path) -> (Store, WriterGuard) {
     Store::open(&dir.join("hub.redb"), Settings::default()).expect("open")
 }
 
-async fn session(store: &Store) -> String {
+pub(super) async fn session(store: &Store) -> String {
     store
         .exec(|t| t.create_session(Some("t".into()), T0))
         .await
@@ -20,7 +20,7 @@ async fn session(store: &Store) -> String {
         .id
 }
 
-async fn waitpoint(store: &Store, sid: &str, p: CreateParams) -> (String, String) {
+pub(super) async fn waitpoint(store: &Store, sid: &str, p: CreateParams) -> (String, String) {
     let secret = crate::secret::new_secret();
     let hash = crate::secret::hash(&secret);
     let sid = sid.to_string();
@@ -34,7 +34,7 @@ async fn waitpoint(store: &Store, sid: &str, p: CreateParams) -> (String, String
     }
 }
 
-fn params() -> CreateParams {
+pub(super) fn params() -> CreateParams {
     CreateParams {
         label: "job".into(),
         intent: "look at it".into(),
@@ -51,7 +51,7 @@ pub(super) async fn crash(store: Store, guard: WriterGuard) {
 }
 
 /// A monitor taking up to `max` signals: its id and secret.
-async fn monitor(store: &Store, sid: &str, max: u32) -> (String, String) {
+pub(super) async fn monitor(store: &Store, sid: &str, max: u32) -> (String, String) {
     let p = CreateParams {
         max_signals: Some(max),
         ..params()
@@ -59,7 +59,7 @@ async fn monitor(store: &Store, sid: &str, max: u32) -> (String, String) {
     waitpoint(store, sid, p).await
 }
 
-fn sig(id: &str, secret: &str, key: Option<&str>) -> SignalIn {
+pub(super) fn sig(id: &str, secret: &str, key: Option<&str>) -> SignalIn {
     SignalIn {
         req: SignalRequest {
             id: id.into(),
@@ -75,7 +75,7 @@ fn sig(id: &str, secret: &str, key: Option<&str>) -> SignalIn {
     }
 }
 
-async fn send(store: &Store, s: SignalIn, now: u64) -> SignalOutcome {
+pub(super) async fn send(store: &Store, s: SignalIn, now: u64) -> SignalOutcome {
     store
         .exec(move |t| t.signal(&s, now))
         .await
@@ -87,7 +87,7 @@ pub(super) fn next_timer(store: &Store) -> Option<u64> {
     Some(*store.next_timer.borrow()).filter(|t| *t != u64::MAX)
 }
 
-async fn events(store: &Store, sid: &str) -> Vec<Event> {
+pub(super) async fn events(store: &Store, sid: &str) -> Vec<Event> {
     store
         .read({
             let sid = sid.to_string();
@@ -101,7 +101,7 @@ async fn events(store: &Store, sid: &str) -> Vec<Event> {
         .collect()
 }
 
-async fn wakes(store: &Store, sid: &str) -> Vec<WakeReason> {
+pub(super) async fn wakes(store: &Store, sid: &str) -> Vec<WakeReason> {
     events(store, sid)
         .await
         .into_iter()

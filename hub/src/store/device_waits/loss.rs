@@ -219,6 +219,11 @@ impl Tx<'_> {
             self.put_device_wait(&w)?;
             told += 1;
         }
+        if told > 0 {
+            // One notice per outage, however many waits (or later ones) are told of it.
+            let n = crate::notify::device_lost(device, spell, told, now);
+            self.queue_notice(&format!("device-lost:{device}:{spell}"), n, now)?;
+        }
         Ok(told)
     }
 }

@@ -697,6 +697,65 @@ async fn a_device_offline_past_the_grace_is_told_once_per_wait_and_per_outage() 
     );
 }
 
+/// The device-lost notices the outbox holds: (device, key).
+async fn lost_notices(store: &Store) -> Vec<(Option<String>, String)> {
+    store
+        .read(|r| r.notices_all())
+        .await
+        .expect("read")
+        .into_iter()
+        .filter(|n| n.notice.event == crate::notify::NoticeEvent::DeviceLost)
+        .map(|n| (n.notice.device, n.key))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_device_lost_is_one_notice_per_outage_however_many_waits_are_told() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, guard) = open(dir.path());
+    store
+        .exec(|t| t.set_notice_events(u64::MAX))
+        .await
+        .expect("mask");
+    start(&store, T0).await;
+    add_device(&store, "gpu1").await;
+    go_online(&store, "gpu1", 1, T0 + 10).await;
+    created(&store, new_wait("gpu1", 42, 600_000, None), T0 + 20).await;
+    created(&store, new_wait("gpu1", 43, 600_000, None), T0 + 20).await;
+    go_offline(&store, "gpu1", 1, T0 + 100).await;
+    fire(&store, T0 + 100 + GRACE - 1, &[]).await;
+    assert!(lost_notices(&store).await.is_empty(), "within the grace");
+    fire(&store, T0 + 100 + GRACE, &[]).await;
+    let first = format!("device-lost:gpu1:{}", T0 + 100);
+    assert_eq!(
+        lost_notices(&store).await,
+        vec![(Some("gpu1".to_string()), first.clone())],
+        "two waits told, one notice"
+    );
+    // A wait asked during the same outage is told of it; the person was already.
+    created(&store, new_wait("gpu1", 44, 600_000, None), T0 + 5_000).await;
+    fire(&store, T0 + 5_000, &[]).await;
+    assert_eq!(lost_notices(&store).await.len(), 1);
+    crash(store, guard).await;
+
+    // The next outage is a notice of its own, and the first is not told again.
+    let (store, _guard) = open(dir.path());
+    start(&store, T0 + 6_000).await;
+    go_online(&store, "gpu1", 2, T0 + 6_000).await;
+    go_offline(&store, "gpu1", 2, T0 + 7_000).await;
+    fire(&store, T0 + 7_000 + GRACE, &[]).await;
+    assert_eq!(
+        lost_notices(&store).await,
+        vec![
+            (Some("gpu1".to_string()), first),
+            (
+                Some("gpu1".to_string()),
+                format!("device-lost:gpu1:{}", T0 + 7_000)
+            )
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_device_back_within_the_grace_is_never_told() {
     let dir = tempfile::tempdir().expect("tmp");
