@@ -105,9 +105,9 @@ impl Compactor {
         state: &AppState,
         model: &Arc<dyn Model>,
         sid: &str,
-        job: compact::Job,
+        from: u64,
+        job: impl FnOnce() -> compact::Job,
     ) {
-        let from = job.from();
         let posted = self
             .posted
             .lock()
@@ -123,6 +123,7 @@ impl Compactor {
         {
             return;
         }
+        let job = job();
         let (state, model, me, sid) = (state.clone(), model.clone(), self.clone(), sid.to_string());
         let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         while jobs.try_join_next().is_some() {}
@@ -475,7 +476,9 @@ async fn drive(
                 }
                 if plan == compact::Plan::Soon {
                     let ctx = context.unwrap_or(0);
-                    compactor.start(state, model, sid, job("threshold", ctx, per_byte));
+                    let from = summary.as_ref().map_or(prefix_len, |s| s.through);
+                    let job = || job("threshold", ctx, per_byte);
+                    compactor.start(state, model, sid, from, job);
                 }
                 let may_retry = !refused_for.as_ref().is_some_and(|r| same_step(r, &at));
                 let stepped = step_once(
