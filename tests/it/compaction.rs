@@ -142,10 +142,15 @@ fn a_session_near_its_context_is_compacted_and_keeps_answering() {
 
 #[test]
 fn a_refusal_for_size_is_compacted_and_the_step_made_again_once() {
-    // The server does not report its context: the first sign is a refusal.
+    // The server does not report its context: the first sign is a refusal. One step a
+    // run: the step made again is the same step, not one over the bound.
     let model = model(2_048, false);
     let (hub, _tmp) = hub(&model);
-    let sid = session(&hub, "unknown context");
+    let sid = new_session(
+        &hub,
+        json!({"title": "unknown context", "instructions": "Be brief.", "maxTokens": 64,
+               "policy": {"allow": ["wait_create"]}, "stop": {"steps": 1}}),
+    );
     for n in 1..=20 {
         say(&hub, &sid, json!({"text": note(n)}));
         let end = run_end(&hub, &sid, n);
