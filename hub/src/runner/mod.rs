@@ -40,17 +40,27 @@ const PASS: usize = 256;
 
 /// Runs the runner until the hub stops.
 pub async fn run(state: AppState, model: Arc<dyn Model>) {
-    let window = model.context_window().await;
-    match &window {
-        Some(w) => {
-            tracing::info!(context_tokens = w.tokens, source = %w.source, "the model's context; sessions are compacted as they near it")
-        }
-        None => tracing::info!(
-            "the model's context is unknown (set llm.contextTokens or CORTEX_LLM_CONTEXT_TOKENS): a session is compacted only when the server refuses a request for its size"
-        ),
-    }
     let compactor = Arc::new(Compactor::default());
-    compactor.set_context(window.map(|w| w.tokens));
+    // Asked beside the queue: a server slow to say does not hold the sessions back (until
+    // it answers, a session is compacted only when a request is refused for its size).
+    {
+        let (me, model, stop) = (compactor.clone(), model.clone(), state.shutdown.clone());
+        compactor.jobs.lock().unwrap_or_else(|e| e.into_inner()).spawn(async move {
+            let window = tokio::select! {
+                w = model.context_window() => w,
+                () = stop.cancelled() => return,
+            };
+            match &window {
+                Some(w) => {
+                    tracing::info!(context_tokens = w.tokens, source = %w.source, "the model's context; sessions are compacted as they near it");
+                    me.learn_context(w.tokens);
+                }
+                None => tracing::info!(
+                    "the model's context is unknown (set llm.contextTokens or CORTEX_LLM_CONTEXT_TOKENS): a session is compacted only when the server refuses a request for its size"
+                ),
+            }
+        });
+    }
     let mut drivers = tokio::task::JoinSet::new();
     queue(&state, model, &compactor, &mut drivers).await;
     // The drivers see the stop too: a model call in flight is dropped, a store write
@@ -81,8 +91,16 @@ impl Compactor {
         Some(self.context.load(Ordering::Relaxed)).filter(|&n| n > 0)
     }
 
-    fn set_context(&self, tokens: Option<u64>) {
-        self.context.store(tokens.unwrap_or(0), Ordering::Relaxed);
+    /// The context is `tokens`, or less if it was known to be less.
+    fn learn_context(&self, tokens: u64) {
+        let _ = self
+            .context
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                Some(match now {
+                    0 => tokens,
+                    n => n.min(tokens),
+                })
+            });
     }
 
     fn per_byte(&self, sid: &str) -> f64 {
@@ -520,7 +538,7 @@ async fn drive(
                             && context.is_none_or(|c| n < c)
                         {
                             tracing::info!(session = %sid, context_tokens = n, "the model's context, as the server's refusal names it");
-                            compactor.set_context(Some(n));
+                            compactor.learn_context(n);
                         }
                         let mut per_byte = per_byte;
                         if let Some(p) = prompt_tokens.and_then(|p| compact::calibrate(p, bytes)) {
