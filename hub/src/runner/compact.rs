@@ -307,6 +307,22 @@ fn number_after(e: &ModelError, key: &str) -> Option<u64> {
     digits.parse::<u64>().ok().filter(|&n| n > 0)
 }
 
+/// Why a compaction found nothing to summarize: `after` messages after the prefix and the
+/// last summary; when the prefix and the tools (`fixed`) with the answer's room already
+/// fill the context, what to change.
+pub fn nothing_to_compact(after: usize, fixed: u64, reserve: u64, context: u64) -> String {
+    let messages = if after == 1 { "message" } else { "messages" };
+    let mut why = format!(
+        "nothing to compact: the transcript holds {after} {messages} after the prefix and the last summary"
+    );
+    if context > 0 && fixed + reserve >= context {
+        why.push_str(&format!(
+            "; the prefix and the tools alone hold ~{fixed} of the model's {context} tokens: show fewer tools (policy.allow), shorten the instructions, or use a model with a bigger context"
+        ));
+    }
+    why
+}
+
 /// One compaction to compute.
 pub struct Job {
     /// The stored transcript (secrets redacted: a summary never holds one).
@@ -366,10 +382,9 @@ pub async fn summarize(model: &dyn Model, j: &Job) -> Compaction {
     let forced = (j.cause == "forced").then(|| sizes[start..].iter().sum::<u64>());
     let keep = keep(j.context, reserve(j.max_tokens, j.context), fixed, forced);
     let Some(through) = cut(&roles, &sizes, start, keep) else {
-        c.error = Some(format!(
-            "nothing to compact: the transcript holds {} messages after the prefix and the last summary",
-            j.messages.len().saturating_sub(start)
-        ));
+        let after = j.messages.len().saturating_sub(start);
+        let reserve = reserve(j.max_tokens, j.context);
+        c.error = Some(nothing_to_compact(after, fixed, reserve, j.context));
         return c;
     };
     let range = &j.messages[start..through];
@@ -460,6 +475,23 @@ mod tests {
                 "{context} {reserve} {fixed} {forced:?}"
             );
         }
+    }
+
+    #[test]
+    fn nothing_to_compact_says_when_the_prefix_is_the_problem() {
+        let plain = nothing_to_compact(1, 700, 256, 2048);
+        assert!(
+            plain.ends_with("holds 1 message after the prefix and the last summary"),
+            "{plain}"
+        );
+        let full = nothing_to_compact(2, 3_300, 256, 2048);
+        assert!(full.contains("2 messages"), "{full}");
+        assert!(full.contains("~3300 of the model's 2048 tokens"), "{full}");
+        assert!(full.contains("policy.allow"), "{full}");
+        assert!(
+            !nothing_to_compact(1, 3_300, 0, 0).contains("policy"),
+            "context unknown"
+        );
     }
 
     #[test]
