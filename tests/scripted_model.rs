@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -375,6 +375,12 @@ struct Shared {
     /// Chat requests whose answer has not ended yet, and the most there ever were.
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
+    /// A context size in tokens, as llama.cpp's server has one: reported at `GET /props`,
+    /// and a chat request whose prompt reaches it refused (400) as llama.cpp refuses it.
+    context: Mutex<Option<u64>>,
+    /// Whether `GET /props` tells the context (a server that does not: 404).
+    context_reported: AtomicBool,
+    refused: AtomicUsize,
 }
 
 impl Shared {
@@ -437,6 +443,9 @@ impl ScriptedModel {
             connections: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
+            context: Mutex::new(None),
+            context_reported: AtomicBool::new(true),
+            refused: AtomicUsize::new(0),
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let serving = shared.clone();
@@ -526,6 +535,26 @@ impl ScriptedModel {
     /// TCP connections accepted so far (keep-alive reuses one for many requests).
     pub fn connections(&self) -> usize {
         self.shared.connections.load(Ordering::SeqCst)
+    }
+
+    /// Gives the server a context of `tokens`, as llama.cpp's has: `GET /props` reports it
+    /// (`default_generation_settings.n_ctx`), and a chat request whose prompt holds that
+    /// many tokens or more (a token every four bytes of the body, as its usage counts) is
+    /// answered 400 with llama.cpp's words and numbers (recorded as a request; no reply of
+    /// the script is used).
+    pub fn set_context(&self, tokens: Option<u64>) {
+        *self.shared.context.lock().expect("context") = tokens;
+    }
+
+    /// Whether `GET /props` tells the context set (default yes; no: 404, as a server
+    /// without the route answers).
+    pub fn report_context(&self, yes: bool) {
+        self.shared.context_reported.store(yes, Ordering::SeqCst);
+    }
+
+    /// Chat requests refused for their size so far.
+    pub fn refused(&self) -> usize {
+        self.shared.refused.load(Ordering::SeqCst)
     }
 
     /// Adds a reply at the end of the script.
@@ -663,6 +692,20 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
         |pq| pq.as_str().to_string(),
     );
     shared.targets.lock().expect("targets").push(target);
+    if req.method() == hyper::Method::GET && req.uri().path() == "/props" {
+        let ctx = *shared.context.lock().expect("context");
+        let ctx = ctx.filter(|_| shared.context_reported.load(Ordering::SeqCst));
+        return Ok(match ctx {
+            Some(n) => json_answer(
+                StatusCode::OK,
+                json!({"default_generation_settings": {"n_ctx": n}, "total_slots": 1}),
+            ),
+            None => json_answer(
+                StatusCode::NOT_FOUND,
+                json!({"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}),
+            ),
+        });
+    }
     if req.method() != hyper::Method::POST || req.uri().path() != "/v1/chat/completions" {
         return Ok(json_answer(
             StatusCode::NOT_FOUND,
@@ -700,6 +743,19 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
             StatusCode::BAD_REQUEST,
             json!({"error": {"message": "the body is not JSON", "type": "invalid_request_error"}}),
         ));
+    }
+    let ctx = *shared.context.lock().expect("context");
+    if let Some(n_ctx) = ctx {
+        let n_prompt = bytes.len() as u64 / 4;
+        if n_prompt >= n_ctx {
+            shared.refused.fetch_add(1, Ordering::SeqCst);
+            shared.set_outcome(n, Outcome::Sent);
+            return Ok(json_answer(
+                StatusCode::BAD_REQUEST,
+                json!({"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it",
+                    "type": "exceed_context_size_error", "n_prompt_tokens": n_prompt, "n_ctx": n_ctx}}),
+            ));
+        }
     }
     let mut reply = {
         let next = shared.script.lock().expect("script").pop_front();

@@ -446,6 +446,43 @@ pub enum EventBody {
         text: String,
         dedupe_key: String,
     },
+    /// A person asked for the session's transcript to be compacted now (an inbox item,
+    /// `POST /api/sessions/{sid}/compact`); a `compaction` with `cause: forced` answers it.
+    Compact {},
+    /// A summary of the transcript's older part, computed beside the session's steps and
+    /// posted back (an inbox item). The runner takes it only if it still matches what it
+    /// was computed from; from then on a request carries the prefix, the summary and the
+    /// messages from `through` on.
+    Compaction(Box<Compaction>),
+}
+
+/// A `compaction` event: transcript positions `from..through` (and the summary before
+/// them, if any) summarized into `summary`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Compaction {
+    /// `threshold` (the next request neared the model's context), `refused` (the server
+    /// refused a request for its size; the step is made again once) or `forced`.
+    pub cause: String,
+    /// The first transcript position summarized (after the prefix, or where the last
+    /// summary ended).
+    pub from: u64,
+    /// The first position kept as it is.
+    pub through: u64,
+    /// A digest of the messages and the earlier summary it was computed from.
+    pub digest: String,
+    pub summary: String,
+    /// The next request's estimated tokens without and with the summary.
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    /// The model's context, in tokens, the compaction was sized for.
+    pub context_tokens: u64,
+    /// The summary's model call: how long it took and what it used.
+    pub elapsed_ms: u64,
+    pub usage: Usage,
+    /// Why there is no summary (nothing to compact, the model call failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// What waits on a person.

@@ -3,6 +3,7 @@
 
 mod cli_model;
 mod cli_ux;
+mod compaction;
 mod cortex_cli;
 mod device_exec;
 mod device_loss;

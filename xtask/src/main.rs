@@ -2,6 +2,7 @@
 //! shell script. This file only dispatches; each task lives in its own module beside it.
 
 mod bench_agent;
+mod bench_compaction;
 mod bench_kit;
 mod bench_mesh;
 mod bench_signals;
@@ -60,6 +61,11 @@ tasks:
       sessions each waiting (default 10,000), and all of them woken in one burst (the
       most model requests at once must stay within agent.concurrency); see
       docs/benchmarks.md
+  bench compaction [--turns N] [--context TOKENS] [--base-url URL] [--model NAME]
+                   [--no-build] [--debug]
+      what a compaction costs (the summary call's time and tokens) and saves (prompt
+      tokens before and after): one chat session, N turns, against a scripted server with
+      a small context (default 2,048 tokens) or a real one; see docs/benchmarks.md
   deb [--out DIR] [--no-build]
       the Debian packages cortex-hub, cortex-cli and cortex-device-agent (cargo-deb:
       cargo install cargo-deb --locked) from stripped release binaries, with the units,
@@ -86,6 +92,7 @@ fn main() -> ExitCode {
         ["bench", "mesh", rest @ ..] => bench_mesh::run(rest),
         ["bench", "waits", rest @ ..] => bench_waits::run(rest),
         ["bench", "agent", rest @ ..] => bench_agent::run(rest),
+        ["bench", "compaction", rest @ ..] => bench_compaction::run(rest),
         ["real-model", rest @ ..] => real_model::run(rest),
         ["deb", rest @ ..] => deb::run(rest),
         ["dist", rest @ ..] => deb::run_dist(rest),

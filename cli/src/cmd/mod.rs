@@ -302,6 +302,15 @@ pub enum SessionCommand {
         #[arg(long)]
         turn: bool,
     },
+    /// Compact a session's transcript now: its older part is summarized by the model (the
+    /// prefix and the newest messages kept) and the requests from then on carry the
+    /// summary; waits for the runner's answer and prints what it saved
+    #[command(after_help = "Examples:\n  cortex session compact ses_8a1e2f3b4c5d")]
+    Compact {
+        /// The session (ses_…)
+        #[arg(value_name = "SID")]
+        sid: String,
+    },
     /// Delete a session: its events and waitpoints go (armed ones are cancelled first, so
     /// a late signal is told "already resolved")
     #[command(after_help = "Examples:\n  cortex session delete ses_8a1e2f3b4c5d")]
@@ -690,6 +699,9 @@ fn execute(
             sessions::say(&hub, &post, json, out, err)?
         }
         Command::Session(SessionCommand::Delete { sid }) => sessions::delete(&hub, sid, json, out)?,
+        Command::Session(SessionCommand::Compact { sid }) => {
+            sessions::compact(&hub, sid, json, out)?
+        }
         Command::Session(SessionCommand::Cancel { sid, turn }) => {
             people::cancel(&hub, sid, *turn, json, out)?
         }

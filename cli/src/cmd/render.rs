@@ -265,6 +265,11 @@ impl Render {
             EventBody::Timer { name, text, .. } => {
                 self.note(&mut out, format!("⏰ timer {name}: {}", first_line(text)));
             }
+            EventBody::Compact {} => self.note(&mut out, "⇢ compaction asked".to_string()),
+            EventBody::Compaction(c) => {
+                let line = compaction_line(c);
+                self.note(&mut out, line);
+            }
             EventBody::WaitpointArmed { .. }
             | EventBody::InputTaken { .. }
             | EventBody::StepStart { .. } => {}
@@ -393,6 +398,22 @@ pub fn run_of(body: &EventBody) -> Option<&str> {
         | EventBody::RunEnd { run_id, .. } => Some(run_id),
         _ => None,
     }
+}
+
+/// A `compaction` event in words.
+pub fn compaction_line(c: &cortex_protocol::api::Compaction) -> String {
+    if let Some(e) = &c.error {
+        return format!("⇢ no compaction ({}): {}", c.cause, first_line(e));
+    }
+    let took = timefmt::human(std::time::Duration::from_millis(c.elapsed_ms));
+    format!(
+        "⇢ context compacted ({}): {} messages summarized, ~{} → ~{} of {} tokens, the summary took {took}",
+        c.cause,
+        c.through.saturating_sub(c.from),
+        c.tokens_before,
+        c.tokens_after,
+        c.context_tokens
+    )
 }
 
 /// A JSON value on one line (a string as its text).

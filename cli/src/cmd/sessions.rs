@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use cortex_protocol::api::{
-    CreateSession, Envelope, MessagePosted, OutputConfig, Policy, PostMessage, SessionResult,
-    SessionView, When,
+    Compaction, CreateSession, Envelope, MessagePosted, OutputConfig, Policy, PostMessage,
+    SessionResult, SessionView, When,
 };
 use serde_json::Value;
 
@@ -476,6 +476,56 @@ pub fn events(
     }
 }
 
+/// How long `cortex session compact` waits for the runner's answer.
+const COMPACT_WAIT: Duration = Duration::from_secs(600);
+
+/// `cortex session compact SID`: asks for a compaction now and waits for the runner's
+/// `compaction` event answering it (an error when it summarized nothing).
+pub fn compact(hub: &Hub, sid: &str, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+    let reply = hub
+        .post(
+            &format!("/api/sessions/{}/compact", segment(sid)),
+            &serde_json::json!({}),
+        )
+        .with_context(|| format!("asking session {sid} for a compaction"))?;
+    let posted: Value = reply.json("POST /api/sessions/{sid}/compact")?;
+    let mut cursor = posted["seq"].as_u64().unwrap_or(0);
+    let until = std::time::Instant::now() + COMPACT_WAIT;
+    while std::time::Instant::now() < until {
+        let path = format!(
+            "/api/sessions/{}/events?after={cursor}&wait={FOLLOW_WAIT_SECS}",
+            segment(sid)
+        );
+        let page: Value = hub
+            .get_slow(&path, Duration::from_secs(FOLLOW_WAIT_SECS + 15))
+            .with_context(|| format!("reading the events of session {sid}"))?
+            .json("GET /api/sessions/{sid}/events")?;
+        for ev in events_of(&page)? {
+            cursor = cursor.max(ev["seq"].as_u64().unwrap_or(cursor));
+            if ev["kind"] != "compaction" || ev["cause"] != "forced" {
+                continue;
+            }
+            if json {
+                writeln!(out, "{}", serde_json::to_string(ev)?)?;
+            }
+            let c: Compaction = serde_json::from_value(ev.clone())
+                .context("the hub's compaction event is not one")?;
+            if let Some(e) = &c.error {
+                anyhow::bail!("session {sid} was not compacted: {e}");
+            }
+            if !json {
+                writeln!(out, "{}", render::compaction_line(&c))?;
+            }
+            return Ok(());
+        }
+    }
+    anyhow::bail!(
+        "session {sid} was asked for a compaction (seq {}) and has not answered in {} s; it does at its next boundary (cortex session events {sid} --follow shows it)",
+        posted["seq"],
+        COMPACT_WAIT.as_secs()
+    )
+}
+
 /// The `events` array of an events page.
 pub fn events_of(page: &Value) -> anyhow::Result<&Vec<Value>> {
     page["events"]
@@ -518,6 +568,10 @@ pub fn event_line(ev: &Value) -> String {
             )
         }
         "waitpoint-armed" => wp_ref(),
+        "compaction" => match serde_json::from_value::<Compaction>(ev.clone()) {
+            Ok(c) => render::compaction_line(&c),
+            Err(_) => "?".to_string(),
+        },
         "waitpoint-cancelled" => format!("{} by {}", wp_ref(), ev["by"].as_str().unwrap_or("?")),
         _ => {
             let mut rest = ev.clone();

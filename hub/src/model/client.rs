@@ -19,7 +19,9 @@ use super::caps::{Caps, Endpoint};
 use super::config::{ModelConfig, base_url_of};
 use super::error::ModelError;
 use super::retry;
-use super::step::{Delta, Model, StepFuture, StepOutput, StepRequest};
+use super::step::{
+    ContextFuture, ContextWindow, Delta, Model, StepFuture, StepOutput, StepRequest,
+};
 use super::wire::{ChatMessage, ToolSpec};
 use cortex_host::sse::Parser;
 
@@ -50,6 +52,10 @@ pub struct ModelClient {
     backoff: Duration,
     /// The key itself, only to blank it out of error excerpts a server might echo it in.
     key: Option<String>,
+    /// The API's base (`…/v1`), for what the server says of itself.
+    base: reqwest::Url,
+    /// The context as set, if it was.
+    context_tokens: Option<u64>,
 }
 
 impl std::fmt::Debug for ModelClient {
@@ -110,6 +116,7 @@ impl ModelClient {
         let mut endpoint = reqwest::Url::parse(&base).map_err(|e| {
             ModelError::Config(format!("the model server's base URL {base:?}: {e}"))
         })?;
+        let base = endpoint.clone();
         // The path grows; a query the base carries (`?api-version=…`) stays a query.
         let path = format!("{}/chat/completions", endpoint.path().trim_end_matches('/'));
         endpoint.set_path(&path);
@@ -161,7 +168,81 @@ impl ModelClient {
             max_retries: cfg.max_retries,
             backoff: cfg.backoff,
             key: key.map(str::to_string),
+            base,
+            context_tokens: cfg.context_tokens,
         })
+    }
+
+    /// The model's context: what the server reports (llama.cpp's `GET /props`
+    /// `default_generation_settings.n_ctx`, else `GET {base}/models`' `max_model_len`,
+    /// `context_length` or `meta.n_ctx_train`) and the setting; the smaller when both
+    /// are known.
+    pub async fn context_window(&self) -> Option<ContextWindow> {
+        let reported = self.reported_context().await;
+        let set = self.context_tokens.map(|n| ContextWindow {
+            tokens: n,
+            source: "the setting (llm.contextTokens or CORTEX_LLM_CONTEXT_TOKENS)".into(),
+        });
+        match (reported, set) {
+            (Some(r), Some(s)) if s.tokens < r.tokens => Some(s),
+            (Some(r), _) => Some(r),
+            (None, s) => s,
+        }
+    }
+
+    async fn reported_context(&self) -> Option<ContextWindow> {
+        let mut root = self.base.clone();
+        let path = root.path().trim_end_matches('/').to_string();
+        root.set_path(&format!(
+            "{}/props",
+            path.strip_suffix("/v1").unwrap_or(&path)
+        ));
+        root.set_query(None);
+        if let Some(v) = self.get_json(root).await {
+            let n = v["default_generation_settings"]["n_ctx"]
+                .as_u64()
+                .or_else(|| v["n_ctx"].as_u64());
+            if let Some(n) = n.filter(|&n| n > 0) {
+                return Some(ContextWindow {
+                    tokens: n,
+                    source: "the server's /props (n_ctx)".into(),
+                });
+            }
+        }
+        let mut models = self.base.clone();
+        models.set_path(&format!("{path}/models"));
+        let v = self.get_json(models).await?;
+        let list = v["data"].as_array()?;
+        let entry = list
+            .iter()
+            .find(|m| m["id"].as_str() == Some(self.model.as_str()))
+            .or_else(|| list.first())?;
+        [
+            ("max_model_len", &entry["max_model_len"]),
+            ("context_length", &entry["context_length"]),
+            ("meta.n_ctx_train", &entry["meta"]["n_ctx_train"]),
+        ]
+        .into_iter()
+        .find_map(|(name, n)| {
+            n.as_u64().filter(|&n| n > 0).map(|n| ContextWindow {
+                tokens: n,
+                source: format!("the server's /models ({name})"),
+            })
+        })
+    }
+
+    /// A small JSON answer to `GET url`, or `None` for anything else.
+    async fn get_json(&self, url: reqwest::Url) -> Option<serde_json::Value> {
+        let mut req = self.http.get(url).timeout(Duration::from_secs(5));
+        if let Some(auth) = &self.auth {
+            req = req.header(AUTHORIZATION, auth.clone());
+        }
+        let resp = req.send().await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let bytes = resp.bytes().await.ok()?;
+        serde_json::from_slice(&bytes[..bytes.len().min(JSON_BODY_BYTES)]).ok()
     }
 
     /// One step: the request sent, the answer streamed (text and reasoning to
@@ -478,6 +559,10 @@ impl ModelClient {
 impl Model for ModelClient {
     fn caps(&self) -> Caps {
         self.server.caps()
+    }
+
+    fn context_window(&self) -> ContextFuture<'_> {
+        Box::pin(ModelClient::context_window(self))
     }
 
     fn step<'a>(

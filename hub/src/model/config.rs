@@ -29,6 +29,10 @@ pub struct ModelConfig {
     pub max_retries: u32,
     /// The first retry's delay before jitter; it doubles each retry, capped at 30 s.
     pub backoff: Duration,
+    /// The model's context in tokens, as set (`llm.contextTokens`,
+    /// `CORTEX_LLM_CONTEXT_TOKENS`); the server's own figure is asked for too, and the
+    /// smaller is used.
+    pub context_tokens: Option<u64>,
 }
 
 impl ModelConfig {
@@ -46,6 +50,7 @@ impl ModelConfig {
             idle_timeout: Duration::from_secs(60),
             max_retries: 4,
             backoff: Duration::from_millis(500),
+            context_tokens: None,
         }
     }
 }
@@ -62,6 +67,7 @@ impl std::fmt::Debug for ModelConfig {
             .field("idle_timeout", &self.idle_timeout)
             .field("max_retries", &self.max_retries)
             .field("backoff", &self.backoff)
+            .field("context_tokens", &self.context_tokens)
             .finish()
     }
 }
@@ -77,13 +83,14 @@ const KEYS: &[&str] = &[
     "idleTimeoutMs",
     "maxRetries",
     "backoffMs",
+    "contextTokens",
 ];
 
 /// The model the hub's runner calls, from settings.json's `llm` object
 /// (`{baseUrl, model, endpoint, apiKeyEnv, connectTimeoutMs, firstByteTimeoutMs,
-/// idleTimeoutMs, maxRetries, backoffMs}`, all optional) and the environment
-/// (`CORTEX_LLM_BASE_URL`, `CORTEX_LLM_MODEL`, `CORTEX_LLM_ENDPOINT`,
-/// `CORTEX_LLM_API_KEY`).
+/// idleTimeoutMs, maxRetries, backoffMs, contextTokens}`, all optional) and the
+/// environment (`CORTEX_LLM_BASE_URL`, `CORTEX_LLM_MODEL`, `CORTEX_LLM_ENDPOINT`,
+/// `CORTEX_LLM_API_KEY`, `CORTEX_LLM_CONTEXT_TOKENS`).
 ///
 /// As with the hub's other settings, a key in settings.json wins and the environment
 /// fills what it leaves out. The API key is never in the file: `apiKeyEnv` names the
@@ -199,6 +206,23 @@ pub fn llm_config(
                 ))
             })?;
     }
+    cfg.context_tokens = match llm.get("contextTokens").filter(|v| !v.is_null()) {
+        Some(v) => Some(v.as_u64().filter(|&n| n >= 256).ok_or_else(|| {
+            ModelError::Config(format!(
+                "settings.json llm.contextTokens must be a whole number of tokens, at least 256, not {v}"
+            ))
+        })?),
+        None => match env("CORTEX_LLM_CONTEXT_TOKENS").map(|v| v.trim().to_string()) {
+            Some(v) if !v.is_empty() => Some(v.parse::<u64>().ok().filter(|&n| n >= 256).ok_or_else(
+                || {
+                    ModelError::Config(format!(
+                        "CORTEX_LLM_CONTEXT_TOKENS={v:?} must be a whole number of tokens, at least 256"
+                    ))
+                },
+            )?),
+            _ => None,
+        },
+    };
     Ok(Some(cfg))
 }
 
@@ -477,6 +501,36 @@ mod tests {
             &env_of(&[]),
         ));
         assert!(number.contains("llm.endpoint must be a string"), "{number}");
+    }
+
+    #[test]
+    fn the_context_is_set_in_settings_or_the_environment() {
+        let base = json!({"baseUrl": "http://h/v1", "model": "m"});
+        // (settings.json llm.contextTokens, CORTEX_LLM_CONTEXT_TOKENS, the setting or the error's words)
+        type Case<'a> = (Option<Value>, Option<&'a str>, Result<Option<u64>, &'a str>);
+        let cases: [Case<'_>; 6] = [
+            (None, None, Ok(None)),
+            (Some(json!(2048)), None, Ok(Some(2048))),
+            (None, Some(" 8192 "), Ok(Some(8192))),
+            (Some(json!(4096)), Some("8192"), Ok(Some(4096))),
+            (Some(json!(100)), None, Err("llm.contextTokens")),
+            (None, Some("2k"), Err("CORTEX_LLM_CONTEXT_TOKENS")),
+        ];
+        for (setting, var, want) in cases {
+            let mut llm = base.clone();
+            if let Some(s) = &setting {
+                llm["contextTokens"] = s.clone();
+            }
+            let pairs: Vec<(&str, &str)> = var
+                .map(|v| ("CORTEX_LLM_CONTEXT_TOKENS", v))
+                .into_iter()
+                .collect();
+            let got = llm_config(Some(&llm), &env_of(&pairs));
+            match want {
+                Ok(n) => assert_eq!(got.expect("ok").expect("some").context_tokens, n),
+                Err(words) => assert!(err(got).contains(words), "{setting:?} {var:?}"),
+            }
+        }
     }
 
     #[test]

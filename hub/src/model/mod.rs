@@ -20,5 +20,5 @@ pub use caps::{Caps, Endpoint};
 pub use client::{ModelClient, request_body};
 pub use config::{ModelConfig, llm_config};
 pub use error::ModelError;
-pub use step::{Delta, Model, StepFuture, StepOutput, StepRequest};
+pub use step::{ContextFuture, ContextWindow, Delta, Model, StepFuture, StepOutput, StepRequest};
 pub use wire::{ChatMessage, FunctionCall, Role, ToolCall, ToolSpec};

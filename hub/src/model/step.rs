@@ -66,6 +66,17 @@ pub struct StepOutput {
     pub usage: Option<Usage>,
 }
 
+/// How many tokens a request and its answer may hold, and who said so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextWindow {
+    pub tokens: u64,
+    /// Where the number came from (the server's `/props`, a setting), for the log.
+    pub source: String,
+}
+
+/// The future of [`Model::context_window`].
+pub type ContextFuture<'a> = Pin<Box<dyn Future<Output = Option<ContextWindow>> + Send + 'a>>;
+
 /// The future of one step.
 pub type StepFuture<'a> = Pin<Box<dyn Future<Output = Result<StepOutput, ModelError>> + Send + 'a>>;
 
@@ -74,6 +85,11 @@ pub trait Model: Send + Sync + 'static {
     /// What the endpoint enforces; nothing, unless the model says otherwise.
     fn caps(&self) -> Caps {
         Caps::default()
+    }
+
+    /// The model's context, asked once when the runner starts; `None`: unknown.
+    fn context_window(&self) -> ContextFuture<'_> {
+        Box::pin(async { None })
     }
 
     fn step<'a>(

@@ -9,6 +9,7 @@
 //! After a crash or restart the queue still holds every session that was ready or
 //! running, so the runner goes on where it stopped.
 
+pub mod compact;
 pub mod external;
 pub mod gate;
 pub mod output;
@@ -18,10 +19,11 @@ pub mod tools;
 pub mod turn;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cortex_host::timing;
-use cortex_protocol::api::{DeltaChannel, Event, EventBody};
+use cortex_protocol::api::{Compaction, DeltaChannel, Event, EventBody};
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::model::{ChatMessage, Delta, Model, StepRequest, ToolSpec};
@@ -38,14 +40,144 @@ const PASS: usize = 256;
 
 /// Runs the runner until the hub stops.
 pub async fn run(state: AppState, model: Arc<dyn Model>) {
+    let compactor = Arc::new(Compactor::default());
+    // Asked beside the queue: a server slow to say does not hold the sessions back (until
+    // it answers, a session is compacted only when a request is refused for its size).
+    {
+        let (me, model, stop) = (compactor.clone(), model.clone(), state.shutdown.clone());
+        compactor.jobs.lock().unwrap_or_else(|e| e.into_inner()).spawn(async move {
+            let window = tokio::select! {
+                w = model.context_window() => w,
+                () = stop.cancelled() => return,
+            };
+            match &window {
+                Some(w) => {
+                    tracing::info!(context_tokens = w.tokens, source = %w.source, "the model's context; sessions are compacted as they near it");
+                    me.learn_context(w.tokens);
+                }
+                None => tracing::info!(
+                    "the model's context is unknown (set llm.contextTokens or CORTEX_LLM_CONTEXT_TOKENS): a session is compacted only when the server refuses a request for its size"
+                ),
+            }
+        });
+    }
     let mut drivers = tokio::task::JoinSet::new();
-    queue(&state, model, &mut drivers).await;
+    queue(&state, model, &compactor, &mut drivers).await;
     // The drivers see the stop too: a model call in flight is dropped, a store write
     // finishes. Each holds the state, so the store closes only once they are gone.
     while drivers.join_next().await.is_some() {}
+    let mut jobs = std::mem::take(&mut *compactor.jobs.lock().unwrap_or_else(|e| e.into_inner()));
+    while jobs.join_next().await.is_some() {}
 }
 
-async fn queue(state: &AppState, model: Arc<dyn Model>, drivers: &mut tokio::task::JoinSet<()>) {
+/// What the runner knows for compaction: the model's context, the sessions with a
+/// summary being computed beside their steps, and each session's tokens per byte as the
+/// server counted its last request. All of it is in memory only: lost with the process,
+/// it is asked or computed again.
+#[derive(Default)]
+struct Compactor {
+    /// The model's context in tokens; 0: unknown.
+    context: AtomicU64,
+    jobs: Mutex<tokio::task::JoinSet<()>>,
+    running: Mutex<HashSet<String>>,
+    /// Per session, where the last summary posted from beside the steps starts: another
+    /// from the same place would only repeat it before the boundary takes it.
+    posted: Mutex<HashMap<String, u64>>,
+    per_byte: Mutex<HashMap<String, f64>>,
+}
+
+impl Compactor {
+    fn context(&self) -> Option<u64> {
+        Some(self.context.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    }
+
+    /// The context is `tokens`, or less if it was known to be less.
+    fn learn_context(&self, tokens: u64) {
+        let _ = self
+            .context
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                Some(match now {
+                    0 => tokens,
+                    n => n.min(tokens),
+                })
+            });
+    }
+
+    fn per_byte(&self, sid: &str) -> f64 {
+        let m = self.per_byte.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(sid)
+            .copied()
+            .unwrap_or(compact::DEFAULT_TOKENS_PER_BYTE)
+    }
+
+    fn learn(&self, sid: &str, per_byte: f64) {
+        let mut m = self.per_byte.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(sid.to_string(), per_byte);
+    }
+
+    /// Starts computing `job` beside `sid`'s steps unless one is already, or one from the
+    /// same place waits in the inbox; a summary is posted to the session's inbox (a
+    /// failure is logged, and a later step tries again).
+    fn start(
+        self: &Arc<Self>,
+        state: &AppState,
+        model: &Arc<dyn Model>,
+        sid: &str,
+        from: u64,
+        job: impl FnOnce() -> compact::Job,
+    ) {
+        let posted = self
+            .posted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(sid)
+            == Some(&from);
+        if posted
+            || !self
+                .running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(sid.to_string())
+        {
+            return;
+        }
+        let job = job();
+        let (state, model, me, sid) = (state.clone(), model.clone(), self.clone(), sid.to_string());
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        while jobs.try_join_next().is_some() {}
+        jobs.spawn(async move {
+            tracing::debug!(session = %sid, "a compaction starts beside the steps");
+            let done = tokio::select! {
+                c = compact::summarize(model.as_ref(), &job) => Some(c),
+                () = state.shutdown.cancelled() => None,
+            };
+            match done {
+                Some(c) if c.error.is_none() => {
+                    let s = sid.clone();
+                    let body = EventBody::Compaction(Box::new(c));
+                    match state.store.exec(move |t| t.append_event(&s, body, now_ms())).await {
+                        Ok(_) => {
+                            me.posted.lock().unwrap_or_else(|e| e.into_inner()).insert(sid.clone(), from);
+                        }
+                        Err(e) => tracing::warn!(session = %sid, error = %e, "a compaction could not be posted"),
+                    }
+                }
+                Some(c) => {
+                    tracing::info!(session = %sid, error = c.error.as_deref().unwrap_or_default(), "a compaction beside the steps came to nothing");
+                }
+                None => {}
+            }
+            me.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&sid);
+        });
+    }
+}
+
+async fn queue(
+    state: &AppState,
+    model: Arc<dyn Model>,
+    compactor: &Arc<Compactor>,
+    drivers: &mut tokio::task::JoinSet<()>,
+) {
     let slots = Arc::new(Semaphore::new(state.agent_defaults.concurrency()));
     let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<String>();
@@ -87,8 +219,9 @@ async fn queue(state: &AppState, model: Arc<dyn Model>, drivers: &mut tokio::tas
                 () = state.shutdown.cancelled() => return,
             };
             let (state, model, done) = (state.clone(), model.clone(), done_tx.clone());
+            let compactor = compactor.clone();
             drivers.spawn(async move {
-                if let Err(e) = drive(&state, model.as_ref(), &sid).await {
+                if let Err(e) = drive(&state, &model, &compactor, &sid).await {
                     tracing::error!(session = %sid, error = %e, "the runner stopped driving a session; it goes on after the hub restarts");
                 }
                 drop(permit);
@@ -131,7 +264,7 @@ fn with_tail(
     known: u64,
 ) -> Result<(Next, Vec<ChatMessage>), StoreError> {
     let tail = match next {
-        Next::Step { .. } => t.transcript_from(sid, known)?,
+        Next::Step { .. } | Next::Compact { .. } => t.transcript_from(sid, known)?,
         _ => Vec::new(),
     };
     Ok((next, tail))
@@ -173,7 +306,12 @@ where
 }
 
 /// Drives one session until it is handed back idle or parked (or the hub stops).
-async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), DriveError> {
+async fn drive(
+    state: &AppState,
+    model: &Arc<dyn Model>,
+    compactor: &Arc<Compactor>,
+    sid: &str,
+) -> Result<(), DriveError> {
     // Heard while this task waits on the model or a device: a cancel. Rings that came
     // before a write are forgotten as it starts: the write takes their items.
     let mut stop = state.stops.listen(sid);
@@ -209,6 +347,11 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
     // The last step's record, answered before it was durable: the next model call goes
     // out while it is written, and nothing else happens until it is on disk.
     let mut writing: Option<Durable> = None;
+    // The bytes a request carries besides its messages.
+    let overhead = serde_json::to_vec(&shape.specs).map_or(0, |v| v.len()) + 200;
+    // The step made again after a compaction it waited for, or after a refusal for size:
+    // once each.
+    let (mut waited_for, mut refused_for): (Option<StepAt>, Option<StepAt>) = (None, None);
     loop {
         let (next, tail, secrets) = wrote;
         if matches!(next, Next::Step { step: 1, .. }) {
@@ -257,19 +400,117 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
                 })
                 .await?
             }
+            Next::Compact {
+                prefix_len,
+                summary,
+                max_tokens,
+            } => {
+                let job = compact::Job {
+                    messages: messages.clone(),
+                    prefix_len,
+                    summary,
+                    context: compactor.context().unwrap_or(0),
+                    max_tokens,
+                    per_byte: compactor.per_byte(sid),
+                    overhead,
+                    cause: "forced",
+                };
+                let job = compact::Job {
+                    context: window_or_estimate(&job),
+                    ..job
+                };
+                let c = match summarize_here(state, model.as_ref(), &mut stop, &job).await {
+                    Summed::Done(c) => c,
+                    Summed::Stopping => return Ok(()),
+                    // Answered still, so the ask does not come back after the cancel.
+                    Summed::Stopped => Compaction {
+                        cause: "forced".into(),
+                        from: job.from(),
+                        through: job.from(),
+                        error: Some("a cancel stopped it".into()),
+                        ..Compaction::default()
+                    },
+                };
+                let s = sid.to_string();
+                stop.clear();
+                write(state, sid, known, move |t, env| {
+                    event(t, &s, EventBody::Compaction(Box::new(c)), env.now)?;
+                    let (mut prepared, mut secrets) = (HashMap::new(), Vec::new());
+                    let next = turn::boundary(t, &s, env, &mut prepared, &mut secrets)?;
+                    Ok((next, secrets))
+                })
+                .await?
+            }
             Next::Step {
                 run_id,
                 step,
                 max_tokens,
                 seq,
+                prefix_len,
+                summary,
             } => {
-                let (w, done) = step_once(
+                let at = StepAt {
+                    sid: sid.to_string(),
+                    run_id: run_id.clone(),
+                    step,
+                };
+                let sent = compact::context(
+                    &patched(&messages, &unredacted),
+                    prefix_len,
+                    summary.as_ref(),
+                );
+                let per_byte = compactor.per_byte(sid);
+                let bytes: usize =
+                    sent.iter().map(compact::message_bytes).sum::<usize>() + overhead;
+                let estimate = compact::tokens(bytes, per_byte);
+                let context = compactor.context();
+                let plan = context.map_or(compact::Plan::Fits, |ctx| {
+                    compact::plan(estimate, compact::reserve(max_tokens, ctx), ctx)
+                });
+                let job = |cause, context: u64, per_byte: f64| compact::Job {
+                    messages: messages.clone(),
+                    prefix_len,
+                    summary: summary.clone(),
+                    context,
+                    max_tokens,
+                    per_byte,
+                    overhead,
+                    cause,
+                };
+                let waited = waited_for.as_ref().is_some_and(|w| same_step(w, &at));
+                if plan == compact::Plan::Now && !waited {
+                    // It would not fit: the step waits for the summary (once).
+                    tracing::info!(session = %sid, estimate, context = context.unwrap_or(0), "the next request nears the model's context; it waits for a compaction");
+                    waited_for = Some(at.clone());
+                    let j = job("threshold", context.unwrap_or(0), per_byte);
+                    let summed = summarize_here(state, model.as_ref(), &mut stop, &j).await;
+                    if let Some(w) = writing.take() {
+                        w.wait().await?;
+                    }
+                    wrote = match summed {
+                        Summed::Done(c) => {
+                            post_and_step_again(state, sid, known, c, at, None).await?
+                        }
+                        Summed::Stopping => return Ok(()),
+                        Summed::Stopped => interrupted(state, sid, known, &mut stop, at).await?,
+                    };
+                    continue;
+                }
+                if plan == compact::Plan::Soon {
+                    let ctx = context.unwrap_or(0);
+                    let from = summary.as_ref().map_or(prefix_len, |s| s.through);
+                    let job = || job("threshold", ctx, per_byte);
+                    compactor.start(state, model, sid, from, job);
+                }
+                let may_retry = !refused_for.as_ref().is_some_and(|r| same_step(r, &at));
+                let stepped = step_once(
                     state,
-                    model,
+                    model.as_ref(),
+                    compactor,
                     sid,
-                    &messages,
+                    &sent,
+                    bytes,
                     &shape,
-                    &unredacted,
                     &mut stop,
                     StepCall {
                         run_id,
@@ -278,17 +519,166 @@ async fn drive(state: &AppState, model: &dyn Model, sid: &str) -> Result<(), Dri
                         seq,
                         known,
                     },
+                    may_retry,
                     writing.take(),
                 )
                 .await?;
-                let Some(w) = w else {
-                    return Ok(());
-                };
-                writing = done;
-                w
+                match stepped {
+                    Stepped::Stopping => return Ok(()),
+                    Stepped::Wrote(w, done) => {
+                        writing = done;
+                        w
+                    }
+                    Stepped::Refused {
+                        message,
+                        retries,
+                        context: said,
+                        prompt_tokens,
+                    } => {
+                        tracing::info!(session = %sid, estimate, error = %message, "the model server refused a request for its size; the transcript is compacted and the step made again");
+                        refused_for = Some(at.clone());
+                        // What the refusal says: the context, and the request's real size.
+                        if let Some(n) = said
+                            && context.is_none_or(|c| n < c)
+                        {
+                            tracing::info!(session = %sid, context_tokens = n, "the model's context, as the server's refusal names it");
+                            compactor.learn_context(n);
+                        }
+                        let mut per_byte = per_byte;
+                        if let Some(p) = prompt_tokens.and_then(|p| compact::calibrate(p, bytes)) {
+                            compactor.learn(sid, p);
+                            per_byte = p;
+                        }
+                        // The request was bigger than it looked: size the summary for
+                        // three quarters of it, or of the context if that is smaller.
+                        let real = compact::tokens(bytes, per_byte);
+                        let ctx = compactor
+                            .context()
+                            .map_or(real * 3 / 4, |c| c.min(real * 3 / 4))
+                            .max(256);
+                        let j = job("refused", ctx, per_byte);
+                        match summarize_here(state, model.as_ref(), &mut stop, &j).await {
+                            Summed::Done(c) => {
+                                let refused = Some((message, retries));
+                                post_and_step_again(state, sid, known, c, at, refused).await?
+                            }
+                            Summed::Stopping => return Ok(()),
+                            Summed::Stopped => {
+                                interrupted(state, sid, known, &mut stop, at).await?
+                            }
+                        }
+                    }
+                }
             }
         };
     }
+}
+
+/// How a summary computed in the step's place came out.
+enum Summed {
+    Done(Compaction),
+    /// A cancel was heard: its item is in the inbox.
+    Stopped,
+    /// The hub is stopping.
+    Stopping,
+}
+
+/// Computes `job` while the session's step waits on it.
+async fn summarize_here(
+    state: &AppState,
+    model: &dyn Model,
+    stop: &mut crate::stops::Listener,
+    job: &compact::Job,
+) -> Summed {
+    tokio::select! {
+        c = compact::summarize(model, job) => Summed::Done(c),
+        () = stop.rung() => Summed::Stopped,
+        () = state.shutdown.cancelled() => Summed::Stopping,
+    }
+}
+
+/// Step `at`, begun and waiting on a summary, was stopped by a cancel: recorded as a
+/// model call the cancel cut off before it wrote anything.
+async fn interrupted(
+    state: &AppState,
+    sid: &str,
+    known: u64,
+    stop: &mut crate::stops::Listener,
+    at: StepAt,
+) -> Result<Wrote, DriveError> {
+    stop.clear();
+    write(state, sid, known, move |t, env| {
+        turn::step_interrupted(t, &at, String::new(), Vec::new(), env)
+    })
+    .await
+}
+
+fn same_step(a: &StepAt, b: &StepAt) -> bool {
+    a.run_id == b.run_id && a.step == b.step
+}
+
+/// A forced compaction's context when the model's is unknown: the whole request's.
+fn window_or_estimate(job: &compact::Job) -> u64 {
+    if job.context > 0 {
+        return job.context;
+    }
+    let bytes: usize = job
+        .messages
+        .iter()
+        .map(compact::message_bytes)
+        .sum::<usize>()
+        + job.overhead;
+    compact::tokens(bytes, job.per_byte).max(1024)
+}
+
+/// `messages` with the answers whose stored copy hides a secret as the model must read them.
+fn patched(messages: &[ChatMessage], unredacted: &HashMap<u64, String>) -> Vec<ChatMessage> {
+    let mut copy = messages.to_vec();
+    for (i, content) in unredacted {
+        if let Some(m) = usize::try_from(*i).ok().and_then(|i| copy.get_mut(i)) {
+            m.content = Some(content.clone());
+        }
+    }
+    copy
+}
+
+/// Posts compaction `c` (to the inbox: the boundary takes it) and makes step `at` again.
+async fn post_and_step_again(
+    state: &AppState,
+    sid: &str,
+    known: u64,
+    c: cortex_protocol::api::Compaction,
+    at: StepAt,
+    refused: Option<(String, Vec<RetryNote>)>,
+) -> Result<Wrote, DriveError> {
+    let s = sid.to_string();
+    write(state, sid, known, move |t, env| {
+        event(t, &s, EventBody::Compaction(Box::new(c)), env.now)?;
+        turn::step_again(t, &at, refused, env)
+    })
+    .await
+}
+
+/// Appends `body` to `sid`'s log.
+fn event(t: &mut Tx<'_>, sid: &str, body: EventBody, now: u64) -> Result<u64, StoreError> {
+    t.append_event(sid, body, now)?
+        .ok_or_else(|| StoreError::Decode(format!("session {sid} vanished mid-write")))
+}
+
+/// How a model call came out.
+enum Stepped {
+    /// The hub is stopping.
+    Stopping,
+    /// Recorded: the write's answer and, for a reply, the record still going to disk.
+    Wrote(Wrote, Option<Durable>),
+    /// The server refused the request for its size (not recorded yet), naming perhaps
+    /// the model's context and the request's tokens.
+    Refused {
+        message: String,
+        retries: Vec<RetryNote>,
+        context: Option<u64>,
+        prompt_tokens: Option<u64>,
+    },
 }
 
 /// What a session's model calls carry, fixed for the life of a driving task: the tools
@@ -348,33 +738,23 @@ struct StepCall {
     known: u64,
 }
 
-/// Makes model call `c` from `messages` and records what came of it. Returns the write's
-/// answer (`None`: the hub is stopping) and, for a reply, the record still going to disk.
+/// Makes model call `c` with `sent` (the request's messages, `bytes` with the tools) and
+/// records what came of it; a refusal for size is handed back unrecorded when
+/// `may_retry`.
 #[allow(clippy::too_many_arguments)]
 async fn step_once(
     state: &AppState,
     model: &dyn Model,
+    compactor: &Compactor,
     sid: &str,
-    messages: &[ChatMessage],
+    sent: &[ChatMessage],
+    bytes: usize,
     shape: &Shape,
-    unredacted: &HashMap<u64, String>,
     stop: &mut crate::stops::Listener,
     c: StepCall,
+    may_retry: bool,
     writing: Option<Durable>,
-) -> Result<(Option<Wrote>, Option<Durable>), DriveError> {
-    let patched;
-    let sent: &[ChatMessage] = if unredacted.is_empty() {
-        messages
-    } else {
-        let mut copy = messages.to_vec();
-        for (i, content) in unredacted {
-            if let Some(m) = usize::try_from(*i).ok().and_then(|i| copy.get_mut(i)) {
-                m.content = Some(content.clone());
-            }
-        }
-        patched = copy;
-        &patched
-    };
+) -> Result<Stepped, DriveError> {
     let mut retries: Vec<RetryNote> = Vec::new();
     // The reply's text so far, kept if a cancel cuts it off.
     let mut partial = String::new();
@@ -429,7 +809,7 @@ async fn step_once(
             () = stop.rung() => None,
             // The model call is dropped (stopped); the session stays running in the
             // queue and its step is made again after the restart.
-            () = state.shutdown.cancelled() => return Ok((None, None)),
+            () = state.shutdown.cancelled() => return Ok(Stepped::Stopping),
         }
     };
     timing::record("runner_model_done", &mark, None);
@@ -450,8 +830,26 @@ async fn step_once(
             turn::step_interrupted(t, &at, partial, retries, env)
         })
         .await?;
-        return Ok((Some(w), None));
+        return Ok(Stepped::Wrote(w, None));
     };
+    if let Ok(out) = &outcome
+        && let Some(per_byte) = out
+            .usage
+            .and_then(|u| compact::calibrate(u.prompt_tokens, bytes))
+    {
+        compactor.learn(sid, per_byte);
+    }
+    if let Err(e) = &outcome
+        && may_retry
+        && compact::is_context_refusal(e)
+    {
+        return Ok(Stepped::Refused {
+            message: e.to_string(),
+            retries,
+            context: compact::refusal_context(e),
+            prompt_tokens: compact::refusal_prompt_tokens(e),
+        });
+    }
     let (defaults, url) = (state.agent_defaults.clone(), state.signal_url.clone());
     let record = |f: StepWrite| {
         let sid = sid.to_string();
@@ -505,7 +903,7 @@ async fn step_once(
         }
     };
     timing::record("runner_step_recorded", &mark, None);
-    Ok((Some(w), Some(durable)))
+    Ok(Stepped::Wrote(w, Some(durable)))
 }
 
 type StepResult = Result<(Next, Vec<turn::Unredacted>), StoreError>;

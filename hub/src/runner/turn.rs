@@ -22,10 +22,10 @@ use serde_json::json;
 
 use super::gate::{self, Gate};
 use super::output::{Transport, Verdict, correct, last_output};
-use super::{prefix, rules, tools};
+use super::{compact, prefix, rules, tools};
 use crate::config::AgentDefaults;
 use crate::model::{ChatMessage, StepOutput, ToolCall};
-use crate::store::agent::{AgentConfig, AgentRecord, OpenCall, RunStatus, Turn};
+use crate::store::agent::{AgentConfig, AgentRecord, OpenCall, RunStatus, Summary, Turn};
 use crate::store::{StoreError, Tx};
 
 /// What the runner does next for a session.
@@ -40,6 +40,15 @@ pub enum Next {
         max_tokens: Option<u32>,
         /// The session log's newest seq (live pieces carry it).
         seq: u64,
+        /// What the request carries: the prefix's length and the summary in force.
+        prefix_len: u64,
+        summary: Option<Summary>,
+    },
+    /// A person asked for a compaction: compute it and post it back (a `compaction`).
+    Compact {
+        prefix_len: u64,
+        summary: Option<Summary>,
+        max_tokens: Option<u32>,
     },
     /// Prepare these open calls outside the store and bring them to [`calls_ready`].
     Prepare {
@@ -101,6 +110,10 @@ enum Item {
     Cancel {
         turn_only: bool,
     },
+    /// A person asked for a compaction.
+    Compact,
+    /// A summary computed beside the steps.
+    Compaction(Box<cortex_protocol::api::Compaction>),
 }
 
 fn inbox_item(body: EventBody, seq: u64) -> Option<Item> {
@@ -131,6 +144,8 @@ fn inbox_item(body: EventBody, seq: u64) -> Option<Item> {
         )),
         EventBody::Answer(a) => Some(Item::Answer(*a)),
         EventBody::Cancel { turn_only } => Some(Item::Cancel { turn_only }),
+        EventBody::Compact {} => Some(Item::Compact),
+        EventBody::Compaction(c) => Some(Item::Compaction(c)),
         _ => None,
     }
 }
@@ -178,6 +193,20 @@ pub fn boundary(
     env: &Env<'_>,
     prepared: &mut HashMap<String, tools::Prepared>,
     unredacted: &mut Vec<Unredacted>,
+) -> Result<Next, StoreError> {
+    boundary_at(t, sid, env, prepared, unredacted, None)
+}
+
+/// [`boundary`]; with `redo`, step `redo` of the run in progress, begun and never
+/// answered (its call waited for a compaction, or was refused for its size), is made
+/// again as it is rather than a new step begun.
+fn boundary_at(
+    t: &mut Tx<'_>,
+    sid: &str,
+    env: &Env<'_>,
+    prepared: &mut HashMap<String, tools::Prepared>,
+    unredacted: &mut Vec<Unredacted>,
+    redo: Option<&StepAt>,
 ) -> Result<Next, StoreError> {
     let now = env.now;
     if t.get_session(sid)?.is_none() {
@@ -229,6 +258,8 @@ pub fn boundary(
                         t.end_agent_session(sid, &mut rec, now)?;
                     }
                 }
+                Item::Compact => rec.compact_asked = true,
+                Item::Compaction(c) => take_compaction(t, sid, &mut rec, &c)?,
             }
         }
         if rec.cancelled {
@@ -240,6 +271,14 @@ pub fn boundary(
             t.make_idle(sid, &mut rec)?;
             t.put_agent(sid, &rec)?;
             return Ok(Next::Idle);
+        }
+        if rec.compact_asked && rec.open.is_empty() && rec.parked.is_none() {
+            t.put_agent(sid, &rec)?;
+            return Ok(Next::Compact {
+                prefix_len: rec.prefix_len,
+                summary: rec.summary.clone(),
+                max_tokens: config.max_tokens,
+            });
         }
         if rec.turn.is_none() {
             let input = std::mem::take(&mut rec.deferred);
@@ -303,7 +342,9 @@ pub fn boundary(
         let Some(turn) = rec.turn.as_mut() else {
             continue;
         };
-        if let Some(stop) = rules::stop_before_step(turn, &config.stop, now) {
+        // A step made again was let through its bounds when it began.
+        let again = redo.is_some_and(|at| at.run_id == turn.run_id && at.step == turn.steps);
+        if !again && let Some(stop) = rules::stop_before_step(turn, &config.stop, now) {
             end_run(
                 t,
                 sid,
@@ -313,24 +354,30 @@ pub fn boundary(
             )?;
             continue;
         }
-        turn.steps += 1;
-        let step = turn.steps;
-        let run_id = turn.run_id.clone();
-        let seq = event(
-            t,
-            sid,
-            EventBody::StepStart {
-                run_id: run_id.clone(),
-                step,
-            },
-            now,
-        )?;
+        let (step, run_id) = (turn.steps + u32::from(!again), turn.run_id.clone());
+        let seq = match again {
+            true => t.get_session(sid)?.map_or(0, |s| s.last_seq),
+            false => {
+                turn.steps = step;
+                event(
+                    t,
+                    sid,
+                    EventBody::StepStart {
+                        run_id: run_id.clone(),
+                        step,
+                    },
+                    now,
+                )?
+            }
+        };
         t.put_agent(sid, &rec)?;
         return Ok(Next::Step {
             run_id,
             step,
             max_tokens: config.max_tokens,
             seq,
+            prefix_len: rec.prefix_len,
+            summary: rec.summary.clone(),
         });
     }
 }
@@ -1112,4 +1159,58 @@ pub fn step_failed(
             env.now,
         )
     })
+}
+
+/// Takes a summary computed beside the steps: in force from now on if it still matches
+/// the transcript and the summary it was computed from ([`compact::valid`]), else passed
+/// over (a later step computes another). A forced compaction is answered either way.
+fn take_compaction(
+    t: &Tx<'_>,
+    sid: &str,
+    rec: &mut AgentRecord,
+    c: &cortex_protocol::api::Compaction,
+) -> Result<(), StoreError> {
+    if c.cause == "forced" {
+        rec.compact_asked = false;
+    }
+    let stored = t.transcript_from(sid, c.from)?;
+    match compact::valid(c, rec.prefix_len, rec.summary.as_ref(), &stored) {
+        Ok(()) => {
+            let count = rec.summary.as_ref().map_or(0, |s| s.count) + 1;
+            tracing::info!(session = %sid, cause = %c.cause, through = c.through,
+                tokens_before = c.tokens_before, tokens_after = c.tokens_after,
+                elapsed_ms = c.elapsed_ms, "the transcript was compacted");
+            rec.summary = Some(Summary {
+                through: c.through,
+                text: c.summary.clone(),
+                count,
+            });
+        }
+        Err(why) => {
+            let error = c.error.as_deref().unwrap_or(why);
+            tracing::info!(session = %sid, cause = %c.cause, error, "a compaction was passed over");
+        }
+    }
+    Ok(())
+}
+
+/// A compaction the step waited for was posted: the boundary takes it and makes step
+/// `at` again with it (after a refusal for size, `refused` is the server's words and a
+/// `retry` with cause `context` is recorded).
+pub fn step_again(
+    t: &mut Tx<'_>,
+    at: &StepAt,
+    refused: Option<(String, Vec<RetryNote>)>,
+    env: &Env<'_>,
+) -> Result<(Next, Vec<Unredacted>), StoreError> {
+    let (mut unredacted, mut prepared) = (Vec::new(), HashMap::new());
+    if let Some((issues, retries)) = refused
+        && t.agent(&at.sid)?
+            .is_some_and(|r| is_current(&r, &at.run_id))
+    {
+        record_retries(t, at, retries, env.now)?;
+        retry_event(t, at, "context", 1, issues, 0, env.now)?;
+    }
+    let next = boundary_at(t, &at.sid, env, &mut prepared, &mut unredacted, Some(at))?;
+    Ok((next, unredacted))
 }

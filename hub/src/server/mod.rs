@@ -45,6 +45,7 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{sid}/messages", post(api::post_message))
         .route("/sessions/{sid}/answers", post(people::answer))
         .route("/sessions/{sid}/cancel", post(people::cancel))
+        .route("/sessions/{sid}/compact", post(people::compact))
         .route("/approvals", get(people::approvals))
         .route("/sessions/{sid}/result", get(api::session_result))
         .route("/sessions/{sid}/events", get(api::events))

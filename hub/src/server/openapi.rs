@@ -970,6 +970,37 @@ fn people(d: &mut Doc) {
         .response("409", ended),
     );
 
+    let accepted = d.json::<shapes::CompactPosted>(
+        "The ask is recorded; the runner compacts at the session's next boundary",
+        json!({"seq": 12}),
+    );
+    let missing = d.error("No such session", &["not_found"]);
+    let refused = d.error(
+        "The hub runs no model, or the session was cancelled before",
+        &["no_model", "session_cancelled"],
+    );
+    d.add(
+        HttpMethod::Post,
+        "/api/sessions/{sid}/compact",
+        Access::Operator,
+        op(
+            "people",
+            "compactSession",
+            "Compact a session's transcript now",
+            "The transcript's older part (after the prefix: system, instructions, examples) is \
+             summarized by the model and the requests from then on carry the prefix, the \
+             summary and the newest messages; the stored transcript stays whole. The runner \
+             takes the ask at the session's next boundary (after the step in flight) and \
+             records a `compaction` event with `cause: forced`: what it summarized, the \
+             prompt tokens before and after, the model call's time and usage, or `error` \
+             when there was nothing to compact. No body.",
+        )
+        .parameter(sid())
+        .response("202", accepted)
+        .response("404", missing)
+        .response("409", refused),
+    );
+
     let list = d.json::<ApprovalList>(
         "What waits on a person, oldest first",
         json!({"approvals": [{"session": "ses_f34c0a6e83ea", "id": "apr_5b1c0e2a",
@@ -1475,6 +1506,13 @@ mod shapes {
         turn_only: bool,
         /// A driver was running the session and was told at once.
         running: bool,
+    }
+
+    /// `POST /api/sessions/{sid}/compact`.
+    #[derive(ToSchema)]
+    pub struct CompactPosted {
+        /// The ask's seq in the session's log; a `compaction` event after it answers it.
+        seq: u64,
     }
 
     /// `DELETE /api/devices/{name}`.

@@ -111,6 +111,41 @@ pub async fn cancel(
     }
 }
 
+/// `POST /api/sessions/{sid}/compact`: compacts the session's transcript now (its older
+/// part summarized by the model; the prefix and the newest messages kept). 202: the ask
+/// is recorded; the runner takes it at the session's next boundary and records a
+/// `compaction` event (`cause: forced`). 409 when the hub runs no model or the session
+/// was cancelled.
+pub async fn compact(
+    State(state): State<AppState>,
+    Path(sid): Path<String>,
+) -> Result<Response, ApiError> {
+    if !state.runs_model {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "no_model",
+            "this hub runs no model, so nothing can summarize the transcript (set llm.baseUrl and llm.model, docs/agent.md)",
+        ));
+    }
+    let s = sid.clone();
+    let outcome = state
+        .store
+        .exec(move |t| t.post_compact(&s, now_ms()))
+        .await
+        .map_err(ApiError::store)?;
+    match outcome {
+        CancelPosted::Posted(p) => {
+            Ok((StatusCode::ACCEPTED, Json(json!({"seq": p.seq}))).into_response())
+        }
+        CancelPosted::NoSession => Err(ApiError::not_found("session", &sid)),
+        CancelPosted::Ended => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "session_cancelled",
+            format!("session {sid} was cancelled before; it runs no more turns"),
+        )),
+    }
+}
+
 /// `GET /api/approvals`: what waits on a person (approvals and questions) across
 /// sessions, oldest first.
 pub async fn approvals(State(state): State<AppState>) -> Result<Response, ApiError> {

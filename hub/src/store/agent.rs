@@ -178,6 +178,22 @@ pub struct AgentRecord {
     /// what they hold ([`Tx::session_runs`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runs: Option<bool>,
+    /// The transcript's older part as summarized (compaction): a request carries the
+    /// prefix, this summary, then the messages from `through` on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<Summary>,
+    /// A person asked for a compaction that has not been answered yet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compact_asked: bool,
+}
+
+/// The summary a compaction left: it stands for transcript positions `prefix_len..through`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub through: u64,
+    pub text: String,
+    /// Compactions taken so far.
+    pub count: u32,
 }
 
 impl AgentRecord {
@@ -199,6 +215,8 @@ impl AgentRecord {
             joining: Vec::new(),
             cancelled: false,
             runs: None,
+            summary: None,
+            compact_asked: false,
         }
     }
 
@@ -598,7 +616,7 @@ pub enum AnswerOutcome {
     },
 }
 
-/// What became of a cancel posted to a session.
+/// What became of a cancel (or a compaction's ask) posted to a session.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CancelPosted {
     Posted(MessagePosted),
@@ -717,6 +735,23 @@ impl Tx<'_> {
         }
         Ok(
             match self.post_inbox(sid, EventBody::Cancel { turn_only }, None, now)? {
+                Some(p) => CancelPosted::Posted(p),
+                None => CancelPosted::NoSession,
+            },
+        )
+    }
+
+    /// `POST /api/sessions/{sid}/compact`: asks for the session's transcript to be
+    /// compacted at its next boundary (an inbox item; a `compaction` answers it).
+    pub fn post_compact(&mut self, sid: &str, now: u64) -> Result<CancelPosted, StoreError> {
+        if self.get_session(sid)?.is_none() {
+            return Ok(CancelPosted::NoSession);
+        }
+        if self.agent_cancelled(sid)? {
+            return Ok(CancelPosted::Ended);
+        }
+        Ok(
+            match self.post_inbox(sid, EventBody::Compact {}, None, now)? {
                 Some(p) => CancelPosted::Posted(p),
                 None => CancelPosted::NoSession,
             },

@@ -114,6 +114,8 @@ impl Tx<'_> {
                 | EventBody::Answer(_)
                 | EventBody::Cancel { .. }
                 | EventBody::Timer { .. }
+                | EventBody::Compact { .. }
+                | EventBody::Compaction(_)
         );
         rec.last_seq += 1;
         let ev = Event {
