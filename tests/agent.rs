@@ -54,6 +54,14 @@ impl Agent {
         }
     }
 
+    /// Replaces the token in its token file, as a re-enrolment does (written to a temp file
+    /// and renamed over it, as an installer would).
+    pub fn write_token(&self, token: &str) {
+        let tmp = self.token_file.with_extension("new");
+        std::fs::write(&tmp, format!("{token}\n")).expect("new token file");
+        std::fs::rename(&tmp, &self.token_file).expect("token file replaced");
+    }
+
     /// Dials `url` instead of the hub's printed mesh URL at every later start.
     pub fn set_hub_url(&mut self, url: &str) {
         self.mesh_url = url.to_string();

@@ -1,7 +1,7 @@
 //! `cortex-device-agent`: flags and environment, logging to stderr, SIGTERM/SIGINT; the
 //! daemon itself is `cortex_device_agent::agent::run`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
@@ -32,6 +32,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         hub,
         name: args.name,
         token,
+        token_file: source.file().map(Path::to_path_buf),
         home,
         ca_cert: args.ca_cert,
         allow_exec: args.allow_exec,

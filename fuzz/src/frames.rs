@@ -133,8 +133,13 @@ fn wait_spec() -> impl Strategy<Value = WaitSpec> {
         },
     );
     let leaf = prop_oneof![
-        (any::<i32>(), any::<Option<u64>>())
-            .prop_map(|(pid, start_time)| WaitSpec::Pid { pid, start_time }),
+        (any::<i32>(), any::<Option<u64>>(), any::<bool>()).prop_map(
+            |(pid, start_time, must_exist)| WaitSpec::Pid {
+                pid,
+                start_time,
+                must_exist
+            }
+        ),
         (text(), proptest::option::of(cursor), any::<Option<u64>>()).prop_map(
             |(path, cursor, silence_ms)| WaitSpec::File {
                 path,

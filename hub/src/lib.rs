@@ -13,6 +13,8 @@
 //! - [`text`]: what agents and people read (wake text, how_to_signal).
 //! - [`cli`]: `cortex-hub`'s flags and help (its `main.rs` parses them).
 //! - [`metrics`]: what `GET /metrics` shows (Prometheus text format).
+//! - [`session_state`]: whether a session runs turns or is a mailbox, and its state for
+//!   people, as pure rules.
 //! - [`notify`]: outgoing notices (targets, shapes, retries), pure.
 
 pub mod admission;
@@ -34,6 +36,7 @@ pub mod remote_wait;
 pub mod runner;
 pub mod secret;
 pub mod server;
+pub mod session_state;
 pub mod state;
 pub mod stops;
 pub mod store;

@@ -88,7 +88,10 @@ fn real_main(args: Args) -> anyhow::Result<()> {
     let token = config::operator_token(&home, std::env::var("CORTEX_WEBHOOK_TOKEN").ok())?;
     // Before any TLS: tokio-tungstenite's rustls features leave rustls without a provider.
     cortex_hub::mesh::tls::install_provider();
-    let model = model_setup(&settings)?;
+    let (model, model_name) = match model_setup(&settings)? {
+        Some((m, name)) => (Some(m), Some(name)),
+        None => (None, None),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -98,6 +101,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         settings,
         token,
         model,
+        model_name,
     };
     // The store first: a connection is accepted only once it is open (until then none is,
     // so a client is refused at once rather than left hanging through a long recovery).
@@ -143,11 +147,11 @@ fn real_main(args: Args) -> anyhow::Result<()> {
     })
 }
 
-/// The model the runner calls, from settings.json `llm` and `CORTEX_LLM_*`; `None` when
-/// no model server is set.
+/// The model the runner calls and its name, from settings.json `llm` and `CORTEX_LLM_*`;
+/// `None` when no model server is set.
 fn model_setup(
     settings: &config::HubSettings,
-) -> anyhow::Result<Option<std::sync::Arc<dyn cortex_hub::model::Model>>> {
+) -> anyhow::Result<Option<(std::sync::Arc<dyn cortex_hub::model::Model>, String)>> {
     let env = |k: &str| std::env::var(k).ok();
     let Some(cfg) = cortex_hub::model::llm_config(settings.llm.as_ref(), &env)
         .context("reading the model's settings")?
@@ -155,8 +159,9 @@ fn model_setup(
         return Ok(None);
     };
     tracing::info!(base_url = %cfg.base_url, model = %cfg.model, "the runner calls this model");
+    let name = cfg.model.clone();
     let client = cortex_hub::model::ModelClient::new(cfg).context("setting up the model client")?;
-    Ok(Some(std::sync::Arc::new(client)))
+    Ok(Some((std::sync::Arc::new(client), name)))
 }
 
 /// The mesh's setup from the flags and `CORTEX_MESH_PING_MS`; `None` for `off`.

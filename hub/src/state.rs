@@ -27,6 +27,9 @@ pub struct Config {
     /// The model the runner calls; `None`: no turn runs (sessions still record messages
     /// and wakes for outside agents).
     pub model: Option<Arc<dyn Model>>,
+    /// The model's name as the runner asks for it (`CORTEX_LLM_MODEL`, settings.json
+    /// `llm.model`), shown in a session's configuration; never a key.
+    pub model_name: Option<String>,
 }
 
 impl std::fmt::Debug for Config {
@@ -84,6 +87,8 @@ pub struct Inner {
     pub agent_defaults: AgentDefaults,
     /// Whether the hub runs a model (a message to a session then starts a turn).
     pub runs_model: bool,
+    /// The model's name (`GET /api/sessions/{sid}` `config.model`), when it runs one.
+    pub model_name: Option<String>,
     /// What the model server can enforce (an output schema's transport is chosen by it).
     pub caps: crate::model::Caps,
     /// Stops for the turns being driven (a cancel rings them).

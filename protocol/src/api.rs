@@ -50,6 +50,49 @@ pub struct CreateSession {
     /// Without it the session is a chat agent (its answer is `response`, text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<OutputConfig>,
+    /// Whether a model runs turns for the session. `true`: an agent session (the hub's
+    /// defaults fill what is not given); `false`: a mailbox, whose messages and wakes are
+    /// recorded for a script to read and no turn ever runs (it takes none of the agent
+    /// settings above). Absent: an agent session when any agent setting above is given
+    /// (`instructions`, `examples`, `maxTokens`, `stop`, `policy`, `unattended`,
+    /// `output`), else a mailbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<bool>,
+}
+
+impl CreateSession {
+    /// The agent settings given, by their field names (what makes a session without
+    /// `runs` an agent session).
+    pub fn agent_settings(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        let given = [
+            (
+                "instructions",
+                self.instructions
+                    .as_ref()
+                    .is_some_and(|i| !i.trim().is_empty()),
+            ),
+            ("examples", self.examples.is_some()),
+            ("maxTokens", self.max_tokens.is_some()),
+            ("stop", self.stop.is_some()),
+            ("policy", self.policy.is_some()),
+            ("unattended", self.unattended.is_some()),
+            ("output", self.output.is_some()),
+        ];
+        for (name, is) in given {
+            if is {
+                out.push(name);
+            }
+        }
+        out
+    }
+
+    /// Whether the session asked for runs turns: `runs` when given, else whether any
+    /// agent setting is.
+    pub fn wants_runs(&self) -> bool {
+        self.runs
+            .unwrap_or_else(|| !self.agent_settings().is_empty())
+    }
 }
 
 /// A session's output settings (`POST /api/sessions` `output`).
@@ -156,6 +199,92 @@ pub struct SessionView {
     /// The wake that started this session (a `spawn` monitor's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spawned_from: Option<SpawnedFrom>,
+    /// A model runs turns for it (an agent session); false: a mailbox, whose messages
+    /// and wakes are only recorded. Absent (a hub from before mailboxes, which ran every
+    /// session): true.
+    #[serde(default = "yes")]
+    pub runs: bool,
+    /// What it is doing now, for people (`cortex sessions`, the page).
+    #[serde(default)]
+    pub state: SessionState,
+    /// How a model runs it (`GET /api/sessions/{sid}` only; none for a mailbox). Never a
+    /// secret: the hub's model key is not part of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<SessionConfig>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// What a session is doing now, most pressing first: `cancelled` (it takes no more
+/// messages), `waiting_on_you` (an approval or a question waits for a person), `running`
+/// (a turn is under way or queued, on a hub that runs a model), `failed` (its last run
+/// ended with an error), `waiting_on_machine` (waitpoints are armed: a job or a device
+/// will wake it), `idle` (nothing pending).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    Running,
+    #[default]
+    Idle,
+    WaitingOnMachine,
+    WaitingOnYou,
+    Failed,
+    Cancelled,
+}
+
+impl SessionState {
+    /// The wire word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionState::Running => "running",
+            SessionState::Idle => "idle",
+            SessionState::WaitingOnMachine => "waiting_on_machine",
+            SessionState::WaitingOnYou => "waiting_on_you",
+            SessionState::Failed => "failed",
+            SessionState::Cancelled => "cancelled",
+        }
+    }
+
+    /// As people read it.
+    pub fn words(self) -> &'static str {
+        match self {
+            SessionState::Running => "running",
+            SessionState::Idle => "idle",
+            SessionState::WaitingOnMachine => "waiting on a machine",
+            SessionState::WaitingOnYou => "waiting on you",
+            SessionState::Failed => "failed",
+            SessionState::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// An agent session's configuration as fixed when it was made (the hub's defaults
+/// filled in): `GET /api/sessions/{sid}` `config`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionConfig {
+    pub instructions: String,
+    /// The model the hub's runner calls for it (none on a hub that runs no model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The worked example's chat messages.
+    #[serde(default)]
+    pub examples: Vec<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    pub stop: StopConfig,
+    pub policy: Policy,
+    /// The tools the model is shown (the policy applied to the built-in tools).
+    #[serde(default)]
+    pub tools: Vec<String>,
+    pub unattended: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputConfig>,
+    /// The transport chosen for `output` (`emit`, `respond` or `native`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
 }
 
 /// Where a spawned session came from: the monitor, its session and which of its wakes
@@ -190,10 +319,15 @@ pub struct MessagePosted {
     pub seq: u64,
     /// True when `dedupe_key` matched an earlier post; `seq` is then that post's.
     pub duplicate: bool,
-    /// True when the hub runs a model, so a turn will take the message; false when
-    /// nothing in the hub answers it (no model configured).
+    /// True when a turn will take the message: the hub runs a model and the session is
+    /// an agent session; false when nothing in the hub answers it (no model configured,
+    /// or the session is a mailbox).
     #[serde(default)]
     pub runs: bool,
+    /// The session is a mailbox (made without agent settings): no turn ever runs for it,
+    /// whatever model the hub runs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mailbox: bool,
 }
 
 /// One entry of a session's event log.
@@ -922,6 +1056,10 @@ pub struct CreateDeviceWait {
     /// got the same pid is never waited on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<u64>,
+    /// With `pid`: a process not running on the device when its agent arms the wait
+    /// breaks it (`broke`) instead of firing at once (`cortex wait pid --must-exist`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub must_exist: bool,
     /// With `file`, `flock` and `log`: an absolute path on the device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
@@ -953,6 +1091,7 @@ impl CreateDeviceWait {
             kind: self.kind.clone(),
             pid: self.pid,
             start_time: self.start_time,
+            must_exist: self.must_exist,
             path: self.path.clone(),
             pattern: self.pattern.clone(),
             silence: self.silence.clone(),

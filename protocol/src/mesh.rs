@@ -36,6 +36,10 @@ pub const CAP_WAIT_LOG: &str = "wait-log";
 pub const CAP_WAIT_SILENCE: &str = "wait-silence";
 /// Several conditions in one wait, the first that holds fires it ([`WaitSpec::Any`]).
 pub const CAP_WAIT_ANY: &str = "wait-any";
+/// `must_exist` on a pid wait: a pid not running at arm time breaks the wait. An agent
+/// without it would ignore the field and fire, so the hub sends such a wait only to an
+/// agent that announces this.
+pub const CAP_WAIT_PID_MUST_EXIST: &str = "wait-pid-must-exist";
 /// Announced only by an agent started with `--allow-exec`: it takes [`HubFrame::Exec`].
 /// The hub sends none to an agent without it.
 pub const CAP_EXEC: &str = "exec";
@@ -62,7 +66,7 @@ pub struct Hello {
     pub agent_version: String,
     pub host: HostFacts,
     /// What this agent can do: `spool`, `wait-pid`, `wait-file`, `wait-flock`, `wait-log`,
-    /// `wait-silence`, `wait-any`, `exec`.
+    /// `wait-silence`, `wait-any`, `wait-pid-must-exist`, `exec`.
     #[serde(default)]
     pub capabilities: Vec<String>,
     /// Spool counts at connect time.
@@ -142,11 +146,15 @@ pub enum AgentFrame {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WaitSpec {
     /// The process `pid` exits; with `start_time` (field 22 of `/proc/PID/stat`), only the
-    /// process that started then.
+    /// process that started then. With `must_exist`, a process not running when the wait
+    /// is armed breaks it (`cortex wait pid --must-exist`) instead of firing at once; a
+    /// resume spec never carries it (the process was running at the first arm).
     Pid {
         pid: i32,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         start_time: Option<u64>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        must_exist: bool,
     },
     /// The file at `path` (absolute, on the device) is written; with `cursor`, fires at
     /// once if it changed since. With `silence_ms`, it fires instead when the file has not
@@ -204,7 +212,8 @@ impl WaitSpec {
     }
 
     /// Every capability an agent must announce to run this wait: its kind's, `wait-silence`
-    /// for a silence, and each condition's for an `any`. Sorted, no repeats.
+    /// for a silence, `wait-pid-must-exist` for a pid that must exist, and each
+    /// condition's for an `any`. Sorted, no repeats.
     pub fn capabilities(&self) -> Vec<&'static str> {
         let mut out = vec![self.capability()];
         match self {
@@ -216,6 +225,9 @@ impl WaitSpec {
                 silence_ms: Some(_),
                 ..
             } => out.push(CAP_WAIT_SILENCE),
+            WaitSpec::Pid {
+                must_exist: true, ..
+            } => out.push(CAP_WAIT_PID_MUST_EXIST),
             WaitSpec::Any { conditions } => {
                 for c in conditions {
                     out.extend(c.capabilities());
@@ -538,6 +550,7 @@ mod tests {
                 resume: Some(WaitSpec::Pid {
                     pid: 7,
                     start_time: Some(99),
+                    must_exist: false,
                 }),
             },
             AgentFrame::WaitDone {
@@ -604,6 +617,7 @@ mod tests {
                         WaitSpec::Pid {
                             pid: 7,
                             start_time: None,
+                            must_exist: false,
                         },
                         WaitSpec::Log {
                             path: "/r/t.log".into(),

@@ -6,7 +6,7 @@
 //!
 //! | condition | API | holds when |
 //! | --- | --- | --- |
-//! | `pid:N` (`pid:N@START`) | `{kind: "pid", pid, start_time?}` | the process exits |
+//! | `pid:N` (`pid:N@START`) | `{kind: "pid", pid, start_time?, must_exist?}` | the process exits (with `must_exist`, one not running at arm time breaks the wait) |
 //! | `file:PATH` | `{kind: "file", path}` | the file is written (closed after writing, moved into place) |
 //! | `flock:PATH` | `{kind: "flock", path}` | the `flock(2)` lock on it is free |
 //! | `log:PATH~REGEX` | `{kind: "log", path, match}` | a line matching REGEX is appended |
@@ -133,6 +133,10 @@ pub struct WaitCondition {
     pub pid: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<u64>,
+    /// On `pid`: a process not running when the wait is armed breaks it instead of firing
+    /// at once (a typo'd pid, or a job that already ended, is then an error).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub must_exist: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// A log wait's pattern.
@@ -168,9 +172,14 @@ impl WaitCondition {
             ..WaitCondition::default()
         };
         match spec {
-            WaitSpec::Pid { pid, start_time } => WaitCondition {
+            WaitSpec::Pid {
+                pid,
+                start_time,
+                must_exist,
+            } => WaitCondition {
                 pid: Some(*pid),
                 start_time: *start_time,
+                must_exist: *must_exist,
                 ..base
             },
             WaitSpec::File { path, .. } | WaitSpec::Flock { path } => WaitCondition {
@@ -204,6 +213,7 @@ impl WaitCondition {
             let present = [
                 ("pid", self.pid.is_some()),
                 ("start_time", self.start_time.is_some()),
+                ("must_exist", self.must_exist),
                 ("path", self.path.is_some()),
                 ("match", self.pattern.is_some()),
                 ("silence", self.silence.is_some()),
@@ -234,13 +244,14 @@ impl WaitCondition {
         };
         match kind {
             "pid" => {
-                only(&["pid", "start_time"])?;
+                only(&["pid", "start_time", "must_exist"])?;
                 let pid = self
                     .pid
                     .ok_or_else(|| bad("a pid wait needs \"pid\": the process id"))?;
                 Ok(WaitSpec::Pid {
                     pid,
                     start_time: self.start_time,
+                    must_exist: self.must_exist,
                 })
             }
             "file" => {
@@ -338,7 +349,11 @@ fn parse_one(s: &str) -> Result<WaitSpec, ConditionError> {
                     })
                 })
                 .transpose()?;
-            Ok(WaitSpec::Pid { pid, start_time })
+            Ok(WaitSpec::Pid {
+                pid,
+                start_time,
+                must_exist: false,
+            })
         }
         "file" => Ok(WaitSpec::File {
             path: rest.to_string(),
@@ -407,10 +422,12 @@ pub fn condition_string(spec: &WaitSpec) -> String {
         WaitSpec::Pid {
             pid,
             start_time: None,
+            ..
         } => format!("pid:{pid}"),
         WaitSpec::Pid {
             pid,
             start_time: Some(t),
+            ..
         } => format!("pid:{pid}@{t}"),
         WaitSpec::File {
             path,

@@ -57,7 +57,10 @@ fn a_session_with_instructions_and_examples_from_files() {
 #[test]
 fn say_follow_on_a_hub_without_a_model_exits_2_and_keeps_the_message() {
     let hub = Hub::start();
-    let sid = hub.session();
+    // An agent session (a mailbox says that it is one, below).
+    let (code, out, err) = hub.cortex(&["session", "new", "--runs"]);
+    assert_eq!(code, 0, "{err}");
+    let sid = out.trim().to_string();
     let (code, out, err) = hub.cortex(&["session", "say", &sid, "anyone there?", "--follow"]);
     assert_eq!((code, out.as_str()), (2, ""), "{err}");
     assert!(
@@ -78,7 +81,9 @@ fn say_follow_on_a_hub_without_a_model_exits_2_and_keeps_the_message() {
 #[test]
 fn chat_ends_on_ctrl_c_with_status_0() {
     let hub = Hub::start();
-    let sid = hub.session();
+    let (code, out, err) = hub.cortex(&["session", "new", "--runs"]);
+    assert_eq!(code, 0, "{err}");
+    let sid = out.trim().to_string();
     let mut child = Command::new(bin("cortex"))
         .args(["--hub", &hub.url(""), "chat", &sid])
         .env("CORTEX_WEBHOOK_TOKEN", &hub.token)

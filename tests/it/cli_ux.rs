@@ -321,6 +321,8 @@ fn bare_remote_waits_share_one_default_session_that_survives_its_deletion() {
     let list = list.as_array().unwrap();
     assert_eq!(list.len(), 1, "{list:?}");
     assert_eq!(list[0]["title"], "cortex waits (ada)");
+    // A script's session: a mailbox, which no model ever runs.
+    assert_eq!(list[0]["runs"], false, "{list:?}");
 
     // The CLI deletes it; the next bare wait makes a new one with the same title.
     let (code, out, err) = hub.cortex(&["session", "delete", &sids[0]]);

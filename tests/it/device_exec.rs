@@ -110,6 +110,7 @@ async fn scenario() {
         live: Default::default(),
         agent_defaults: Default::default(),
         runs_model: false,
+        model_name: None,
         caps: Default::default(),
         stops: Default::default(),
         hosts: Default::default(),

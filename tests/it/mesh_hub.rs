@@ -365,8 +365,10 @@ fn bad_tokens_are_refused_and_revoking_drops_the_link_at_once() {
         device(&hub, "gpu2").map(|d| d["state"].clone()),
         Some(json!("revoked"))
     );
-    let (st, _) = hub.api(Method::Delete, "/api/devices/gpu2", None);
-    assert_eq!(st, 404);
+    // Revoking it again changes nothing, and says so.
+    let (st, v) = hub.api(Method::Delete, "/api/devices/gpu2", None);
+    assert_eq!(st, 409, "{v}");
+    assert_eq!(v["error"], "already_revoked");
     let events = wait_until(T, "the offline event", || {
         let e = hub_events(&hub);
         (e.len() >= 4).then_some(e)
@@ -776,6 +778,9 @@ fn cortex_devices_and_device_add_revoke() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("revoked") && out.contains("dropped"), "{out}");
     let (code, _, err) = run("cortex", &["device", "revoke", "lab1"], &env);
+    assert_eq!(code, 1);
+    assert!(err.contains("already revoked"), "{err}");
+    let (code, _, err) = run("cortex", &["device", "revoke", "nosuch"], &env);
     assert_eq!(code, 1);
     assert!(err.contains("no device"), "{err}");
     let _ = bin("cortex");

@@ -342,6 +342,10 @@ fn approval_is_answered(b: &Browser, hub: &Hub) {
     b.goto(&hub.url("/#/sessions"));
     let row = format!("[data-test=session][data-id=\"{sid}\"]");
     b.wait_for(&format!("{row} [data-test=amber]"), T);
+    b.wait_for(
+        &format!("{row} [data-test=state][data-state=waiting_on_you]"),
+        T,
+    );
     ready(b);
     assert!(
         b.find(&format!("{row} [data-test=ring]")).is_none(),

@@ -505,3 +505,104 @@ fn refusals_say_why() {
     assert_eq!(st, 409, "{v}");
     assert!(v["message"].as_str().unwrap().contains("wait-pid"), "{v}");
 }
+
+/// `cortex wait pid N --device D --must-exist` with N not running on the device: the agent
+/// breaks the wait, so the hub records `broke` (a `fail` signal), the session's wake says
+/// it broke, and the command exits 2. A live pid with the flag arms and fires as usual,
+/// and an agent that does not announce must-exist is never sent such a wait.
+#[test]
+fn must_exist_on_a_device_breaks_the_wait_for_a_pid_not_running_there() {
+    let hub = Hub::start();
+    let token = hub.add_device("gpu1");
+    let agent = Agent::start(&hub, "gpu1", &token);
+    hub.wait_online("gpu1");
+    let sid = hub.session();
+
+    let mut child = Command::new("true").spawn().expect("spawn true");
+    let gone = child.id().to_string();
+    child.wait().expect("reap true");
+    let (code, stdout, stderr) = hub.cortex(&[
+        "wait",
+        "pid",
+        &gone,
+        "--device",
+        "gpu1",
+        "--must-exist",
+        "--session",
+        &sid,
+        "--timeout",
+        "1m",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!("pid {gone} is not running")),
+        "{stderr}"
+    );
+    assert_eq!(stdout, "", "nothing printed for a wait that did not fire");
+    let wakes = hub.wakes(&sid);
+    assert_eq!(wakes.len(), 1, "{wakes:?}");
+    let wp = wakes[0]["waitpoint"]["id"].as_str().unwrap().to_string();
+    let signals = device_wait_signals(&hub, &wp);
+    assert_eq!(signals.len(), 1, "{signals:?}");
+    assert_eq!(outcome_of(&signals[0]), "broke", "{signals:?}");
+    assert_eq!(signals[0]["status"], "fail");
+    let heard = hub.wait_wake(&sid, &wp, 1, T);
+    assert_ne!(heard["reason"], "fired", "{heard}");
+    assert_eq!(outcome_of(&heard["signals"][0]), "broke", "{heard}");
+    assert!(
+        heard["signals"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is not running"),
+        "{heard}"
+    );
+    assert_eq!(listed_waits(&hub, "gpu1"), 0);
+
+    // A running pid with the flag: armed, saved without it (a re-arm after a restart
+    // follows the process it found), and fired by the exit.
+    let mut sleep = Sleep::start();
+    let (st, v) = hub.api(
+        Method::Post,
+        "/api/devices/gpu1/waits",
+        Some(&json!({"kind": "pid", "pid": sleep.pid(), "must_exist": true, "session": sid})),
+    );
+    assert_eq!(st, 201, "{v}");
+    let live = v["id"].as_str().unwrap().to_string();
+    wait_armed(&hub, "gpu1", &live);
+    let saved = wait_until(T, "the wait saved by the agent", || {
+        agent.saved_waits()["waits"]
+            .as_array()
+            .and_then(|l| l.iter().find(|w| w["id"] == live).cloned())
+    });
+    assert_eq!(saved["spec"].get("must_exist"), None, "{saved}");
+    sleep.kill();
+    let wake = hub.wait_wake(&sid, &live, 1, T);
+    assert_eq!(wake["reason"], "fired", "{wake}");
+    assert_eq!(outcome_of(&wake["signals"][0]), "fired");
+
+    // An agent that runs pid waits but not must-exist (an older one) would fire: refused.
+    let old = hub.add_device("old");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    let mut hello = cortex_tests::sim::hello("old");
+    hello.capabilities = vec!["spool".into(), "wait-pid".into()];
+    let mut opts = Options::new(&hub.mesh_url, "old", &old);
+    opts.hello = Some(hello);
+    let _dev = rt.block_on(SimDevice::connect(&opts)).expect("connect");
+    hub.wait_online("old");
+    let (st, v) = hub.api(
+        Method::Post,
+        "/api/devices/old/waits",
+        Some(&json!({"kind": "pid", "pid": 1, "must_exist": true})),
+    );
+    assert_eq!(st, 409, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("wait-pid-must-exist"),
+        "{v}"
+    );
+}

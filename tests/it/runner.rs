@@ -38,7 +38,11 @@ pub(crate) fn hub(model: &ScriptedModel) -> (Hub, tempfile::TempDir) {
     hub_with(model, json!({}))
 }
 
-pub(crate) fn new_session(hub: &Hub, body: Value) -> String {
+/// An agent session (`runs: true` unless `body` says): a model runs its turns.
+pub(crate) fn new_session(hub: &Hub, mut body: Value) -> String {
+    if body.get("runs").is_none() {
+        body["runs"] = json!(true);
+    }
     let (st, v) = hub.api(Method::Post, "/api/sessions", Some(&body));
     assert_eq!(st, 201, "{v}");
     v["id"].as_str().expect("id").to_string()

@@ -10,12 +10,12 @@ use std::sync::mpsc::{Sender, channel};
 use std::thread;
 
 use anyhow::Context;
-use cortex_protocol::api::{EventBody, MessagePosted};
+use cortex_protocol::api::{Event, EventBody, MessagePosted};
 
 use super::Term;
 use super::follow::{Follow, FollowError, Item, Screen};
 use super::render::{self, Options, Render, Scope};
-use super::sessions::{NO_MODEL, Post};
+use super::sessions::{MAILBOX, NO_MODEL, Post};
 use crate::hub::Hub;
 
 const PROMPT: &str = "› ";
@@ -58,6 +58,7 @@ pub fn run(
     let Some(view) = super::sessions::session_view(hub, sid, err)? else {
         return Ok(2);
     };
+    let past = history(hub, sid, view.last_seq)?;
     // Opened before the first line is posted, so the answer's first pieces are seen live.
     let follow = match Follow::open(hub, sid, view.last_seq) {
         Ok(f) => f,
@@ -88,8 +89,32 @@ pub fn run(
     };
     let mut render = Render::new(Scope::All, opts);
     let mut waiting = Waiting::default();
+    // The recent past first: the last messages and wakes, and what came of them.
+    if !past.is_empty() {
+        if interactive {
+            writeln!(
+                err,
+                "the last {} of this session (messages, wakes, answers):",
+                plural(inputs(&past), "message or wake", "messages and wakes")
+            )?;
+        }
+        for ev in &past {
+            track(&mut waiting, &ev.body);
+            let outs = render.event(ev, false);
+            let mut screen = Screen {
+                text: &mut *out,
+                notes: None,
+                dim: term.stdout_tty,
+            };
+            screen.put(&outs).context("writing to stdout")?;
+        }
+    }
     let mut eof = false;
-    let mut told_no_model = false;
+    // A mailbox says so at once: no line typed here will be answered.
+    let mut told_no_model = !view.runs;
+    if told_no_model {
+        writeln!(err, "cortex: {MAILBOX}")?;
+    }
     // The seqs of the messages this chat posted.
     let mut mine = HashSet::new();
     let mut prompt = Prompt {
@@ -123,9 +148,10 @@ pub fn run(
                                 waiting.posted.insert(p.seq);
                             }
                         }
-                        Ok(_) if !told_no_model => {
+                        Ok(p) if !told_no_model => {
                             told_no_model = true;
-                            writeln!(err, "cortex: {NO_MODEL}")?;
+                            let why = if p.mailbox { MAILBOX } else { NO_MODEL };
+                            writeln!(err, "cortex: {why}")?;
                         }
                         Ok(_) => {}
                         Err(e) => {
@@ -199,6 +225,69 @@ pub fn run(
         }
     }
     Ok(0)
+}
+
+/// Messages and wakes `cortex chat` shows of the past on open, at most, each with what
+/// came of it (the runs that took it).
+pub const HISTORY_INPUTS: usize = 10;
+/// How many of the newest events it looks through for them.
+const HISTORY_WINDOW: u64 = 2_000;
+
+/// Whether an event is an input shown in the history (a message or a wake).
+fn is_input(body: &EventBody) -> bool {
+    matches!(body, EventBody::Message { .. } | EventBody::Wake(_))
+}
+
+fn inputs(events: &[Event]) -> usize {
+    events.iter().filter(|e| is_input(&e.body)).count()
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    match n {
+        1 => format!("1 {one}"),
+        n => format!("{n} {many}"),
+    }
+}
+
+/// The events of `sid` up to `last_seq` from its [`HISTORY_INPUTS`]-th newest input on
+/// (none when the session holds no input in its newest [`HISTORY_WINDOW`] events).
+fn history(hub: &Hub, sid: &str, last_seq: u64) -> anyhow::Result<Vec<Event>> {
+    let mut cursor = last_seq.saturating_sub(HISTORY_WINDOW);
+    let mut events: Vec<Event> = Vec::new();
+    while cursor < last_seq {
+        let path = format!(
+            "/api/sessions/{}/events?after={cursor}",
+            crate::hub::segment(sid)
+        );
+        let page: serde_json::Value = hub
+            .get(&path)
+            .with_context(|| format!("reading the recent events of session {sid}"))?
+            .json("GET /api/sessions/{sid}/events")?;
+        let list = super::sessions::events_of(&page)?;
+        let before = cursor;
+        for v in list {
+            cursor = cursor.max(v["seq"].as_u64().unwrap_or(cursor));
+            // A kind this version does not know (a newer hub's) is skipped.
+            if let Ok(ev) = serde_json::from_value::<Event>(v.clone())
+                && ev.seq <= last_seq
+            {
+                events.push(ev);
+            }
+        }
+        if list.is_empty() || cursor == before {
+            break;
+        }
+    }
+    let starts: Vec<usize> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| is_input(&e.body))
+        .map(|(i, _)| i)
+        .collect();
+    let Some(&first) = starts.get(starts.len().saturating_sub(HISTORY_INPUTS)) else {
+        return Ok(Vec::new());
+    };
+    Ok(events.split_off(first))
 }
 
 /// Notes which posted messages a run took and which runs are going on; true at a run's end.

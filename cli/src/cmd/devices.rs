@@ -1,4 +1,4 @@
-//! `cortex devices` and `cortex device add|revoke NAME`: the fleet's status, enrolling a
+//! `cortex devices` and `cortex device add|revoke|remove NAME`: the fleet's status, enrolling a
 //! device (its token is printed this once, with the line that starts its agent) and
 //! revoking one (its link is dropped at once). The list shows every device the hub lists,
 //! in the state it gives, with the host facts its agent's hello told (`-` when unknown).
@@ -10,7 +10,7 @@ use cortex_protocol::api::{CreateDevice, DeviceCreated, DeviceView};
 use cortex_protocol::mesh::HostFacts;
 
 use super::{print_raw, short, table};
-use crate::hub::{Hub, segment};
+use crate::hub::{Hub, HubError, segment};
 use crate::timefmt::{now_ms, relative};
 
 pub fn list(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -206,25 +206,59 @@ fn loopback_hub(install: &str) -> bool {
     install.contains("://127.") || install.contains("://[::1]") || install.contains("://localhost")
 }
 
-pub fn revoke(hub: &Hub, name: &str, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+/// `cortex device revoke NAME [--remove]`. A device already revoked is the hub's 409
+/// `already_revoked` (exit 1, its message says so), unless `remove` asks for the listing
+/// to go too: then it is only removed.
+pub fn revoke(
+    hub: &Hub,
+    name: &str,
+    remove: bool,
+    json: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let asked = hub.delete(&format!("/api/devices/{}", segment(name)));
+    let reply = match asked {
+        Err(HubError::Api {
+            status: 409,
+            error: Some(code),
+            ..
+        }) if remove && code == "already_revoked" => None,
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("revoking device {name}"))),
+        Ok(r) => Some(r),
+    };
+    if let Some(reply) = reply {
+        if json && !remove {
+            return print_raw(out, &reply);
+        }
+        let v: serde_json::Value = reply.json("DELETE /api/devices/{name}")?;
+        // With --remove and --json, the removal's answer is the one printed.
+        if !json {
+            let how = if v["dropped_link"].as_bool() == Some(true) {
+                "its link was dropped and its token no longer works"
+            } else {
+                "its token no longer works (it was not connected)"
+            };
+            writeln!(out, "device {name} revoked; {how}")?;
+        }
+    }
+    if remove {
+        return self::remove(hub, name, json, out);
+    }
+    Ok(())
+}
+
+/// `cortex device remove NAME`: a revoked device leaves the list.
+pub fn remove(hub: &Hub, name: &str, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
     let reply = hub
-        .delete(&format!("/api/devices/{}", segment(name)))
-        .with_context(|| format!("revoking device {name}"))?;
+        .delete(&format!("/api/devices/{}/revoked", segment(name)))
+        .with_context(|| format!("removing device {name}"))?;
     if json {
         return print_raw(out, &reply);
     }
-    let v: serde_json::Value = reply.json("DELETE /api/devices/{name}")?;
-    if v["dropped_link"].as_bool() == Some(true) {
-        writeln!(
-            out,
-            "device {name} revoked; its link was dropped and its token no longer works"
-        )?;
-    } else {
-        writeln!(
-            out,
-            "device {name} revoked; its token no longer works (it was not connected)"
-        )?;
-    }
+    writeln!(
+        out,
+        "device {name} removed from the list; `cortex device add {name}` enrols it again"
+    )?;
     Ok(())
 }
 

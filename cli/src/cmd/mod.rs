@@ -95,11 +95,17 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List the sessions: id, title, armed waitpoints, created
+    /// List the sessions, newest first: id, title, state (running, idle, waiting on a
+    /// machine, waiting on you, failed, cancelled), kind (agent or mailbox), armed
+    /// waitpoints, created
     #[command(
-        after_help = "Examples:\n  cortex sessions\n  cortex sessions --json | jq -r '.[].id'"
+        after_help = "Examples:\n  cortex sessions\n  cortex sessions --json | jq -r '.[] | select(.state == \"waiting_on_you\") | .id'"
     )]
     Sessions,
+    /// List the armed waitpoints of every session, oldest first: what the hub still
+    /// waits on
+    #[command(after_help = "Examples:\n  cortex waits\n  cortex waits --json | jq -r '.[].id'")]
+    Waits,
     /// Create a session, post a message to one, read its events, delete one
     #[command(
         subcommand,
@@ -119,10 +125,11 @@ pub enum Command {
         after_help = "Examples:\n  cortex devices\n  cortex devices --json | jq '.[] | {name, host}'"
     )]
     Devices,
-    /// Enrol a device (prints its token once) or revoke one
+    /// Enrol a device (prints its token once), revoke one, or remove a revoked one from
+    /// the list
     #[command(
         subcommand,
-        after_help = "Examples:\n  cortex device add gpu1\n  cortex device revoke gpu1"
+        after_help = "Examples:\n  cortex device add gpu1\n  cortex device revoke gpu1\n  cortex device remove gpu1"
     )]
     Device(DeviceCommand),
     /// What waits on a person across sessions (approvals and questions), and how to
@@ -225,9 +232,25 @@ pub enum DeviceCommand {
         name: String,
     },
     /// Revoke a device's token and drop its link at once
-    #[command(after_help = "Examples:\n  cortex device revoke gpu1")]
+    #[command(
+        after_help = "Examples:\n  cortex device revoke gpu1\n  cortex device revoke gpu1 --remove   # and drop it from the list\n\nExit status: 0 revoked; 1 already revoked (nothing changed) or no such device."
+    )]
     Revoke {
         /// The device, as `cortex devices` lists it
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// Also remove it from the list (as `cortex device remove`); a device already
+        /// revoked is then only removed
+        #[arg(long)]
+        remove: bool,
+    },
+    /// Remove a revoked device from the list (`cortex devices` shows revoked ones until
+    /// then); an enrolled device is refused: revoke it first
+    #[command(
+        after_help = "Examples:\n  cortex device remove gpu1\n\nExit status: 0 removed; 1 not revoked, or no such revoked device."
+    )]
+    Remove {
+        /// The revoked device, as `cortex devices` lists it
         #[arg(value_name = "NAME")]
         name: String,
     },
@@ -235,9 +258,10 @@ pub enum DeviceCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum SessionCommand {
-    /// Create a session and print its id
+    /// Create a session and print its id: an agent session (a model answers its messages
+    /// and wakes) with any agent flag or --runs, else a mailbox (recorded, never answered)
     #[command(
-        after_help = "Examples:\n  cortex session new --title nightly\n  cortex session new --instructions @prompt.md --schema @answer.schema.json"
+        after_help = "Examples:\n  cortex session new --title nightly              # a mailbox, for scripts and waits\n  cortex session new --instructions @prompt.md --schema @answer.schema.json\n  cortex session new --runs --allow ''             # a model on the defaults, shown no tools"
     )]
     New(NewArgs),
     /// Post a message to a session (read at its next turn, or now); with --follow, print
@@ -397,7 +421,8 @@ pub struct NewArgs {
     /// Tools refused outright (comma-separated)
     #[arg(long, value_name = "TOOLS", value_delimiter = ',')]
     pub deny: Option<Vec<String>>,
-    /// Only these tools run (comma-separated); the others are refused
+    /// Only these tools are shown to the model and run (comma-separated); the others are
+    /// refused. --allow '' shows it no tools at all
     #[arg(long, value_name = "TOOLS", value_delimiter = ',')]
     pub allow: Option<Vec<String>>,
     /// An approval not answered within this long denies the call (30s, 10m, 2h)
@@ -414,6 +439,12 @@ pub struct NewArgs {
     /// enforces best]
     #[arg(long, value_name = "auto|emit|respond|native", requires = "schema", value_parser = parse_strategy)]
     pub strategy: Option<cortex_protocol::api::OutputStrategy>,
+    /// A model runs turns for it on the hub's defaults, with no other agent flag (any of
+    /// --instructions, --examples, --max-tokens, --allow, --deny, --require-approval,
+    /// --approval-timeout, --unattended, --schema implies it). Without any, the session
+    /// is a mailbox: its messages and wakes are recorded and no turn runs
+    #[arg(long)]
+    pub runs: bool,
 }
 
 fn parse_strategy(v: &str) -> Result<cortex_protocol::api::OutputStrategy, String> {
@@ -640,6 +671,7 @@ fn execute(
     let json = cli.json;
     match &cli.command {
         Command::Sessions => sessions::list(&hub, json, out)?,
+        Command::Waits => wait::armed(&hub, json, out)?,
         Command::Session(SessionCommand::New(args)) => {
             let body = sessions::create_body(args, &mut || {
                 let mut s = String::new();
@@ -664,7 +696,7 @@ fn execute(
             if *follow {
                 return sessions::say_follow(&hub, &post, *reasoning, json, &env.term, out, err);
             }
-            sessions::say(&hub, &post, json, out)?
+            sessions::say(&hub, &post, json, out, err)?
         }
         Command::Session(SessionCommand::Delete { sid }) => sessions::delete(&hub, sid, json, out)?,
         Command::Session(SessionCommand::Compact { sid }) => {
@@ -703,7 +735,10 @@ fn execute(
         }
         Command::Devices => devices::list(&hub, json, out)?,
         Command::Device(DeviceCommand::Add { name }) => devices::add(&hub, name, json, out)?,
-        Command::Device(DeviceCommand::Revoke { name }) => devices::revoke(&hub, name, json, out)?,
+        Command::Device(DeviceCommand::Revoke { name, remove }) => {
+            devices::revoke(&hub, name, *remove, json, out)?
+        }
+        Command::Device(DeviceCommand::Remove { name }) => devices::remove(&hub, name, json, out)?,
         Command::Wait(WaitCommand::Create(args)) => wait::create(&hub, args, json, out)?,
         Command::Wait(WaitCommand::Check { session, wp }) => {
             wait::check(&hub, session.as_deref(), wp.as_deref(), json, out)?

@@ -38,7 +38,7 @@ pub fn list(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
         return Ok(());
     }
     let now = now_ms();
-    let rows: Vec<Vec<String>> = sessions
+    let rows: Vec<Vec<String>> = newest_first(sessions)
         .iter()
         .map(|s| {
             vec![
@@ -46,6 +46,8 @@ pub fn list(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
                 s.title
                     .as_deref()
                     .map_or_else(|| "-".to_string(), |t| short(t, 40)),
+                s.state.words().to_string(),
+                if s.runs { "agent" } else { "mailbox" }.to_string(),
                 s.armed_waitpoints.to_string(),
                 format!(
                     "{} ({})",
@@ -55,7 +57,17 @@ pub fn list(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
             ]
         })
         .collect();
-    table(out, &["ID", "TITLE", "ARMED", "CREATED"], &rows)
+    table(
+        out,
+        &["ID", "TITLE", "STATE", "KIND", "ARMED", "CREATED"],
+        &rows,
+    )
+}
+
+/// Sessions as people list them: the newest first.
+pub fn newest_first(mut sessions: Vec<SessionView>) -> Vec<SessionView> {
+    sessions.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
+    sessions
 }
 
 /// The body of `POST /api/sessions` from `cortex session new`'s flags; `@FILE` and `@-`
@@ -102,14 +114,23 @@ pub fn create_body(
         }
         None => None,
     };
+    // `--allow ''` is an empty list (no tool), not a tool named "".
+    let tools = |list: &Option<Vec<String>>| {
+        list.as_ref().map(|l| {
+            l.iter()
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+                .collect::<Vec<_>>()
+        })
+    };
     let policy = (args.require_approval.is_some()
         || args.deny.is_some()
         || args.allow.is_some()
         || args.approval_timeout.is_some())
     .then(|| Policy {
-        allow: args.allow.clone(),
-        deny: args.deny.clone(),
-        require_approval: args.require_approval.clone(),
+        allow: tools(&args.allow),
+        deny: tools(&args.deny),
+        require_approval: tools(&args.require_approval),
         approval_timeout_ms: args
             .approval_timeout
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
@@ -142,6 +163,7 @@ pub fn create_body(
         policy,
         unattended: args.unattended.then_some(true),
         output,
+        runs: args.runs.then_some(true),
     })
 }
 
@@ -199,10 +221,21 @@ impl Post<'_> {
     }
 }
 
-pub fn say(hub: &Hub, post: &Post, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+pub fn say(
+    hub: &Hub,
+    post: &Post,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<()> {
     let reply = post.send(hub)?;
     if json {
-        return print_raw(out, &reply);
+        print_raw(out, &reply)?;
+        let posted: MessagePosted = reply.json("POST /api/sessions/{sid}/messages")?;
+        if !posted.runs {
+            writeln!(err, "cortex: {}", no_turn(&posted))?;
+        }
+        return Ok(());
     }
     let posted: MessagePosted = reply.json("POST /api/sessions/{sid}/messages")?;
     if posted.duplicate {
@@ -214,11 +247,22 @@ pub fn say(hub: &Hub, post: &Post, json: bool, out: &mut dyn Write) -> anyhow::R
     } else {
         writeln!(out, "seq {}", posted.seq)?;
     }
+    if !posted.runs {
+        writeln!(err, "cortex: {}", no_turn(&posted))?;
+    }
     Ok(())
 }
 
-/// What `say --follow` tells when nothing will answer.
+/// What `say` tells when nothing will answer: the hub runs no model.
 pub const NO_MODEL: &str = "the hub runs no model, so nothing will answer (the message is recorded); start the hub with CORTEX_LLM_BASE_URL (and CORTEX_LLM_MODEL) set";
+
+/// What `say` tells when nothing will answer: the session is a mailbox.
+pub const MAILBOX: &str = "this session is a mailbox, so no turn runs for it (the message is recorded for whoever reads its events); for a model's answers make an agent session: cortex session new --instructions TEXT (or --runs)";
+
+/// Why no turn will take a post that says `runs: false`.
+pub fn no_turn(posted: &MessagePosted) -> &'static str {
+    if posted.mailbox { MAILBOX } else { NO_MODEL }
+}
 
 /// `cortex session say --follow`: posts with the stream already open (so no live piece is
 /// missed), then prints the run that takes the message until its end. Exit status: 0 the
@@ -246,7 +290,7 @@ pub fn say_follow(
         print_raw(out, &reply)?;
     }
     if !posted.runs {
-        writeln!(err, "cortex: {NO_MODEL}")?;
+        writeln!(err, "cortex: {}", no_turn(&posted))?;
         return Ok(2);
     }
     if posted.duplicate {

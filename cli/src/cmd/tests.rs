@@ -45,6 +45,9 @@ fn session_view(id: &str, title: Option<&str>, armed: u32) -> SessionView {
         last_seq: 3,
         armed_waitpoints: armed,
         spawned_from: None,
+        runs: true,
+        state: Default::default(),
+        config: None,
     }
 }
 
@@ -304,11 +307,19 @@ fn no_token_says_where_to_get_one() {
 
 #[test]
 fn sessions_as_a_table_or_json() {
-    let list = serde_json::to_string(&vec![
-        session_view("ses_1", Some("nightly"), 1),
-        session_view("ses_22", None, 0),
-    ])
-    .expect("ser");
+    use cortex_protocol::api::SessionState;
+    // The hub lists them oldest first; the table shows the newest first, with the state.
+    let newer = SessionView {
+        created_at: 1_786_615_446_000,
+        state: SessionState::WaitingOnMachine,
+        runs: false,
+        ..session_view("ses_22", None, 1)
+    };
+    let older = SessionView {
+        state: SessionState::WaitingOnYou,
+        ..session_view("ses_1", Some("nightly"), 0)
+    };
+    let list = serde_json::to_string(&vec![older, newer]).expect("ser");
     let server = TestServer::canned(vec![
         answer(200, &list),
         answer(200, &list),
@@ -319,14 +330,21 @@ fn sessions_as_a_table_or_json() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 3, "{out}");
     assert!(
-        lines[0].starts_with("ID      TITLE    ARMED  CREATED"),
+        lines[0].starts_with("ID      TITLE    STATE                 KIND     ARMED  CREATED"),
         "{out}"
     );
     assert!(
-        lines[1].starts_with("ses_1   nightly  1      2026-08-13 10:04:05Z"),
+        lines[1].starts_with(
+            "ses_22  -        waiting on a machine  mailbox  1      2026-08-13 10:04:06Z"
+        ),
         "{out}"
     );
-    assert!(lines[2].starts_with("ses_22  -        0"), "{out}");
+    assert!(
+        lines[2].starts_with(
+            "ses_1   nightly  waiting on you        agent    0      2026-08-13 10:04:05Z"
+        ),
+        "{out}"
+    );
     let req = server.next_request();
     assert_eq!(
         (req.method.as_str(), req.path.as_str()),
@@ -797,6 +815,7 @@ fn instructions_text_at_at_and_stdin() {
         unattended: false,
         schema: None,
         strategy: None,
+        runs: false,
     };
     let mut stdin = || Ok("from stdin".to_string());
     let body = sessions::create_body(&args("plain"), &mut stdin).expect("body");

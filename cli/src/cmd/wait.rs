@@ -300,6 +300,41 @@ fn indented(out: &mut dyn Write, header: &[&str], rows: &[Vec<String>]) -> anyho
     Ok(())
 }
 
+/// `cortex waits`: every armed waitpoint across the sessions, oldest first
+/// (`GET /api/waitpoints?state=armed`; `--json`: that array).
+pub fn armed(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+    let reply = hub
+        .get("/api/waitpoints?state=armed")
+        .context("listing the armed waitpoints")?;
+    if json {
+        return print_raw(out, &reply);
+    }
+    let list: Vec<WaitpointView> = reply.json("GET /api/waitpoints?state=armed")?;
+    if list.is_empty() {
+        writeln!(
+            out,
+            "no armed waitpoints; arm one with: cortex wait create --session SID --label L --intent I"
+        )?;
+        return Ok(());
+    }
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|v| {
+            let mut r = row(v, now);
+            r.insert(1, v.session.clone());
+            r.insert(3, v.device.clone().unwrap_or_else(|| "-".into()));
+            r.remove(4); // the state: armed, every one
+            r
+        })
+        .collect();
+    table(
+        out,
+        &["ID", "SESSION", "LABEL", "DEVICE", "SIGNALS", "EXPIRES"],
+        &rows,
+    )
+}
+
 fn row(v: &WaitpointView, now: u64) -> Vec<String> {
     // The hub's count (or the same rule over the listed signals, from an older hub).
     let signals = v.progress().summary;

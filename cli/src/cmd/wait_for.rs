@@ -88,7 +88,6 @@ pub fn run_from(
 ) -> u8 {
     let how = How {
         announce: true,
-        must_exist: false,
         payload: false,
     };
     wait_with(hub, wp, timeout, how, from, out, err)
@@ -101,10 +100,6 @@ pub struct How {
     /// armed line: it leaves out the "waiting for" line, and the "already resolved" one
     /// when the wake came before the first look (the outcome, however fast).
     pub announce: bool,
-    /// A remote pid wait's `--must-exist`: an outcome whose payload says `already_gone`
-    /// (the pid was not running when the device armed it) breaks the wait, and is not
-    /// printed as a fire.
-    pub must_exist: bool,
     /// A remote wait (`cortex wait … --device`): print what the same wait on this machine
     /// prints, the condition's payload (with `device` and `waitpoint` added), and nothing
     /// on stdout when it did not fire; not the whole wake.
@@ -137,7 +132,6 @@ fn wait_with(
         wp,
         timeout,
         announce: how.announce,
-        must_exist: how.must_exist,
         payload: how.payload,
         deadline: after(timeout.unwrap_or(GRACE)),
         device_bound: false,
@@ -162,7 +156,6 @@ struct Waiter<'a> {
     wp: &'a str,
     timeout: Option<Duration>,
     announce: bool,
-    must_exist: bool,
     payload: bool,
     deadline: Instant,
     /// A remote wait's waitpoint: its `report` wakes are the hub's loss reports.
@@ -340,10 +333,10 @@ impl Waiter<'_> {
         }
     }
 
-    /// The wake, printed ([`Self::fire`]); then a consumer's position moved to it, and
+    /// The wake, printed ([`fire`]); then a consumer's position moved to it, and
     /// the seq to resume after said on stderr.
     fn take(&self, wake: &Value, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8, Broke> {
-        let code = self.fire(wake, out, err)?;
+        let code = fire(wake, self.payload, out, err);
         let Some(seq) = wake["seq"].as_u64() else {
             return Ok(code);
         };
@@ -381,17 +374,6 @@ impl Waiter<'_> {
             }
         }
         Ok(code)
-    }
-
-    /// The wake, printed, as an exit status; with `must_exist`, a pid gone before the
-    /// arm breaks instead.
-    fn fire(&self, wake: &Value, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8, Broke> {
-        if self.must_exist
-            && let Some(pid) = already_gone(wake)
-        {
-            return Err(Broke(super::wait_local::not_running(pid)));
-        }
-        Ok(fire(wake, self.payload, out, err))
     }
 
     fn waitpoint(&self) -> Result<WaitpointView, Broke> {
@@ -589,21 +571,6 @@ pub fn exit_status(wake: &Value, err: &mut dyn Write) -> u8 {
         Some("silent") => SILENT,
         _ => FIRED,
     }
-}
-
-/// The pid of a remote pid wait whose payload says it was already gone when armed.
-fn already_gone(wake: &Value) -> Option<i32> {
-    let signals = wake["signals"].as_array()?;
-    signals.iter().rev().find_map(|s| {
-        if s["source"] != "device-wait" {
-            return None;
-        }
-        let data: Value = serde_json::from_str(s["data"].as_str()?).ok()?;
-        let p = &data["payload"];
-        (p["already_gone"] == true)
-            .then(|| p["pid"].as_i64().and_then(|n| i32::try_from(n).ok()))
-            .flatten()
-    })
 }
 
 /// Whether a fired remote wait's payload says its job failed: a pid wait on a job the

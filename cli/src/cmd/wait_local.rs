@@ -250,28 +250,14 @@ fn checked(spec: WaitSpec) -> anyhow::Result<WaitSpec> {
 }
 
 pub fn pid(args: &PidArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    // `--must-exist` is the wait library's rule (a pid not running at arm time is refused
+    // with `WaitError::NotRunning`), the same on a device.
     let spec = WaitSpec::Pid {
         pid: args.pid,
         start_time: args.start_time,
-    };
-    let arm = Arm {
         must_exist: args.must_exist,
     };
-    wait_with(spec, &args.bound, None, arm, out, err)
-}
-
-/// How a wait is armed, beyond its spec.
-#[derive(Debug, Clone, Copy, Default)]
-struct Arm {
-    /// `--must-exist`: a pid not running at arm time is an error, not a fire.
-    must_exist: bool,
-}
-
-/// What `--must-exist` says of a pid that was not running when armed.
-pub fn not_running(pid: i32) -> String {
-    format!(
-        "pid {pid} is not running (no such process, or it has already ended); --must-exist refuses a pid that is not alive when the wait is armed"
-    )
+    wait_with(spec, &args.bound, None, out, err)
 }
 
 pub fn file(args: &FileArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
@@ -393,14 +379,13 @@ fn wait(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
-    wait_with(spec, bound, store, Arm::default(), out, err)
+    wait_with(spec, bound, store, out, err)
 }
 
 fn wait_with(
     spec: WaitSpec,
     bound: &Bound,
     store: Option<&CursorStore>,
-    arm: Arm,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
@@ -423,13 +408,6 @@ fn wait_with(
             Err(e) => return broke(err, &e.into()),
         };
         let captured = armed.captured();
-        if let Captured::Pid(p) = &captured
-            && arm.must_exist
-            && p.gone.is_some()
-        {
-            let _ = writeln!(err, "cortex: {}", not_running(p.pid));
-            return BROKE;
-        }
         let _ = writeln!(err, "cortex: {}", armed_line(&captured, bound, store));
         let _ = err.flush();
         // The position goes to disk before waiting: killed now, a re-arm still knows

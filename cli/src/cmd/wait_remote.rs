@@ -83,7 +83,6 @@ pub fn run(
     let _ = err.flush();
     let how = How {
         announce: false,
-        must_exist: matches!(wait, LocalWait::Pid(a) if a.must_exist),
         payload: true,
     };
     wait_for::run_with(hub, &wp.id, Some(timeout + SLACK), how, out, err)
@@ -158,6 +157,9 @@ pub fn body(wait: &LocalWait, device: &str) -> anyhow::Result<CreateDeviceWait> 
             b.kind = "pid".into();
             b.pid = Some(a.pid);
             b.start_time = a.start_time;
+            // The device's agent decides it, where the pid lives: one not running there
+            // breaks the wait, and the hub and the session hear `broke`.
+            b.must_exist = a.must_exist;
         }
         LocalWait::File(a) => {
             anyhow::ensure!(

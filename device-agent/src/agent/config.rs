@@ -19,6 +19,11 @@ pub struct Config {
     /// The device's name, as enrolled on the hub (`cortex device add NAME`).
     pub name: String,
     pub token: Token,
+    /// The file the token was read from (`--token-file`, or the systemd credential): read
+    /// again when the hub refuses the token, and while it does, so a new token written
+    /// there (a re-enrolment) is used without a restart. `None` for a token from the
+    /// environment, which a running process cannot see change.
+    pub token_file: Option<PathBuf>,
     /// `$CORTEX_HOME`: the spool is `home/tmp/signals/`.
     pub home: PathBuf,
     /// Extra trust anchors (PEM) for a hub whose certificate a private CA signed.
@@ -243,6 +248,11 @@ impl Token {
     pub(crate) fn expose(&self) -> &str {
         &self.0
     }
+
+    /// The same token (not constant-time: both are this agent's own).
+    pub fn same_as(&self, other: &Token) -> bool {
+        self.0 == other.0
+    }
 }
 
 impl fmt::Debug for Token {
@@ -257,6 +267,16 @@ pub enum TokenSource {
     File(PathBuf),
     Credential(PathBuf),
     Environment,
+}
+
+impl TokenSource {
+    /// The file to read the token from again, if it came from one.
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            TokenSource::File(p) | TokenSource::Credential(p) => Some(p),
+            TokenSource::Environment => None,
+        }
+    }
 }
 
 impl fmt::Display for TokenSource {
@@ -299,7 +319,8 @@ pub fn load_token(
     }
 }
 
-fn read_token_file(path: &Path) -> Result<Token, ConfigError> {
+/// The token in `path` now (the agent's re-read after a refusal).
+pub fn read_token_file(path: &Path) -> Result<Token, ConfigError> {
     let raw = std::fs::read_to_string(path).map_err(|source| ConfigError::TokenFile {
         path: path.to_owned(),
         source,

@@ -303,7 +303,8 @@ pub enum Outgoing {
 pub struct Dialer {
     url: HubUrl,
     device: String,
-    token: Token,
+    /// Replaced when the token file holds a new one ([`Dialer::set_token`]).
+    token: std::sync::Mutex<Token>,
     tls: Option<Arc<ClientConfig>>,
     connect_timeout: Duration,
     welcome_timeout: Duration,
@@ -346,11 +347,21 @@ impl Dialer {
         Dialer {
             url,
             device,
-            token,
+            token: std::sync::Mutex::new(token),
             tls,
             connect_timeout,
             welcome_timeout,
         }
+    }
+
+    /// The token the next dial sends.
+    pub fn token(&self) -> Token {
+        self.token.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Sends `token` from the next dial on.
+    pub fn set_token(&self, token: Token) {
+        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = token;
     }
 
     /// Connect, send `hello`, and wait for the welcome.
@@ -387,7 +398,7 @@ impl Dialer {
             .map_err(|e| ConnectError::Io(format!("bad hub URL: {e}")))?;
         // The token is checked to be visible ASCII at load, so this cannot fail on it; the
         // error must not carry it either way.
-        let mut auth = HeaderValue::from_str(&format!("Bearer {}", self.token.expose()))
+        let mut auth = HeaderValue::from_str(&format!("Bearer {}", self.token().expose()))
             .map_err(|_| ConnectError::Io("the device token is not a valid header value".into()))?;
         auth.set_sensitive(true);
         let device = HeaderValue::from_str(&self.device)

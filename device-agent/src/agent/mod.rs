@@ -21,7 +21,14 @@
 //! Link rules: a dial (TCP, TLS, upgrade) is bounded by `connect_timeout`, the welcome by
 //! `welcome_timeout`; failures back off with full jitter from 1 s doubling to a 60 s cap
 //! ([`backoff`]); a refused token or a protocol mismatch waits near the cap; a
-//! `retry_after_ms` from the hub is a floor. The backoff resets on the first ack of a link,
+//! `retry_after_ms` from the hub is a floor.
+//!
+//! A refused token (or the device revoked) makes the agent read its token file again
+//! (`Config::token_file`): a new token there is dialed at once, whatever the backoff or
+//! the hub's floor (they were about the old one); the same one is said plainly (enrol
+//! again, write the new token there, no restart needed), and the file is read again each
+//! [`TOKEN_POLL`] until it changes. A token from the environment cannot change: the agent
+//! says to restart it. The token itself is never logged. The backoff resets on the first ack of a link,
 //! or once a link stayed up for `stable_after` (an idle device gets no acks).
 //!
 //! Remote waits ([`waits`]): the hub's `WaitArm`, `WaitCancel` and `WaitAck` arms in
@@ -77,7 +84,11 @@ pub const CAPABILITIES: &[&str] = &[
     mesh::CAP_WAIT_LOG,
     mesh::CAP_WAIT_SILENCE,
     mesh::CAP_WAIT_ANY,
+    mesh::CAP_WAIT_PID_MUST_EXIST,
 ];
+
+/// How often the token file is read again while the hub refuses the token.
+pub const TOKEN_POLL: Duration = Duration::from_secs(1);
 
 /// Outcomes of remote waits waiting for the loop; a task whose outcome finds it full
 /// waits its turn.
@@ -218,6 +229,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         last_counts_at: None,
         last_watchdog: now,
         last_tick: now,
+        refused: false,
         config,
     };
     daemon.run_loop(watcher, shutdown).await;
@@ -267,6 +279,9 @@ struct Daemon {
     last_counts_at: Option<Instant>,
     last_watchdog: Instant,
     last_tick: Instant,
+    /// The hub refused the token (or revoked the device) and no link came up since: the
+    /// token file is read again each [`TOKEN_POLL`].
+    refused: bool,
 }
 
 /// Whether the loop goes on.
@@ -441,13 +456,22 @@ impl Daemon {
     }
 
     fn dial_failed(&mut self, e: ConnectError, now: Instant) {
+        if matches!(e, ConnectError::Unauthorized { .. }) {
+            self.refused = true;
+            if self.reload_token(now) {
+                return;
+            }
+        }
         let delay = if e.needs_operator() {
             self.backoff.fail_at_cap()
         } else {
             self.backoff.fail()
         };
         let delay = delay.max(e.retry_after().unwrap_or_default());
-        if e.needs_operator() {
+        if matches!(e, ConnectError::Unauthorized { .. }) {
+            let todo = self.refused_todo();
+            tracing::error!(hub = %self.config.hub, device = %self.config.name, error = %e, retry_in = %secs(delay), "cannot join the hub: {todo}");
+        } else if e.needs_operator() {
             tracing::error!(hub = %self.config.hub, device = %self.config.name, error = %e, retry_in = %secs(delay), "cannot join the hub");
         } else {
             tracing::warn!(hub = %self.config.hub, error = %e, retry_in = %secs(delay), failures = self.backoff.failures(), "cannot reach the hub");
@@ -456,7 +480,47 @@ impl Daemon {
         self.link = LinkState::Waiting { at: now + delay };
     }
 
+    /// Reads the token file again; a token there other than the one refused is used from
+    /// now on and dialed at once (true). Nothing to read, or the same token: false.
+    fn reload_token(&mut self, now: Instant) -> bool {
+        let Some(path) = self.config.token_file.clone() else {
+            return false;
+        };
+        let token = match config::read_token_file(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::debug!(error = %e, "the token file cannot be read again");
+                return false;
+            }
+        };
+        if token.same_as(&self.dialer.token()) {
+            return false;
+        }
+        self.dialer.set_token(token);
+        tracing::info!(file = %path.display(), "the token file holds a new token; dialing the hub with it");
+        self.set_link_line(format!("dialing {} with the new token", self.config.hub));
+        self.backoff.reset();
+        self.link = LinkState::Waiting { at: now };
+        true
+    }
+
+    /// What a person does about a refused token, for the log (never the token).
+    fn refused_todo(&self) -> String {
+        let name = &self.config.name;
+        match &self.config.token_file {
+            Some(path) => format!(
+                "{} still holds the token the hub refuses; on the hub enrol the device again (`cortex device add {name}`, after `cortex device revoke {name}` if it is still enrolled) and write the new token to {}: this agent reads that file again each second and uses a new token without a restart",
+                path.display(),
+                path.display()
+            ),
+            None => format!(
+                "the token came from CORTEX_DEVICE_TOKEN, which a running agent cannot read again; enrol the device again on the hub (`cortex device add {name}`) and restart this agent with the new token (better in a file: --token-file)"
+            ),
+        }
+    }
+
     fn link_up(&mut self, connected: Connected, now: Instant) {
+        self.refused = false;
         self.generation += 1;
         let params = connected.params;
         let link = Link::start(connected, self.generation, self.link_tx.clone());
@@ -487,11 +551,24 @@ impl Daemon {
         self.forward.link_down();
         self.remote.link_down();
         self.execs.link_changed();
+        let revoked = matches!(&down, Down::Closed(info)
+            if info.reason.as_ref().is_some_and(|r| r.code == "revoked"));
+        if revoked {
+            self.refused = true;
+            if self.reload_token(now) {
+                return;
+            }
+        }
         let delay = self
             .backoff
             .fail()
             .max(down.retry_after().unwrap_or_default());
-        tracing::warn!(hub = %self.config.hub, reason = %down, unacked, retry_in = %secs(delay), "lost the link to the hub; unacknowledged files stay in the spool");
+        if revoked {
+            let todo = self.refused_todo();
+            tracing::error!(hub = %self.config.hub, reason = %down, unacked, retry_in = %secs(delay), "this device was revoked on the hub: {todo}");
+        } else {
+            tracing::warn!(hub = %self.config.hub, reason = %down, unacked, retry_in = %secs(delay), "lost the link to the hub; unacknowledged files stay in the spool");
+        }
         self.set_link_line(format!(
             "hub unreachable: {down}, retrying in {}",
             secs(delay)
@@ -501,6 +578,9 @@ impl Daemon {
 
     fn on_tick(&mut self, now: Instant) {
         self.last_tick = now;
+        if self.refused && matches!(self.link, LinkState::Waiting { .. }) {
+            self.reload_token(now);
+        }
         if self.sigchld.is_none() {
             self.execs.reap();
         }
@@ -611,6 +691,12 @@ impl Daemon {
         }
         if let Some(every) = self.notifier.watchdog_every() {
             at(self.last_watchdog + every);
+        }
+        if self.refused
+            && self.config.token_file.is_some()
+            && matches!(self.link, LinkState::Waiting { .. })
+        {
+            at(self.last_tick + TOKEN_POLL);
         }
         next
     }

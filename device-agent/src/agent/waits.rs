@@ -36,7 +36,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use cortex_host::wait::{Captured, Gone, WaitOptions, WaitOutcome, WaitSpec, Waits};
+use cortex_host::wait::{Captured, Gone, WaitError, WaitOptions, WaitOutcome, WaitSpec, Waits};
 
 /// The file's format version.
 const FILE_VERSION: u32 = 1;
@@ -339,6 +339,12 @@ impl RemoteWaits {
         }
         let armed = match self.waits.arm(spec) {
             Ok(a) => a,
+            // `must_exist` and the pid not running: the wait breaks, it never fires.
+            Err(e @ WaitError::NotRunning { pid }) => {
+                let payload = json!({"kind": "pid", "pid": pid, "running": false});
+                self.end(id, WaitEnd::Broke, payload, e.to_string());
+                return;
+            }
             Err(e) => {
                 let msg = format!("cannot wait for {}: {e}", spec.describe());
                 self.end(id, WaitEnd::Broke, json!({"error": e.to_string()}), msg);
@@ -392,7 +398,9 @@ impl RemoteWaits {
         let h = &live.held;
         let (end, mut payload, mut message) = describe(h, f.outcome);
         if end == WaitEnd::Fired
-            && let WaitSpec::Pid { pid, start_time } = &h.spec
+            && let WaitSpec::Pid {
+                pid, start_time, ..
+            } = &h.spec
             && let Some(exit) = exit_of(*pid, *start_time)
             && let Value::Object(m) = &mut payload
         {

@@ -481,6 +481,7 @@ async fn any_fires_on_the_first_condition_and_drops_the_others() {
             WaitSpec::Pid {
                 pid,
                 start_time: None,
+                must_exist: false,
             },
             log_spec(&log, "Traceback|nan"),
         ],
@@ -553,6 +554,7 @@ async fn any_breaks_when_one_condition_breaks_and_says_which() {
             WaitSpec::Pid {
                 pid: job.0.id() as i32,
                 start_time: None,
+                must_exist: false,
             },
             log_spec(&sub.join("x.log"), "nan"),
         ],
@@ -573,6 +575,7 @@ async fn any_breaks_when_one_condition_breaks_and_says_which() {
             WaitSpec::Pid {
                 pid: job.0.id() as i32,
                 start_time: None,
+                must_exist: false,
             },
             WaitSpec::Flock {
                 path: utf8(&dir.path().join("missing.lock")),

@@ -12,7 +12,8 @@
 //! payload), `TimedOut` or `Broke`, exit codes 0, 1 and 2 of `cortex wait`.
 //!
 //! A condition already true at arm time (the pid gone or reused, the file changed since the
-//! cursor, the lock free) fires at once, and the payload says so.
+//! cursor, the lock free) fires at once, and the payload says so; a pid wait with
+//! `must_exist` is refused instead ([`WaitError::NotRunning`]), here and on a device alike.
 //!
 //! Cancelling is dropping: the future of [`Armed::wait`] can be dropped at any await point
 //! (a `select!`, a `JoinHandle::abort`), and dropping it, or the [`Armed`], releases
@@ -68,6 +69,12 @@ pub enum WaitError {
         "pid {pid} is a thread of a process, not a process; wait for its process (Tgid in /proc/{pid}/status)"
     )]
     NotAProcess { pid: i32 },
+
+    /// A pid wait with `must_exist` found no such process running at arm time.
+    #[error(
+        "pid {pid} is not running (no such process, or it has already ended); --must-exist refuses a pid that is not alive when the wait is armed"
+    )]
+    NotRunning { pid: i32 },
 
     #[error(
         "pid {pid} is running but /proc/{pid} is hidden from us (procfs mounted with hidepid, or another pid namespace), so its identity cannot be checked"
@@ -326,8 +333,17 @@ impl Waits {
     /// Outside a Tokio runtime.
     pub fn arm(&self, spec: &WaitSpec) -> Result<Armed, WaitError> {
         let inner = match spec {
-            WaitSpec::Pid { pid, start_time } => {
-                Inner::Pid(pid::arm(*pid, *start_time, self.force_pid_poll)?)
+            WaitSpec::Pid {
+                pid,
+                start_time,
+                must_exist,
+            } => {
+                let w = pid::arm(*pid, *start_time, self.force_pid_poll)?;
+                // Gone, exited or reused: the process meant is not running.
+                if *must_exist && w.captured().gone.is_some() {
+                    return Err(WaitError::NotRunning { pid: *pid });
+                }
+                Inner::Pid(w)
             }
             WaitSpec::File {
                 path,
@@ -408,6 +424,7 @@ impl Armed {
             Inner::Pid(w) => WaitSpec::Pid {
                 pid: w.captured().pid,
                 start_time: w.resume_start_time(),
+                must_exist: false,
             },
             // Armed from a `String`, so the path is UTF-8 and nothing is lost here.
             Inner::File(w) => WaitSpec::File {

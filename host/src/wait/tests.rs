@@ -201,10 +201,22 @@ fn specs_and_cursors_on_the_wire() {
     let spec = WaitSpec::Pid {
         pid: 12,
         start_time: None,
+        must_exist: false,
     };
     assert_eq!(
         serde_json::to_value(&spec).expect("json"),
-        json!({"kind":"pid","pid":12})
+        json!({"kind":"pid","pid":12}),
+        "must_exist left out when false: an earlier reader sees what it always saw"
+    );
+    let must: WaitSpec =
+        serde_json::from_value(json!({"kind":"pid","pid":12,"must_exist":true})).expect("parse");
+    assert_eq!(
+        must,
+        WaitSpec::Pid {
+            pid: 12,
+            start_time: None,
+            must_exist: true
+        }
     );
     let spec: WaitSpec =
         serde_json::from_value(json!({"kind":"file","path":"/x/y","cursor":{"exists":false}}))
@@ -254,6 +266,7 @@ fn armed_waits_and_their_futures_are_send() {
             .arm(&WaitSpec::Pid {
                 pid: std::process::id() as i32,
                 start_time: None,
+                must_exist: false,
             })
             .expect("arm");
         let o = opts(Duration::ZERO);
@@ -272,6 +285,7 @@ async fn pid_fires_when_the_process_exits() {
         .arm(&WaitSpec::Pid {
             pid: p.pid(),
             start_time: None,
+            must_exist: false,
         })
         .expect("arm");
     let Captured::Pid(c) = armed.captured() else {
@@ -289,7 +303,8 @@ async fn pid_fires_when_the_process_exits() {
         armed.resume_spec(),
         WaitSpec::Pid {
             pid: p.pid(),
-            start_time: Some(start)
+            start_time: Some(start),
+            must_exist: false,
         }
     );
     let task = tokio::spawn(async move { armed.wait(&opts(BOUND)).await });
@@ -308,6 +323,7 @@ async fn pid_times_out_while_the_process_runs() {
         .arm(&WaitSpec::Pid {
             pid: p.pid(),
             start_time: None,
+            must_exist: false,
         })
         .expect("arm");
     let out = armed.wait(&opts(Duration::from_millis(50))).await;
@@ -324,6 +340,7 @@ async fn a_pid_already_gone_fires_at_once_saying_so() {
         .arm(&WaitSpec::Pid {
             pid,
             start_time: None,
+            must_exist: false,
         })
         .expect("arm");
     let f = armed.fired_at_arm().expect("fired at arm");
@@ -343,6 +360,52 @@ async fn a_pid_already_gone_fires_at_once_saying_so() {
 }
 
 #[tokio::test]
+async fn must_exist_refuses_a_pid_not_running_and_arms_a_live_one_without_it() {
+    let mut child = Command::new("true").spawn().expect("spawn true");
+    let gone = child.id() as i32;
+    child.wait().expect("reap");
+    let mut zombie = Proc::sleep();
+    zombie.kill();
+    let live = Proc::sleep();
+    let spec = |pid| WaitSpec::Pid {
+        pid,
+        start_time: None,
+        must_exist: true,
+    };
+    let waits = Waits::new();
+    for pid in [gone, zombie.pid()] {
+        match waits.arm(&spec(pid)) {
+            Err(e @ WaitError::NotRunning { .. }) => {
+                assert!(e.to_string().contains(&format!("pid {pid} is not running")));
+            }
+            other => panic!("pid {pid}: {other:?}"),
+        }
+    }
+    // Pinned to another start time: the process meant is gone, whoever holds the pid.
+    let reused = WaitSpec::Pid {
+        pid: live.pid(),
+        start_time: Some(1),
+        must_exist: true,
+    };
+    assert!(matches!(
+        waits.arm(&reused),
+        Err(WaitError::NotRunning { .. })
+    ));
+    let armed = waits.arm(&spec(live.pid())).expect("a live pid arms");
+    assert!(armed.fired_at_arm().is_none());
+    // A re-arm (a restart) follows the process it found, and a pid that exited meanwhile
+    // then fires: the must-exist check was the first arm's.
+    assert!(matches!(
+        armed.resume_spec(),
+        WaitSpec::Pid {
+            must_exist: false,
+            start_time: Some(_),
+            ..
+        }
+    ));
+}
+
+#[tokio::test]
 async fn a_zombie_has_exited() {
     let mut p = Proc::sleep();
     p.kill();
@@ -359,6 +422,7 @@ async fn a_zombie_has_exited() {
             .arm(&WaitSpec::Pid {
                 pid: p.pid(),
                 start_time: None,
+                must_exist: false,
             })
             .expect("arm");
         let f = armed.fired_at_arm().expect("fired at arm");
@@ -387,6 +451,7 @@ async fn a_reused_pid_is_not_mistaken_for_the_one_we_meant() {
             .arm(&WaitSpec::Pid {
                 pid: p.pid(),
                 start_time: Some(real + 1),
+                must_exist: false,
             })
             .expect("arm");
         let Captured::Pid(c) = armed.captured() else {
@@ -409,6 +474,7 @@ async fn a_reused_pid_is_not_mistaken_for_the_one_we_meant() {
         .arm(&WaitSpec::Pid {
             pid: p.pid(),
             start_time: Some(real),
+            must_exist: false,
         })
         .expect("arm");
     assert!(armed.fired_at_arm().is_none());
@@ -422,6 +488,7 @@ async fn the_poll_fallback_sees_an_exit() {
         .arm(&WaitSpec::Pid {
             pid: p.pid(),
             start_time: None,
+            must_exist: false,
         })
         .expect("arm");
     let Captured::Pid(c) = armed.captured() else {
@@ -443,6 +510,7 @@ async fn bad_pids_are_refused() {
             .arm(&WaitSpec::Pid {
                 pid,
                 start_time: None,
+                must_exist: false,
             })
             .expect_err("bad pid");
         assert!(matches!(e, WaitError::BadPid { .. }), "{e}");
@@ -456,6 +524,7 @@ async fn a_cancelled_pid_wait_closes_its_pidfd() {
         .arm(&WaitSpec::Pid {
             pid: p.pid(),
             start_time: None,
+            must_exist: false,
         })
         .expect("arm");
     let Inner::Pid(w) = armed.inner() else {
@@ -946,6 +1015,7 @@ async fn the_heartbeat_file_is_touched_while_waiting() {
         .arm(&WaitSpec::Pid {
             pid: p.pid(),
             start_time: None,
+            must_exist: false,
         })
         .expect("arm");
     let o = WaitOptions {
@@ -970,6 +1040,7 @@ async fn a_heartbeat_that_cannot_be_written_breaks_the_wait() {
         .arm(&WaitSpec::Pid {
             pid: p.pid(),
             start_time: None,
+            must_exist: false,
         })
         .expect("arm");
     let o = WaitOptions {

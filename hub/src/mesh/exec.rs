@@ -56,7 +56,7 @@ pub struct ExecStarted {
 /// Why nothing is known to have started; the text is what a model reads.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExecError {
-    #[error("no device named {device}; `devices` lists the enrolled ones")]
+    #[error("no device named {device} is enrolled")]
     NoDevice { device: String },
     #[error("device {device} is offline; nothing was started")]
     Offline { device: String },

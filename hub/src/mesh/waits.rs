@@ -48,7 +48,10 @@ pub fn plan(
 ) -> Plan {
     let mut p = Plan::default();
     for rec in wanted {
-        if !capabilities.iter().any(|c| c == rec.spec.capability()) {
+        // Every capability the wait needs (a silence, must-exist, an any's parts), not only
+        // its kind's: an agent that lacks one would run another wait than the one asked.
+        let runs = |cap: &str| capabilities.iter().any(|c| c == cap);
+        if !rec.spec.capabilities().into_iter().all(runs) {
             p.unsupported = true;
             continue;
         }
@@ -323,6 +326,7 @@ mod tests {
         WaitSpec::Pid {
             pid: p,
             start_time: None,
+            must_exist: false,
         }
     }
 
@@ -368,13 +372,15 @@ mod tests {
         r.resume = Some(WaitSpec::Pid {
             pid: 7,
             start_time: Some(4242),
+            must_exist: false,
         });
         let p = plan(&[r], &set(&[]), &set(&[]), &all_caps(), 0);
         assert_eq!(
             p.arm[0].1,
             WaitSpec::Pid {
                 pid: 7,
-                start_time: Some(4242)
+                start_time: Some(4242),
+                must_exist: false,
             }
         );
     }
@@ -404,5 +410,23 @@ mod tests {
         assert!(p.arm.is_empty());
         assert!(p.unsupported);
         assert!(p.cancel.is_empty(), "wanted ones are never cancelled");
+    }
+
+    #[test]
+    fn a_must_exist_pid_wait_goes_only_to_an_agent_that_announces_it() {
+        let must = WaitSpec::Pid {
+            pid: 7,
+            start_time: None,
+            must_exist: true,
+        };
+        let wanted = vec![rec("m", must, 100, Phase::Pending)];
+        // An older agent runs pid waits but would ignore must_exist and fire.
+        let p = plan(&wanted, &set(&[]), &set(&[]), &all_caps(), 0);
+        assert!(p.arm.is_empty() && p.unsupported, "{p:?}");
+        let mut caps = all_caps();
+        caps.push("wait-pid-must-exist".into());
+        let p = plan(&wanted, &set(&[]), &set(&[]), &caps, 0);
+        assert_eq!(p.arm.len(), 1);
+        assert!(!p.unsupported);
     }
 }

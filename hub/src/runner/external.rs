@@ -217,6 +217,7 @@ pub fn finish(
                 new.spec = WaitSpec::Pid {
                     pid: started.pid,
                     start_time: Some(started.start_time),
+                    must_exist: false,
                 };
                 match t.create_device_wait(*new, hash, now)? {
                     CreateDeviceWaitOutcome::Created { waitpoint, .. } => {
@@ -238,9 +239,20 @@ pub fn finish(
                             CreateDeviceWaitOutcome::Invalid(e) => e.to_string(),
                             CreateDeviceWaitOutcome::Created { .. } => String::new(),
                         };
+                        let shown = t
+                            .agent(sid)?
+                            .map(|r| super::tools::Shown::of_record(&r))
+                            .unwrap_or_else(|| super::tools::Shown::of(&Default::default()));
+                        let next = if shown.has("device_wait_pid") {
+                            format!("call device_wait_pid with pid {}", started.pid)
+                        } else {
+                            format!(
+                                "its pid is {}; nothing will wake you when it exits",
+                                started.pid
+                            )
+                        };
                         result["wait_error"] = json!(format!(
-                            "it runs, but its wait could not be armed ({why}); call device_wait_pid with pid {}",
-                            started.pid
+                            "it runs, but its wait could not be armed ({why}); {next}"
                         ));
                     }
                 }

@@ -48,24 +48,40 @@ pub fn gate(policy: &Policy, always: &[String], tool: &str) -> Gate {
     Gate::Allow
 }
 
-/// Whether the model is shown `tool` at all: not a denied one, and with an `allow` list
-/// only those on it or asked about. A tool it is not shown is still gated if called.
-pub fn shown(policy: &Policy, tool: &str) -> bool {
-    if names(policy.deny.as_ref(), tool) {
-        return false;
-    }
-    policy.allow.is_none()
-        || names(policy.allow.as_ref(), tool)
-        || names(policy.require_approval.as_ref(), tool)
-}
+pub use super::tools::shown;
 
 /// The tools a session with `policy` is shown, in [`tools::specs`]' order (fixed for the
 /// session: its requests all start with the same bytes).
 pub fn shown_specs(policy: &Policy) -> Vec<crate::model::ToolSpec> {
+    let devices = shown(policy, "devices");
     tools::specs()
         .into_iter()
         .filter(|s| shown(policy, &s.name))
+        .map(|mut s| {
+            // A parameter's description names `devices` only where the model may call it.
+            if !devices {
+                unname_devices(&mut s.parameters);
+            }
+            s
+        })
         .collect()
+}
+
+/// What a parameter's description says of a device, without the `devices` tool.
+const DEVICE_NAMED: (&str, &str) = (
+    "the device's name, as `devices` lists it",
+    "the device's name",
+);
+
+fn unname_devices(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::String(s) if s.contains(DEVICE_NAMED.0) => {
+            *s = s.replace(DEVICE_NAMED.0, DEVICE_NAMED.1);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(unname_devices),
+        serde_json::Value::Object(o) => o.values_mut().for_each(unname_devices),
+        _ => {}
+    }
 }
 
 /// A session's policy over the hub's: each list the session gives replaces the hub's,
@@ -106,6 +122,11 @@ pub fn resolve(session: Option<Policy>, hub: Option<Policy>) -> Result<Policy, S
         ("requireApproval", &p.require_approval),
     ] {
         for name in list.iter().flatten() {
+            if name.trim().is_empty() {
+                return Err(format!(
+                    "policy.{field} holds an empty tool name; to name no tool give an empty list (\"{field}\": []; on the command line --allow '' shows the model no tools)"
+                ));
+            }
             if name != "*" && !known.contains(name) {
                 return Err(format!(
                     "policy.{field} names {name:?}, which is no tool; the tools are {} (or \"*\" for all)",
@@ -181,6 +202,18 @@ mod tests {
             ..Policy::default()
         };
         assert!(!shown(&none, "wait_check"));
+    }
+
+    /// The device waits' parameters name `devices` only where the model is shown it.
+    #[test]
+    fn specs_name_devices_only_where_shown() {
+        let described = |p: &Policy| serde_json::to_string(&shown_specs(p)).unwrap_or_default();
+        assert!(described(&Policy::default()).contains("as `devices` lists it"));
+        let no_devices = Policy {
+            deny: list(&["devices"]),
+            ..Policy::default()
+        };
+        assert!(!described(&no_devices).contains("`devices`"));
     }
 
     #[test]

@@ -323,6 +323,10 @@ async fn drive(
     stop.clear();
     let s = sid.to_string();
     let mut wrote = write(state, sid, 0, move |t, env| {
+        // A mailbox is never driven (an older hub may have queued one).
+        if !t.claim_runs(&s)? {
+            return Ok((Next::Idle, Vec::new()));
+        }
         let (mut prepared, mut secrets) = (HashMap::new(), Vec::new());
         let next = turn::boundary(t, &s, env, &mut prepared, &mut secrets)?;
         Ok((next, secrets))
@@ -367,7 +371,7 @@ async fn drive(
             Next::Prepare { calls, .. } => {
                 let mut ready = Vec::with_capacity(calls.len());
                 for c in calls {
-                    let p = prepare(state, sid, &c).await;
+                    let p = prepare(state, sid, &c, &shape.shown).await;
                     ready.push((c, p));
                 }
                 let s = sid.to_string();
@@ -682,6 +686,8 @@ enum Stepped {
 /// it) and its output's checks and transport.
 struct Shape {
     specs: Vec<ToolSpec>,
+    /// The built-in tools among `specs`: what a tool error's hint may name.
+    shown: tools::Shown,
     output: Output,
     transport: Transport,
     plan: Option<output::Plan>,
@@ -689,14 +695,14 @@ struct Shape {
 
 impl Shape {
     fn of(config: Option<&AgentConfig>, caps: &output::Caps) -> Shape {
-        let mut specs = config.map_or_else(
-            || gate::shown_specs(&Default::default()),
-            |c| gate::shown_specs(&c.policy),
-        );
+        let policy = config.map(|c| c.policy.clone()).unwrap_or_default();
+        let mut specs = gate::shown_specs(&policy);
+        let shown = tools::Shown::of(&policy);
         let typed = config.and_then(|c| c.output.as_ref().zip(c.transport));
         let Some((o, transport)) = typed else {
             return Shape {
                 specs,
+                shown,
                 output: Output::chat(),
                 transport: Transport::Emit,
                 plan: None,
@@ -714,6 +720,7 @@ impl Shape {
         }
         Shape {
             specs,
+            shown,
             output,
             transport,
             plan: Some(plan),
@@ -872,7 +879,7 @@ async fn step_once(
                     }
                     let mut calls = Vec::with_capacity(run.len());
                     for call in run {
-                        let p = prepare(state, sid, &call).await;
+                        let p = prepare(state, sid, &call, &shape.shown).await;
                         calls.push((call, p));
                     }
                     turn::Reply::Calls(calls)
@@ -988,8 +995,13 @@ fn live_piece(
 
 /// Prepares one tool call ([`tools::prepare`]), building a `wait_create`'s spawned
 /// sessions' configuration and prefix here, where the prefix is known.
-async fn prepare(state: &AppState, sid: &str, call: &crate::model::ToolCall) -> tools::Prepared {
-    tools::prepare(state, sid, call)
+async fn prepare(
+    state: &AppState,
+    sid: &str,
+    call: &crate::model::ToolCall,
+    shown: &tools::Shown,
+) -> tools::Prepared {
+    tools::prepare(state, sid, call, shown)
         .await
         .build_spawn(|parent, instructions| {
             let (config, prefix) =

@@ -15,12 +15,18 @@ use crate::model::{ChatMessage, Role};
 use crate::store::agent::AgentConfig;
 
 /// The instructions of a session whose creator and hub give none.
-pub const DEFAULT_INSTRUCTIONS: &str = "You are an agent working inside cortex. Answer the person plainly. When work takes long (a training run, a build, a process on another machine), do not wait in a loop: arm a waitpoint or a device wait, hand the job its signal line, and end your turn. You will be woken with the result and can act on it then.";
+pub use crate::session_state::DEFAULT_INSTRUCTIONS;
 
 /// The prefix of a session with `config`, made on a model server that can enforce `caps`.
+/// Its guides name only the tools the session's policy shows.
 pub fn build(config: &AgentConfig, caps: &Caps) -> Vec<ChatMessage> {
     let mut out = Vec::with_capacity(1 + config.examples.len());
-    let mut system = format!("{}\n\n{}", config.instructions.trim(), tools::guides());
+    let shown = tools::Shown::of(&config.policy);
+    let mut system = format!(
+        "{}\n\n{}",
+        config.instructions.trim(),
+        tools::guides(&shown)
+    );
     if let Some(doc) = output_plan(config, caps).and_then(|p| p.doc) {
         system.push_str("\n\n");
         system.push_str(&doc);
@@ -28,6 +34,27 @@ pub fn build(config: &AgentConfig, caps: &Caps) -> Vec<ChatMessage> {
     out.push(ChatMessage::system(system));
     out.extend(config.examples.iter().cloned());
     out
+}
+
+/// A session's configuration as `GET /api/sessions/{sid}` shows it.
+/// `model`: the model the hub's runner calls, if any.
+pub fn config_view(c: &AgentConfig, model: Option<String>) -> cortex_protocol::api::SessionConfig {
+    cortex_protocol::api::SessionConfig {
+        instructions: c.instructions.clone(),
+        model,
+        examples: c
+            .examples
+            .iter()
+            .filter_map(|m| serde_json::to_value(m).ok())
+            .collect(),
+        max_tokens: c.max_tokens,
+        stop: c.stop,
+        policy: c.policy.clone(),
+        tools: tools::Shown::of(&c.policy).names().to_vec(),
+        unattended: c.unattended,
+        output: c.output.clone(),
+        transport: c.transport.map(|t| t.as_str().to_string()),
+    }
 }
 
 /// The output plan of a session with `config` (none for a chat agent): what its requests
@@ -57,7 +84,7 @@ pub fn config(
         output,
         ..
     } = req;
-    let instructions = instructions
+    let mut instructions = instructions
         .filter(|s| !s.trim().is_empty())
         .or_else(|| defaults.instructions.clone())
         .unwrap_or_else(|| DEFAULT_INSTRUCTIONS.to_string());
@@ -94,6 +121,16 @@ pub fn config(
         return Err("stop.steps and stop.repeatedCalls must be above 0".into());
     }
     let policy = super::gate::resolve(policy, defaults.policy.clone())?;
+    // The built-in instructions speak of waits only to a session that can arm one.
+    let shown = tools::Shown::of(&policy);
+    if instructions == DEFAULT_INSTRUCTIONS
+        && !shown
+            .names()
+            .iter()
+            .any(|t| t == "wait_create" || t.starts_with("device_wait_"))
+    {
+        instructions = crate::session_state::DEFAULT_INSTRUCTIONS_WITHOUT_WAITS.to_string();
+    }
     let transport = match &output {
         Some(o) => {
             let compiled = output::compile(o).map_err(|e| e.to_string())?;
@@ -191,6 +228,60 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&build(&c, &Caps::default())).expect("json"),
             serde_json::to_string(&p).expect("json")
+        );
+    }
+
+    /// The prefix's guides are assembled from the tools the session's policy shows, and
+    /// "no tools" has one form: an empty allow list.
+    #[test]
+    fn the_prefix_guides_only_the_tools_shown() {
+        let d = AgentDefaults::default();
+        let with = |policy: Policy| {
+            let c = config(
+                &d,
+                &Caps::default(),
+                CreateSession {
+                    policy: Some(policy),
+                    ..CreateSession::default()
+                },
+            );
+            c.map(|c| {
+                build(&c, &Caps::default())[0]
+                    .content
+                    .clone()
+                    .unwrap_or_default()
+            })
+        };
+        let open = with(Policy::default()).expect("valid");
+        assert!(
+            open.contains("call devices, then device_wait_pid"),
+            "{open}"
+        );
+        let no_devices = with(Policy {
+            deny: Some(vec!["devices".into()]),
+            ..Policy::default()
+        })
+        .expect("valid");
+        assert!(!no_devices.contains("devices,"), "{no_devices}");
+        assert!(no_devices.contains("call device_wait_pid"), "{no_devices}");
+        let none = with(Policy {
+            allow: Some(Vec::new()),
+            ..Policy::default()
+        })
+        .expect("an empty allow list: no tools");
+        assert!(none.contains("You have no tools"), "{none}");
+        assert!(!none.contains("wait_create"), "{none}");
+        // Nor do the built-in instructions speak of waits it cannot arm.
+        assert!(!none.contains("waitpoint or a device wait"), "{none}");
+        assert!(open.contains("waitpoint or a device wait"), "{open}");
+        let e = with(Policy {
+            allow: Some(vec![String::new()]),
+            ..Policy::default()
+        })
+        .expect_err("an empty name");
+        assert!(
+            e.contains("\"allow\": []") && e.contains("--allow ''"),
+            "{e}"
         );
     }
 

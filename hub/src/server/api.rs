@@ -97,20 +97,42 @@ pub async fn create_session(
         ));
     }
     let title = req.title.clone();
-    let config =
-        prefix::config(&state.agent_defaults, &state.caps, req).map_err(ApiError::bad_request)?;
-    let prefix = prefix::build(&config, &state.caps);
+    let given = req.agent_settings();
+    if req.runs == Some(false) && !given.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "runs: false makes a mailbox, which no model runs, so it takes no agent settings (given: {}); drop them, or drop runs: false",
+            given.join(", ")
+        )));
+    }
+    // Fixed now: an agent session's configuration and prefix, or none for a mailbox.
+    let agent = match req.wants_runs() {
+        true => {
+            let config = prefix::config(&state.agent_defaults, &state.caps, req)
+                .map_err(ApiError::bad_request)?;
+            let prefix = prefix::build(&config, &state.caps);
+            Some((config, prefix))
+        }
+        false => None,
+    };
+    let model = state.runs_model;
     let view = state
         .store
         .exec(move |t| {
             let view = t.create_session(title, now_ms())?;
-            let mut rec = AgentRecord::new(None);
-            t.fix_agent(&view.id, &mut rec, config, &prefix)?;
+            let rec = match agent {
+                Some((config, prefix)) => {
+                    let mut rec = AgentRecord::new(None);
+                    t.fix_agent(&view.id, &mut rec, config, &prefix)?;
+                    rec
+                }
+                None => AgentRecord::mailbox(),
+            };
             t.put_agent(&view.id, &rec)?;
-            Ok(view)
+            t.session_seen(&view.id, model)
         })
         .await
-        .map_err(ApiError::store)?;
+        .map_err(ApiError::store)?
+        .ok_or_else(|| ApiError::store("the session just made cannot be read"))?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
@@ -139,9 +161,10 @@ pub async fn session_result(
 }
 
 pub async fn list_sessions(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let model = state.runs_model;
     let list = state
         .store
-        .read(|r| r.sessions())
+        .read(move |r| r.sessions_seen(model))
         .await
         .map_err(ApiError::store)?;
     Ok(Json(list).into_response())
@@ -151,11 +174,23 @@ pub async fn get_session(
     State(state): State<AppState>,
     Path(sid): Path<String>,
 ) -> Result<Response, ApiError> {
+    let model = state.runs_model;
+    let model_name = state.model_name.clone();
     match state
         .store
         .read({
             let sid = sid.clone();
-            move |r| r.session(&sid)
+            move |r| {
+                let Some(mut v) = r.session_seen(&sid, model)? else {
+                    return Ok(None);
+                };
+                v.config = r
+                    .agent(&sid)?
+                    .and_then(|a| a.config)
+                    .filter(|_| v.runs)
+                    .map(|c| prefix::config_view(&c, model_name));
+                Ok(Some(v))
+            }
         })
         .await
         .map_err(ApiError::store)?
@@ -208,8 +243,10 @@ pub async fn post_message(
             if t.agent_cancelled(&s)? {
                 return Ok(Err(()));
             }
-            t.post_message(&s, req.text, req.when, req.dedupe_key, now_ms())
-                .map(Ok)
+            let posted = t.post_message(&s, req.text, req.when, req.dedupe_key, now_ms())?;
+            let rec = t.agent(&s)?;
+            let mailbox = !t.session_runs(&s, rec.as_ref())?;
+            Ok(Ok(posted.map(|p| MessagePosted { mailbox, ..p })))
         })
         .await
         .map_err(ApiError::store)?;
@@ -221,7 +258,7 @@ pub async fn post_message(
         ));
     };
     match posted.map(|p| MessagePosted {
-        runs: state.runs_model,
+        runs: state.runs_model && !p.mailbox,
         ..p
     }) {
         Some(p) if p.duplicate => Ok((StatusCode::OK, Json(p)).into_response()),
@@ -384,6 +421,31 @@ pub async fn session_waitpoints(
         Some(waitpoints) => Ok(Json(WaitpointList { waitpoints }).into_response()),
         None => Err(ApiError::not_found("session", &sid)),
     }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct WaitpointsQuery {
+    state: Option<String>,
+}
+
+/// `GET /api/waitpoints?state=armed`: every armed waitpoint across the sessions, oldest
+/// first (a JSON array; never a secret).
+pub async fn armed_waitpoints(
+    State(state): State<AppState>,
+    Query(q): Query<WaitpointsQuery>,
+) -> Result<Response, ApiError> {
+    if let Some(s) = q.state.as_deref().filter(|s| *s != "armed") {
+        return Err(ApiError::bad_request(format!(
+            "state={s:?}: only state=armed is listed across sessions; GET /api/sessions/{{sid}}/waitpoints lists a session's in every state"
+        )));
+    }
+    let cap = state.store.settings.clone();
+    let list = state
+        .store
+        .read(move |r| r.armed_waitpoints(now_ms(), &cap))
+        .await
+        .map_err(ApiError::store)?;
+    Ok(Json(list).into_response())
 }
 
 #[derive(Debug, Deserialize)]

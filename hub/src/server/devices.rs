@@ -17,7 +17,7 @@ use super::error::{ApiError, parse_json};
 use super::log::{self, LogQuery};
 use crate::state::AppState;
 use crate::store::device_waits::CreateDeviceWaitOutcome;
-use crate::store::devices::DeviceRecord;
+use crate::store::devices::{DeviceRecord, Forget};
 use crate::time::{human_duration, now_ms};
 use crate::{remote_wait, secret};
 
@@ -257,11 +257,27 @@ pub async fn revoke_device(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let n = name.clone();
-    let found = state
+    let now = now_ms();
+    let (found, revoked) = state
         .store
-        .exec(move |t| t.revoke_device(&n, now_ms()))
+        .exec(move |t| {
+            let found = t.revoke_device(&n, now)?;
+            let revoked = if found { None } else { t.revoked_device(&n)? };
+            Ok((found, revoked))
+        })
         .await
         .map_err(ApiError::store)?;
+    if let Some(gone) = revoked {
+        // Said, not pretended: nothing changed, and the list still shows it revoked.
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_revoked",
+            format!(
+                "device {name:?} was already revoked ({} ago); nothing changed. `cortex device remove {name}` drops it from the list, `cortex device add {name}` enrols it again",
+                human_duration(now.saturating_sub(gone.revoked_at))
+            ),
+        ));
+    }
     if !found {
         return Err(no_device(&name));
     }
@@ -272,6 +288,39 @@ pub async fn revoke_device(
         Json(serde_json::json!({"name": name, "revoked": true, "dropped_link": dropped}))
             .into_response(),
     )
+}
+
+/// `DELETE /api/devices/{name}/revoked`: a revoked device leaves the list (`cortex device
+/// remove`). Only a revoked one: an enrolled device is revoked first (409 `not_revoked`),
+/// so this never cuts a live device off.
+pub async fn remove_device(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let n = name.clone();
+    let outcome = state
+        .store
+        .exec(move |t| t.forget_revoked_device(&n))
+        .await
+        .map_err(ApiError::store)?;
+    match outcome {
+        Forget::Removed => {
+            tracing::info!(device = %name, "revoked device removed from the list");
+            Ok(Json(serde_json::json!({"name": name, "removed": true})).into_response())
+        }
+        Forget::Enrolled => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_revoked",
+            format!(
+                "device {name:?} is enrolled, not revoked; revoke it first (`cortex device revoke {name} --remove` does both)"
+            ),
+        )),
+        Forget::Unknown => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no revoked device {name:?}; list them with `cortex devices`"),
+        )),
+    }
 }
 
 /// `GET /api/events?after=SEQ[&wait=S]`, or SSE with `Accept: text/event-stream`.

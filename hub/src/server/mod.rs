@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 
 pub use crate::state::Config;
 use crate::state::{AppState, Inner, Shutdown};
@@ -53,6 +53,7 @@ pub fn router(state: AppState) -> Router {
             "/sessions/{sid}/waitpoints",
             post(api::create_waitpoint).get(api::session_waitpoints),
         )
+        .route("/waitpoints", get(api::armed_waitpoints))
         .route(
             "/waitpoints/{id}",
             get(api::get_waitpoint).delete(api::cancel_waitpoint),
@@ -70,6 +71,7 @@ pub fn router(state: AppState) -> Router {
             get(devices::get_device).delete(devices::revoke_device),
         )
         .route("/devices/{name}/waits", post(devices::create_wait))
+        .route("/devices/{name}/revoked", delete(devices::remove_device))
         .route("/devices/{name}/files", get(devices::device_files))
         .route("/events", get(devices::hub_events))
         .route("/openapi.json", get(openapi::serve))
@@ -191,6 +193,7 @@ pub async fn run_opened(
         stops: Arc::default(),
         agent_defaults: config.settings.agent.clone(),
         runs_model: config.model.is_some(),
+        model_name: config.model.as_ref().and(config.model_name.clone()),
         caps: config.model.as_ref().map(|m| m.caps()).unwrap_or_default(),
         hosts: crate::hosts::Hosts::new(
             config
@@ -201,6 +204,25 @@ pub async fn run_opened(
                 .chain(mesh.as_ref().and_then(|m| url_host(&m.url))),
         ),
     });
+    // Sessions stored before they said whether a model runs them are decided once, before
+    // anything can queue a turn for them (written only when there are such; a failed
+    // write leaves each decided as it is read, and the hub still serves).
+    let hub_default = config.settings.agent.instructions.clone();
+    match state.store.read(|r| r.unsettled_runs()).await {
+        Ok(false) => {}
+        Ok(true) => match state
+            .store
+            .exec(move |t| t.settle_runs(hub_default.as_deref()))
+            .await
+        {
+            Ok(settled) => tracing::info!(
+                settled,
+                "stored sessions decided: agent sessions or mailboxes"
+            ),
+            Err(e) => tracing::error!(error = %e, "cannot record which stored sessions run turns"),
+        },
+        Err(e) => tracing::error!(error = %e, "cannot read which stored sessions run turns"),
+    }
     // The events some notice target wants, before anything that may queue one runs.
     let targets = Arc::new(config.settings.notify.clone());
     let wanted = crate::notify::wanted(&targets);

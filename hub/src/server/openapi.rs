@@ -377,7 +377,21 @@ fn log_ok(page: RefOr<Schema>, example: Value) -> ResponseBuilder {
 
 fn session_example() -> Value {
     json!({"id": "ses_f34c0a6e83ea", "title": "nightly eval", "created_at": 1796166166252_u64,
-           "last_seq": 0, "armed_waitpoints": 0})
+           "last_seq": 0, "armed_waitpoints": 0, "runs": true, "state": "idle"})
+}
+
+fn session_with_config_example() -> Value {
+    let mut v = session_example();
+    v["config"] = json!({
+        "instructions": "You watch training jobs.",
+        "model": "qwen2.5:7b-instruct",
+        "examples": [],
+        "stop": {"steps": 10, "repeatedCalls": 3, "outputRetries": 3},
+        "policy": {"requireApproval": ["device_exec"]},
+        "tools": ["wait_create", "wait_check", "wait_cancel", "devices", "device_exec"],
+        "unattended": false
+    });
+    v
 }
 
 fn how_to_signal_example(id: &str, recommended: &str) -> Value {
@@ -485,7 +499,11 @@ fn sessions(d: &mut Doc) {
             "Create a session",
             "Every field is optional, and so is the body. `instructions`, `examples`, \
              `maxTokens`, `stop`, `policy`, `unattended` and `output` configure the hub's agent \
-             loop for the session (the hub's defaults, settings.json `agent`, fill the rest).",
+             loop for the session (the hub's defaults, settings.json `agent`, fill the rest); \
+             any of them makes an agent session, whose messages and wakes a model answers. \
+             Without any (or with `runs: false`) it is a mailbox: messages and wakes are \
+             recorded for a script and no turn runs. `runs: true` makes an agent session on \
+             the defaults alone.",
         )
         .request_body(Some(body.build()))
         .response("201", created)
@@ -502,21 +520,29 @@ fn sessions(d: &mut Doc) {
             "sessions",
             "listSessions",
             "List the sessions",
-            "Every session, oldest first.",
+            "Every session, oldest first, with `runs` (an agent session or a mailbox) and \
+             its `state`.",
         )
         .response("200", list),
     );
 
-    let one = d.json::<SessionView>("The session", session_example());
+    let one = d.json::<SessionView>("The session", session_with_config_example());
     let missing = d.error("No such session", &["not_found"]);
     d.add(
         HttpMethod::Get,
         "/api/sessions/{sid}",
         Access::Operator,
-        op("sessions", "getSession", "One session", "One session.")
-            .parameter(sid())
-            .response("200", one)
-            .response("404", missing),
+        op(
+            "sessions",
+            "getSession",
+            "One session",
+            "One session, with its `state` and, for an agent session, its `config` (the \
+             instructions, worked example, bounds, policy and the tools it is shown; never a \
+             secret).",
+        )
+        .parameter(sid())
+        .response("200", one)
+        .response("404", missing),
     );
 
     let deleted = d.json::<shapes::SessionDeleted>(
@@ -715,6 +741,34 @@ fn waitpoints(d: &mut Doc) {
         .parameter(sid())
         .response("200", list)
         .response("404", missing),
+    );
+
+    let armed = d.json_list::<WaitpointView>(
+        "Every armed waitpoint across the sessions, oldest first, never a secret",
+        json!([waitpoint_view_example()]),
+    );
+    let bad = d.error("A `state` other than `armed`", &["bad_request"]);
+    d.add(
+        HttpMethod::Get,
+        "/api/waitpoints",
+        Access::Operator,
+        op(
+            "waitpoints",
+            "listArmedWaitpoints",
+            "Armed waitpoints, hub-wide",
+            "What is still waited on, in every session (`cortex waits`).",
+        )
+        .parameter(query_param(
+            "state",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(["armed"]))
+                .build()
+                .into(),
+            "Which waitpoints: `armed` (the default and only value)",
+        ))
+        .response("200", armed)
+        .response("400", bad),
     );
 
     let scope = || {
@@ -922,8 +976,9 @@ fn people(d: &mut Doc) {
     );
     let missing = d.error("No such session", &["not_found"]);
     let refused = d.error(
-        "The hub runs no model, or the session was cancelled before",
-        &["no_model", "session_cancelled"],
+        "The hub runs no model, the session was cancelled before, or it is a mailbox (no \
+         model runs its turns)",
+        &["no_model", "session_cancelled", "mailbox"],
     );
     d.add(
         HttpMethod::Post,
@@ -1046,6 +1101,11 @@ fn devices(d: &mut Doc) {
         json!({"name": "gpu1", "revoked": true, "dropped_link": true}),
     );
     let missing = d.error("No such device", &["not_found"]);
+    let again = d.error(
+        "Revoked already: nothing changed (the message says when, and how to remove it from \
+         the list)",
+        &["already_revoked"],
+    );
     d.add(
         HttpMethod::Delete,
         "/api/devices/{name}",
@@ -1058,7 +1118,34 @@ fn devices(d: &mut Doc) {
         )
         .parameter(name())
         .response("200", revoked)
-        .response("404", missing),
+        .response("404", missing)
+        .response("409", again),
+    );
+
+    let removed = d.json::<shapes::DeviceRemoved>(
+        "Removed: the revoked device is no longer listed",
+        json!({"name": "gpu1", "removed": true}),
+    );
+    let missing = d.error("No revoked device of that name", &["not_found"]);
+    let enrolled = d.error(
+        "The device is enrolled, not revoked: revoke it first",
+        &["not_revoked"],
+    );
+    d.add(
+        HttpMethod::Delete,
+        "/api/devices/{name}/revoked",
+        Access::Operator,
+        op(
+            "devices",
+            "removeDevice",
+            "Remove a revoked device from the list",
+            "A revoked device stays listed (state `revoked`) until its name is added again or \
+             it is removed here. Only a revoked one: this never cuts an enrolled device off.",
+        )
+        .parameter(name())
+        .response("200", removed)
+        .response("404", missing)
+        .response("409", enrolled),
     );
 
     let body = d.body::<CreateDeviceWait>(
@@ -1436,6 +1523,13 @@ mod shapes {
         revoked: bool,
         /// A live link was ended.
         dropped_link: bool,
+    }
+
+    /// `DELETE /api/devices/{name}/revoked`.
+    #[derive(ToSchema)]
+    pub struct DeviceRemoved {
+        name: String,
+        removed: bool,
     }
 
     /// `GET /api/devices/{name}/files`.

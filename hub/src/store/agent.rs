@@ -173,6 +173,11 @@ pub struct AgentRecord {
     /// The session was cancelled: it runs no more turns.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cancelled: bool,
+    /// A model runs turns for it (`true`, an agent session) or it is a mailbox (`false`):
+    /// fixed when it is made. `None` in rows from before sessions said so, decided from
+    /// what they hold ([`Tx::session_runs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<bool>,
     /// The transcript's older part as summarized (compaction): a request carries the
     /// prefix, this summary, then the messages from `through` on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -209,8 +214,17 @@ impl AgentRecord {
             timers: Vec::new(),
             joining: Vec::new(),
             cancelled: false,
+            runs: None,
             summary: None,
             compact_asked: false,
+        }
+    }
+
+    /// The row of a mailbox: no configuration, and no turn ever runs.
+    pub fn mailbox() -> Self {
+        AgentRecord {
+            runs: Some(false),
+            ..AgentRecord::new(None)
         }
     }
 }
@@ -247,7 +261,127 @@ impl Tx<'_> {
         }
         rec.prefix_len = rec.transcript_len;
         rec.config = Some(config);
+        rec.runs = Some(true);
         Ok(())
+    }
+
+    /// Whether a model runs turns for `sid` (row `rec`): as the row says, else (a row
+    /// from before rows said so, not yet settled by [`Tx::settle_runs`]) from what it
+    /// holds, by [`crate::session_state::legacy_runs`]. No row: a mailbox.
+    pub fn session_runs(&self, sid: &str, rec: Option<&AgentRecord>) -> Result<bool, StoreError> {
+        match rec {
+            None => Ok(false),
+            Some(rec) => match rec.runs {
+                Some(r) => Ok(r),
+                None => self.legacy_runs(sid, rec, None),
+            },
+        }
+    }
+
+    /// [`crate::session_state::legacy_runs`] over what row `rec` of `sid` holds.
+    fn legacy_runs(
+        &self,
+        sid: &str,
+        rec: &AgentRecord,
+        hub_default: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let c = rec.config.as_ref();
+        let stored = crate::session_state::Stored {
+            instructions: c.map(|c| c.instructions.as_str()),
+            examples: c.is_some_and(|c| !c.examples.is_empty()),
+            output: c.is_some_and(|c| c.output.is_some()),
+            hub_default,
+        };
+        let mut failed = None;
+        let replied =
+            crate::session_state::legacy_runs(stored, || match self.model_replied(sid, rec) {
+                Ok(r) => r,
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(replied),
+        }
+    }
+
+    /// Whether any runner row is from before rows said whether a model runs them.
+    pub fn unsettled_runs(&self) -> Result<bool, StoreError> {
+        for r in self.table(&AGENTS).iter()? {
+            let rec: AgentRecord = decode(r?.1.value())?;
+            if rec.runs.is_none() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// At the hub's start: decides, once, whether each row from before rows said so runs
+    /// turns (`hub_default`: the hub's default instructions), and writes it down. A
+    /// mailbox a hub that did not tell them apart left queued leaves the queue, its
+    /// input unread. Returns how many rows were settled.
+    pub fn settle_runs(&mut self, hub_default: Option<&str>) -> Result<usize, StoreError> {
+        let mut open = Vec::new();
+        for r in self.table(&AGENTS).iter()? {
+            let (k, v) = r?;
+            let rec: AgentRecord = decode(v.value())?;
+            if rec.runs.is_none() {
+                open.push((k.value().to_string(), rec));
+            }
+        }
+        let settled = open.len();
+        for (sid, mut rec) in open {
+            let runs = self.legacy_runs(&sid, &rec, hub_default)?;
+            rec.runs = Some(runs);
+            if !runs && (rec.status != RunStatus::Idle || rec.ready_order != 0) {
+                self.make_idle(&sid, &mut rec)?;
+            }
+            self.put_agent(&sid, &rec)?;
+        }
+        Ok(settled)
+    }
+
+    /// Whether the transcript holds a model's reply after the prefix (read until the
+    /// first one).
+    fn model_replied(&self, sid: &str, rec: &AgentRecord) -> Result<bool, StoreError> {
+        #[derive(Deserialize)]
+        struct RoleOnly {
+            role: crate::model::Role,
+        }
+        for r in self
+            .table(&TRANSCRIPT)
+            .range((sid, rec.prefix_len)..(sid, rec.transcript_len.max(rec.prefix_len)))?
+        {
+            let v = r?.1;
+            let m: RoleOnly = serde_json::from_slice(v.value())
+                .map_err(|e| StoreError::Decode(format!("a transcript message: {e}")))?;
+            if m.role == crate::model::Role::Assistant {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The runner's check before it drives `sid`: whether a model runs turns for it. A
+    /// mailbox found in the ready queue (queued by a hub that did not tell them apart)
+    /// is taken out of it, its input left unread; a row that did not say is fixed to
+    /// what was decided.
+    pub fn claim_runs(&mut self, sid: &str) -> Result<bool, StoreError> {
+        let Some(mut rec) = self.agent(sid)? else {
+            return Ok(false);
+        };
+        let runs = self.session_runs(sid, Some(&rec))?;
+        let before = rec.clone();
+        rec.runs = Some(runs);
+        if !runs && (rec.status != RunStatus::Idle || rec.ready_order != 0) {
+            self.make_idle(sid, &mut rec)?;
+        }
+        if rec != before {
+            self.put_agent(sid, &rec)?;
+        }
+        Ok(runs)
     }
 
     /// Appends one message to a session's transcript (the caller saves `rec`).
@@ -292,6 +426,14 @@ impl Tx<'_> {
             Some(r) => (r, false),
             None => (AgentRecord::new(None), true),
         };
+        // A mailbox only records: no turn runs, so it never joins the queue.
+        if !self.session_runs(sid, (!fresh).then_some(&rec))? {
+            if rec.runs.is_none() && !fresh {
+                rec.runs = Some(false);
+                self.put_agent(sid, &rec)?;
+            }
+            return Ok(());
+        }
         // A ready or running session takes the item at its next boundary: its row does
         // not change, and is not written again.
         if rec.status != RunStatus::Idle && !fresh {
@@ -481,6 +623,8 @@ pub enum CancelPosted {
     NoSession,
     /// The session was cancelled before.
     Ended,
+    /// No model runs turns for the session (a mailbox): it has no transcript to compact.
+    Mailbox,
 }
 
 impl Tx<'_> {
@@ -512,6 +656,7 @@ impl Tx<'_> {
                 seq,
                 duplicate: true,
                 runs: false,
+                mailbox: false,
             }));
         }
         let Some(p) = self
@@ -604,8 +749,12 @@ impl Tx<'_> {
         if self.get_session(sid)?.is_none() {
             return Ok(CancelPosted::NoSession);
         }
-        if self.agent_cancelled(sid)? {
+        let rec = self.agent(sid)?;
+        if rec.as_ref().is_some_and(|r| r.cancelled) {
             return Ok(CancelPosted::Ended);
+        }
+        if !self.session_runs(sid, rec.as_ref())? {
+            return Ok(CancelPosted::Mailbox);
         }
         Ok(
             match self.post_inbox(sid, EventBody::Compact {}, None, now)? {

@@ -404,8 +404,9 @@ impl Tx<'_> {
         Ok(due.len())
     }
 
-    /// Ends `device`'s waits that its agent cannot run (it does not announce the kind's
-    /// capability), each as `broke` with the reason. Returns how many.
+    /// Ends `device`'s waits that its agent cannot run (it does not announce a capability
+    /// the wait needs: its kind's, a silence's, must-exist's), each as `broke` with the
+    /// reason. Returns how many.
     pub fn device_waits_unsupported(
         &mut self,
         device: &str,
@@ -415,13 +416,19 @@ impl Tx<'_> {
     ) -> Result<usize, StoreError> {
         let mut n = 0;
         for rec in self.active_device_waits(device)? {
-            let cap = rec.spec.capability();
-            if capabilities.iter().any(|c| c == cap) {
+            let missing: Vec<&str> = rec
+                .spec
+                .capabilities()
+                .into_iter()
+                .filter(|cap| !capabilities.iter().any(|c| c == cap))
+                .collect();
+            if missing.is_empty() {
                 continue;
             }
             let message = format!(
-                "the agent on {device} (version {agent_version}) cannot wait for {}: it does not announce {cap}; upgrade cortex-device-agent there",
-                rec.spec.describe()
+                "the agent on {device} (version {agent_version}) cannot wait for {}: it does not announce {}; upgrade cortex-device-agent there",
+                rec.spec.describe(),
+                missing.join(", ")
             );
             self.end_device_wait(&rec, WaitEnd::Broke, "{}", &message, now)?;
             n += 1;

@@ -66,6 +66,17 @@ pub struct RevokedDevice {
     pub host: Option<HostFacts>,
 }
 
+/// What [`Tx::forget_revoked_device`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forget {
+    /// It was revoked, and is no longer listed.
+    Removed,
+    /// It is enrolled: revoke it first.
+    Enrolled,
+    /// No device of that name, revoked or not.
+    Unknown,
+}
+
 /// How many revoked devices are remembered; the oldest revocation is forgotten first.
 pub const REVOKED_KEPT: usize = 1_000;
 
@@ -171,6 +182,19 @@ impl Tx<'_> {
             now,
         )?;
         Ok(true)
+    }
+
+    /// `cortex device remove`: drops a revoked device from the fleet view.
+    pub fn forget_revoked_device(&mut self, name: &str) -> Result<Forget, StoreError> {
+        if self.get_device(name)?.is_some() {
+            return Ok(Forget::Enrolled);
+        }
+        let removed = self.table_mut(&REVOKED_DEVICES).remove(name)?.is_some();
+        Ok(if removed {
+            Forget::Removed
+        } else {
+            Forget::Unknown
+        })
     }
 
     /// Keeps `gone` for the fleet view, forgetting the oldest revocation past
@@ -341,6 +365,14 @@ impl Tx<'_> {
             out.push(decode(r?.1.value())?);
         }
         Ok(out)
+    }
+
+    /// The revoked device `name`, while it is remembered.
+    pub fn revoked_device(&self, name: &str) -> Result<Option<RevokedDevice>, StoreError> {
+        match self.table(&REVOKED_DEVICES).get(name)? {
+            Some(v) => Ok(Some(decode(v.value())?)),
+            None => Ok(None),
+        }
     }
 
     pub fn device(&self, name: &str) -> Result<Option<DeviceRecord>, StoreError> {

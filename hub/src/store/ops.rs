@@ -91,6 +91,9 @@ impl Tx<'_> {
             last_seq: 0,
             armed_waitpoints: 0,
             spawned_from: rec.spawned_from,
+            runs: false,
+            state: Default::default(),
+            config: None,
         })
     }
 
@@ -178,6 +181,7 @@ impl Tx<'_> {
                 seq: seq.value(),
                 duplicate: true,
                 runs: false,
+                mailbox: false,
             }));
         }
         let Some(seq) = self.append_event(sid, body, now)? else {
@@ -190,6 +194,7 @@ impl Tx<'_> {
             seq,
             duplicate: false,
             runs: false,
+            mailbox: false,
         }))
     }
 
@@ -745,22 +750,43 @@ fn wp_ref(wp: &Waitpoint) -> WaitpointRef {
 }
 
 impl Tx<'_> {
+    /// The session `sid`, its state as on a hub that runs a model.
     pub fn session(&self, sid: &str) -> Result<Option<SessionView>, StoreError> {
+        self.session_seen(sid, true)
+    }
+
+    /// The session `sid`, its state as on a hub that runs a model (`model`) or not.
+    pub fn session_seen(&self, sid: &str, model: bool) -> Result<Option<SessionView>, StoreError> {
         let t = self.table(&SESSIONS);
         let Some(v) = t.get(sid)? else {
             return Ok(None);
         };
         let rec: SessionRecord = decode(v.value())?;
-        Ok(Some(self.session_view(rec)?))
+        Ok(Some(self.session_view(rec, model)?))
     }
 
-    fn session_view(&self, rec: SessionRecord) -> Result<SessionView, StoreError> {
+    fn session_view(&self, rec: SessionRecord, model: bool) -> Result<SessionView, StoreError> {
         let mut armed = 0;
         for wp in self.session_waitpoints_raw(&rec.id)? {
             if wp.state == State::Armed {
                 armed += 1;
             }
         }
+        let agent = self.agent(&rec.id)?;
+        let runs = self.session_runs(&rec.id, agent.as_ref())?;
+        let facts = crate::session_state::Facts {
+            cancelled: agent.as_ref().is_some_and(|a| a.cancelled),
+            asks_a_person: agent.as_ref().is_some_and(|a| a.parked.is_some()),
+            turn_queued: agent
+                .as_ref()
+                .is_some_and(|a| a.status != super::agent::RunStatus::Idle),
+            model_runs: model && runs,
+            last_run_failed: agent
+                .as_ref()
+                .and_then(|a| a.last_run.as_ref())
+                .is_some_and(|r| !r.result.ok),
+            armed_waitpoints: armed,
+        };
         Ok(SessionView {
             id: rec.id,
             title: rec.title,
@@ -768,15 +794,47 @@ impl Tx<'_> {
             last_seq: rec.last_seq,
             armed_waitpoints: armed,
             spawned_from: rec.spawned_from,
+            runs,
+            state: crate::session_state::state(facts),
+            config: None,
         })
     }
 
+    /// Every session, oldest first, their state as on a hub that runs a model.
     pub fn sessions(&self) -> Result<Vec<SessionView>, StoreError> {
+        self.sessions_seen(true)
+    }
+
+    /// Every session, oldest first, their state as on a hub that runs a model (`model`)
+    /// or not.
+    pub fn sessions_seen(&self, model: bool) -> Result<Vec<SessionView>, StoreError> {
         let t = self.table(&SESSIONS);
         let mut out = Vec::new();
         for r in t.iter()? {
             let rec: SessionRecord = decode(r?.1.value())?;
-            out.push(self.session_view(rec)?);
+            out.push(self.session_view(rec, model)?);
+        }
+        out.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    /// Every armed waitpoint of every session, oldest first.
+    pub fn armed_waitpoints(
+        &self,
+        now: u64,
+        settings: &crate::engine::Settings,
+    ) -> Result<Vec<WaitpointView>, StoreError> {
+        let mut sids = Vec::new();
+        for r in self.table(&SESSIONS).iter()? {
+            sids.push(r?.0.value().to_string());
+        }
+        let mut out = Vec::new();
+        for sid in sids {
+            for wp in self.session_waitpoints_raw(&sid)? {
+                if wp.state == State::Armed {
+                    out.push(self.view(&wp, now, settings)?);
+                }
+            }
         }
         out.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         Ok(out)

@@ -1,6 +1,7 @@
 use super::*;
 use crate::engine::{CreateParams, State};
 use crate::store::agent::{AgentRecord, AnswerOutcome, CancelPosted};
+use crate::store::devices::Forget;
 use crate::store::ops::{CancelOutcome, CreateOutcome};
 use cortex_protocol::SignalRequest;
 use cortex_protocol::api::{Decision, Event, EventBody, PendingRequest, PostAnswer, WakeReason};
@@ -474,6 +475,30 @@ async fn devices_are_added_once_and_revoked_with_their_events() {
     );
     assert!(store.read(|r| r.devices()).await.expect("read").is_empty());
     assert_eq!(hub_kinds(&store).await, ["device-added", "device-revoked"]);
+    // Revoked, it is remembered (listed as revoked) until removed, once.
+    let gone = store
+        .read(|r| r.revoked_device("gpu1"))
+        .await
+        .expect("read");
+    assert_eq!(gone.map(|d| d.revoked_at), Some(T0));
+    let forget = |n: &'static str| store.exec(move |t| t.forget_revoked_device(n));
+    assert_eq!(forget("gpu1").await.expect("forget"), Forget::Removed);
+    assert_eq!(forget("gpu1").await.expect("forget"), Forget::Unknown);
+    assert!(
+        store
+            .read(|r| r.revoked_devices())
+            .await
+            .expect("read")
+            .is_empty()
+    );
+    // An enrolled device is not removed: it is revoked first.
+    assert!(
+        store
+            .exec(|t| t.add_device("gpu2", [7; 32], T0))
+            .await
+            .expect("add")
+    );
+    assert_eq!(forget("gpu2").await.expect("forget"), Forget::Enrolled);
     // A revoked device cannot be recorded online.
     let up = online(1);
     assert!(
@@ -1110,7 +1135,10 @@ async fn parked(store: &Store, kind: &str, expires_at: Option<u64>) -> (String, 
     let (s, r) = (sid.clone(), request.clone());
     store
         .exec(move |t| {
-            let mut rec = AgentRecord::new(None);
+            let mut rec = AgentRecord {
+                runs: Some(true),
+                ..AgentRecord::new(None)
+            };
             t.park(&s, &mut rec, r)?;
             t.put_agent(&s, &rec)
         })
@@ -1501,4 +1529,88 @@ async fn a_consumer_position_moves_forward_only_and_goes_with_its_waitpoint() {
         .await
         .expect("count");
     assert_eq!(left, 0, "its rows went with it");
+}
+
+/// A runner row as a hub from before rows said whether a model runs them wrote it:
+/// `instructions`, no `runs`, queued (as that hub queued every wake).
+fn legacy_row(instructions: &str) -> AgentRecord {
+    use crate::store::agent::AgentConfig;
+    AgentRecord {
+        config: Some(AgentConfig {
+            instructions: instructions.into(),
+            examples: Vec::new(),
+            max_tokens: None,
+            stop: Default::default(),
+            policy: Default::default(),
+            unattended: false,
+            output: None,
+            transport: None,
+        }),
+        ..AgentRecord::new(None)
+    }
+}
+
+/// Stored sessions are decided once at the start: one that only ever held the default
+/// instructions (the built-in ones or the hub's) and wakes is a mailbox and leaves the
+/// queue a hub that ran every session left it in; one with instructions of its own stays
+/// an agent session, queued.
+#[tokio::test]
+async fn stored_sessions_are_settled_once_and_a_queued_mailbox_leaves_the_queue() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    let builtin = session(&store).await;
+    let hubs = session(&store).await;
+    let own = session(&store).await;
+    let rows = [
+        (builtin.clone(), crate::session_state::DEFAULT_INSTRUCTIONS),
+        (hubs.clone(), "You watch this lab's jobs."),
+        (own.clone(), "Tell me when run 7 lands."),
+    ];
+    store
+        .exec(move |t| {
+            for (sid, instructions) in rows {
+                let mut rec = legacy_row(instructions);
+                t.make_ready(&sid, &mut rec)?;
+                t.put_agent(&sid, &rec)?;
+            }
+            Ok(())
+        })
+        .await
+        .expect("rows");
+    assert!(store.read(|r| r.unsettled_runs()).await.expect("read"));
+    let settled = store
+        .exec(|t| t.settle_runs(Some("You watch this lab's jobs.")))
+        .await
+        .expect("settle");
+    assert_eq!(settled, 3);
+    let (b, h, o) = (builtin.clone(), hubs.clone(), own.clone());
+    let (rows, queue) = store
+        .read(move |r| {
+            let rows = [r.agent(&b)?, r.agent(&h)?, r.agent(&o)?];
+            Ok((rows, r.ready_after(0, 10)?))
+        })
+        .await
+        .expect("read");
+    let runs: Vec<Option<bool>> = rows
+        .iter()
+        .map(|r| r.as_ref().and_then(|r| r.runs))
+        .collect();
+    assert_eq!(runs, [Some(false), Some(false), Some(true)]);
+    let queued: Vec<&str> = queue.iter().map(|(_, s)| s.as_str()).collect();
+    assert_eq!(
+        queued,
+        [own.as_str()],
+        "only the agent session stays queued"
+    );
+    // A wake to a settled mailbox is recorded and queues nothing.
+    let b = builtin.clone();
+    store
+        .exec(move |t| t.post_message(&b, "hi".into(), Default::default(), None, T0))
+        .await
+        .expect("post");
+    let again = store.exec(|t| t.settle_runs(None)).await.expect("settle");
+    assert_eq!(again, 0, "settled once");
+    assert!(!store.read(|r| r.unsettled_runs()).await.expect("read"));
+    let queue = store.read(|r| r.ready_after(0, 10)).await.expect("read");
+    assert_eq!(queue.len(), 1, "{queue:?}");
 }

@@ -31,10 +31,10 @@ fn run_end(run: &str, result: Value) -> Value {
         "steps": 1, "outputRetries": 0, "elapsedMs": 1}})
 }
 
-/// A hub for session `ses_1` (last seq 2): the events stream writes `events` once a
-/// message was posted (answered `seq 4`, `runs`), then stays open. Returns its address and
-/// the messages posted.
-fn chat_hub(events: String, runs: bool) -> (String, Receiver<Recorded>) {
+/// A hub for session `ses_1` (last seq 2, its past events 1 and 2 `history`): the events
+/// stream writes `events` once a message was posted (answered `seq 4`, `runs`), then
+/// stays open. Returns its address and the messages posted.
+fn chat_hub(events: String, runs: bool, history: Vec<Value>) -> (String, Receiver<Recorded>) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (posted_tx, posted_rx) = channel::<Recorded>();
@@ -45,6 +45,7 @@ fn chat_hub(events: String, runs: bool) -> (String, Receiver<Recorded>) {
             let Ok(mut stream) = stream else { continue };
             let (posted_tx, go_tx, go_rx) = (posted_tx.clone(), go_tx.clone(), go_rx.clone());
             let events = events.clone();
+            let history = json!({"events": history.clone()}).to_string();
             thread::spawn(move || {
                 let Some(req) = read_request(&mut stream) else {
                     return;
@@ -52,8 +53,11 @@ fn chat_hub(events: String, runs: bool) -> (String, Receiver<Recorded>) {
                 match (req.method.as_str(), req.path.as_str()) {
                     ("GET", "/api/sessions/ses_1") => {
                         let view = json!({"id": "ses_1", "title": "watch", "created_at": 1,
-                            "last_seq": 2, "armed_waitpoints": 0});
+                            "last_seq": 2, "armed_waitpoints": 0, "runs": true});
                         let _ = stream.write_all(&answer(200, &view.to_string()));
+                    }
+                    ("GET", "/api/sessions/ses_1/events?after=0") => {
+                        let _ = stream.write_all(&answer(200, &history));
                     }
                     ("GET", p) if p.starts_with("/api/sessions/ses_1/events?after=2") => {
                         let _ = stream.write_all(
@@ -168,7 +172,7 @@ fn a_piped_line_is_posted_and_everything_the_session_does_is_printed() {
         ),
     ]
     .concat();
-    let (url, posted) = chat_hub(events, true);
+    let (url, posted) = chat_hub(events, true, Vec::new());
     let (code, out, err) = chat(&url, "hi there\n", PIPE);
     assert_eq!(code, 0, "{err}");
     assert_eq!(
@@ -190,9 +194,29 @@ fn a_piped_line_is_posted_and_everything_the_session_does_is_printed() {
     assert_eq!(req.json(), json!({"text": "hi there", "when": "next_turn"}));
 }
 
+/// On open, the recent past: the session's last messages and wakes with what came of
+/// them, before anything new.
+#[test]
+fn chat_opens_with_the_recent_history() {
+    let history = vec![
+        json!({"seq": 1, "ts": 1, "kind": "message", "text": "how is the run?",
+            "when": "next_turn"}),
+        json!({"seq": 2, "ts": 2, "kind": "run-end", "run_id": "r0",
+            "result": {"ok": true, "output": {"response": "Loss 0.3, still going."}},
+            "meta": {"usage": {"prompt_tokens": 0, "completion_tokens": 0,
+            "total_tokens": 0}, "strategy": "emit", "steps": 1, "outputRetries": 0,
+            "elapsedMs": 1}}),
+    ];
+    let (url, _) = chat_hub(String::new(), false, history);
+    let (code, out, err) = chat(&url, "", PIPE);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("» how is the run?\n"), "{out}");
+    assert!(out.contains("Loss 0.3, still going."), "{out}");
+}
+
 #[test]
 fn without_a_model_chat_says_so_and_ends_at_eof() {
-    let (url, posted) = chat_hub(String::new(), false);
+    let (url, posted) = chat_hub(String::new(), false, Vec::new());
     let (code, out, err) = chat(&url, "hello\n\n", PIPE);
     assert_eq!((code, out.as_str()), (0, ""));
     assert!(err.contains("the hub runs no model"), "{err}");
@@ -201,7 +225,7 @@ fn without_a_model_chat_says_so_and_ends_at_eof() {
 
 #[test]
 fn an_unknown_session_is_exit_2() {
-    let (url, _) = chat_hub(String::new(), true);
+    let (url, _) = chat_hub(String::new(), true, Vec::new());
     let hub = Hub::new(&url, "tok").expect("hub");
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let code = run(

@@ -52,6 +52,9 @@ fn session(last_seq: u64) -> String {
         last_seq,
         armed_waitpoints: 1,
         spawned_from: None,
+        runs: false,
+        state: Default::default(),
+        config: None,
     };
     serde_json::to_string(&s).expect("ser")
 }
@@ -268,7 +271,6 @@ fn a_caller_that_just_armed_it_gets_its_wake_without_the_already_line() {
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let how = How {
         announce: false,
-        must_exist: false,
         payload: false,
     };
     let code = run_with(&hub, "wp_1", None, how, &mut out, &mut err);
@@ -603,29 +605,4 @@ fn a_remote_wait_prints_the_payload_a_local_one_would() {
         Some(plain.clone()),
         "no outcome: the wake"
     );
-}
-
-#[test]
-fn must_exist_breaks_on_a_remote_pid_already_gone() {
-    let mut w = device_wake(6, "fired", "pid 999999 was already gone when armed");
-    w["signals"][0]["data"] = json!({"outcome": "fired", "device": "gpu1", "kind": "pid",
-        "payload": {"kind": "pid", "pid": 999_999, "already_gone": true}})
-    .to_string()
-    .into();
-    assert_eq!(already_gone(&w), Some(999_999));
-    let server = Fake::armed(vec![page(vec![w.clone()])]).serve();
-    let hub = Hub::new(&server.url(""), "tok").expect("hub");
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let how = How {
-        announce: false,
-        must_exist: true,
-        payload: true,
-    };
-    let code = run_with(&hub, "wp_1", None, how, &mut out, &mut err);
-    let err = String::from_utf8_lossy(&err);
-    assert_eq!(code, BROKE, "{err}");
-    assert!(out.is_empty(), "not printed as a fire");
-    assert!(err.contains("pid 999999 is not running"), "{err}");
-    // Without the flag the same wake is a fire.
-    assert_eq!(exit_status(&w, &mut Vec::new()), FIRED);
 }

@@ -36,6 +36,7 @@ pub(super) fn config(home: &Path, url: &str) -> Config {
         hub: HubUrl::parse(url, false).expect("url"),
         name: "gpu1".into(),
         token: Token::new(TOKEN, "test").expect("token"),
+        token_file: None,
         home: home.to_owned(),
         ca_cert: None,
         allow_exec: false,
@@ -134,7 +135,8 @@ async fn files_are_forwarded_and_deleted_only_once_acknowledged() {
             "wait-flock",
             "wait-log",
             "wait-silence",
-            "wait-any"
+            "wait-any",
+            "wait-pid-must-exist"
         ]
     );
     assert!(hello.waits.is_empty());
@@ -379,6 +381,39 @@ async fn a_refused_token_is_retried_slowly_and_after_the_hubs_retry_after() {
         waited >= Duration::from_millis(550),
         "redialed after {waited:?}"
     );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_token_in_the_token_file_is_dialed_at_once_after_a_refusal() {
+    let home = tempfile::tempdir().expect("tmp");
+    spool_in(home.path());
+    let file = home.path().join("device-token");
+    std::fs::write(&file, format!("{TOKEN}\n")).expect("token file");
+    let hub = FakeHub::bind().await;
+    let mut c = config(home.path(), &hub.url());
+    c.token_file = Some(file.clone());
+    let agent = Agent::start(c);
+
+    // Refused, with the hub's minute-long floor: the same token would wait it out.
+    let body = serde_json::to_string(&CloseReason {
+        code: "forbidden".into(),
+        message: "unknown device or wrong token".into(),
+        retry_after_ms: Some(60_000),
+    })
+    .expect("json");
+    hub.refuse(403, &body).await;
+    // Re-enrolled: the new token goes to the file (replaced, as an installer does).
+    let tmp = home.path().join("device-token.new");
+    std::fs::write(&tmp, "fresh-token\n").expect("new token");
+    std::fs::rename(&tmp, &file).expect("replace");
+    // Within the fake hub's accept bound (10 s), far inside the refused token's 60 s.
+    let mut conn = hub.accept().await;
+    assert_eq!(
+        conn.header("authorization").as_deref(),
+        Some("Bearer fresh-token")
+    );
+    conn.welcome_default().await;
     agent.stop().await;
 }
 

@@ -180,6 +180,7 @@ async fn a_command_starts_detached_logs_and_its_exit_reaches_a_pid_wait() {
         spec: WaitSpec::Pid {
             pid,
             start_time: Some(start_time),
+            must_exist: false,
         },
         timeout_ms: LIMIT.as_millis() as u64 * 4,
         deadline_ms: 0,
@@ -228,6 +229,7 @@ async fn a_command_starts_detached_logs_and_its_exit_reaches_a_pid_wait() {
         spec: WaitSpec::Pid {
             pid,
             start_time: Some(start_time),
+            must_exist: false,
         },
         timeout_ms: LIMIT.as_millis() as u64,
         deadline_ms: 0,

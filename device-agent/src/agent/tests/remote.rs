@@ -48,6 +48,7 @@ fn pid_spec(pid: i32) -> WaitSpec {
     WaitSpec::Pid {
         pid,
         start_time: None,
+        must_exist: false,
     }
 }
 
@@ -93,6 +94,7 @@ async fn a_pid_wait_arms_fires_and_is_forgotten_once_acknowledged() {
     let Some(WaitSpec::Pid {
         pid,
         start_time: Some(st),
+        must_exist: false,
     }) = resume
     else {
         panic!("no pinned resume spec: {resume:?}");
@@ -351,6 +353,7 @@ fn the_waits_file_round_trips_and_a_bad_one_is_moved_aside() {
             spec: WaitSpec::Pid {
                 pid: 42,
                 start_time: Some(7),
+                must_exist: false,
             },
             deadline_ms: 10,
             armed_at_ms: 5,
@@ -415,6 +418,7 @@ fn a_waits_file_of_an_earlier_agent_reads_and_writes_back_unchanged() {
                 WaitSpec::Pid {
                     pid: 4242,
                     start_time: Some(987_654),
+                    must_exist: false,
                 },
                 1_700_000_060_000,
                 1_700_000_000_000,

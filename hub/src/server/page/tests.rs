@@ -41,6 +41,7 @@ fn hub() -> Hub {
         live: Default::default(),
         agent_defaults: Default::default(),
         runs_model: false,
+        model_name: None,
         caps: Default::default(),
         stops: Default::default(),
         hosts: Default::default(),

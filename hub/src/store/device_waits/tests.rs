@@ -31,6 +31,7 @@ fn new_wait(device: &str, pid: i32, timeout_ms: u64, session: Option<String>) ->
         spec: WaitSpec::Pid {
             pid,
             start_time: None,
+            must_exist: false,
         },
         timeout_ms,
         session,
@@ -193,6 +194,7 @@ async fn an_outcome_is_recorded_once_as_a_device_wait_signal() {
     let resume = Some(WaitSpec::Pid {
         pid: 42,
         start_time: Some(777),
+        must_exist: false,
     });
     assert!(
         store
@@ -212,7 +214,8 @@ async fn an_outcome_is_recorded_once_as_a_device_wait_signal() {
         rec.arm_spec(),
         &WaitSpec::Pid {
             pid: 42,
-            start_time: Some(777)
+            start_time: Some(777),
+            must_exist: false,
         },
         "later arms send the pinned spec"
     );

@@ -482,6 +482,14 @@
 
   // ------------------------------------------------------------------ sessions
 
+  // A session's `state` as people read it (GET /api/sessions); a mailbox says so.
+  const STATE_WORDS = { running: 'running', idle: 'idle', waiting_on_machine: 'waiting on a machine',
+    waiting_on_you: 'waiting on you', failed: 'failed', cancelled: 'cancelled' };
+  function stateWords(s) {
+    const w = STATE_WORDS[s.state] || s.state || 'idle';
+    return s.runs === false ? w + ' (mailbox)' : w;
+  }
+
   function sessionRow(s, waiting) {
     const armed = s.armed_waitpoints > 0;
     return el('a', { class: 'session', 'data-test': 'session', 'data-id': s.id, href: '#/session/' + encodeURIComponent(s.id) },
@@ -490,7 +498,8 @@
         waiting ? el('span', { class: 'amber', 'data-test': 'amber', title: 'waiting on you' }) : null),
       el('span', { class: 'title' }, s.title || '(untitled)'),
       el('span', { class: 'mono sub' }, s.id),
-      el('span', { class: 'sub' }, (armed ? s.armed_waitpoints + ' armed · ' : '') + (waiting ? 'waiting on you · ' : '') + 'started ' + ago(s.created_at)));
+      el('span', { class: 'sub' }, el('span', { 'data-test': 'state', 'data-state': s.state || '' }, stateWords(s)),
+        ' · ' + (armed ? s.armed_waitpoints + ' armed · ' : '') + 'started ' + ago(s.created_at)));
   }
 
   async function loadSessions(r) {
@@ -510,7 +519,7 @@
     sessionsShown = sig;
     const waiting = {};
     approvals.forEach(function (p) { waiting[p.session] = true; });
-    list.sort(function (a, b) { return b.created_at - a.created_at; });
+    list.sort(function (a, b) { return b.created_at - a.created_at || (a.id < b.id ? 1 : a.id > b.id ? -1 : 0); });
     const frag = document.createDocumentFragment();
     list.forEach(function (s) { frag.appendChild(sessionRow(s, !!waiting[s.id])); });
     const box = el('div', { class: 'session-list' });
