@@ -252,9 +252,16 @@ fn cortex_session_compact_summarizes_at_once_and_the_next_request_carries_it() {
     let text = last.to_string();
     assert!(!text.contains("note 1:"), "{text}");
 
-    // The route: 404 for no such session; --json prints the event.
+    // The route: 404 for no such session, 409 for a mailbox; --json prints the event.
     let (st, v) = hub.api(Method::Post, "/api/sessions/ses_nope/compact", None);
     assert_eq!(st, 404, "{v}");
+    let mailbox = new_session(&hub, json!({"title": "inbox only", "runs": false}));
+    let (st, v) = hub.api(
+        Method::Post,
+        &format!("/api/sessions/{mailbox}/compact"),
+        None,
+    );
+    assert_eq!((st, v["error"].as_str()), (409, Some("mailbox")), "{v}");
     let (code, out, err) = hub.cortex(&["session", "compact", &sid, "--json"]);
     assert_eq!(code, 0, "{out}{err}");
     let ev: Value = serde_json::from_str(out.trim()).expect("one JSON event");

@@ -976,8 +976,9 @@ fn people(d: &mut Doc) {
     );
     let missing = d.error("No such session", &["not_found"]);
     let refused = d.error(
-        "The hub runs no model, or the session was cancelled before",
-        &["no_model", "session_cancelled"],
+        "The hub runs no model, the session was cancelled before, or it is a mailbox (no \
+         model runs its turns)",
+        &["no_model", "session_cancelled", "mailbox"],
     );
     d.add(
         HttpMethod::Post,

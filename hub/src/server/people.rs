@@ -108,14 +108,16 @@ pub async fn cancel(
             "session_cancelled",
             format!("session {sid} was cancelled before; it runs no more turns"),
         )),
+        // Not an answer of post_cancel: a cancel goes to any session.
+        CancelPosted::Mailbox => Err(ApiError::not_found("session", &sid)),
     }
 }
 
 /// `POST /api/sessions/{sid}/compact`: compacts the session's transcript now (its older
 /// part summarized by the model; the prefix and the newest messages kept). 202: the ask
 /// is recorded; the runner takes it at the session's next boundary and records a
-/// `compaction` event (`cause: forced`). 409 when the hub runs no model or the session
-/// was cancelled.
+/// `compaction` event (`cause: forced`). 409 when the hub runs no model, the session
+/// was cancelled, or it is a mailbox (no model runs its turns).
 pub async fn compact(
     State(state): State<AppState>,
     Path(sid): Path<String>,
@@ -142,6 +144,13 @@ pub async fn compact(
             StatusCode::CONFLICT,
             "session_cancelled",
             format!("session {sid} was cancelled before; it runs no more turns"),
+        )),
+        CancelPosted::Mailbox => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "mailbox",
+            format!(
+                "session {sid} runs no model turns (a mailbox): it has no transcript to compact"
+            ),
         )),
     }
 }

@@ -623,6 +623,8 @@ pub enum CancelPosted {
     NoSession,
     /// The session was cancelled before.
     Ended,
+    /// No model runs turns for the session (a mailbox): it has no transcript to compact.
+    Mailbox,
 }
 
 impl Tx<'_> {
@@ -747,8 +749,12 @@ impl Tx<'_> {
         if self.get_session(sid)?.is_none() {
             return Ok(CancelPosted::NoSession);
         }
-        if self.agent_cancelled(sid)? {
+        let rec = self.agent(sid)?;
+        if rec.as_ref().is_some_and(|r| r.cancelled) {
             return Ok(CancelPosted::Ended);
+        }
+        if !self.session_runs(sid, rec.as_ref())? {
+            return Ok(CancelPosted::Mailbox);
         }
         Ok(
             match self.post_inbox(sid, EventBody::Compact {}, None, now)? {
