@@ -457,8 +457,9 @@ pub fn body(wp: &Value, extra: Value) -> Value {
     b
 }
 
-/// Runs a CLI binary with the given env; returns (exit code, stdout, stderr).
-pub fn run(bin_name: &str, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+/// A CLI binary with none of the signal's, the hub's or the session's variables from this
+/// process (nor `CORTEX_HOME` or `WEBHOOK_PORT`, which name a hub too), only `env`.
+pub fn command(bin_name: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(bin(bin_name));
     cmd.args(args).stdin(Stdio::null());
     for k in [
@@ -467,13 +468,20 @@ pub fn run(bin_name: &str, args: &[&str], env: &[(&str, &str)]) -> (i32, String,
         "CORTEX_HUB",
         "CORTEX_WEBHOOK_TOKEN",
         "CORTEX_SESSION",
+        "CORTEX_HOME",
+        "WEBHOOK_PORT",
     ] {
         cmd.env_remove(k);
     }
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.output().expect("run");
+    cmd
+}
+
+/// Runs a CLI binary with the given env ([`command`]); returns (exit code, stdout, stderr).
+pub fn run(bin_name: &str, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = command(bin_name, args, env).output().expect("run");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).to_string(),

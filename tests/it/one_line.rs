@@ -10,36 +10,14 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use cortex_cli::http::Method;
-use cortex_tests::{Hub, bin, dead_port, wait_until};
+use cortex_tests::{Hub, bin, command as bare, dead_port, wait_until};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(30);
-
-/// A CLI binary with nothing of the hub's address or token in its environment but what
-/// `env` gives.
-fn bare(name: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut cmd = Command::new(bin(name));
-    cmd.args(args).stdin(Stdio::null());
-    for k in [
-        "CORTEX_SIGNAL_ID",
-        "CORTEX_SIGNAL_SECRET",
-        "CORTEX_HUB",
-        "CORTEX_WEBHOOK_TOKEN",
-        "CORTEX_SESSION",
-        "CORTEX_HOME",
-        "WEBHOOK_PORT",
-    ] {
-        cmd.env_remove(k);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd
-}
 
 fn output(mut cmd: Command) -> (i32, String, String) {
     let Output {
