@@ -173,6 +173,9 @@ pub fn run(
     cortex_home: &Result<std::path::PathBuf, crate::home::HomeError>,
     err: &mut dyn Write,
 ) -> u8 {
+    // Caught from here on, before the armed line: a SIGTERM right after it is passed to
+    // the command once it exists, not the end of this process.
+    let forward = Forward::install();
     let armed = hub.and_then(|h| arm(&h, args, user));
     let armed = match armed {
         Ok(a) => {
@@ -192,7 +195,7 @@ pub fn run(
         }
     };
     let _ = err.flush();
-    let end = execute(&args.command, armed.as_ref());
+    let end = execute(&args.command, armed.as_ref(), &forward);
     if let Some(a) = &armed {
         report(a, &end, cortex_home, err);
     } else if !end.started {
@@ -202,7 +205,7 @@ pub fn run(
 }
 
 /// Starts the command, passes termination signals on, and waits for its end.
-fn execute(command: &[OsString], armed: Option<&Armed>) -> End {
+fn execute(command: &[OsString], armed: Option<&Armed>, forward: &Forward) -> End {
     let Some((program, rest)) = command.split_first() else {
         return End {
             code: 2,
@@ -223,7 +226,7 @@ fn execute(command: &[OsString], armed: Option<&Armed>) -> End {
         Ok(c) => c,
         Err(e) => return not_started(&program.to_string_lossy(), &e),
     };
-    forward_signals(child.id());
+    forward.attach(child.id());
     match child.wait() {
         Ok(status) => end_of(status, started.elapsed()),
         Err(e) => End {
@@ -235,55 +238,96 @@ fn execute(command: &[OsString], armed: Option<&Armed>) -> End {
     }
 }
 
-/// From now on SIGTERM, SIGHUP and SIGQUIT go to `pid` instead of ending this process, and
-/// SIGINT leaves this process alive (the terminal gives it to the command too).
-fn forward_signals(pid: u32) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Some(target) = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    else {
-        return;
-    };
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(_) => return,
-    };
-    // The handlers are installed here, before the thread starts, so a signal that comes
-    // right after the spawn is already caught.
-    let kinds = [
-        (SignalKind::terminate(), Some(rustix::process::Signal::TERM)),
-        (SignalKind::hangup(), Some(rustix::process::Signal::HUP)),
-        (SignalKind::quit(), Some(rustix::process::Signal::QUIT)),
-        (SignalKind::interrupt(), None),
-    ];
-    let streams: Vec<_> = {
-        let _entered = rt.enter();
-        kinds
-            .into_iter()
-            .filter_map(|(k, to)| signal(k).ok().map(|s| (s, to)))
-            .collect()
-    };
-    std::thread::spawn(move || {
-        rt.block_on(async move {
-            let mut tasks = Vec::new();
-            for (mut s, to) in streams {
-                tasks.push(tokio::spawn(async move {
-                    while s.recv().await.is_some() {
-                        if let Some(sig) = to {
-                            let _ = rustix::process::kill_process(target, sig);
+/// SIGTERM, SIGHUP and SIGQUIT caught for the command: passed to it once it is attached,
+/// the last one that came before kept and passed on at the attach. SIGINT is caught too,
+/// so it leaves this process alive (the terminal gives it to the command itself).
+struct Forward {
+    /// The command's pid, 0 until it is attached.
+    pid: std::sync::Arc<std::sync::atomic::AtomicI32>,
+    /// A signal that came before the attach (its number, 0 for none).
+    early: std::sync::Arc<std::sync::atomic::AtomicI32>,
+}
+
+impl Forward {
+    fn install() -> Forward {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicI32, Ordering};
+        use tokio::signal::unix::{SignalKind, signal};
+        let pid = Arc::new(AtomicI32::new(0));
+        let early = Arc::new(AtomicI32::new(0));
+        let forward = Forward {
+            pid: pid.clone(),
+            early: early.clone(),
+        };
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+        else {
+            return forward;
+        };
+        let kinds = [
+            (SignalKind::terminate(), Some(rustix::process::Signal::TERM)),
+            (SignalKind::hangup(), Some(rustix::process::Signal::HUP)),
+            (SignalKind::quit(), Some(rustix::process::Signal::QUIT)),
+            (SignalKind::interrupt(), None),
+        ];
+        // Installed here, on this thread, before anything else happens.
+        let streams: Vec<_> = {
+            let _entered = rt.enter();
+            kinds
+                .into_iter()
+                .filter_map(|(k, to)| signal(k).ok().map(|s| (s, to)))
+                .collect()
+        };
+        std::thread::spawn(move || {
+            rt.block_on(async move {
+                let mut tasks = Vec::new();
+                for (mut s, to) in streams {
+                    let (pid, early) = (pid.clone(), early.clone());
+                    tasks.push(tokio::spawn(async move {
+                        while s.recv().await.is_some() {
+                            let Some(sig) = to else { continue };
+                            match rustix::process::Pid::from_raw(pid.load(Ordering::SeqCst)) {
+                                Some(p) => {
+                                    let _ = rustix::process::kill_process(p, sig);
+                                }
+                                None => {
+                                    early.store(sig.as_raw(), Ordering::SeqCst);
+                                    // Attached meanwhile: the attach may have looked first.
+                                    let now = pid.load(Ordering::SeqCst);
+                                    if let Some(p) = rustix::process::Pid::from_raw(now)
+                                        && early.swap(0, Ordering::SeqCst) != 0
+                                    {
+                                        let _ = rustix::process::kill_process(p, sig);
+                                    }
+                                }
+                            }
                         }
-                    }
-                }));
-            }
-            for t in tasks {
-                let _ = t.await;
-            }
+                    }));
+                }
+                for t in tasks {
+                    let _ = t.await;
+                }
+            });
         });
-    });
+        forward
+    }
+
+    /// The command is `pid`: signals go to it from now on, and one that came before now.
+    fn attach(&self, pid: u32) {
+        use std::sync::atomic::Ordering;
+        let Some(p) = i32::try_from(pid).ok() else {
+            return;
+        };
+        self.pid.store(p, Ordering::SeqCst);
+        let sig = self.early.swap(0, Ordering::SeqCst);
+        if let (Some(target), Some(sig)) = (
+            rustix::process::Pid::from_raw(p),
+            rustix::process::Signal::from_named_raw(sig),
+        ) {
+            let _ = rustix::process::kill_process(target, sig);
+        }
+    }
 }
 
 /// Signals the waitpoint with the command's end, as `cortex-signal --exit-code` would:
