@@ -366,6 +366,19 @@ async fn must_exist_refuses_a_pid_not_running_and_arms_a_live_one_without_it() {
     child.wait().expect("reap");
     let mut zombie = Proc::sleep();
     zombie.kill();
+    // SIGKILL lands when the kernel gets to it: wait until the process is a zombie.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(format!("/proc/{}/stat", zombie.pid()))
+        .ok()
+        .and_then(|st| st.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+        != Some(true)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the killed sleep never became a zombie"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let live = Proc::sleep();
     let spec = |pid| WaitSpec::Pid {
         pid,
