@@ -307,9 +307,15 @@ impl Waiter<'_> {
         )
     }
 
-    /// The first wake (or cancellation) of this waitpoint after `start` in the session's
-    /// log, and the newest seq read.
-    fn first_after(&self, sid: &str, start: u64) -> Result<(Option<Value>, u64), Broke> {
+    /// Walks the session's log from after `start`, page by page, handing each event to
+    /// `see` until it says stop (`true`) or the log ends; returns the newest seq read and
+    /// whether `see` stopped it.
+    fn walk(
+        &self,
+        sid: &str,
+        start: u64,
+        mut see: impl FnMut(&Value) -> bool,
+    ) -> Result<(u64, bool), Broke> {
         let mut cursor = start;
         loop {
             let path = format!("/api/sessions/{}/events?after={cursor}", segment(sid));
@@ -321,16 +327,29 @@ impl Waiter<'_> {
             let before = cursor;
             for ev in events {
                 cursor = cursor.max(ev["seq"].as_u64().unwrap_or(cursor));
-                if (is_for(ev, "wake", self.wp) && !self.is_loss_report(ev))
-                    || is_for(ev, "waitpoint-cancelled", self.wp)
-                {
-                    return Ok((Some(ev.clone()), cursor));
+                if see(ev) {
+                    return Ok((cursor, true));
                 }
             }
             if events.is_empty() || cursor == before {
-                return Ok((None, cursor));
+                return Ok((cursor, false));
             }
         }
+    }
+
+    /// The first wake (or cancellation) of this waitpoint after `start` in the session's
+    /// log, and the newest seq read.
+    fn first_after(&self, sid: &str, start: u64) -> Result<(Option<Value>, u64), Broke> {
+        let mut found = None;
+        let (cursor, _) = self.walk(sid, start, |ev| {
+            let hit = (is_for(ev, "wake", self.wp) && !self.is_loss_report(ev))
+                || is_for(ev, "waitpoint-cancelled", self.wp);
+            if hit {
+                found = Some(ev.clone());
+            }
+            hit
+        })?;
+        Ok((found, cursor))
     }
 
     /// The wake, printed ([`fire`]); then a consumer's position moved to it, and
@@ -392,26 +411,14 @@ impl Waiter<'_> {
 
     /// The newest wake of this waitpoint already in the session's log.
     fn last_wake(&self, sid: &str) -> Result<Option<Value>, Broke> {
-        let mut cursor = 0;
         let mut found = None;
-        loop {
-            let path = format!("/api/sessions/{}/events?after={cursor}", segment(sid));
-            let page: Value = self
-                .ask(&path, None)
-                .and_then(|r| r.json("GET /api/sessions/{sid}/events"))
-                .map_err(|e| self.broke(e, &format!("session {sid} of {} is gone", self.wp)))?;
-            let events = events_of(&page).map_err(|e| Broke(e.to_string()))?;
-            let before = cursor;
-            for ev in events {
-                cursor = cursor.max(ev["seq"].as_u64().unwrap_or(cursor));
-                if is_for(ev, "wake", self.wp) && !self.is_loss_report(ev) {
-                    found = Some(ev.clone());
-                }
+        self.walk(sid, 0, |ev| {
+            if is_for(ev, "wake", self.wp) && !self.is_loss_report(ev) {
+                found = Some(ev.clone());
             }
-            if events.is_empty() || cursor == before {
-                return Ok(found);
-            }
-        }
+            false
+        })?;
+        Ok(found)
     }
 
     /// The hub's report that a remote wait's device has been offline past the grace: the
