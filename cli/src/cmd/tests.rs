@@ -8,6 +8,26 @@ use serde_json::{Value, json};
 use super::*;
 use crate::testserver::{TestServer, json as answer, refused_addr};
 
+/// `wait create --session s --label l --intent i EXTRA…`'s request body, as JSON.
+fn create_body_of(extra: &[&str]) -> Value {
+    let mut argv = vec![
+        "wait",
+        "create",
+        "--session",
+        "s",
+        "--label",
+        "l",
+        "--intent",
+        "i",
+    ];
+    argv.extend_from_slice(extra);
+    let cli = parse(&argv).expect("parse");
+    let Command::Wait(WaitCommand::Create(args)) = cli.command else {
+        panic!("not wait create")
+    };
+    serde_json::to_value(wait::create_body(&args).expect("body")).expect("ser")
+}
+
 fn parse(argv: &[&str]) -> Result<Cli, clap::Error> {
     Cli::try_parse_from(std::iter::once("cortex").chain(argv.iter().copied()))
 }
@@ -93,23 +113,7 @@ fn create_flags_become_the_protocol_body() {
             "quorum": 2, "fail_fast": false, "max_signals": 3, "expires_in_hours": 1.5, "device": "box"})
     );
 
-    let cli = parse(&[
-        "wait",
-        "create",
-        "--session",
-        "s",
-        "--label",
-        "l",
-        "--intent",
-        "i",
-        "--expires-in",
-        "90s",
-    ])
-    .expect("parse");
-    let Command::Wait(WaitCommand::Create(args)) = cli.command else {
-        panic!("not wait create")
-    };
-    let body = serde_json::to_value(wait::create_body(&args).expect("body")).expect("ser");
+    let body = create_body_of(&["--expires-in", "90s"]);
     assert_eq!(
         body["expires_in_hours"]
             .as_f64()
@@ -136,23 +140,7 @@ fn create_flags_become_the_protocol_body() {
         "one deadline"
     );
 
-    let cli = parse(&[
-        "wait",
-        "create",
-        "--session",
-        "s",
-        "--label",
-        "l",
-        "--intent",
-        "i",
-        "--quorum",
-        "all",
-    ])
-    .expect("parse");
-    let Command::Wait(WaitCommand::Create(args)) = cli.command else {
-        panic!("not wait create")
-    };
-    let body = serde_json::to_value(wait::create_body(&args).expect("body")).expect("ser");
+    let body = create_body_of(&["--quorum", "all"]);
     assert_eq!(body, json!({"label": "l", "intent": "i", "quorum": "all"}));
 }
 
