@@ -209,6 +209,31 @@ fn cortex_run_reports_the_commands_end_and_exits_with_its_status() {
     assert!(err.contains("no waitpoint armed"), "{err}");
 }
 
+/// `cortex run ARGS` on `hub`'s home as user ada, its stderr in `errf`, once it has
+/// said it armed.
+fn start_run(hub: &Hub, errf: &Path, args: &[&str]) -> std::process::Child {
+    let url = hub.url("");
+    let mut argv = vec!["--hub", url.as_str(), "run"];
+    argv.extend_from_slice(args);
+    let mut cmd = bare(
+        "cortex",
+        &argv,
+        &[
+            ("CORTEX_WEBHOOK_TOKEN", &hub.token),
+            ("USER", "ada"),
+            ("CORTEX_HOME", s(&hub.home)),
+        ],
+    );
+    cmd.stderr(std::fs::File::create(errf).expect("err file"));
+    let child = cmd.spawn().expect("spawn cortex run");
+    wait_until(T, "the armed line", || {
+        std::fs::read_to_string(errf)
+            .ok()
+            .filter(|e| e.contains("armed"))
+    });
+    child
+}
+
 #[test]
 fn cortex_run_passes_sigterm_on_and_a_hub_away_at_the_end_gets_the_report_from_the_spool() {
     let mut hub = Hub::start();
@@ -216,28 +241,9 @@ fn cortex_run_passes_sigterm_on_and_a_hub_away_at_the_end_gets_the_report_from_t
     let gate = files.path().join("gate");
     std::fs::write(&gate, "").expect("gate");
     let errf = files.path().join("err");
-    let home = s(&hub.home).to_string();
-    let url = hub.url("");
 
     // SIGTERM to `cortex run` reaches the command, and its end is reported as such.
-    let mut cmd = bare(
-        "cortex",
-        &[
-            "--hub", &url, "run", "--label", "long", "--", "sleep", "300",
-        ],
-        &[
-            ("CORTEX_WEBHOOK_TOKEN", &hub.token),
-            ("USER", "ada"),
-            ("CORTEX_HOME", &home),
-        ],
-    );
-    cmd.stderr(std::fs::File::create(&errf).expect("err file"));
-    let mut child = cmd.spawn().expect("spawn cortex run");
-    wait_until(T, "the armed line", || {
-        std::fs::read_to_string(&errf)
-            .ok()
-            .filter(|e| e.contains("armed"))
-    });
+    let mut child = start_run(&hub, &errf, &["--label", "long", "--", "sleep", "300"]);
     let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
     let status = wait_until(T, "cortex run to end", || child.try_wait().ok().flatten());
@@ -256,24 +262,11 @@ fn cortex_run_passes_sigterm_on_and_a_hub_away_at_the_end_gets_the_report_from_t
     // The hub goes away while the command runs: the end waits in the spool and is
     // delivered, once, when the hub is back.
     let script = format!("while [ -e '{}' ]; do sleep 0.05; done; exit 0", s(&gate));
-    let mut cmd = bare(
-        "cortex",
-        &[
-            "--hub", &url, "run", "--label", "spooled", "--", "sh", "-c", &script,
-        ],
-        &[
-            ("CORTEX_WEBHOOK_TOKEN", &hub.token),
-            ("USER", "ada"),
-            ("CORTEX_HOME", &home),
-        ],
+    let mut child = start_run(
+        &hub,
+        &errf,
+        &["--label", "spooled", "--", "sh", "-c", &script],
     );
-    cmd.stderr(std::fs::File::create(&errf).expect("err file"));
-    let mut child = cmd.spawn().expect("spawn cortex run");
-    wait_until(T, "the armed line", || {
-        std::fs::read_to_string(&errf)
-            .ok()
-            .filter(|e| e.contains("armed"))
-    });
     let (sid, wp) = run_waitpoint(&hub);
     let id = wp["id"].as_str().unwrap().to_string();
     assert_eq!(wp["label"], "spooled");
