@@ -60,6 +60,82 @@ pub struct HubSettings {
     pub allowed_hosts: Vec<String>,
     /// `notify`: where outgoing notices go (`crate::notify`; none by default).
     pub notify: Vec<crate::notify::Target>,
+    /// `limits`: what one model, client or session may cost the hub.
+    pub limits: Limits,
+}
+
+/// settings.json `limits: {…}`: the bounds no model or client can break. Each has a
+/// default that a real session never reaches; past one the hub refuses with a reason
+/// (to the model as a tool error, to a client as an HTTP error) and loses nothing.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Limits {
+    /// The most bytes one model reply may stream (text, reasoning and tool calls);
+    /// past it the call ends `model_call_failed`, once, and is not retried.
+    pub reply_bytes: u64,
+    /// The longest one model call may take, retries and all, however steadily its
+    /// server drips bytes.
+    pub call_deadline_ms: u64,
+    /// The most tool calls one reply may make; the calls past it are answered with an
+    /// error and not run.
+    pub tool_calls_per_reply: u32,
+    /// The most waitpoints one session may hold armed at once.
+    pub armed_waitpoints_per_session: u32,
+    /// How deep sessions may spawn sessions (a root session is depth 0).
+    pub spawn_depth: u32,
+    /// The most sessions one root and all it spawned may spawn in an hour.
+    pub spawns_per_hour: u32,
+    /// A timer's shortest delay.
+    pub timer_min_delay_ms: u64,
+    /// The most runs wakes and timers may start in one session in an hour; past it the
+    /// wake waits in the inbox until the hour allows.
+    pub runs_per_hour: u32,
+    /// The bytes all live log followers (SSE) may have waiting unread together; past
+    /// it the slowest are dropped (they resume from their last seq).
+    pub follower_bytes: u64,
+    /// The longest an output schema may take to compile; past it the request is 400.
+    pub schema_compile_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            reply_bytes: 4 * 1024 * 1024,
+            call_deadline_ms: 10 * 60_000,
+            tool_calls_per_reply: 32,
+            armed_waitpoints_per_session: 64,
+            spawn_depth: 3,
+            spawns_per_hour: 60,
+            timer_min_delay_ms: 5_000,
+            runs_per_hour: 120,
+            follower_bytes: 64 * 1024 * 1024,
+            schema_compile_ms: 1_000,
+        }
+    }
+}
+
+impl Limits {
+    /// A limit of 0 would refuse everything; each must be at least 1 (the timer's
+    /// minimum delay may be 0).
+    fn check(&self) -> Result<(), String> {
+        let zero = [
+            ("replyBytes", self.reply_bytes),
+            ("callDeadlineMs", self.call_deadline_ms),
+            ("toolCallsPerReply", self.tool_calls_per_reply as u64),
+            (
+                "armedWaitpointsPerSession",
+                self.armed_waitpoints_per_session as u64,
+            ),
+            ("spawnsPerHour", self.spawns_per_hour as u64),
+            ("runsPerHour", self.runs_per_hour as u64),
+            ("followerBytes", self.follower_bytes),
+            ("schemaCompileMs", self.schema_compile_ms),
+        ];
+        match zero.iter().find(|(_, v)| *v == 0) {
+            Some((k, _)) => Err(format!("{k} must be above 0")),
+            None => Ok(()),
+        }
+    }
 }
 
 /// settings.json `agent: {instructions?, maxTokens?, stop?, concurrency?, policy?, unattended?}`.
@@ -250,6 +326,19 @@ pub fn load_settings_with(
     let llm = json.get("llm").filter(|v| !v.is_null()).cloned();
     let allowed_hosts = allowed_hosts(&json, lookup)?;
     let notify = crate::notify::parse(json.get("notify"))?;
+    let limits = match json.get("limits") {
+        None | Some(serde_json::Value::Null) => Limits::default(),
+        Some(v) => {
+            let bad = |why_owned: String| ConfigError::BadSection {
+                key: "limits".into(),
+                value: v.to_string(),
+                why_owned,
+            };
+            let l = Limits::deserialize(v).map_err(|e| bad(e.to_string()))?;
+            l.check().map_err(bad)?;
+            l
+        }
+    };
     Ok(HubSettings {
         engine,
         sweep_ms,
@@ -258,6 +347,7 @@ pub fn load_settings_with(
         llm,
         allowed_hosts,
         notify,
+        limits,
     })
 }
 
@@ -396,6 +486,35 @@ mod tests {
         .expect("write");
         let e = load_settings_with(dir.path(), &env).expect_err("refused");
         assert!(e.to_string().contains("deviceLossGraceMs"), "{e}");
+    }
+
+    #[test]
+    fn limits_default_when_absent_and_refuse_zero_and_unknown_keys() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let none = |_: &str| None;
+        let s = load_settings_with(dir.path(), &none).expect("load");
+        assert_eq!(s.limits, Limits::default());
+        std::fs::write(
+            dir.path().join("settings.json"),
+            r#"{"limits": {"toolCallsPerReply": 4, "timerMinDelayMs": 0}}"#,
+        )
+        .expect("write");
+        let s = load_settings_with(dir.path(), &none).expect("load");
+        assert_eq!(s.limits.tool_calls_per_reply, 4);
+        assert_eq!(s.limits.timer_min_delay_ms, 0);
+        assert_eq!(s.limits.reply_bytes, Limits::default().reply_bytes);
+        for (body, says) in [
+            (
+                r#"{"limits": {"replyBytes": 0}}"#,
+                "replyBytes must be above 0",
+            ),
+            (r#"{"limits": {"replyByte": 5}}"#, "unknown field"),
+            (r#"{"limits": {"runsPerHour": -1}}"#, "invalid value"),
+        ] {
+            std::fs::write(dir.path().join("settings.json"), body).expect("write");
+            let e = load_settings_with(dir.path(), &none).expect_err(body);
+            assert!(e.to_string().contains(says), "{body}: {e}");
+        }
     }
 
     #[test]
