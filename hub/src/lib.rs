@@ -18,6 +18,7 @@
 //! - [`notify`]: outgoing notices (targets, shapes, retries), pure.
 
 pub mod admission;
+pub mod caps;
 pub mod cli;
 pub mod config;
 pub mod engine;

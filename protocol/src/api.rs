@@ -454,6 +454,21 @@ pub enum EventBody {
     /// was computed from; from then on a request carries the prefix, the summary and the
     /// messages from `through` on.
     Compaction(Box<Compaction>),
+    /// A bound of settings.json `limits` held: a spawn refused when its wake came (in the
+    /// log of the monitor's session), or a session's runs from wakes and timers put off
+    /// (its inputs wait, unread by any model, until `until`). Not an inbox item.
+    LimitReached {
+        /// The setting's key, e.g. `spawnsPerHour`, `runsPerHour`.
+        limit: String,
+        /// What was refused or put off, the count against the bound, and what to do.
+        message: String,
+        /// When what was put off goes ahead (ms since the epoch); none for a refusal.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        until: Option<u64>,
+        /// The waitpoint whose wake it was (a refused spawn).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        waitpoint: Option<WaitpointRef>,
+    },
 }
 
 /// A `compaction` event: transcript positions `from..through` (and the summary before

@@ -270,6 +270,12 @@ impl Render {
                 let line = compaction_line(c);
                 self.note(&mut out, line);
             }
+            EventBody::LimitReached { limit, message, .. } => {
+                self.note(
+                    &mut out,
+                    format!("⊘ limit {limit}: {}", first_line(message)),
+                );
+            }
             EventBody::WaitpointArmed { .. }
             | EventBody::InputTaken { .. }
             | EventBody::StepStart { .. } => {}

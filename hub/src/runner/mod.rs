@@ -878,8 +878,13 @@ async fn step_once(
                         tracing::debug!(session = %sid, step = c.step, dropped, "respond called beside other tools: dropped");
                     }
                     let mut calls = Vec::with_capacity(run.len());
-                    for call in run {
-                        let p = prepare(state, sid, &call, &shape.shown).await;
+                    // Past the cap a call is answered, not run: not prepared either.
+                    let cap = state.store.limits.tool_calls_per_reply as usize;
+                    for (i, call) in run.into_iter().enumerate() {
+                        let p = match i < cap {
+                            true => prepare(state, sid, &call, &shape.shown).await,
+                            false => tools::Prepared::not_run(),
+                        };
                         calls.push((call, p));
                     }
                     turn::Reply::Calls(calls)

@@ -421,6 +421,13 @@ pub enum Prepared {
     External,
 }
 
+impl Prepared {
+    /// A call that is not run (past `limits.toolCallsPerReply`; the turn answers it).
+    pub fn not_run() -> Prepared {
+        error("not run")
+    }
+}
+
 /// The timers one session may hold at once.
 pub const MAX_TIMERS: usize = 32;
 /// How far ahead a timer may be set.
@@ -760,7 +767,14 @@ async fn prepare_inner(
             if name.is_empty() || name.chars().count() > 100 {
                 return Err("name must be 1 to 100 characters".into());
             }
-            let at = timer_due(&a, crate::time::now_ms())?;
+            let now = crate::time::now_ms();
+            let at = timer_due(&a, now)?;
+            if crate::caps::timer_too_soon(at, now, &state.store.limits) {
+                return Err(crate::caps::timer_refused(
+                    at.saturating_sub(now),
+                    &state.store.limits,
+                ));
+            }
             let text = a
                 .text
                 .clone()
@@ -805,6 +819,9 @@ pub fn execute(
         result,
         secret: None,
     };
+    if let Some(why) = capped(t, sid, &p, now)? {
+        return Ok(plain(false, json!({ "error": why })));
+    }
     Ok(match p {
         Prepared::Answer { ok, result } => plain(ok, result),
         Prepared::Ask { .. } | Prepared::External => plain(
@@ -937,6 +954,27 @@ pub fn execute(
             }
         }
     })
+}
+
+/// Why a call that arms a waitpoint may not (`limits`): the session holds the most it
+/// may armed, or the spawn it asks for is too deep or past its root's hour.
+fn capped(t: &Tx<'_>, sid: &str, p: &Prepared, now: u64) -> Result<Option<String>, StoreError> {
+    let spawns = match p {
+        Prepared::WaitCreate { spawn, .. } => spawn.is_some(),
+        Prepared::DeviceWait { .. } => false,
+        _ => return Ok(None),
+    };
+    let armed = t.armed_count(sid)?;
+    if armed >= t.limits().armed_waitpoints_per_session as usize {
+        return Ok(Some(crate::caps::armed_refused(armed, t.limits())));
+    }
+    if spawns {
+        let (gate, _) = t.spawn_gate(sid, now)?;
+        if gate.limit().is_some() {
+            return Ok(Some(crate::caps::spawn_refused(gate, t.limits(), true)));
+        }
+    }
+    Ok(None)
 }
 
 /// `result` as stored: the secret replaced.

@@ -292,6 +292,14 @@ fn boundary_at(
                 t.put_agent(sid, &rec)?;
                 return Ok(Next::Idle);
             }
+            if !may_start(t, sid, &mut rec, &input, now)? {
+                // Put off for the hour's runs: the input waits, and a timer brings the
+                // session back.
+                rec.deferred = input;
+                t.make_idle(sid, &mut rec)?;
+                t.put_agent(sid, &rec)?;
+                return Ok(Next::Idle);
+            }
             for i in &input {
                 t.append_transcript(sid, &mut rec, &ChatMessage::user(i.text.clone()))?;
             }
@@ -382,6 +390,45 @@ fn boundary_at(
     }
 }
 
+/// Whether a run on `input` may start now (`limits.runsPerHour`: wakes and timers start
+/// so many an hour; a person's message always may). A run counted is noted; one put off
+/// sets the `run-defer` timer and says so in the log, once per wait (the caller saves
+/// `rec`).
+fn may_start(
+    t: &mut Tx<'_>,
+    sid: &str,
+    rec: &mut AgentRecord,
+    input: &[RunInput],
+    now: u64,
+) -> Result<bool, StoreError> {
+    let window = t.settings().wake_window_ms;
+    crate::caps::trim(&mut rec.wake_runs, now, window);
+    let from_person = input.iter().any(|i| i.kind == "message");
+    match crate::caps::run_gate(from_person, &rec.wake_runs, t.limits(), now, window) {
+        crate::caps::RunGate::Start { counted } => {
+            if counted {
+                rec.wake_runs.push(now);
+            }
+            t.set_run_defer(sid, rec, None)?;
+            Ok(true)
+        }
+        crate::caps::RunGate::Defer { count, until } => {
+            if rec.deferred_until != Some(until) {
+                let message = crate::caps::runs_deferred(count, input.len(), until, t.limits());
+                let body = EventBody::LimitReached {
+                    limit: "runsPerHour".into(),
+                    message,
+                    until: Some(until),
+                    waitpoint: None,
+                };
+                event(t, sid, body, now)?;
+                t.set_run_defer(sid, rec, Some(until))?;
+            }
+            Ok(false)
+        }
+    }
+}
+
 fn run_of(rec: &AgentRecord) -> String {
     rec.turn
         .as_ref()
@@ -419,6 +466,10 @@ fn advance(
     while let Some(first) = rec.open.first().cloned() {
         let name = first.call.function.name.clone();
         announce_first(t, sid, rec, now)?;
+        if let Some(why) = first.refused {
+            answer_first(t, sid, rec, false, json!({"error": why}), now)?;
+            continue;
+        }
         if !first.allowed {
             match gate::gate(&config.policy, &rec.always, &name) {
                 Gate::Deny(reason) => {
@@ -451,7 +502,11 @@ fn advance(
         match prepared.remove(&first.call.id) {
             None => {
                 return Ok(Progress::Prepare(
-                    rec.open.iter().map(|o| o.call.clone()).collect(),
+                    rec.open
+                        .iter()
+                        .filter(|o| o.refused.is_none())
+                        .map(|o| o.call.clone())
+                        .collect(),
                 ));
             }
             Some(tools::Prepared::Ask { questions }) => {
@@ -908,9 +963,15 @@ pub fn step_done(
         Reply::Calls(calls) => {
             let tool_calls: Vec<ToolCall> = calls.iter().map(|(c, _)| c.clone()).collect();
             record_reply(t, &mut rec, at, &out, tool_calls, env.now)?;
-            for (call, p) in calls {
-                prepared.insert(call.id.clone(), p);
+            // The calls past the cap are answered with the reason, and not run.
+            let (made, cap) = (calls.len(), t.limits().tool_calls_per_reply as usize);
+            for (i, (call, p)) in calls.into_iter().enumerate() {
+                let refused = (i >= cap).then(|| crate::caps::tool_calls_refused(made, t.limits()));
+                if refused.is_none() {
+                    prepared.insert(call.id.clone(), p);
+                }
                 rec.open.push(OpenCall {
+                    refused,
                     call,
                     step: at.step,
                     announced: false,

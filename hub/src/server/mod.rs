@@ -151,8 +151,12 @@ pub fn open(config: &Config) -> anyhow::Result<Opened> {
     let db_path = hub_dir.join("hub.redb");
     let started = std::time::Instant::now();
     tracing::info!(path = %db_path.display(), "opening the store");
-    let (store, writer) = Store::open(&db_path, config.settings.engine.clone())
-        .with_context(|| format!("opening the store {}", db_path.display()))?;
+    let (store, writer) = Store::open_limited(
+        &db_path,
+        config.settings.engine.clone(),
+        config.settings.limits.clone(),
+    )
+    .with_context(|| format!("opening the store {}", db_path.display()))?;
     tracing::info!(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "the store is open"

@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use super::kernel::error::StoreError;
 use super::tables::{
-    AGENTS, EVENTS, MESSAGE_KEYS, META, PENDING, READY, TIMER_AGENT, TIMER_APPROVAL, TRANSCRIPT,
-    Tx, decode, encode,
+    AGENTS, EVENTS, MESSAGE_KEYS, META, PENDING, READY, TIMER_AGENT, TIMER_APPROVAL,
+    TIMER_RUN_DEFER, TRANSCRIPT, Tx, decode, encode,
 };
 use crate::model::{ChatMessage, ToolCall};
 
@@ -77,6 +77,10 @@ pub struct OpenCall {
     /// Who let it run: `policy`, `person` or `person (always)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approved_by: Option<String>,
+    /// Not run, and answered with this error: the call came past the reply's
+    /// `limits.toolCallsPerReply`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// A timer the model set (`schedule_wakeup`).
@@ -185,6 +189,18 @@ pub struct AgentRecord {
     /// A person asked for a compaction that has not been answered yet.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compact_asked: bool,
+    /// When runs that wakes and timers started began, within the last window
+    /// (`limits.runsPerHour`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wake_runs: Vec<u64>,
+    /// The input taken waits for the window (`limits.runsPerHour`) until then: a
+    /// `run-defer` timer makes the session ready at that time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deferred_until: Option<u64>,
+    /// As a root: when it or a session it spawned spawned one, within the last window
+    /// (`limits.spawnsPerHour`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spawns: Vec<u64>,
 }
 
 /// The summary a compaction left: it stands for transcript positions `prefix_len..through`.
@@ -217,6 +233,9 @@ impl AgentRecord {
             runs: None,
             summary: None,
             compact_asked: false,
+            wake_runs: Vec::new(),
+            deferred_until: None,
+            spawns: Vec::new(),
         }
     }
 
@@ -563,8 +582,25 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// Sets when `sid`'s input waiting for `limits.runsPerHour` goes ahead (`None`: it
+    /// does not wait), moving its `run-defer` timer (the caller saves `rec`).
+    pub fn set_run_defer(
+        &mut self,
+        sid: &str,
+        rec: &mut AgentRecord,
+        until: Option<u64>,
+    ) -> Result<(), StoreError> {
+        if rec.deferred_until == until {
+            return Ok(());
+        }
+        self.reschedule(TIMER_RUN_DEFER, sid, rec.deferred_until, until)?;
+        rec.deferred_until = until;
+        Ok(())
+    }
+
     /// Drops every timer of `sid` (the caller saves `rec`).
     pub fn clear_timers(&mut self, sid: &str, rec: &mut AgentRecord) -> Result<(), StoreError> {
+        self.set_run_defer(sid, rec, None)?;
         for t in std::mem::take(&mut rec.timers) {
             if !t.due {
                 self.reschedule(TIMER_AGENT, &timer_id(sid, &t.name), Some(t.at), None)?;

@@ -15,6 +15,7 @@
 //! otherwise.
 
 pub mod agent;
+pub mod budgets;
 pub mod consumers;
 pub mod device_waits;
 pub mod devices;
@@ -44,6 +45,7 @@ use kernel::table::{Overlay, Snapshot};
 use kernel::{Completion, Job, Writer, WriterParts};
 use tables::{Ctx, REGISTRY, TOPIC_HUB};
 
+use crate::config::Limits;
 use crate::engine::Settings;
 use crate::time;
 
@@ -56,6 +58,8 @@ pub struct Store {
     /// The earliest due time in the timer queue (`u64::MAX`: none).
     pub next_timer: watch::Receiver<u64>,
     pub settings: Arc<Settings>,
+    /// settings.json `limits`, which the store's writes hold.
+    pub limits: Arc<Limits>,
     /// The newest journal record acknowledged to a caller.
     acked: Arc<AtomicU64>,
     /// The newest journal record a checkpoint holds.
@@ -94,6 +98,16 @@ impl Store {
     /// Opens (or creates) the database at `path` and its journal beside it, replays the
     /// journal's records newer than the last checkpoint, and starts the writer thread.
     pub fn open(path: &Path, settings: Settings) -> Result<(Store, WriterGuard), StoreError> {
+        Store::open_limited(path, settings, Limits::default())
+    }
+
+    /// [`Store::open`] with settings.json `limits` for the store's writes to hold.
+    pub fn open_limited(
+        path: &Path,
+        settings: Settings,
+        limits: Limits,
+    ) -> Result<(Store, WriterGuard), StoreError> {
+        let limits = Arc::new(limits);
         let db = kernel::paced::open_database(path).map_err(|source| StoreError::Open {
             path: path.display().to_string(),
             source,
@@ -109,7 +123,7 @@ impl Store {
         let settings = Arc::new(settings);
         let paths = journal_paths(path);
         let stored = stored_settings(&db)?;
-        let (used, clean, mark) = read_now(&db, &ctx_of(&settings), |t| {
+        let (used, clean, mark) = read_now(&db, &ctx_of(&settings, &limits), |t| {
             Ok((stored.is_some(), t.clean_stop()?, t.journal_seq()?))
         })?;
         // A store that ran before keeps its journal beside it; a missing one after a stop
@@ -150,7 +164,10 @@ impl Store {
         sync_dirs(path)?;
         // Records an older hub wrote are operations, replayed with the settings that hub
         // ran with.
-        let legacy_ctx = ctx_of(&Arc::new(stored.unwrap_or_else(|| (*settings).clone())));
+        let legacy_ctx = ctx_of(
+            &Arc::new(stored.unwrap_or_else(|| (*settings).clone())),
+            &limits,
+        );
         let replayed = kernel::writer_recover(
             &db,
             &REGISTRY,
@@ -171,9 +188,7 @@ impl Store {
                 "replayed acknowledged changes from the journal"
             );
         }
-        let ctx = Ctx {
-            settings: settings.clone(),
-        };
+        let ctx = ctx_of(&settings, &limits);
         // This hub's settings, for a later hub that replays an older journal; the timers
         // of older hubs' tables, into the queue.
         run_once(&db, &ctx, |t| {
@@ -223,6 +238,7 @@ impl Store {
                 notifier,
                 next_timer,
                 settings,
+                limits,
                 acked,
                 landed,
                 fatal,
@@ -344,9 +360,7 @@ impl Store {
     {
         let want = self.acked.load(Ordering::Acquire);
         if *self.landed.borrow() >= want {
-            let ctx = Ctx {
-                settings: self.settings.clone(),
-            };
+            let ctx = ctx_of(&self.settings, &self.limits);
             return read_now(&self.db, &ctx, f);
         }
         self.exec(move |t| f(t))
@@ -427,7 +441,7 @@ impl Store {
         records.sort_by_key(|r| r.seq);
         records.dedup_by_key(|r| r.seq);
         let settings = Arc::new(stored_settings(&db)?.unwrap_or(settings));
-        let ctx = ctx_of(&settings);
+        let ctx = ctx_of(&settings, &Arc::new(Limits::default()));
         let mut journals = [
             Journal::open(&paths[0], JOURNAL_CAP)
                 .map_err(|source| StoreError::Journal {
@@ -491,9 +505,10 @@ fn sync_dirs(db: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn ctx_of(settings: &Arc<Settings>) -> Ctx {
+fn ctx_of(settings: &Arc<Settings>, limits: &Arc<Limits>) -> Ctx {
     Ctx {
         settings: settings.clone(),
+        limits: limits.clone(),
     }
 }
 
@@ -543,9 +558,7 @@ fn run_once(
 }
 
 fn stored_settings(db: &Database) -> Result<Option<Settings>, StoreError> {
-    let ctx = Ctx {
-        settings: Arc::new(Settings::default()),
-    };
+    let ctx = ctx_of(&Arc::new(Settings::default()), &Arc::default());
     read_now(db, &ctx, |t| t.stored_settings())
 }
 

@@ -678,6 +678,28 @@ impl Tx<'_> {
                 )));
             }
         };
+        // The caps: past the spawn depth or the root's hour, the wake is recorded in the
+        // monitor's session as refused (its signals stay on the waitpoint).
+        let (gate, holder) = self.spawn_gate(&wp.session, now)?;
+        if let Some(limit) = gate.limit() {
+            let message = crate::caps::spawn_refused(gate, self.limits(), false);
+            let session = wp.session.clone();
+            let body = EventBody::LimitReached {
+                limit: limit.into(),
+                message,
+                until: None,
+                waitpoint: Some(wp_ref(wp)),
+            };
+            if let Some(seq) = self.append_event(&session, body, now)? {
+                wp.delivered(plan.index, seq, None);
+                let id = wp.id.clone();
+                self.on_durable(move || {
+                    tracing::info!(waitpoint = %id, session = %session, limit, seq, "a spawn was refused by a limit");
+                });
+            }
+            return Ok(());
+        }
+        self.count_spawn(&holder, now)?;
         let number = plan.index as u32 + 1;
         let title = match wp.spawn.as_ref().and_then(|s| s.title.clone()) {
             Some(t) => format!("{t} #{number}"),

@@ -109,6 +109,8 @@ pub const TIMER_DEVICE_WAIT: &str = "device-wait";
 pub const TIMER_AGENT: &str = "agent-timer";
 /// An approval's expiry (id: `SESSION/REQUEST`).
 pub const TIMER_APPROVAL: &str = "approval";
+/// The end of a session's wait for `limits.runsPerHour` (id: the session).
+pub const TIMER_RUN_DEFER: &str = "run-defer";
 
 /// The keys in [`META`] of the settings the running hub applies, stored at each start:
 /// journal records an older hub wrote (operations, not their changes) are replayed with
@@ -122,9 +124,11 @@ const SETTING_KEYS: [&str; 6] = [
     "settings.retention_ms",
 ];
 
-/// What the hub's operations need besides the tables.
+/// What the hub's operations need besides the tables: the engine's rules and the
+/// bounds of settings.json `limits` a write holds (armed waitpoints, spawns, runs).
 pub struct Ctx {
     pub settings: Arc<Settings>,
+    pub limits: Arc<crate::config::Limits>,
 }
 
 /// The view every operation runs against (reads and writes).
@@ -191,6 +195,11 @@ impl Tx<'_> {
     /// The hub's settings.
     pub fn settings(&self) -> &Arc<Settings> {
         &self.ctx.settings
+    }
+
+    /// settings.json `limits`.
+    pub fn limits(&self) -> &crate::config::Limits {
+        &self.ctx.limits
     }
 
     /// The newest journal record the last checkpoint holds.

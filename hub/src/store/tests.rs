@@ -717,6 +717,7 @@ fn journal_seq(dir: &std::path::Path) -> u64 {
 fn ctx() -> Ctx {
     Ctx {
         settings: Arc::new(Settings::default()),
+        limits: Arc::default(),
     }
 }
 

@@ -1,7 +1,7 @@
 //! The hub's timer kinds and their handlers, over the kernel's timer queue: a decided
 //! wake (`wake`), a remote wait's hub deadline (`device-wait`), a timer a session's model
-//! set (`agent-timer`), an approval's expiry (`approval`) and a device's loss report
-//! (`device-loss`). The server's one
+//! set (`agent-timer`), an approval's expiry (`approval`), a device's loss report
+//! (`device-loss`) and the end of a session's wait for its runs' hour (`run-defer`). The server's one
 //! timer loop calls [`Tx::fire_due`] when the queue's earliest time has come.
 
 use std::collections::HashSet;
@@ -12,7 +12,9 @@ use cortex_protocol::api::{AnswerItem, Decision, EventBody};
 
 use super::agent::{SessionTimer, split_timer_id};
 use super::device_waits::TIMER_DEVICE_LOSS;
-use super::tables::{TIMER_AGENT, TIMER_APPROVAL, TIMER_DEVICE_WAIT, TIMER_WAKE, Tx};
+use super::tables::{
+    TIMER_AGENT, TIMER_APPROVAL, TIMER_DEVICE_WAIT, TIMER_RUN_DEFER, TIMER_WAKE, Tx,
+};
 
 impl Tx<'_> {
     /// Runs every timer due at `now` (at most a pass's worth): each kind's handler removes
@@ -31,6 +33,10 @@ impl Tx<'_> {
                 TIMER_APPROVAL => {
                     self.reschedule(TIMER_APPROVAL, &d.id, Some(d.at), None)?;
                     self.approval_due(&d.id, d.at, now)?;
+                }
+                TIMER_RUN_DEFER => {
+                    self.reschedule(TIMER_RUN_DEFER, &d.id, Some(d.at), None)?;
+                    self.run_defer_due(&d.id, d.at)?;
                 }
                 TIMER_DEVICE_LOSS => {
                     self.device_loss_due(&d.id, d.at, now, online)?;
@@ -94,6 +100,23 @@ impl Tx<'_> {
             dedupe_key: key.clone(),
         };
         self.post_inbox(sid, body, Some(key), now)?;
+        Ok(())
+    }
+
+    /// A session's input waited for `limits.runsPerHour` until `at`: the session is made
+    /// ready, and its boundary starts the run (unless it was moved, or a message started
+    /// one meanwhile).
+    fn run_defer_due(&mut self, sid: &str, at: u64) -> Result<(), StoreError> {
+        let Some(mut rec) = self.agent(sid)? else {
+            return Ok(());
+        };
+        if rec.deferred_until != Some(at) || rec.cancelled {
+            return Ok(());
+        }
+        if rec.status == super::agent::RunStatus::Idle && !rec.deferred.is_empty() {
+            self.make_ready(sid, &mut rec)?;
+            self.put_agent(sid, &rec)?;
+        }
         Ok(())
     }
 
