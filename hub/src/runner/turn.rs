@@ -465,11 +465,20 @@ fn advance(
     let now = env.now;
     while let Some(first) = rec.open.first().cloned() {
         let name = first.call.function.name.clone();
-        announce_first(t, sid, rec, now)?;
-        if let Some(why) = first.refused {
-            answer_first(t, sid, rec, false, json!({"error": why}), now)?;
+        if first.refused.is_some() {
+            // The calls past the reply's cap (its last ones): each announced and answered
+            // with the reason, in order.
+            let mut rest = std::mem::take(&mut rec.open).into_iter().peekable();
+            while let Some(o) = rest.next_if(|o| o.refused.is_some()) {
+                let why = o.refused.clone().unwrap_or_default();
+                rec.open.push(o);
+                announce_first(t, sid, rec, now)?;
+                answer_first(t, sid, rec, false, json!({"error": why}), now)?;
+            }
+            rec.open.extend(rest);
             continue;
         }
+        announce_first(t, sid, rec, now)?;
         if !first.allowed {
             match gate::gate(&config.policy, &rec.always, &name) {
                 Gate::Deny(reason) => {
