@@ -16,6 +16,7 @@
 //! - [`session_state`]: whether a session runs turns or is a mailbox, and its state for
 //!   people, as pure rules.
 //! - [`notify`]: outgoing notices (targets, shapes, retries), pure.
+//! - [`caps`]: the caps on what a model may make the hub do (settings.json `limits`), pure.
 
 pub mod admission;
 pub mod caps;

@@ -11,7 +11,7 @@ use cortex_tests::scripted_model::{Reply, ScriptedModel};
 use cortex_tests::{Hub, wait_until};
 use serde_json::{Value, json};
 
-use super::runner::{LIMIT, count, hub, last_message, new_session, run_end, say};
+use super::runner::{LIMIT, count, hub, hub_with, last_message, new_session, run_end, say};
 
 /// The first event of `kind`.
 fn first<'a>(events: &'a [Value], kind: &str) -> &'a Value {
@@ -272,7 +272,8 @@ fn a_timer_due_during_a_turn_fires_once_after_it() {
         Reply::text("Timer set.").head_delay(Duration::from_millis(1_000)),
         Reply::text("Checked."),
     ]);
-    let (hub, _tmp) = hub(&model);
+    // A timer due within the turn: sooner than the default shortest delay.
+    let (hub, _tmp) = hub_with(&model, json!({"limits": {"timerMinDelayMs": 0}}));
     let sid = new_session(&hub, json!({}));
     say(&hub, &sid, json!({"text": "remind me"}));
     let end = run_end(&hub, &sid, 1);
