@@ -154,6 +154,29 @@ fn a_session_holds_at_most_the_cap_armed_and_arms_again_once_one_resolves() {
     assert_eq!(session(&hub, &sid)["armed_waitpoints"], 2);
 }
 
+#[test]
+fn a_device_exec_to_be_waited_on_is_refused_before_it_starts_at_the_armed_cap() {
+    let wait = json!({"label": "a", "intent": "go on"}).to_string();
+    let exec = json!({"device": "gpu1", "argv": ["true"], "wait": true}).to_string();
+    let model = ScriptedModel::start_with_default(
+        vec![Reply::tool_calls(&[
+            ("wait_create", &wait),
+            ("device_exec", &exec),
+        ])],
+        Reply::text("ok"),
+    );
+    let (hub, _tmp) = hub_with(&model, json!({"limits": {"armedWaitpointsPerSession": 1}}));
+    let sid = new_session(&hub, json!({"policy": {"requireApproval": []}}));
+    say(&hub, &sid, json!({"text": "run it and wait"}));
+    run_end(&hub, &sid, 1);
+    let ends = tool_ends(&hub, &sid);
+    assert_eq!(ends.len(), 2);
+    let e = error_of(&ends[1]);
+    // Refused before the device is asked (there is none: it would have said so).
+    assert!(e.contains("armedWaitpointsPerSession = 1"), "{e}");
+    assert_eq!(session(&hub, &sid)["armed_waitpoints"], 1);
+}
+
 /// Three `wait_create` with `spawn` whose monitors wake on a second of silence, and
 /// every spawned session's model asking for the same again.
 fn spawn_loop(limits: Value) -> (ScriptedModel, Hub, tempfile::TempDir, String) {

@@ -977,6 +977,17 @@ fn capped(t: &Tx<'_>, sid: &str, p: &Prepared, now: u64) -> Result<Option<String
     Ok(None)
 }
 
+/// Why a `device_exec` with `wait: true` may not start: the session holds the most
+/// waitpoints it may armed, and the job's pid wait would be one more.
+pub fn exec_capped(t: &Tx<'_>, sid: &str, call: &ToolCall) -> Result<Option<String>, StoreError> {
+    if !ExecArgs::parse(call).is_ok_and(|a| a.wait) {
+        return Ok(None);
+    }
+    let armed = t.armed_count(sid)?;
+    Ok((armed >= t.limits().armed_waitpoints_per_session as usize)
+        .then(|| crate::caps::armed_refused(armed, t.limits())))
+}
+
 /// `result` as stored: the secret replaced.
 pub fn redacted(result: &Value, secret: Option<&str>) -> Value {
     let Some(secret) = secret.filter(|s| !s.is_empty()) else {

@@ -528,6 +528,14 @@ fn advance(
                 return Ok(Progress::Parked);
             }
             Some(tools::Prepared::External) => {
+                // A job to be waited on arms a waitpoint: capped before it starts (once
+                // started, it is made again as it was).
+                if !first.started
+                    && let Some(why) = tools::exec_capped(t, sid, &first.call)?
+                {
+                    answer_first(t, sid, rec, false, json!({"error": why}), now)?;
+                    continue;
+                }
                 rec.open[0].started = true;
                 return Ok(Progress::External(first.call));
             }

@@ -113,11 +113,13 @@ impl Tx<'_> {
         if rec.deferred_until != Some(at) || rec.cancelled {
             return Ok(());
         }
+        // Its queue entry is gone (the caller took it): should the boundary find the
+        // window still full, it waits and says so again.
+        rec.deferred_until = None;
         if rec.status == super::agent::RunStatus::Idle && !rec.deferred.is_empty() {
             self.make_ready(sid, &mut rec)?;
-            self.put_agent(sid, &rec)?;
         }
-        Ok(())
+        self.put_agent(sid, &rec)
     }
 
     /// An approval expired unanswered: it is denied, as an answer from `timeout`.
