@@ -199,7 +199,7 @@ fn spawn_loop(limits: Value) -> (ScriptedModel, Hub, tempfile::TempDir, String) 
 
 #[test]
 fn a_spawn_loop_stops_at_the_roots_spawns_per_hour() {
-    let (_model, hub, _tmp, _root) = spawn_loop(json!({"spawnsPerHour": 5, "spawnDepth": 10}));
+    let (model, hub, _tmp, _root) = spawn_loop(json!({"spawnsPerHour": 5, "spawnDepth": 10}));
     // The sixth spawn is refused when its wake comes, in its monitor's session's log.
     let (parent, refused) = wait_until(LIMIT, "a spawn refused", || {
         limit_events(&hub).into_iter().next()
@@ -236,6 +236,8 @@ fn a_spawn_loop_stops_at_the_roots_spawns_per_hour() {
         .filter(|s| !s["spawned_from"].is_null())
         .collect();
     assert_eq!(spawned.len(), 5);
+    // One model call per session (each run is one step): the root's and the five's.
+    assert_eq!(model.request_count(), 6);
 }
 
 #[test]
