@@ -81,7 +81,7 @@ pub struct Limits {
     pub tool_calls_per_reply: u32,
     /// The most waitpoints one session may hold armed at once.
     pub armed_waitpoints_per_session: u32,
-    /// How deep sessions may spawn sessions (a root session is depth 0).
+    /// How deep sessions may spawn sessions (a root session is depth 0; 0: none spawns).
     pub spawn_depth: u32,
     /// The most sessions one root and all it spawned may spawn in an hour.
     pub spawns_per_hour: u32,
@@ -116,7 +116,7 @@ impl Default for Limits {
 
 impl Limits {
     /// A limit of 0 would refuse everything; each must be at least 1 (the timer's
-    /// minimum delay may be 0).
+    /// minimum delay and the spawn depth may be 0).
     fn check(&self) -> Result<(), String> {
         let zero = [
             ("replyBytes", self.reply_bytes),
