@@ -347,7 +347,7 @@ fn wakes_past_the_runs_per_hour_wait_and_run_when_the_window_allows() {
     // A short window (the hourly caps' hour), so the deferred run comes within the test.
     let (hub, _tmp) = hub_with(
         &model,
-        json!({"waitpointWakeWindowMs": 3000, "limits": {"runsPerHour": 2}}),
+        json!({"waitpointWakeWindowMs": 10_000, "limits": {"runsPerHour": 2}}),
     );
     let sid = new_session(&hub, json!({}));
     wake(&hub, &sid, "one");
