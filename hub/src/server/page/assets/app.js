@@ -699,6 +699,9 @@
       case 'cancel':
         into.appendChild(el('div', { class: 'msg note' }, ev.turn_only ? 'turn stopped' : 'session cancelled'));
         break;
+      case 'limit-reached':
+        into.appendChild(el('div', { class: 'msg note amber-note', 'data-test': 'limit-reached' }, 'limit ' + ev.limit + ': ' + ev.message));
+        break;
       case 'run-end':
         if (ev.result && !ev.result.ok && ev.result.error) into.appendChild(el('div', { class: 'msg note bad' }, 'run ended: ' + ev.result.error.message));
         else if (ev.result && ev.result.output && ev.result.output.data !== undefined && ev.result.output.data !== null) into.appendChild(el('pre', { class: 'msg note' }, JSON.stringify(ev.result.output.data, null, 2)));
