@@ -1615,3 +1615,69 @@ async fn stored_sessions_are_settled_once_and_a_queued_mailbox_leaves_the_queue(
     let queue = store.read(|r| r.ready_after(0, 10)).await.expect("read");
     assert_eq!(queue.len(), 1, "{queue:?}");
 }
+
+/// A session's input put off for `limits.runsPerHour`: its `run-defer` timer makes it
+/// ready at `until`, unless the wait was moved, ended or the session cancelled. (what is
+/// done before the timer is due, whether it comes back ready)
+#[tokio::test]
+async fn a_run_put_off_for_the_hour_comes_back_ready_at_its_time() {
+    use crate::store::agent::RunStatus;
+    use cortex_protocol::api::RunInput;
+    let until = T0 + 60_000;
+    type Before = fn(&mut Tx<'_>, &str, &mut AgentRecord) -> Result<(), StoreError>;
+    let cases: &[(&str, Before, bool)] = &[
+        ("waits", |_, _, _| Ok(()), true),
+        (
+            "moved later",
+            |t, sid, rec| t.set_run_defer(sid, rec, Some(T0 + 120_000)),
+            false,
+        ),
+        (
+            "ended",
+            |t, sid, rec| t.set_run_defer(sid, rec, None),
+            false,
+        ),
+        (
+            "cancelled",
+            |t, sid, rec| t.end_agent_session(sid, rec, T0),
+            false,
+        ),
+    ];
+    for (what, before, ready) in cases {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (store, _g) = open(dir.path());
+        let sid = session(&store).await;
+        let (s, before) = (sid.clone(), *before);
+        store
+            .exec(move |t| {
+                let mut rec = AgentRecord {
+                    runs: Some(true),
+                    ..AgentRecord::new(None)
+                };
+                rec.deferred.push(RunInput {
+                    seq: 1,
+                    kind: "wake".into(),
+                    text: "it finished".into(),
+                });
+                t.set_run_defer(&s, &mut rec, Some(until))?;
+                before(t, &s, &mut rec)?;
+                t.put_agent(&s, &rec)
+            })
+            .await
+            .expect("put off");
+        let s = sid.clone();
+        let rec = store
+            .exec(move |t| {
+                t.fire_due(until, &Default::default())?;
+                t.agent(&s)
+            })
+            .await
+            .expect("fire")
+            .expect("row");
+        assert_eq!(rec.status == RunStatus::Ready, *ready, "{what}: {rec:?}");
+        if *ready {
+            assert_eq!(rec.deferred.len(), 1, "{what}: the input is kept");
+            assert_eq!(rec.deferred_until, None, "{what}: the wait ended");
+        }
+    }
+}
