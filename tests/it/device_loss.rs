@@ -186,3 +186,129 @@ fn a_device_back_within_the_grace_is_never_reported() {
     );
     assert_eq!(wakes_of(&hub, &sid, &wp).len(), 1, "only the outcome");
 }
+
+/// The hub SIGKILLed as the device starts a command, and back before the device's agent
+/// reconnects. The command's first act freezes the hub and the agent (SIGSTOP; their pids
+/// in a file), so the agent's answer is never recorded and the agent stays away until the
+/// test lets it go; then it marks its run. The restarted hub asks again while the device
+/// is offline: the session is told "state unknown" with the exec id (never "nothing was
+/// started"), and once the agent is back the same id reaches the one run it holds.
+#[test]
+fn a_hub_killed_as_the_device_starts_a_command_never_says_nothing_was_started() {
+    use rustix::process::Signal;
+    use serde_json::json;
+
+    use super::device_exec::{device_execs, exec_model, signal};
+    use super::runner::{new_session, run_end, say};
+
+    let model = exec_model();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    // The hub comes back on the same mesh address, where the agent reconnects.
+    let (url, mesh) = (
+        model.url(),
+        format!("127.0.0.1:{}", cortex_tests::dead_port()),
+    );
+    let mut hub = Hub::at(
+        &home,
+        &tmp.path().join("hub.log"),
+        &[
+            ("CORTEX_LLM_BASE_URL", url.as_str()),
+            ("CORTEX_LLM_MODEL", "scripted"),
+        ],
+        &["--mesh-listen", &mesh],
+    );
+    hub.spawn();
+    let token = hub.add_device("gpu1");
+    let mut agent = Agent::new(&hub, "gpu1", &token);
+    agent.set_env("CORTEX_ALLOW_EXEC", "1");
+    agent.spawn();
+    hub.wait_online("gpu1");
+    let (pids, mark) = (tmp.path().join("pids"), tmp.path().join("mark"));
+    std::fs::write(
+        &pids,
+        format!(
+            "{} {}\n",
+            hub.pid().expect("hub"),
+            agent.pid().expect("agent")
+        ),
+    )
+    .expect("pids");
+    // Builtins only before the freeze: no fork the agent's answer could overtake.
+    let script = format!(
+        "read h a < {}; kill -STOP $h $a; echo run >> {}",
+        pids.display(),
+        mark.display()
+    );
+    let sid = new_session(&hub, json!({"policy": {"requireApproval": []}}));
+    say(&hub, &sid, json!({"text": format!("exec: {script}")}));
+    wait_until(T, "the command to start", || {
+        std::fs::read_to_string(&mark)
+            .ok()
+            .filter(|m| !m.is_empty())
+    });
+    hub.kill();
+    hub.spawn();
+    // The restarted hub asks again, with the agent still frozen: it records what it
+    // knows (today's code answered the call "offline; nothing was started").
+    let said = wait_until(T, "the hub to say what became of the call", || {
+        let told = device_execs(&hub)
+            .into_iter()
+            .find(|e| e["session"] == sid.as_str());
+        let ended = hub
+            .events(&sid, 0)
+            .into_iter()
+            .find(|e| e["kind"] == "tool-end");
+        told.or(ended)
+    });
+    let error = said["error"].as_str().unwrap_or_default();
+    assert!(!said.to_string().contains("nothing was started"), "{said}");
+    let exec_id = said["exec_id"].as_str().expect("the exec id").to_string();
+    assert!(
+        error.starts_with(&format!("state unknown, exec id {exec_id}")),
+        "{said}"
+    );
+    assert!(said["pid"].is_null(), "{said}");
+    let events = hub.events(&sid, 0);
+    assert_eq!(
+        events.iter().filter(|e| e["kind"] == "tool-end").count(),
+        0,
+        "the call is not answered while the device is away: {events:#?}"
+    );
+
+    signal(agent.pid(), Signal::CONT);
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(end["result"]["ok"], true, "{end}");
+    let events = hub.events(&sid, 0);
+    let obs = &events
+        .iter()
+        .find(|e| e["kind"] == "tool-end")
+        .expect("the call's answer")["observation"];
+    assert_eq!(obs["ok"], true, "{obs}");
+    assert_eq!(obs["result"]["exec_id"], exec_id.as_str(), "{obs}");
+    let pid = obs["result"]["pid"].as_i64().expect("the run's pid");
+    assert!(
+        obs["result"]["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("started before")),
+        "the agent answered with the run it holds: {obs}"
+    );
+    let execs: Vec<Value> = device_execs(&hub)
+        .into_iter()
+        .filter(|e| e["session"] == sid.as_str())
+        .collect();
+    assert_eq!(
+        execs.iter().filter(|e| e["pid"] == pid).count(),
+        1,
+        "{execs:#?}"
+    );
+    let all = format!(
+        "{}{}",
+        serde_json::to_string(&events).expect("json"),
+        serde_json::to_string(&execs).expect("json")
+    );
+    assert!(!all.contains("nothing was started"), "{all}");
+    let runs = std::fs::read_to_string(&mark).expect("mark");
+    assert_eq!(runs, "run\n", "one run");
+}
