@@ -265,6 +265,33 @@ pub(crate) fn device_execs(hub: &cortex_tests::Hub) -> Vec<serde_json::Value> {
         .unwrap_or_default()
 }
 
+/// The bytes waiting unread in the TCP sockets of process `pid`.
+fn unread_bytes(pid: Option<u32>) -> u64 {
+    let pid = pid.expect("running");
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|f| std::fs::read_link(f.ok()?.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut unread = 0;
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() > 9 && inodes.iter().any(|i| i == f[9]) {
+                let rx = f[4].split(':').nth(1).unwrap_or("0");
+                unread += u64::from_str_radix(rx, 16).unwrap_or(0);
+            }
+        }
+    }
+    unread
+}
+
 pub(crate) fn signal(pid: Option<u32>, sig: rustix::process::Signal) {
     let pid = pid
         .and_then(|p| rustix::process::Pid::from_raw(p as i32))
@@ -274,7 +301,8 @@ pub(crate) fn signal(pid: Option<u32>, sig: rustix::process::Signal) {
 
 /// An approval and a cancel posted at the same moment on a pending `device_exec`, ten
 /// times, with the device slow to answer (its agent stopped across the race, so an ask
-/// that went out is still unanswered when the cancel rings): every run the device holds
+/// that went out is still unanswered when the cancel rings; in every other round the
+/// cancel goes once the ask is at the device, the widest window): every run the device holds
 /// is recorded as a `device-exec` event with its pid, or as `state unknown` with its exec
 /// id, and every command that ran (its mark exists) is among them.
 #[test]
@@ -305,6 +333,10 @@ fn approve_and_cancel_at_once_never_hide_a_run() {
             .clone();
         let id = req["id"].as_str().expect("request id").to_string();
         signal(agent.pid(), Signal::STOP);
+        let unread = unread_bytes(agent.pid());
+        // Every other round the cancel waits until the ask is at the device (the stopped
+        // agent's socket holds unread bytes): the moment today's runner dropped it.
+        let after_the_ask = sids.len() % 2 == 1;
         let barrier = std::sync::Barrier::new(2);
         std::thread::scope(|s| {
             let allow = s.spawn(|| {
@@ -317,6 +349,13 @@ fn approve_and_cancel_at_once_never_hide_a_run() {
             });
             let cancel = s.spawn(|| {
                 barrier.wait();
+                if after_the_ask {
+                    cortex_tests::wait_until(
+                        super::runner::LIMIT,
+                        "the ask to reach the device",
+                        || (unread_bytes(agent.pid()) > unread).then_some(()),
+                    );
+                }
                 hub.api(
                     Method::Post,
                     &format!("/api/sessions/{sid}/cancel"),
