@@ -187,24 +187,32 @@ fn a_device_back_within_the_grace_is_never_reported() {
     assert_eq!(wakes_of(&hub, &sid, &wp).len(), 1, "only the outcome");
 }
 
-/// The hub SIGKILLed as the device starts a command, and back before the device's agent
+/// A hub SIGKILLed as the device starts a command, and back before the device's agent
 /// reconnects. The command's first act freezes the hub and the agent (SIGSTOP; their pids
 /// in a file), so the agent's answer is never recorded and the agent stays away until the
-/// test lets it go; then it marks its run. The restarted hub asks again while the device
-/// is offline: the session is told "state unknown" with the exec id (never "nothing was
-/// started"), and once the agent is back the same id reaches the one run it holds.
-#[test]
-fn a_hub_killed_as_the_device_starts_a_command_never_says_nothing_was_started() {
-    use rustix::process::Signal;
+/// test lets it go; then it marks its run.
+struct Killed {
+    hub: Hub,
+    agent: Agent,
+    sid: String,
+    mark: std::path::PathBuf,
+    _model: cortex_tests::scripted_model::ScriptedModel,
+    _tmp: tempfile::TempDir,
+}
+
+/// [`Killed`], with `settings` in the hub's settings.json; the hub is back, the agent
+/// still frozen.
+fn killed_as_it_starts(settings: Value) -> Killed {
     use serde_json::json;
 
-    use super::device_exec::{device_execs, exec_model, signal};
-    use super::runner::{new_session, run_end, say};
+    use super::device_exec::exec_model;
+    use super::runner::{new_session, say};
 
     let model = exec_model();
     let tmp = tempfile::tempdir().expect("tmp");
     let home = tmp.path().join("home");
     std::fs::create_dir_all(&home).expect("home");
+    std::fs::write(home.join("settings.json"), settings.to_string()).expect("settings");
     // The hub comes back on the same mesh address, where the agent reconnects.
     let (url, mesh) = (
         model.url(),
@@ -250,14 +258,47 @@ fn a_hub_killed_as_the_device_starts_a_command_never_says_nothing_was_started() 
     });
     hub.kill();
     hub.spawn();
+    Killed {
+        hub,
+        agent,
+        sid,
+        mark,
+        _model: model,
+        _tmp: tmp,
+    }
+}
+
+/// Every `device-exec` event and session event of `k`'s session, as text.
+fn told(k: &Killed) -> String {
+    let execs: Vec<Value> = super::device_exec::device_execs(&k.hub)
+        .into_iter()
+        .filter(|e| e["session"] == k.sid.as_str())
+        .collect();
+    format!(
+        "{}{}",
+        serde_json::to_string(&k.hub.events(&k.sid, 0)).expect("json"),
+        serde_json::to_string(&execs).expect("json")
+    )
+}
+
+/// The restarted hub asks again while the device is offline: the session is told "state
+/// unknown" with the exec id (never "nothing was started"), and once the agent is back
+/// the same id reaches the one run it holds.
+#[test]
+fn a_hub_killed_as_the_device_starts_a_command_never_says_nothing_was_started() {
+    use rustix::process::Signal;
+
+    use super::device_exec::{device_execs, signal};
+    use super::runner::run_end;
+
+    let k = killed_as_it_starts(serde_json::json!({}));
+    let (hub, sid) = (&k.hub, k.sid.as_str());
     // The restarted hub asks again, with the agent still frozen: it records what it
     // knows (today's code answered the call "offline; nothing was started").
     let said = wait_until(T, "the hub to say what became of the call", || {
-        let told = device_execs(&hub)
-            .into_iter()
-            .find(|e| e["session"] == sid.as_str());
+        let told = device_execs(hub).into_iter().find(|e| e["session"] == sid);
         let ended = hub
-            .events(&sid, 0)
+            .events(sid, 0)
             .into_iter()
             .find(|e| e["kind"] == "tool-end");
         told.or(ended)
@@ -270,17 +311,17 @@ fn a_hub_killed_as_the_device_starts_a_command_never_says_nothing_was_started() 
         "{said}"
     );
     assert!(said["pid"].is_null(), "{said}");
-    let events = hub.events(&sid, 0);
+    let events = hub.events(sid, 0);
     assert_eq!(
         events.iter().filter(|e| e["kind"] == "tool-end").count(),
         0,
         "the call is not answered while the device is away: {events:#?}"
     );
 
-    signal(agent.pid(), Signal::CONT);
-    let end = run_end(&hub, &sid, 1);
+    signal(k.agent.pid(), Signal::CONT);
+    let end = run_end(hub, sid, 1);
     assert_eq!(end["result"]["ok"], true, "{end}");
-    let events = hub.events(&sid, 0);
+    let events = hub.events(sid, 0);
     let obs = &events
         .iter()
         .find(|e| e["kind"] == "tool-end")
@@ -294,21 +335,93 @@ fn a_hub_killed_as_the_device_starts_a_command_never_says_nothing_was_started() 
             .is_some_and(|n| n.contains("started before")),
         "the agent answered with the run it holds: {obs}"
     );
-    let execs: Vec<Value> = device_execs(&hub)
+    let execs: Vec<Value> = device_execs(hub)
         .into_iter()
-        .filter(|e| e["session"] == sid.as_str())
+        .filter(|e| e["session"] == sid)
         .collect();
     assert_eq!(
         execs.iter().filter(|e| e["pid"] == pid).count(),
         1,
         "{execs:#?}"
     );
-    let all = format!(
-        "{}{}",
-        serde_json::to_string(&events).expect("json"),
-        serde_json::to_string(&execs).expect("json")
-    );
+    let all = told(&k);
     assert!(!all.contains("nothing was started"), "{all}");
-    let runs = std::fs::read_to_string(&mark).expect("mark");
+    let runs = std::fs::read_to_string(&k.mark).expect("mark");
     assert_eq!(runs, "run\n", "one run");
+}
+
+/// As above, with a device that stays away past the grace (`deviceLossGraceMs`): the
+/// call's answer stays "state unknown" with the exec id, never "nothing was started".
+#[test]
+fn a_device_away_past_the_grace_leaves_the_call_unknown_not_unstarted() {
+    use rustix::process::Signal;
+
+    use super::device_exec::signal;
+    use super::runner::run_end;
+
+    let k = killed_as_it_starts(serde_json::json!({"deviceLossGraceMs": 300}));
+    let end = run_end(&k.hub, &k.sid, 1);
+    assert_eq!(end["result"]["ok"], true, "the model goes on: {end}");
+    let events = k.hub.events(&k.sid, 0);
+    let obs = &events
+        .iter()
+        .find(|e| e["kind"] == "tool-end")
+        .expect("the call's answer")["observation"];
+    assert_eq!(obs["ok"], false, "{obs}");
+    let exec_id = obs["result"]["exec_id"].as_str().expect("exec id");
+    let error = obs["result"]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with(&format!("state unknown, exec id {exec_id}"))
+            && error.contains("stayed offline"),
+        "{obs}"
+    );
+    let all = told(&k);
+    assert!(!all.contains("nothing was started"), "{all}");
+    signal(k.agent.pid(), Signal::CONT);
+    assert_eq!(std::fs::read_to_string(&k.mark).expect("mark"), "run\n");
+}
+
+/// A cancel while the restarted hub waits for the device to come back: the wait ends at
+/// once, and the call's answer is "state unknown" with the exec id (the run is not
+/// forgotten because the turn was stopped).
+#[test]
+fn a_cancel_while_the_device_is_awaited_leaves_the_call_unknown() {
+    use rustix::process::Signal;
+    use serde_json::json;
+
+    use super::device_exec::{device_execs, signal};
+    use super::runner::run_end;
+
+    let k = killed_as_it_starts(json!({}));
+    let (hub, sid) = (&k.hub, k.sid.as_str());
+    wait_until(T, "the hub to say the call's state is unknown", || {
+        device_execs(hub).into_iter().find(|e| {
+            e["session"] == sid
+                && e["error"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("state unknown"))
+        })
+    });
+    let (st, v) = hub.api(
+        cortex_cli::http::Method::Post,
+        &format!("/api/sessions/{sid}/cancel"),
+        Some(&json!({"turn_only": true})),
+    );
+    assert_eq!(st, 202, "{v}");
+    let end = run_end(hub, sid, 1);
+    assert_eq!(end["result"]["error"]["code"], "aborted", "{end}");
+    let events = hub.events(sid, 0);
+    let obs = &events
+        .iter()
+        .find(|e| e["kind"] == "tool-end")
+        .expect("the call's answer")["observation"];
+    let exec_id = obs["result"]["exec_id"].as_str().expect("exec id");
+    let error = obs["result"]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with(&format!("state unknown, exec id {exec_id}")),
+        "{obs}"
+    );
+    let all = told(&k);
+    assert!(!all.contains("nothing was started"), "{all}");
+    signal(k.agent.pid(), Signal::CONT);
 }

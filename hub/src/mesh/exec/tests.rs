@@ -244,3 +244,45 @@ async fn a_dropped_call_leaves_no_waiter() {
     }
     assert_eq!(link.requests.pending(), 0);
 }
+
+/// Asked again (an earlier ask may have reached the device), no "nothing was started" of
+/// this ask stands for the run: each becomes "state unknown" with the exec id; the rest
+/// are kept as they are.
+#[test]
+fn a_reasked_error_never_says_nothing_was_started() {
+    let d = || "gpu1".to_string();
+    let cases: Vec<(ExecError, bool)> = vec![
+        (ExecError::Offline { device: d() }, true),
+        (ExecError::NotAllowed { device: d() }, true),
+        (ExecError::NoDevice { device: d() }, true),
+        (
+            ExecError::LinkLost {
+                device: d(),
+                exec_id: "ex_1".into(),
+            },
+            false,
+        ),
+        (
+            ExecError::Refused {
+                device: d(),
+                reason: "state unknown: the agent stopped while starting it".into(),
+            },
+            false,
+        ),
+    ];
+    for (e, becomes_unknown) in cases {
+        let before = e.to_string();
+        let after = e.reasked("ex_1");
+        let text = after.to_string();
+        if becomes_unknown {
+            assert!(
+                matches!(&after, ExecError::Unknown { exec_id, .. } if exec_id == "ex_1"),
+                "{before} -> {text}"
+            );
+            assert!(text.starts_with("state unknown, exec id ex_1: "), "{text}");
+            assert!(!text.contains("nothing was started"), "{text}");
+        } else {
+            assert_eq!(text, before);
+        }
+    }
+}
