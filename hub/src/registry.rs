@@ -220,6 +220,11 @@ impl Requests {
         g.waiting.clear();
     }
 
+    /// Whether the link ended (no request is taken).
+    pub fn closed(&self) -> bool {
+        self.lock().closed
+    }
+
     /// Waiters now (tests check none is left behind).
     pub fn pending(&self) -> usize {
         self.lock().waiting.values().map(Vec::len).sum()
@@ -346,19 +351,21 @@ impl Registry {
         Ok(old)
     }
 
-    /// `device`'s live link, waiting for one to register until `until`; `None` if none
-    /// did by then.
+    /// `device`'s live link (one that takes requests: not one that ended and is not yet
+    /// unregistered), waiting for one to register until `until`; `None` if none did by
+    /// then.
     pub async fn wait_link(&self, device: &str, until: tokio::time::Instant) -> Option<Arc<Link>> {
+        let usable = || self.link(device).filter(|l| !l.requests.closed());
         loop {
             // Listening before looking, so a link registered in between is not missed.
             let registered = self.linked.notified();
             tokio::pin!(registered);
             registered.as_mut().enable();
-            if let Some(l) = self.link(device) {
+            if let Some(l) = usable() {
                 return Some(l);
             }
             if tokio::time::timeout_at(until, registered).await.is_err() {
-                return self.link(device);
+                return usable();
             }
         }
     }

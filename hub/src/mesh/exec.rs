@@ -67,7 +67,7 @@ pub enum ExecError {
     #[error("device {device} refused: {reason}")]
     Refused { device: String, reason: String },
     #[error(
-        "no answer from device {device} within {}; the command may or may not have started (exec id {exec_id}): ask again with the same call to find out",
+        "state unknown, exec id {exec_id}: no answer from device {device} within {}; the command may be running: do not start it again",
         secs(*.timeout)
     )]
     TimedOut {
@@ -76,7 +76,7 @@ pub enum ExecError {
         timeout: Duration,
     },
     #[error(
-        "the link to device {device} dropped before it answered; the command may or may not have started (exec id {exec_id}): ask again with the same call to find out"
+        "state unknown, exec id {exec_id}: the link to device {device} dropped before it answered; the command may be running: do not start it again"
     )]
     LinkLost { device: String, exec_id: String },
     /// Asked before (by a hub that stopped, or on a link that dropped) and not answered

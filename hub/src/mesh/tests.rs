@@ -231,4 +231,10 @@ async fn wait_link_returns_the_link_that_registers_and_nothing_past_its_bound() 
     reg.register(a.clone(), &h).expect("registered");
     assert_eq!(waiting.await.expect("joined"), Some(a.id));
     assert_eq!(reg.wait_link("d", soon()).await.map(|l| l.id), Some(a.id));
+    // One that ended (not yet unregistered) is passed over until its successor registers.
+    a.requests.close();
+    assert!(reg.wait_link("d", soon()).await.is_none());
+    let b = link(&reg, "d");
+    reg.register(b.clone(), &h).expect("registered");
+    assert_eq!(reg.wait_link("d", soon()).await.map(|l| l.id), Some(b.id));
 }

@@ -164,7 +164,9 @@ async fn exec(
         return Outside::NotSent;
     }
     let outcome = match crate::mesh::exec::exec(state, &a.device, req.clone()).await {
-        Err(e) if again => {
+        // Asked before, or the link dropped with this ask on it: the device may hold the
+        // run, and only it can say.
+        Err(e) if again || matches!(e, ExecError::LinkLost { .. }) => {
             let asked = Asked {
                 sid,
                 call_id: &call.id,
@@ -221,9 +223,17 @@ async fn reask(
     let mut err = first;
     let mut until = None;
     loop {
-        if !matches!(err, ExecError::Offline { .. }) {
-            return Err(err.reasked(&exec_id));
-        }
+        let away = match &err {
+            ExecError::Offline { .. } => format!(
+                "device {} is offline, and it was asked before (by a hub that stopped, or over a link that dropped)",
+                asked.device
+            ),
+            ExecError::LinkLost { .. } => format!(
+                "the link to device {} dropped before it answered",
+                asked.device
+            ),
+            _ => return Err(err.reasked(&exec_id)),
+        };
         let (until, grace) = match until {
             Some(u) => u,
             None => {
@@ -235,8 +245,7 @@ async fn reask(
                         .unwrap_or(crate::config::DEFAULT_DEVICE_LOSS_GRACE_MS),
                 );
                 let waiting = unknown(format!(
-                    "device {} is offline, and it was asked before (by a hub that stopped, or over a link that dropped); waiting up to {} (deviceLossGraceMs) for it to reconnect, to ask it again under the same id",
-                    asked.device,
+                    "{away}; waiting up to {} (deviceLossGraceMs) for it to reconnect, to ask it again under the same id",
                     secs(grace)
                 ));
                 note(state, asked, &exec_id, waiting.to_string()).await;
