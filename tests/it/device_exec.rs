@@ -8,8 +8,9 @@
 //! never holds the secret the environment carried, and the command does not inherit the
 //! device token the agent got from its environment.
 //!
-//! (No HTTP route calls `exec` yet: the runner's `device_exec` tool does, and its own test
-//! covers the tool.)
+//! (No HTTP route calls `exec`: the runner's `device_exec` tool does.) Through the runner
+//! (a real hub with a scripted model): an approval and a cancel posted at once never leave
+//! a run on the device that no `device-exec` event records.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

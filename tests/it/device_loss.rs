@@ -4,7 +4,10 @@
 //! `report` wake naming the device and saying the wait stays armed, and no second one
 //! while it stays down; `cortex wait pid --device` keeps waiting through it; the process
 //! exits while the agent is down, the agent comes back, and the real outcome (`fired`)
-//! arrives once. An agent back within the grace is never reported.
+//! arrives once. An agent back within the grace is never reported. And a hub SIGKILLed as
+//! the device starts a command, back before the agent: the session is told "state
+//! unknown" with the exec id, never "nothing was started", and the one run is found once
+//! the agent is back (or stays unknown past the grace, or after a cancel).
 
 // Fields of JSON the hub just answered with; a panic is the test failing.
 #![allow(clippy::unwrap_used)]
