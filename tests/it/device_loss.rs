@@ -199,6 +199,8 @@ struct Killed {
     agent: Agent,
     sid: String,
     mark: std::path::PathBuf,
+    /// What the restarted hub said first of the call.
+    said: Value,
     _model: cortex_tests::scripted_model::ScriptedModel,
     _tmp: tempfile::TempDir,
 }
@@ -236,39 +238,63 @@ fn killed_as_it_starts(settings: Value) -> Killed {
     agent.set_env("CORTEX_ALLOW_EXEC", "1");
     agent.spawn();
     hub.wait_online("gpu1");
-    let (pids, mark) = (tmp.path().join("pids"), tmp.path().join("mark"));
-    std::fs::write(
-        &pids,
-        format!(
-            "{} {}\n",
-            hub.pid().expect("hub"),
-            agent.pid().expect("agent")
-        ),
-    )
-    .expect("pids");
-    // Builtins only before the freeze: no fork the agent's answer could overtake.
-    let script = format!(
-        "read h a < {}; kill -STOP $h $a; echo run >> {}",
-        pids.display(),
-        mark.display()
-    );
-    let sid = new_session(&hub, json!({"policy": {"requireApproval": []}}));
-    say(&hub, &sid, json!({"text": format!("exec: {script}")}));
-    wait_until(T, "the command to start", || {
-        std::fs::read_to_string(&mark)
-            .ok()
-            .filter(|m| !m.is_empty())
-    });
-    hub.kill();
-    hub.spawn();
-    Killed {
-        hub,
-        agent,
-        sid,
-        mark,
-        _model: model,
-        _tmp: tmp,
+    // The freeze races the agent's answer; should the answer be recorded first (the hub
+    // got it before the command froze it), that cycle proves nothing and another is run.
+    for cycle in 0..5 {
+        let pids = tmp.path().join("pids");
+        let mark = tmp.path().join(format!("mark{cycle}"));
+        std::fs::write(
+            &pids,
+            format!(
+                "{} {}\n",
+                hub.pid().expect("hub"),
+                agent.pid().expect("agent")
+            ),
+        )
+        .expect("pids");
+        // Builtins only before the freeze: no fork the agent's answer could overtake.
+        let script = format!(
+            "read h a < {}; kill -STOP $h $a; echo run >> {}",
+            pids.display(),
+            mark.display()
+        );
+        let sid = new_session(&hub, json!({"policy": {"requireApproval": []}}));
+        say(&hub, &sid, json!({"text": format!("exec: {script}")}));
+        wait_until(T, "the command to start", || {
+            std::fs::read_to_string(&mark)
+                .ok()
+                .filter(|m| !m.is_empty())
+        });
+        hub.kill();
+        hub.spawn();
+        // What the restarted hub says first of the call (today's code: "offline;
+        // nothing was started"), or its answer recorded before the freeze.
+        let said = wait_until(T, "the hub to say what became of the call", || {
+            let told = super::device_exec::device_execs(&hub)
+                .into_iter()
+                .find(|e| e["session"] == sid.as_str());
+            let ended = hub
+                .events(&sid, 0)
+                .into_iter()
+                .find(|e| e["kind"] == "tool-end");
+            told.or(ended)
+        });
+        if said["pid"].is_i64() {
+            super::device_exec::signal(agent.pid(), rustix::process::Signal::CONT);
+            hub.wait_online("gpu1");
+            continue;
+        }
+        return Killed {
+            hub,
+            agent,
+            sid,
+            mark,
+            said,
+            _model: model,
+            _tmp: tmp,
+        };
     }
+    panic!("in five cycles the hub always recorded the answer before the command froze it");
 }
 
 /// Every `device-exec` event and session event of `k`'s session, as text.
@@ -295,17 +321,9 @@ fn a_hub_killed_as_the_device_starts_a_command_never_says_nothing_was_started() 
     use super::runner::run_end;
 
     let k = killed_as_it_starts(serde_json::json!({}));
-    let (hub, sid) = (&k.hub, k.sid.as_str());
-    // The restarted hub asks again, with the agent still frozen: it records what it
+    let (hub, sid, said) = (&k.hub, k.sid.as_str(), &k.said);
+    // The restarted hub asked again, with the agent still frozen, and recorded what it
     // knows (today's code answered the call "offline; nothing was started").
-    let said = wait_until(T, "the hub to say what became of the call", || {
-        let told = device_execs(hub).into_iter().find(|e| e["session"] == sid);
-        let ended = hub
-            .events(sid, 0)
-            .into_iter()
-            .find(|e| e["kind"] == "tool-end");
-        told.or(ended)
-    });
     let error = said["error"].as_str().unwrap_or_default();
     assert!(!said.to_string().contains("nothing was started"), "{said}");
     let exec_id = said["exec_id"].as_str().expect("the exec id").to_string();
@@ -392,19 +410,18 @@ fn a_cancel_while_the_device_is_awaited_leaves_the_call_unknown() {
     use rustix::process::Signal;
     use serde_json::json;
 
-    use super::device_exec::{device_execs, signal};
+    use super::device_exec::signal;
     use super::runner::run_end;
 
     let k = killed_as_it_starts(json!({}));
-    let (hub, sid) = (&k.hub, k.sid.as_str());
-    wait_until(T, "the hub to say the call's state is unknown", || {
-        device_execs(hub).into_iter().find(|e| {
-            e["session"] == sid
-                && e["error"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("state unknown"))
-        })
-    });
+    let (hub, sid, said) = (&k.hub, k.sid.as_str(), &k.said);
+    assert!(
+        said["error"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("state unknown")),
+        "{said}\n{}",
+        hub.log()
+    );
     let (st, v) = hub.api(
         cortex_cli::http::Method::Post,
         &format!("/api/sessions/{sid}/cancel"),
