@@ -267,7 +267,7 @@ pub(crate) fn device_execs(hub: &cortex_tests::Hub) -> Vec<serde_json::Value> {
 }
 
 /// The bytes waiting unread in the TCP sockets of process `pid`.
-fn unread_bytes(pid: Option<u32>) -> u64 {
+pub(crate) fn unread_bytes(pid: Option<u32>) -> u64 {
     let pid = pid.expect("running");
     let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| {

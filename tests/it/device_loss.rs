@@ -205,15 +205,17 @@ struct Killed {
     _tmp: tempfile::TempDir,
 }
 
-/// [`Killed`], with `settings` in the hub's settings.json; the hub is back, the agent
-/// still frozen.
-fn killed_as_it_starts(settings: Value) -> Killed {
-    use serde_json::json;
-
-    use super::device_exec::exec_model;
-    use super::runner::{new_session, say};
-
-    let model = exec_model();
+/// A hub running [`super::device_exec::exec_model`] with `settings`, on a mesh address
+/// it keeps across restarts, and an agent with `--allow-exec` linked to it.
+fn exec_hub(
+    settings: Value,
+) -> (
+    Hub,
+    Agent,
+    cortex_tests::scripted_model::ScriptedModel,
+    tempfile::TempDir,
+) {
+    let model = super::device_exec::exec_model();
     let tmp = tempfile::tempdir().expect("tmp");
     let home = tmp.path().join("home");
     std::fs::create_dir_all(&home).expect("home");
@@ -238,6 +240,17 @@ fn killed_as_it_starts(settings: Value) -> Killed {
     agent.set_env("CORTEX_ALLOW_EXEC", "1");
     agent.spawn();
     hub.wait_online("gpu1");
+    (hub, agent, model, tmp)
+}
+
+/// [`Killed`], with `settings` in the hub's settings.json; the hub is back, the agent
+/// still frozen.
+fn killed_as_it_starts(settings: Value) -> Killed {
+    use serde_json::json;
+
+    use super::runner::{new_session, say};
+
+    let (mut hub, agent, model, tmp) = exec_hub(settings);
     // The freeze races the agent's answer; should the answer be recorded first (the hub
     // got it before the command froze it), that cycle proves nothing and another is run.
     for cycle in 0..5 {
@@ -444,4 +457,63 @@ fn a_cancel_while_the_device_is_awaited_leaves_the_call_unknown() {
     let all = told(&k);
     assert!(!all.contains("nothing was started"), "{all}");
     signal(k.agent.pid(), Signal::CONT);
+}
+
+/// A cancel posted while the ask is at a device slow to answer (its agent stopped), then
+/// the hub SIGKILLed before the answer came: the restarted hub takes the cancel before it
+/// asks again, and records the begun call as "state unknown" with its exec id (a
+/// `device-exec` event, and the call's answer), not as a plain "interrupted".
+#[test]
+fn a_cancel_taken_after_a_restart_records_the_begun_call_unknown() {
+    use rustix::process::Signal;
+    use serde_json::json;
+
+    use super::device_exec::{device_execs, signal, unread_bytes};
+    use super::runner::{LIMIT, new_session, run_end, say};
+
+    let (mut hub, agent, _model, tmp) = exec_hub(json!({}));
+    let mark = tmp.path().join("mark");
+    let sid = new_session(&hub, json!({"policy": {"requireApproval": []}}));
+    signal(agent.pid(), Signal::STOP);
+    let unread = unread_bytes(agent.pid());
+    say(
+        &hub,
+        &sid,
+        json!({"text": format!("exec: echo run >> {}", mark.display())}),
+    );
+    wait_until(LIMIT, "the ask to reach the device", || {
+        (unread_bytes(agent.pid()) > unread).then_some(())
+    });
+    let (st, v) = hub.api(
+        cortex_cli::http::Method::Post,
+        &format!("/api/sessions/{sid}/cancel"),
+        Some(&json!({"turn_only": true})),
+    );
+    assert_eq!(st, 202, "{v}");
+    hub.kill();
+    hub.spawn();
+    let end = run_end(&hub, &sid, 1);
+    assert_eq!(end["result"]["error"]["code"], "aborted", "{end}");
+    let events = hub.events(&sid, 0);
+    let obs = &events
+        .iter()
+        .find(|e| e["kind"] == "tool-end")
+        .expect("the call's answer")["observation"];
+    let exec_id = obs["result"]["exec_id"].as_str().expect("exec id");
+    let error = obs["result"]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with(&format!("state unknown, exec id {exec_id}")),
+        "{obs}"
+    );
+    let execs: Vec<Value> = device_execs(&hub)
+        .into_iter()
+        .filter(|e| e["session"] == sid.as_str())
+        .collect();
+    assert!(
+        execs
+            .iter()
+            .any(|e| e["exec_id"] == exec_id && e["pid"].is_null()),
+        "{execs:#?}"
+    );
+    signal(agent.pid(), Signal::CONT);
 }
