@@ -220,6 +220,11 @@ impl Requests {
         g.waiting.clear();
     }
 
+    /// Whether the link ended (no request is taken).
+    pub fn closed(&self) -> bool {
+        self.lock().closed
+    }
+
     /// Waiters now (tests check none is left behind).
     pub fn pending(&self) -> usize {
         self.lock().waiting.values().map(Vec::len).sum()
@@ -249,6 +254,8 @@ pub struct Registry {
     /// Each device's latest spool files and what the hub answered them (the page's device
     /// view); in memory only, since the hub started. Its own lock, off the auth path.
     files: Mutex<HashMap<String, VecDeque<FileNote>>>,
+    /// Told each time a link registers (what [`Registry::wait_link`] waits on).
+    linked: Notify,
 }
 
 /// Files remembered per device, newest kept.
@@ -340,7 +347,27 @@ impl Registry {
         if let Some(o) = &old {
             o.end(End::Replaced);
         }
+        self.linked.notify_waiters();
         Ok(old)
+    }
+
+    /// `device`'s live link (one that takes requests: not one that ended and is not yet
+    /// unregistered), waiting for one to register until `until`; `None` if none did by
+    /// then.
+    pub async fn wait_link(&self, device: &str, until: tokio::time::Instant) -> Option<Arc<Link>> {
+        let usable = || self.link(device).filter(|l| !l.requests.closed());
+        loop {
+            // Listening before looking, so a link registered in between is not missed.
+            let registered = self.linked.notified();
+            tokio::pin!(registered);
+            registered.as_mut().enable();
+            if let Some(l) = usable() {
+                return Some(l);
+            }
+            if tokio::time::timeout_at(until, registered).await.is_err() {
+                return usable();
+            }
+        }
     }
 
     /// Removes the device's link if it is still `id` (a replaced link leaves its

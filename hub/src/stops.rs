@@ -59,6 +59,11 @@ impl Listener {
         }
     }
 
+    /// Whether a ring came since the last `clear` (without waiting).
+    pub fn heard(&self) -> bool {
+        self.rx.has_changed().unwrap_or(false)
+    }
+
     /// Forgets rings heard so far (the boundary that follows takes their items).
     pub fn clear(&mut self) {
         self.rx.borrow_and_update();

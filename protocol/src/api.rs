@@ -1192,8 +1192,13 @@ pub enum HubEventBody {
         argv: Vec<String>,
         /// Who let it run: `person`, `person (always)` or `policy`.
         approved_by: String,
+        /// The run's identity on the device (what a second ask under the same id reaches).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exec_id: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pid: Option<i32>,
+        /// Why there is no pid: nothing was started, or (starting `state unknown`) the
+        /// command may have started and its fate is not known yet.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },

@@ -8,8 +8,9 @@
 //! never holds the secret the environment carried, and the command does not inherit the
 //! device token the agent got from its environment.
 //!
-//! (No HTTP route calls `exec` yet: the runner's `device_exec` tool does, and its own test
-//! covers the tool.)
+//! (No HTTP route calls `exec`: the runner's `device_exec` tool does.) Through the runner
+//! (a real hub with a scripted model): an approval and a cancel posted at once never leave
+//! a run on the device that no `device-exec` event records.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -224,4 +225,192 @@ async fn scenario() {
     let _ = tokio::time::timeout(T, serve).await;
     drop(state);
     let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+}
+
+/// A model that starts on `gpu1` the shell script each message names (`exec: SCRIPT`),
+/// and answers anything else (a tool's answer) with text.
+pub(crate) fn exec_model() -> cortex_tests::scripted_model::ScriptedModel {
+    use cortex_tests::scripted_model::{Reply, ScriptedModel};
+    ScriptedModel::start_with_default(
+        Vec::new(),
+        Reply::from_fn(|req| {
+            let last = super::runner::last_message(req);
+            let script = (last["role"] == "user")
+                .then(|| last["content"].as_str())
+                .flatten()
+                .and_then(|c| c.split_once("exec: "))
+                .map(|(_, s)| s.to_string());
+            match script {
+                Some(s) => {
+                    let args = serde_json::json!({"device": "gpu1", "argv": [s], "shell": true});
+                    Reply::tool_call("device_exec", &args.to_string())
+                }
+                None => Reply::text("ok"),
+            }
+        }),
+    )
+}
+
+/// The hub's `device-exec` events.
+pub(crate) fn device_execs(hub: &cortex_tests::Hub) -> Vec<serde_json::Value> {
+    let (st, v) = hub.api(cortex_cli::http::Method::Get, "/api/events", None);
+    assert_eq!(st, 200, "{v}");
+    v["events"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|e| e["kind"] == "device-exec")
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The bytes waiting unread in the TCP sockets of process `pid`.
+pub(crate) fn unread_bytes(pid: Option<u32>) -> u64 {
+    let pid = pid.expect("running");
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|f| std::fs::read_link(f.ok()?.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut unread = 0;
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() > 9 && inodes.iter().any(|i| i == f[9]) {
+                let rx = f[4].split(':').nth(1).unwrap_or("0");
+                unread += u64::from_str_radix(rx, 16).unwrap_or(0);
+            }
+        }
+    }
+    unread
+}
+
+pub(crate) fn signal(pid: Option<u32>, sig: rustix::process::Signal) {
+    let pid = pid
+        .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+        .expect("a running process");
+    rustix::process::kill_process(pid, sig).expect("signal");
+}
+
+/// An approval and a cancel posted at the same moment on a pending `device_exec`, ten
+/// times, with the device slow to answer (its agent stopped across the race, so an ask
+/// that went out is still unanswered when the cancel rings; in every other round the
+/// cancel goes once the ask is at the device, the widest window): every run the device holds
+/// is recorded as a `device-exec` event with its pid, or as `state unknown` with its exec
+/// id, and every command that ran (its mark exists) is among them.
+#[test]
+fn approve_and_cancel_at_once_never_hide_a_run() {
+    use cortex_cli::http::Method;
+    use rustix::process::Signal;
+    use serde_json::{Value, json};
+
+    let model = exec_model();
+    let (hub, tmp) = super::runner::hub(&model);
+    let token = hub.add_device("gpu1");
+    let mut agent = cortex_tests::agent::Agent::new(&hub, "gpu1", &token);
+    agent.set_env("CORTEX_ALLOW_EXEC", "1");
+    agent.spawn();
+    hub.wait_online("gpu1");
+    const RACES: usize = 10;
+    let marks: Vec<_> = (0..RACES)
+        .map(|i| tmp.path().join(format!("mark{i}")))
+        .collect();
+    let mut sids = Vec::new();
+    for mark in &marks {
+        let sid = super::runner::new_session(&hub, json!({}));
+        let script = format!("echo run >> {}", mark.display());
+        super::runner::say(&hub, &sid, json!({"text": format!("exec: {script}")}));
+        let req = hub.wait_event(&sid, super::runner::LIMIT, |e| {
+            e["kind"] == "approval-required"
+        })["approval"]
+            .clone();
+        let id = req["id"].as_str().expect("request id").to_string();
+        signal(agent.pid(), Signal::STOP);
+        let unread = unread_bytes(agent.pid());
+        // Every other round the cancel waits until the ask is at the device (the stopped
+        // agent's socket holds unread bytes): the moment today's runner dropped it.
+        let after_the_ask = sids.len() % 2 == 1;
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            let allow = s.spawn(|| {
+                barrier.wait();
+                hub.api(
+                    Method::Post,
+                    &format!("/api/sessions/{sid}/answers"),
+                    Some(&json!({"request_id": id, "decision": "allow"})),
+                )
+            });
+            let cancel = s.spawn(|| {
+                barrier.wait();
+                if after_the_ask {
+                    cortex_tests::wait_until(
+                        super::runner::LIMIT,
+                        "the ask to reach the device",
+                        || (unread_bytes(agent.pid()) > unread).then_some(()),
+                    );
+                }
+                hub.api(
+                    Method::Post,
+                    &format!("/api/sessions/{sid}/cancel"),
+                    Some(&json!({"turn_only": true})),
+                )
+            });
+            let (a, c) = (allow.join().expect("allow"), cancel.join().expect("cancel"));
+            assert!(a.0 < 500, "{a:?}");
+            assert_eq!(c.0, 202, "{c:?}");
+        });
+        signal(agent.pid(), Signal::CONT);
+        super::runner::run_end(&hub, &sid, 1);
+        sids.push(sid);
+    }
+    // One more command over the same link, once the races are over: the agent handles
+    // its frames in order, so every ask of the races has reached it (and its run, if it
+    // started one, is in its records) when this one is answered.
+    let sid = super::runner::new_session(&hub, json!({"policy": {"requireApproval": []}}));
+    super::runner::say(&hub, &sid, json!({"text": "exec: true"}));
+    let end = super::runner::run_end(&hub, &sid, 1);
+    assert_eq!(end["result"]["ok"], true, "{end}");
+    let execs = device_execs(&hub);
+    let recorded = |argv: &Value| {
+        execs.iter().any(|e| {
+            e["argv"] == *argv
+                && (e["pid"].as_i64().is_some_and(|p| p > 0)
+                    || (e["exec_id"].is_string()
+                        && e["error"]
+                            .as_str()
+                            .is_some_and(|m| m.starts_with("state unknown"))))
+        })
+    };
+    let dir = agent.home.join("exec");
+    let mut runs = 0;
+    for f in std::fs::read_dir(&dir).expect("the agent's exec records") {
+        let path = f.expect("entry").path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let rec: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("record")).expect("json");
+        runs += 1;
+        assert!(
+            recorded(&rec["argv"]),
+            "the device holds a run the hub never recorded: {rec}\nevents: {execs:#?}"
+        );
+    }
+    assert!(runs >= 1, "the barrier's run is a record");
+    for (mark, sid) in marks.iter().zip(&sids) {
+        let argv = json!([format!("echo run >> {}", mark.display())]);
+        if mark.exists() {
+            assert!(recorded(&argv), "{sid}: it ran, unrecorded: {execs:#?}");
+        }
+        let text = serde_json::to_string(&hub.events(sid, 0)).expect("json");
+        assert!(!text.contains("nothing was started"), "{sid}: {text}");
+    }
 }

@@ -67,7 +67,7 @@ pub enum ExecError {
     #[error("device {device} refused: {reason}")]
     Refused { device: String, reason: String },
     #[error(
-        "no answer from device {device} within {}; the command may or may not have started (exec id {exec_id}): ask again with the same call to find out",
+        "state unknown, exec id {exec_id}: no answer from device {device} within {}; the command may be running: do not start it again",
         secs(*.timeout)
     )]
     TimedOut {
@@ -76,9 +76,19 @@ pub enum ExecError {
         timeout: Duration,
     },
     #[error(
-        "the link to device {device} dropped before it answered; the command may or may not have started (exec id {exec_id}): ask again with the same call to find out"
+        "state unknown, exec id {exec_id}: the link to device {device} dropped before it answered; the command may be running: do not start it again"
     )]
     LinkLost { device: String, exec_id: String },
+    /// Asked before (by a hub that stopped, or on a link that dropped) and not answered
+    /// since: the command may be running; only the device can say.
+    #[error(
+        "state unknown, exec id {exec_id}: {why}; the command may be running on device {device}: do not start it again"
+    )]
+    Unknown {
+        device: String,
+        exec_id: String,
+        why: String,
+    },
     #[error(
         "the command is too large to send to device {device} ({bytes} bytes, at most {max}); pass long inputs in a file; nothing was started"
     )]
@@ -89,8 +99,35 @@ pub enum ExecError {
     },
 }
 
+impl ExecError {
+    /// This error for a request asked before under the same `exec_id` (whose first ask may
+    /// have reached the device): what says "nothing was started" of this ask alone says
+    /// "state unknown" of the run.
+    pub fn reasked(self, exec_id: &str) -> ExecError {
+        let why = match &self {
+            ExecError::Offline { device } => format!("device {device} is offline"),
+            ExecError::NotAllowed { device } => {
+                format!("device {device}'s agent now runs without --allow-exec")
+            }
+            ExecError::NoDevice { device } => format!("device {device} is no longer enrolled"),
+            _ => return self,
+        };
+        let device = match self {
+            ExecError::Offline { device }
+            | ExecError::NotAllowed { device }
+            | ExecError::NoDevice { device } => device,
+            other => return other,
+        };
+        ExecError::Unknown {
+            device,
+            exec_id: exec_id.to_owned(),
+            why,
+        }
+    }
+}
+
 /// `15 s`, `0.5 s`.
-fn secs(d: Duration) -> String {
+pub fn secs(d: Duration) -> String {
     let s = d.as_secs_f64();
     if s.fract() == 0.0 {
         format!("{s:.0} s")

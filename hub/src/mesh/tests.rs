@@ -211,3 +211,30 @@ fn a_tls_url_names_a_host_the_certificate_is_valid_for() {
     let wild = cert(&["*.example"]);
     assert_eq!(tls::url_host(&wild, any, Some("other")), None);
 }
+
+#[tokio::test]
+async fn wait_link_returns_the_link_that_registers_and_nothing_past_its_bound() {
+    let reg = Arc::new(Registry::default());
+    let h = secret::hash("t");
+    reg.allow("d", h);
+    let soon = || tokio::time::Instant::now() + std::time::Duration::from_millis(20);
+    assert!(reg.wait_link("d", soon()).await.is_none(), "none registers");
+    let waiting = {
+        let reg = reg.clone();
+        tokio::spawn(async move {
+            let far = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+            reg.wait_link("d", far).await.map(|l| l.id)
+        })
+    };
+    // Registered while the waiter waits (or before it looks): it is found either way.
+    let a = link(&reg, "d");
+    reg.register(a.clone(), &h).expect("registered");
+    assert_eq!(waiting.await.expect("joined"), Some(a.id));
+    assert_eq!(reg.wait_link("d", soon()).await.map(|l| l.id), Some(a.id));
+    // One that ended (not yet unregistered) is passed over until its successor registers.
+    a.requests.close();
+    assert!(reg.wait_link("d", soon()).await.is_none());
+    let b = link(&reg, "d");
+    reg.register(b.clone(), &h).expect("registered");
+    assert_eq!(reg.wait_link("d", soon()).await.map(|l| l.id), Some(b.id));
+}

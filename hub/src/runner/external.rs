@@ -7,6 +7,16 @@
 //! The work's identity, the exec id, comes from the session and the call: made again
 //! after a crash, it reaches the same job on the device (which answers "already
 //! started") instead of starting a second.
+//!
+//! A fate is never misreported. Asked again (the call was marked started by an earlier
+//! write, so an earlier ask may have reached the device), no "nothing was started" of
+//! this ask stands for the run: a device offline now is recorded "state unknown" with the
+//! exec id at once, waited for within the device-loss grace (`deviceLossGraceMs`), and
+//! asked again under the same id when it is back (its agent answers with the run it
+//! holds); past the grace the answer stays "state unknown". A cancel does not cut an ask
+//! that went out: the device's answer (bounded by [`EXEC_ANSWER_TIMEOUT`]) is recorded
+//! first, then the cancel is taken. Only an ask a cancel stopped before it left the hub
+//! ([`Outside::NotSent`]) records nothing.
 
 use std::time::Duration;
 
@@ -16,11 +26,12 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::tools::{Answered, ExecArgs};
-use crate::mesh::exec::{ExecRequest, ExecStarted};
+use crate::mesh::exec::{ExecError, ExecRequest, ExecStarted, secs};
 use crate::model::ToolCall;
 use crate::remote_wait;
 use crate::secret;
 use crate::state::AppState;
+use crate::stops::Listener;
 use crate::store::agent::OpenCall;
 use crate::store::device_waits::{CreateDeviceWaitOutcome, NewDeviceWait};
 use crate::store::{StoreError, Tx};
@@ -32,10 +43,15 @@ pub const EXEC_ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
 pub enum Outside {
     /// The call's answer as it is (its arguments were not usable).
     Answer(Answered),
-    /// The device refused, or could not be reached.
+    /// A cancel came before the ask left the hub (and no earlier ask was made): nothing
+    /// went out, nothing is recorded; the call is as before it started.
+    NotSent,
+    /// The device refused, could not be reached, or did not answer (`error` says which,
+    /// and whether the command may have started).
     Failed {
         device: String,
         argv: Vec<String>,
+        exec_id: String,
         error: String,
     },
     /// The command runs on the device.
@@ -71,15 +87,28 @@ fn error(message: impl Into<String>) -> Outside {
     })
 }
 
-/// Does the outside work of `call` of session `sid`.
-pub async fn run(state: &AppState, sid: &str, call: &ToolCall) -> Outside {
+/// Does the outside work of `call` of session `sid`; `again`: it was begun before (an
+/// earlier ask may have reached the device). `stop` is the session's cancel bell.
+pub async fn run(
+    state: &AppState,
+    sid: &str,
+    call: &ToolCall,
+    again: bool,
+    stop: &mut Listener,
+) -> Outside {
     match call.function.name.as_str() {
-        "device_exec" => exec(state, sid, call).await,
+        "device_exec" => exec(state, sid, call, again, stop).await,
         other => error(format!("{other} has no work outside the hub")),
     }
 }
 
-async fn exec(state: &AppState, sid: &str, call: &ToolCall) -> Outside {
+async fn exec(
+    state: &AppState,
+    sid: &str,
+    call: &ToolCall,
+    again: bool,
+    stop: &mut Listener,
+) -> Outside {
     let a = match ExecArgs::parse(call) {
         Ok(a) => a,
         Err(e) => return error(e),
@@ -130,7 +159,24 @@ async fn exec(state: &AppState, sid: &str, call: &ToolCall) -> Outside {
         env,
         timeout: EXEC_ANSWER_TIMEOUT,
     };
-    let outcome = crate::mesh::exec::exec(state, &a.device, req).await;
+    if !again && stop.heard() {
+        // The cancel's item is in the inbox and nothing went out: the boundary takes it.
+        return Outside::NotSent;
+    }
+    let outcome = match crate::mesh::exec::exec(state, &a.device, req.clone()).await {
+        // Asked before, or the link dropped with this ask on it: the device may hold the
+        // run, and only it can say.
+        Err(e) if again || matches!(e, ExecError::LinkLost { .. }) => {
+            let asked = Asked {
+                sid,
+                call_id: &call.id,
+                device: &a.device,
+                argv: &a.argv,
+            };
+            reask(state, &asked, req, e, stop).await
+        }
+        other => other,
+    };
     drop(secret_text);
     match outcome {
         Ok(started) => Outside::Started {
@@ -143,9 +189,167 @@ async fn exec(state: &AppState, sid: &str, call: &ToolCall) -> Outside {
         Err(e) => Outside::Failed {
             device: a.device,
             argv: a.argv,
+            exec_id,
             error: e.to_string(),
         },
     }
+}
+
+/// A call asked again, for [`reask`].
+struct Asked<'a> {
+    sid: &'a str,
+    call_id: &'a str,
+    device: &'a str,
+    argv: &'a [String],
+}
+
+/// The ask of a call begun before came to `first`: while the device is offline, its fate
+/// is unknown. That is recorded at once (a `device-exec` event, `state unknown` with the
+/// exec id); the device is waited for within the device-loss grace and asked again under
+/// the same id when it is back. The result never says nothing was started.
+async fn reask(
+    state: &AppState,
+    asked: &Asked<'_>,
+    req: ExecRequest,
+    first: ExecError,
+    stop: &mut Listener,
+) -> Result<ExecStarted, ExecError> {
+    let exec_id = req.exec_id.clone();
+    let unknown = |why: String| ExecError::Unknown {
+        device: asked.device.to_owned(),
+        exec_id: exec_id.clone(),
+        why,
+    };
+    let mut err = first;
+    let mut until = None;
+    loop {
+        let away = match &err {
+            ExecError::Offline { .. } => format!(
+                "device {} is offline, and it was asked before (by a hub that stopped, or over a link that dropped)",
+                asked.device
+            ),
+            ExecError::LinkLost { .. } => format!(
+                "the link to device {} dropped before it answered",
+                asked.device
+            ),
+            _ => return Err(err.reasked(&exec_id)),
+        };
+        let (until, grace) = match until {
+            Some(u) => u,
+            None => {
+                let grace = Duration::from_millis(
+                    state
+                        .store
+                        .exec(|t| t.loss_grace())
+                        .await
+                        .unwrap_or(crate::config::DEFAULT_DEVICE_LOSS_GRACE_MS),
+                );
+                let waiting = unknown(format!(
+                    "{away}; waiting up to {} (deviceLossGraceMs) for it to reconnect, to ask it again under the same id",
+                    secs(grace)
+                ));
+                note(state, asked, &exec_id, waiting.to_string()).await;
+                *until.insert((tokio::time::Instant::now() + grace, grace))
+            }
+        };
+        let link = tokio::select! {
+            l = state.devices.wait_link(asked.device, until) => l,
+            () = stop.rung() => {
+                return Err(unknown(format!(
+                    "a cancel stopped the wait for device {} to reconnect",
+                    asked.device
+                )));
+            }
+        };
+        if link.is_none() {
+            return Err(unknown(format!(
+                "device {} was asked before and stayed offline for {} (deviceLossGraceMs)",
+                asked.device,
+                secs(grace)
+            )));
+        }
+        err = match crate::mesh::exec::exec(state, asked.device, req.clone()).await {
+            Ok(started) => return Ok(started),
+            Err(e) => e,
+        };
+    }
+}
+
+/// Records, before the answer is known, that the run of `asked` is in an unknown state.
+async fn note(state: &AppState, asked: &Asked<'_>, exec_id: &str, error: String) {
+    let (sid, call_id, device, argv, exec_id) = (
+        asked.sid.to_owned(),
+        asked.call_id.to_owned(),
+        asked.device.to_owned(),
+        asked.argv.to_vec(),
+        exec_id.to_owned(),
+    );
+    let wrote = state
+        .store
+        .exec(move |t| {
+            let approved_by = t
+                .agent(&sid)?
+                .and_then(|r| {
+                    r.open
+                        .into_iter()
+                        .find(|o| o.call.id == call_id)
+                        .and_then(|o| o.approved_by)
+                })
+                .unwrap_or_else(|| "policy".into());
+            t.append_hub_event(
+                HubEventBody::DeviceExec {
+                    device,
+                    session: sid,
+                    call_id,
+                    argv,
+                    approved_by,
+                    exec_id: Some(exec_id),
+                    pid: None,
+                    error: Some(error),
+                },
+                crate::time::now_ms(),
+            )
+        })
+        .await;
+    if let Err(e) = wrote {
+        tracing::error!(error = %e, "cannot record a device exec's unknown state");
+    }
+}
+
+/// What a call begun on the device and ended before its answer came is recorded as (a
+/// cancel or an unattended end took it): `state unknown` with its exec id, the
+/// `device-exec` event in the same write as the call's answer.
+pub fn unknown_end(
+    t: &mut Tx<'_>,
+    sid: &str,
+    call: &OpenCall,
+    why: &str,
+    now: u64,
+) -> Result<serde_json::Value, StoreError> {
+    let exec_id = exec_id(sid, &call.call.id);
+    let (device, argv) = ExecArgs::parse(&call.call)
+        .map(|a| (a.device, a.argv))
+        .unwrap_or_default();
+    let error = ExecError::Unknown {
+        device: device.clone(),
+        exec_id: exec_id.clone(),
+        why: format!("{why} before the device answered"),
+    }
+    .to_string();
+    t.append_hub_event(
+        HubEventBody::DeviceExec {
+            device,
+            session: sid.to_string(),
+            call_id: call.call.id.clone(),
+            argv,
+            approved_by: call.approved_by.clone().unwrap_or_else(|| "policy".into()),
+            exec_id: Some(exec_id.clone()),
+            pid: None,
+            error: Some(error.clone()),
+        },
+        now,
+    )?;
+    Ok(json!({"error": error, "exec_id": exec_id}))
 }
 
 /// Records what the outside work of `call` (session `sid`) came to, inside the write that
@@ -165,9 +369,12 @@ pub fn finish(
     };
     Ok(match outside {
         Outside::Answer(a) => a,
+        // `external_done` never finishes one (the call is put back as not started).
+        Outside::NotSent => answer(false, json!({"error": "not sent: a cancel came first"})),
         Outside::Failed {
             device,
             argv,
+            exec_id,
             error,
         } => {
             t.append_hub_event(
@@ -177,12 +384,13 @@ pub fn finish(
                     call_id: call.call.id.clone(),
                     argv,
                     approved_by,
+                    exec_id: Some(exec_id.clone()),
                     pid: None,
                     error: Some(error.clone()),
                 },
                 now,
             )?;
-            answer(false, json!({"error": error}))
+            answer(false, json!({"error": error, "exec_id": exec_id}))
         }
         Outside::Started {
             device,
@@ -198,6 +406,7 @@ pub fn finish(
                     call_id: call.call.id.clone(),
                     argv,
                     approved_by,
+                    exec_id: Some(exec_id.clone()),
                     pid: Some(started.pid),
                     error: None,
                 },

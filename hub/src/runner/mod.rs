@@ -381,22 +381,22 @@ async fn drive(
                 })
                 .await?
             }
-            Next::External { run_id, call } => {
+            Next::External {
+                run_id,
+                call,
+                again,
+            } => {
+                // Not cut by a cancel: an ask that went out is answered (bounded) and
+                // recorded, then the boundary takes the cancel. The work itself listens
+                // where nothing is in flight.
                 let done = tokio::select! {
-                    a = external::run(state, sid, &call) => Some(a),
-                    // The cancel's item is in the inbox: the boundary answers the call.
-                    () = stop.rung() => None,
+                    a = external::run(state, sid, &call, again, &mut stop) => a,
                     () = state.shutdown.cancelled() => return Ok(()),
                 };
                 let s = sid.to_string();
                 stop.clear();
-                write(state, sid, known, move |t, env| match done {
-                    Some(a) => turn::external_done(t, &s, &run_id, &call.id, a, env),
-                    None => {
-                        let (mut prepared, mut secrets) = (HashMap::new(), Vec::new());
-                        let next = turn::boundary(t, &s, env, &mut prepared, &mut secrets)?;
-                        Ok((next, secrets))
-                    }
+                write(state, sid, known, move |t, env| {
+                    turn::external_done(t, &s, &run_id, &call.id, done, env)
                 })
                 .await?
             }

@@ -55,8 +55,13 @@ pub enum Next {
         run_id: String,
         calls: Vec<ToolCall>,
     },
-    /// Do this call's work outside the hub (`device_exec`), then [`external_done`].
-    External { run_id: String, call: ToolCall },
+    /// Do this call's work outside the hub (`device_exec`), then [`external_done`];
+    /// `again`: it was begun before (an earlier ask may have reached the device).
+    External {
+        run_id: String,
+        call: ToolCall,
+        again: bool,
+    },
 }
 
 /// What a write of the runner needs besides the store.
@@ -338,10 +343,14 @@ fn boundary_at(
                 t.put_agent(sid, &rec)?;
                 return Ok(Next::Prepare { run_id, calls });
             }
-            Progress::External(call) => {
+            Progress::External(call, again) => {
                 let run_id = run_of(&rec);
                 t.put_agent(sid, &rec)?;
-                return Ok(Next::External { run_id, call });
+                return Ok(Next::External {
+                    run_id,
+                    call,
+                    again,
+                });
             }
         }
         for i in std::mem::take(&mut rec.joining) {
@@ -446,8 +455,8 @@ enum Progress {
     Ended,
     /// These calls need preparing before they can run.
     Prepare(Vec<ToolCall>),
-    /// This call's work is outside the hub.
-    External(ToolCall),
+    /// This call's work is outside the hub; `true`: it was begun before.
+    External(ToolCall, bool),
 }
 
 /// Answers the open calls in order: each is announced (`tool-start`), gated, then run
@@ -536,8 +545,10 @@ fn advance(
                     answer_first(t, sid, rec, false, json!({"error": why}), now)?;
                     continue;
                 }
+                // Marked in the write that hands it out, before anything is sent: a call
+                // found marked was asked before, and its fate is unknown until asked again.
                 rec.open[0].started = true;
-                return Ok(Progress::External(first.call));
+                return Ok(Progress::External(first.call, first.started));
             }
             Some(p) => {
                 let a = tools::execute(t, sid, rec, p, env.signal_url, now)?;
@@ -757,9 +768,16 @@ fn close_open(
     result: RunResult,
     now: u64,
 ) -> Result<(), StoreError> {
-    while let Some(started) = rec.open.first().map(|o| o.started) {
+    while let Some(first) = rec.open.first().cloned() {
         announce_first(t, sid, rec, now)?;
-        answer_first(t, sid, rec, false, json!({"error": why(started)}), now)?;
+        let result = if first.started && first.call.function.name == "device_exec" {
+            // Begun, with no answer recorded: what became of it is recorded as unknown,
+            // with the exec id that finds it on the device.
+            super::external::unknown_end(t, sid, &first, &why(false), now)?
+        } else {
+            json!({"error": why(first.started)})
+        };
+        answer_first(t, sid, rec, false, result, now)?;
     }
     end_run(t, sid, rec, result, now)
 }
@@ -1209,6 +1227,12 @@ pub fn external_done(
         else {
             return Ok(());
         };
+        if matches!(outside, super::external::Outside::NotSent) {
+            // Nothing went out: the call is as before it started, for the boundary's
+            // cancel to answer.
+            rec.open[0].started = false;
+            return Ok(());
+        }
         let answered = super::external::finish(t, sid, &first, outside, env.now)?;
         if answered.secret.is_some() {
             unredacted.push((rec.transcript_len, answered.result.to_string()));

@@ -175,7 +175,7 @@ async fn no_answer_times_out_and_leaves_no_waiter() {
     assert!(matches!(e, ExecError::TimedOut { .. }), "{e:?}");
     assert_eq!(
         e.to_string(),
-        "no answer from device gpu1 within 0.5 s; the command may or may not have started (exec id ex_slow): ask again with the same call to find out"
+        "state unknown, exec id ex_slow: no answer from device gpu1 within 0.5 s; the command may be running: do not start it again"
     );
     assert_eq!(link.requests.pending(), 0);
     // An answer after the caller gave up finds nobody and is dropped.
@@ -210,10 +210,7 @@ async fn a_link_that_ends_or_is_replaced_mid_call_says_so_and_leaks_nothing() {
             exec_id: "ex_1".into()
         }
     );
-    assert!(
-        e.to_string().contains("ask again with the same call"),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with("state unknown, exec id "), "{e}");
     assert_eq!(first.requests.pending(), 0);
     assert!(
         first.requests.expect("ex_2").is_none(),
@@ -243,4 +240,46 @@ async fn a_dropped_call_leaves_no_waiter() {
         f = rx.recv() => assert!(matches!(f, Some(HubFrame::Exec { .. }))),
     }
     assert_eq!(link.requests.pending(), 0);
+}
+
+/// Asked again (an earlier ask may have reached the device), no "nothing was started" of
+/// this ask stands for the run: each becomes "state unknown" with the exec id; the rest
+/// are kept as they are.
+#[test]
+fn a_reasked_error_never_says_nothing_was_started() {
+    let d = || "gpu1".to_string();
+    let cases: Vec<(ExecError, bool)> = vec![
+        (ExecError::Offline { device: d() }, true),
+        (ExecError::NotAllowed { device: d() }, true),
+        (ExecError::NoDevice { device: d() }, true),
+        (
+            ExecError::LinkLost {
+                device: d(),
+                exec_id: "ex_1".into(),
+            },
+            false,
+        ),
+        (
+            ExecError::Refused {
+                device: d(),
+                reason: "state unknown: the agent stopped while starting it".into(),
+            },
+            false,
+        ),
+    ];
+    for (e, becomes_unknown) in cases {
+        let before = e.to_string();
+        let after = e.reasked("ex_1");
+        let text = after.to_string();
+        if becomes_unknown {
+            assert!(
+                matches!(&after, ExecError::Unknown { exec_id, .. } if exec_id == "ex_1"),
+                "{before} -> {text}"
+            );
+            assert!(text.starts_with("state unknown, exec id ex_1: "), "{text}");
+            assert!(!text.contains("nothing was started"), "{text}");
+        } else {
+            assert_eq!(text, before);
+        }
+    }
 }
