@@ -1614,3 +1614,49 @@ async fn stored_sessions_are_settled_once_and_a_queued_mailbox_leaves_the_queue(
     let queue = store.read(|r| r.ready_after(0, 10)).await.expect("read");
     assert_eq!(queue.len(), 1, "{queue:?}");
 }
+
+/// A write larger than one journal record is refused as such (not as a full journal),
+/// nothing of it is stored, and the store goes on taking writes.
+#[tokio::test]
+async fn a_write_too_large_for_one_record_is_refused_for_what_it_is() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    let sid = session(&store).await;
+    let before = events(&store, &sid).await.len();
+    let s = sid.clone();
+    let huge = "x".repeat(kernel::journal::MAX_RECORD + 1);
+    let err = store
+        .exec(move |t| {
+            t.append_event(
+                &s,
+                EventBody::Message {
+                    text: huge,
+                    when: Default::default(),
+                    dedupe_key: None,
+                },
+                T0,
+            )
+        })
+        .await
+        .expect_err("refused");
+    assert!(err.is_deterministic(), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("more than one record"), "{text}");
+    assert!(!text.contains("checkpoints"), "{text}");
+    assert_eq!(events(&store, &sid).await.len(), before, "nothing stored");
+    let s = sid.clone();
+    store
+        .exec(move |t| {
+            t.append_event(
+                &s,
+                EventBody::Message {
+                    text: "small".into(),
+                    when: Default::default(),
+                    dedupe_key: None,
+                },
+                T0,
+            )
+        })
+        .await
+        .expect("the next write is taken");
+}

@@ -267,7 +267,18 @@ impl<C> Writer<C> {
         let record = delta::encode(self.registry, &self.cur, undo);
         let j = &mut self.journals[self.active];
         let path = self.paths[self.active].display().to_string();
-        let failed = if !j.fits(record.len(), 1) {
+        let failed = if record.len() > super::journal::MAX_RECORD {
+            // Not a full journal: this one write is more than any record may be.
+            tracing::warn!(
+                bytes = record.len(),
+                limit = super::journal::MAX_RECORD,
+                "a write was refused: its changes are more than one journal record may hold"
+            );
+            Some(StoreError::TooLarge {
+                bytes: record.len(),
+                limit: super::journal::MAX_RECORD,
+            })
+        } else if !j.fits(record.len(), 1) {
             Some(StoreError::Full(format!(
                 "the journal {path} is full: checkpoints into redb are failing ({})",
                 self.broken.as_deref().unwrap_or("see the log")
