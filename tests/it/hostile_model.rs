@@ -27,6 +27,14 @@ fn one_run(hub: &Hub, session: Value) -> (String, Value) {
     (sid, end)
 }
 
+/// The tests that move tens of MiB through a debug hub on a shared machine wait longer.
+const BIG: Duration = Duration::from_secs(180);
+
+/// The session's first `run-end`, waited for up to [`BIG`].
+fn first_run_end(hub: &Hub, sid: &str) -> Value {
+    hub.wait_event(sid, BIG, |e| e["kind"] == "run-end")
+}
+
 fn error(end: &Value) -> (String, String, String) {
     let e = &end["result"]["error"];
     let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
@@ -87,6 +95,43 @@ fn a_cancel_cuts_an_endless_stream_at_once() {
     let (st, _) = hub.api(Method::Get, "/healthz", None);
     assert_eq!(st, 200);
     assert_eq!(model.request_count(), 1);
+}
+
+/// A cancel that finds more text than one record of the log holds (the cap raised out of
+/// reach) records a note in its place, once: the run ends, the model is not called
+/// again, and the store is not said to be failing.
+#[test]
+fn a_cancel_with_too_much_text_to_record_keeps_a_note_once() {
+    let model = Mode::Endless.start();
+    let (hub, _tmp) = hub(&model, json!({"replyBytes": 1u64 << 40}));
+    let sid = new_session(&hub, json!({}));
+    say(&hub, &sid, json!({"text": "go"}));
+    wait_until(BIG, "80 MiB streamed", || {
+        (model.bytes_sent() > 80 << 20).then_some(())
+    });
+    let (st, v) = hub.api(
+        Method::Post,
+        &format!("/api/sessions/{sid}/cancel"),
+        Some(&json!({"turn_only": true})),
+    );
+    assert_eq!(st, 202, "{v}");
+    assert_eq!(model.wait_outcome(0, LIMIT), Outcome::ClientGone);
+    let end = first_run_end(&hub, &sid);
+    assert_eq!(end["result"]["error"]["code"], "aborted", "{end}");
+    let events = hub.events(&sid, 0);
+    assert!(
+        events.iter().any(|e| e["kind"] == "model-delta"
+            && e["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("was too large to record"))),
+        "{:?}",
+        crate::runner::kinds(&events)
+    );
+    assert_eq!(count(&events, "run-end"), 1);
+    assert_eq!(model.request_count(), 1);
+    let log = hub.log();
+    assert!(!log.contains("stopped driving a session"), "{log}");
+    assert!(!log.contains("checkpoints into redb are failing"), "{log}");
 }
 
 #[test]
@@ -162,12 +207,14 @@ fn a_huge_reply_over_the_cap_fails_once() {
 fn a_reply_too_large_to_record_fails_once_and_is_not_fetched_again() {
     let model = Mode::Huge { bytes: 40 << 20 }.start();
     let (hub, _tmp) = hub(&model, json!({"replyBytes": 128 << 20}));
-    let (sid, end) = one_run(&hub, json!({}));
+    let sid = new_session(&hub, json!({}));
+    say(&hub, &sid, json!({"text": "go"}));
+    let end = first_run_end(&hub, &sid);
     let (code, _, message) = error(&end);
     assert_eq!(code, "model_call_failed", "{end}");
     assert!(message.contains("could not be recorded"), "{message}");
     assert!(message.contains("more than one record"), "{message}");
-    assert_eq!(model.wait_outcome(0, LIMIT), Outcome::Sent);
+    assert_eq!(model.wait_outcome(0, BIG), Outcome::Sent);
     let (st, _) = hub.api(Method::Get, "/healthz", None);
     assert_eq!(st, 200);
     assert_eq!(model.request_count(), 1, "fetched once");
