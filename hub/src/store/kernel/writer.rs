@@ -305,10 +305,18 @@ impl<C> Writer<C> {
                 ),
             })
         } else if !j.fits(record.len(), 1) {
-            Some(StoreError::Full(format!(
-                "the journal {path} is full: checkpoints into redb are failing ({})",
-                self.broken.as_deref().unwrap_or("see the log")
-            )))
+            Some(StoreError::Full(match self.broken.as_deref() {
+                Some(why) => format!(
+                    "the journal {path} is full ({} bytes used, a write of {} more does not fit): checkpoints into redb are failing ({why})",
+                    j.used(),
+                    record.len()
+                ),
+                None => format!(
+                    "the journal {path} is full ({} bytes used, a write of {} more does not fit) until a checkpoint into redb lands",
+                    j.used(),
+                    record.len()
+                ),
+            }))
         } else {
             match j.append([record.as_slice()]) {
                 Ok(seq) => {
