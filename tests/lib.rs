@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod agent;
+pub mod hostile_model;
 pub mod scripted_model;
 pub mod sim;
 pub mod webdriver;

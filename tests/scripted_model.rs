@@ -26,6 +26,9 @@ use serde_json::{Value, json};
 /// A rule-based answer: the reply for a request body.
 type ReplyFn = Arc<dyn Fn(&Value) -> Reply + Send + Sync>;
 
+/// A generated body: write `n` (0-based) of the stream, `None` to end it.
+type WriteFn = Arc<dyn Fn(usize) -> Option<Vec<u8>> + Send + Sync>;
+
 /// One answer the server gives.
 #[derive(Clone)]
 pub struct Reply {
@@ -49,6 +52,9 @@ enum Kind {
     Chunks(Vec<Value>),
     /// These exact bytes, each piece one write.
     Raw(Vec<Vec<u8>>),
+    /// Each write made when it is due, as long as the function gives one (a body
+    /// without end, or larger than is worth holding).
+    Generated(WriteFn),
     Status {
         code: u16,
         body: String,
@@ -167,6 +173,13 @@ impl Reply {
     /// Exactly these bytes as the 200 stream's body, each piece one write.
     pub fn raw(pieces: Vec<Vec<u8>>) -> Reply {
         Reply::new(Kind::Raw(pieces))
+    }
+
+    /// A 200 stream whose write `n` is `f(n)`, made only when it is due, until `f`
+    /// gives `None` (never, for a stream without end). Pacing (`chunk_delay`), stalls and
+    /// cuts apply as to any stream; usage and `[DONE]` are `f`'s to write.
+    pub fn generated(f: impl Fn(usize) -> Option<Vec<u8>> + Send + Sync + 'static) -> Reply {
+        Reply::new(Kind::Generated(Arc::new(f)))
     }
 
     /// A 200 stream that starts an answer and then reports `error` inside it.
@@ -381,6 +394,8 @@ struct Shared {
     /// Whether `GET /props` tells the context (a server that does not: 404).
     context_reported: AtomicBool,
     refused: AtomicUsize,
+    /// Bytes of streamed answers handed to the connections so far.
+    bytes_sent: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -446,6 +461,7 @@ impl ScriptedModel {
             context: Mutex::new(None),
             context_reported: AtomicBool::new(true),
             refused: AtomicUsize::new(0),
+            bytes_sent: std::sync::atomic::AtomicU64::new(0),
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let serving = shared.clone();
@@ -550,6 +566,11 @@ impl ScriptedModel {
     /// without the route answers).
     pub fn report_context(&self, yes: bool) {
         self.shared.context_reported.store(yes, Ordering::SeqCst);
+    }
+
+    /// Bytes of streamed answers handed to the connections so far.
+    pub fn bytes_sent(&self) -> u64 {
+        self.shared.bytes_sent.load(Ordering::SeqCst)
     }
 
     /// Chat requests refused for their size so far.
@@ -789,7 +810,7 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
             );
             r
         }
-        Kind::HangAfterHead | Kind::Chunks(_) | Kind::Raw(_) => {
+        Kind::HangAfterHead | Kind::Chunks(_) | Kind::Raw(_) | Kind::Generated(_) => {
             let include_usage = body["stream_options"]["include_usage"] == json!(true);
             let writes = if matches!(reply.kind, Kind::HangAfterHead) {
                 Vec::new()
@@ -803,6 +824,10 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
             let stream = futures_util::stream::unfold(
                 Writer {
                     writes: writes.into(),
+                    generate: match &reply.kind {
+                        Kind::Generated(f) => Some(f.clone()),
+                        _ => None,
+                    },
                     sent: 0,
                     delay: reply.chunk_delay,
                     stall_after,
@@ -841,6 +866,8 @@ async fn answer(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
 /// A streamed answer's body: its writes, paced; records how it ended.
 struct Writer {
     writes: VecDeque<Vec<u8>>,
+    /// Makes the writes after `writes`, one when it is due.
+    generate: Option<WriteFn>,
     sent: usize,
     delay: Duration,
     stall_after: Option<usize>,
@@ -887,12 +914,19 @@ impl Writer {
             let cut = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "scripted cut");
             return Some((Err(cut), self));
         }
-        let Some(bytes) = self.writes.pop_front() else {
+        let next = match self.writes.pop_front() {
+            Some(w) => Some(w),
+            None => self.generate.as_ref().and_then(|f| f(self.sent)),
+        };
+        let Some(bytes) = next else {
             self.finished = true;
             self.shared.set_outcome(self.n, Outcome::Sent);
             return None;
         };
         self.sent += 1;
+        self.shared
+            .bytes_sent
+            .fetch_add(bytes.len() as u64, Ordering::SeqCst);
         Some((Ok(Frame::data(Bytes::from(bytes))), self))
     }
 }

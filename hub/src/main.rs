@@ -160,6 +160,7 @@ fn model_setup(
     };
     tracing::info!(base_url = %cfg.base_url, model = %cfg.model, "the runner calls this model");
     let name = cfg.model.clone();
+    let cfg = cfg.with_limits(&settings.limits);
     let client = cortex_hub::model::ModelClient::new(cfg).context("setting up the model client")?;
     Ok(Some((std::sync::Arc::new(client), name)))
 }

@@ -12,6 +12,7 @@ mod device_tokens;
 mod durability;
 mod full_disk;
 mod hostile;
+mod hostile_model;
 mod local_waits;
 mod log_secrets;
 mod log_waits;

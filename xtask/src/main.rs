@@ -3,6 +3,7 @@
 
 mod bench_agent;
 mod bench_compaction;
+mod bench_hostile;
 mod bench_kit;
 mod bench_mesh;
 mod bench_signals;
@@ -66,6 +67,12 @@ tasks:
       what a compaction costs (the summary call's time and tokens) and saves (prompt
       tokens before and after): one chat session, N turns, against a scripted server with
       a small context (default 2,048 tokens) or a real one; see docs/benchmarks.md
+  bench hostile [--hub PATH] [--seconds N] [--modes LIST] [--huge-mib N] [--limits JSON]
+                [--cancel without|with]
+      the hub against a hostile model server (endless, drip, huge, spawn, timer), each
+      mode without and with a turn-only cancel: the hub's peak and final RSS, model calls,
+      sessions, armed waitpoints, events and how the first run ended; the hub is
+      target/release/cortex-hub unless --hub names one; see docs/benchmarks.md
   deb [--out DIR] [--no-build]
       the Debian packages cortex-hub, cortex-cli and cortex-device-agent (cargo-deb:
       cargo install cargo-deb --locked) from stripped release binaries, with the units,
@@ -93,6 +100,7 @@ fn main() -> ExitCode {
         ["bench", "waits", rest @ ..] => bench_waits::run(rest),
         ["bench", "agent", rest @ ..] => bench_agent::run(rest),
         ["bench", "compaction", rest @ ..] => bench_compaction::run(rest),
+        ["bench", "hostile", rest @ ..] => bench_hostile::run(rest),
         ["real-model", rest @ ..] => real_model::run(rest),
         ["deb", rest @ ..] => deb::run(rest),
         ["dist", rest @ ..] => deb::run_dist(rest),

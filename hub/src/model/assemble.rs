@@ -106,11 +106,19 @@ pub struct Assembler {
     finish_reason: Option<String>,
     usage: Option<Usage>,
     done: bool,
+    /// The reply's bytes so far: text, reasoning, tool names and arguments.
+    bytes: u64,
 }
 
 impl Assembler {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The reply's bytes so far (text, reasoning, tool names and arguments): what
+    /// `limits.replyBytes` bounds.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     /// One event's data. Text and reasoning go to `on_delta` as they come.
@@ -170,6 +178,7 @@ impl Assembler {
             if let Some(m) = choice.delta.or(choice.message) {
                 let text = text_of(m.content.as_ref());
                 if !text.is_empty() {
+                    self.bytes += text.len() as u64;
                     self.text.push_str(&text);
                     on_delta(Delta::Text(text));
                 }
@@ -179,6 +188,7 @@ impl Assembler {
                     r => r,
                 };
                 if !reasoning.is_empty() {
+                    self.bytes += reasoning.len() as u64;
                     self.reasoning.push_str(&reasoning);
                     on_delta(Delta::Reasoning(reasoning));
                 }
@@ -226,6 +236,7 @@ impl Assembler {
                 added = Some(name);
             }
         }
+        self.bytes += (arguments.len() + added.as_ref().map_or(0, String::len)) as u64;
         slot.arguments.push_str(&arguments);
         if added.is_some() || !arguments.is_empty() {
             on_delta(Delta::ToolArgs {

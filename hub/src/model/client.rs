@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::assemble::{Assembler, Progress, excerpt, server_error};
 use super::caps::{Caps, Endpoint};
-use super::config::{ModelConfig, base_url_of};
+use super::config::{ModelConfig, RAW_BYTES_PER_REPLY_BYTE, base_url_of};
 use super::error::ModelError;
 use super::retry;
 use super::step::{
@@ -56,6 +56,10 @@ pub struct ModelClient {
     base: reqwest::Url,
     /// The context as set, if it was.
     context_tokens: Option<u64>,
+    /// `limits.replyBytes`: the most a reply may hold.
+    reply_bytes: u64,
+    /// `limits.callDeadlineMs`: the longest a call may take, retries and all.
+    call_deadline: Duration,
 }
 
 impl std::fmt::Debug for ModelClient {
@@ -170,6 +174,8 @@ impl ModelClient {
             key: key.map(str::to_string),
             base,
             context_tokens: cfg.context_tokens,
+            reply_bytes: cfg.reply_bytes.max(1),
+            call_deadline: cfg.call_deadline,
         })
     }
 
@@ -246,16 +252,31 @@ impl ModelClient {
     }
 
     /// One step: the request sent, the answer streamed (text and reasoning to
-    /// `on_delta` as they come), retried as configured.
+    /// `on_delta` as they come), retried as configured; all of it within the call's
+    /// deadline (`limits.callDeadlineMs`), past which it is stopped (dropped) and fails.
     pub async fn step(
         &self,
         req: StepRequest<'_>,
         on_delta: &mut (dyn FnMut(Delta) + Send),
     ) -> Result<StepOutput, ModelError> {
         let body = request_body(&self.model, &req)?;
+        match tokio::time::timeout(self.call_deadline, self.attempts(&body, on_delta)).await {
+            Ok(r) => r,
+            Err(_) => Err(ModelError::Deadline {
+                after: self.call_deadline,
+            }),
+        }
+    }
+
+    /// The attempts of one step, made again as configured.
+    async fn attempts(
+        &self,
+        body: &[u8],
+        on_delta: &mut (dyn FnMut(Delta) + Send),
+    ) -> Result<StepOutput, ModelError> {
         let mut retries = 0;
         loop {
-            let err = match self.attempt(&body, on_delta).await {
+            let err = match self.attempt(body, on_delta).await {
                 Ok(out) => return Ok(out),
                 Err(e) => self.redacted(e),
             };
@@ -359,14 +380,22 @@ impl ModelClient {
         if json {
             return self.json_answer(resp, chunk, on_delta).await;
         }
-        let mut decoder = Parser::new(MAX_EVENT_BYTES);
+        let raw_cap = self.raw_cap();
+        let mut decoder =
+            Parser::new(MAX_EVENT_BYTES.min(usize::try_from(raw_cap).unwrap_or(usize::MAX)));
         let mut asm = Assembler::new();
+        // Every byte of the stream, envelopes and comments included.
+        let mut raw = 0u64;
         let mut events = Vec::new();
         // The answer's first bytes, to show if it holds no event at all (a web page or
         // a proxy's answer at the wrong URL).
         let mut head = Vec::new();
         let mut any_event = false;
         while let Some(bytes) = chunk {
+            raw += bytes.len() as u64;
+            if raw > raw_cap {
+                return Err(self.too_large(true));
+            }
             if !any_event && head.len() < NO_EVENT_EXCERPT_BYTES {
                 head.extend_from_slice(&bytes[..bytes.len().min(NO_EVENT_EXCERPT_BYTES)]);
             }
@@ -379,7 +408,11 @@ impl ModelClient {
             );
             any_event |= !events.is_empty();
             for data in events.drain(..) {
-                if asm.payload(&data, on_delta)? == Progress::Done {
+                let progress = asm.payload(&data, on_delta)?;
+                if asm.bytes() > self.reply_bytes {
+                    return Err(self.too_large(false));
+                }
+                if progress == Progress::Done {
                     drain(&mut resp).await;
                     return asm.finish();
                 }
@@ -395,7 +428,11 @@ impl ModelClient {
         );
         any_event |= !events.is_empty();
         for data in events.drain(..) {
-            if asm.payload(&data, on_delta)? == Progress::Done {
+            let progress = asm.payload(&data, on_delta)?;
+            if asm.bytes() > self.reply_bytes {
+                return Err(self.too_large(false));
+            }
+            if progress == Progress::Done {
                 break;
             }
         }
@@ -475,6 +512,9 @@ impl ModelClient {
     ) -> Result<StepOutput, ModelError> {
         let mut body = Vec::new();
         while let Some(bytes) = chunk {
+            if (body.len() + bytes.len()) as u64 > self.raw_cap() {
+                return Err(self.too_large(true));
+            }
             if body.len() + bytes.len() > JSON_BODY_BYTES {
                 return Err(ModelError::Malformed(format!(
                     "a JSON answer longer than {JSON_BODY_BYTES} bytes"
@@ -486,7 +526,30 @@ impl ModelClient {
         let text = String::from_utf8_lossy(&body);
         let mut asm = Assembler::new();
         asm.payload(&text, on_delta)?;
+        if asm.bytes() > self.reply_bytes {
+            return Err(self.too_large(false));
+        }
         asm.finish()
+    }
+
+    /// The most bytes of stream one reply may take.
+    fn raw_cap(&self) -> u64 {
+        self.reply_bytes.saturating_mul(RAW_BYTES_PER_REPLY_BYTE)
+    }
+
+    /// The reply passed its cap: of its content, or (`raw`) of the stream's own bytes.
+    fn too_large(&self, raw: bool) -> ModelError {
+        if raw {
+            ModelError::ReplyTooLarge {
+                limit: self.raw_cap(),
+                what: "of stream (envelopes and comments included: 16 times limits.replyBytes)",
+            }
+        } else {
+            ModelError::ReplyTooLarge {
+                limit: self.reply_bytes,
+                what: "of text, reasoning and tool calls",
+            }
+        }
     }
 
     /// A non-2xx answer as an error: its status, a short excerpt of its body (the

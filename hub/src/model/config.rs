@@ -33,7 +33,19 @@ pub struct ModelConfig {
     /// `CORTEX_LLM_CONTEXT_TOKENS`); the server's own figure is asked for too, and the
     /// smaller is used.
     pub context_tokens: Option<u64>,
+    /// The most bytes one reply may stream (its text, reasoning and tool calls; the
+    /// stream itself, envelopes and comments included, may be [`RAW_BYTES_PER_REPLY_BYTE`]
+    /// times that): settings.json `limits.replyBytes`.
+    pub reply_bytes: u64,
+    /// The longest one call may take, its retries and their waits included:
+    /// settings.json `limits.callDeadlineMs`.
+    pub call_deadline: Duration,
 }
+
+/// How many bytes of stream (chunk envelopes, `: ping` comments, whitespace) one byte of
+/// reply may cost: a real server's envelope around a token is a few hundred bytes, so a
+/// reply of many small tokens is not cut, yet a stream of nothing but pings is.
+pub const RAW_BYTES_PER_REPLY_BYTE: u64 = 16;
 
 impl ModelConfig {
     /// An endpoint with the default timeouts and retries, its server told from the base
@@ -51,7 +63,16 @@ impl ModelConfig {
             max_retries: 4,
             backoff: Duration::from_millis(500),
             context_tokens: None,
+            reply_bytes: crate::config::Limits::default().reply_bytes,
+            call_deadline: Duration::from_millis(crate::config::Limits::default().call_deadline_ms),
         }
+    }
+
+    /// These bounds from settings.json `limits`.
+    pub fn with_limits(mut self, limits: &crate::config::Limits) -> Self {
+        self.reply_bytes = limits.reply_bytes;
+        self.call_deadline = Duration::from_millis(limits.call_deadline_ms);
+        self
     }
 }
 
@@ -68,6 +89,8 @@ impl std::fmt::Debug for ModelConfig {
             .field("max_retries", &self.max_retries)
             .field("backoff", &self.backoff)
             .field("context_tokens", &self.context_tokens)
+            .field("reply_bytes", &self.reply_bytes)
+            .field("call_deadline", &self.call_deadline)
             .finish()
     }
 }

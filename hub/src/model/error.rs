@@ -39,6 +39,17 @@ pub enum ModelError {
         "the model server's stream ended before the answer was complete (no finish_reason, no [DONE])"
     )]
     Truncated,
+    /// The reply streamed more than one reply may (settings.json `limits.replyBytes`).
+    #[error(
+        "the model's reply passed {limit} bytes {what}, the most one reply may stream (settings.json limits.replyBytes); the call was stopped and is not made again"
+    )]
+    ReplyTooLarge { limit: u64, what: &'static str },
+    /// The call, retries and all, took longer than one call may (settings.json
+    /// `limits.callDeadlineMs`).
+    #[error(
+        "the model call took more than {after:?}, the most one call may take with its retries (settings.json limits.callDeadlineMs); it was stopped and is not made again"
+    )]
+    Deadline { after: Duration },
     #[error("gave up after {attempts} attempts; last error: {last}")]
     RetriesExhausted {
         attempts: u32,
@@ -62,6 +73,8 @@ impl ModelError {
             ModelError::Server { retryable, .. } => *retryable,
             ModelError::Config(_)
             | ModelError::Malformed(_)
+            | ModelError::ReplyTooLarge { .. }
+            | ModelError::Deadline { .. }
             | ModelError::RetriesExhausted { .. } => false,
         }
     }

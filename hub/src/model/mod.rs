@@ -18,7 +18,7 @@ pub mod wire;
 
 pub use caps::{Caps, Endpoint};
 pub use client::{ModelClient, request_body};
-pub use config::{ModelConfig, llm_config};
+pub use config::{ModelConfig, RAW_BYTES_PER_REPLY_BYTE, llm_config};
 pub use error::ModelError;
 pub use step::{ContextFuture, ContextWindow, Delta, Model, StepFuture, StepOutput, StepRequest};
 pub use wire::{ChatMessage, FunctionCall, Role, ToolCall, ToolSpec};

@@ -772,3 +772,127 @@ fn a_bad_configuration_is_refused_up_front() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A server that answers every request with a 200 stream of `piece`, written again and
+/// again (after `every`, if any) until the client leaves; counts its connections.
+async fn endless(
+    piece: Vec<u8>,
+    every: Option<Duration>,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/v1", listener.local_addr().expect("addr"));
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            seen.fetch_add(1, Ordering::SeqCst);
+            let piece = piece.clone();
+            tokio::spawn(async move {
+                // The request: enough of it that the client is past sending.
+                let mut buf = vec![0u8; 64 * 1024];
+                let _ = s.read(&mut buf).await;
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+                if s.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                loop {
+                    if let Some(d) = every {
+                        tokio::time::sleep(d).await;
+                    }
+                    if s.write_all(&piece).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, count)
+}
+
+fn hi() -> [ChatMessage; 1] {
+    [ChatMessage::user("hi")]
+}
+
+fn bare(messages: &[ChatMessage]) -> StepRequest<'_> {
+    StepRequest {
+        messages,
+        tools: &[],
+        max_tokens: None,
+        response_format: None,
+        tool_choice_required: false,
+    }
+}
+
+/// An endless stream of text is cut once the reply passes `limits.replyBytes`: the call
+/// fails with the limit named, once, and is not made again.
+#[tokio::test]
+async fn an_endless_reply_is_cut_at_the_reply_cap_and_not_retried() {
+    let piece = format!("data: {}\n\n", content(&"x".repeat(4096)));
+    let (url, connections) = endless(piece.into_bytes(), None).await;
+    let mut cfg = quick(url, 3);
+    cfg.reply_bytes = 256 * 1024;
+    let client = ModelClient::new(cfg).expect("client");
+    let messages = hi();
+    let mut text = 0usize;
+    let err = client
+        .step(bare(&messages), &mut |d| {
+            if let Delta::Text(t) = d {
+                text += t.len();
+            }
+        })
+        .await
+        .expect_err("cut");
+    assert!(
+        matches!(err, ModelError::ReplyTooLarge { limit: 262_144, .. }),
+        "{err:?}"
+    );
+    assert!(!err.is_retryable());
+    assert!(err.to_string().contains("limits.replyBytes"), "{err}");
+    assert!(text <= 256 * 1024 + 4096, "{text}");
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// A stream of nothing but comments holds no text, yet its own bytes are bounded too.
+#[tokio::test]
+async fn an_endless_stream_of_pings_is_cut_by_its_own_bytes() {
+    let (url, connections) = endless(b": ping\n\n".repeat(512), None).await;
+    let mut cfg = quick(url, 3);
+    cfg.reply_bytes = 4 * 1024;
+    let client = ModelClient::new(cfg).expect("client");
+    let messages = hi();
+    let err = client
+        .step(bare(&messages), &mut |_| {})
+        .await
+        .expect_err("cut");
+    assert!(
+        matches!(err, ModelError::ReplyTooLarge { limit, .. } if limit == 4 * 1024 * super::RAW_BYTES_PER_REPLY_BYTE),
+        "{err:?}"
+    );
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// A server that drips a byte now and then never trips the idle bound, but the call's
+/// deadline ends it, retries and all.
+#[tokio::test]
+async fn a_dripping_server_is_stopped_by_the_call_deadline() {
+    let (url, connections) = endless(b":".to_vec(), Some(Duration::from_millis(20))).await;
+    let mut cfg = quick(url, 3);
+    cfg.idle_timeout = Duration::from_secs(5);
+    cfg.call_deadline = Duration::from_millis(400);
+    let client = ModelClient::new(cfg).expect("client");
+    let messages = hi();
+    let err = client
+        .step(bare(&messages), &mut |_| {})
+        .await
+        .expect_err("deadline");
+    assert!(
+        matches!(err, ModelError::Deadline { after } if after == Duration::from_millis(400)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("limits.callDeadlineMs"), "{err}");
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

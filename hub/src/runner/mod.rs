@@ -448,6 +448,7 @@ async fn drive(
                 seq,
                 prefix_len,
                 summary,
+                during,
             } => {
                 let at = StepAt {
                     sid: sid.to_string(),
@@ -518,6 +519,7 @@ async fn drive(
                         max_tokens,
                         seq,
                         known,
+                        during,
                     },
                     may_retry,
                     writing.take(),
@@ -736,6 +738,17 @@ struct StepCall {
     seq: u64,
     /// The transcript's length when the call was made.
     known: u64,
+    /// The run's bounds the call keeps while it streams.
+    during: rules::During,
+}
+
+/// How a model call ended, as the driver saw it.
+enum Called {
+    Done(Result<crate::model::StepOutput, crate::model::ModelError>),
+    /// A cancel rang: the call was dropped mid-stream.
+    Cancelled,
+    /// The run's bound was reached mid-stream: the call was dropped.
+    Bound(rules::Stop),
 }
 
 /// Makes model call `c` with `sent` (the request's messages, `bytes` with the tools) and
@@ -771,8 +784,29 @@ async fn step_once(
             .filter(|_| followed)
             .map(|_| shape.transport),
     );
+    // The reply's bytes so far, for its tokens while the server reports none.
+    let per_byte = compactor.per_byte(sid);
+    let over = tokio::sync::Notify::new();
+    let mut streamed = 0usize;
+    let counts_tokens = c.during.tokens.is_some();
+    let ends_in = c
+        .during
+        .ends_at
+        .map(|at| std::time::Duration::from_millis(at.saturating_sub(now_ms())));
     let outcome = {
         let mut on_delta = |d: Delta| {
+            streamed += match &d {
+                Delta::Text(t) | Delta::Reasoning(t) => t.len(),
+                Delta::ToolArgs { name, text, .. } => {
+                    text.len() + name.as_ref().map_or(0, String::len)
+                }
+                Delta::Retry { .. } => 0,
+            };
+            if counts_tokens
+                && rules::stop_during(&c.during, compact::tokens(streamed, per_byte), 0).is_some()
+            {
+                over.notify_one();
+            }
             let piece = match &d {
                 Delta::Text(t) => {
                     partial.push_str(t);
@@ -803,10 +837,19 @@ async fn step_once(
             },
             &mut on_delta,
         );
+        let time_up = async {
+            match ends_in {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            r = call => Some(r),
+            r = call => Called::Done(r),
             // A cancel: the call stops at once (dropped).
-            () = stop.rung() => None,
+            () = stop.rung() => Called::Cancelled,
+            // The run's bounds hold mid-stream: the call is dropped as they are reached.
+            () = over.notified() => Called::Bound(bound_stop(&c.during, streamed_tokens(&streamed, per_byte))),
+            () = time_up => Called::Bound(bound_stop(&c.during, 0)),
             // The model call is dropped (stopped); the session stays running in the
             // queue and its step is made again after the restart.
             () = state.shutdown.cancelled() => return Ok(Stepped::Stopping),
@@ -824,13 +867,47 @@ async fn step_once(
         step: c.step,
     };
     let known = c.known;
-    let Some(outcome) = outcome else {
-        stop.clear();
-        let w = write(state, sid, known, move |t, env| {
-            turn::step_interrupted(t, &at, partial, retries, env)
-        })
-        .await?;
-        return Ok(Stepped::Wrote(w, None));
+    let outcome = match outcome {
+        Called::Done(r) => r,
+        Called::Cancelled => {
+            stop.clear();
+            let (again_at, again_retries, size) = (at.clone(), retries.clone(), partial.len());
+            let w = write_or(
+                state,
+                sid,
+                known,
+                move |t, env| turn::step_interrupted(t, &at, partial, retries, env),
+                move |t, env, _| {
+                    turn::step_interrupted(t, &again_at, unrecorded(size), again_retries, env)
+                },
+            )
+            .await?;
+            return Ok(Stepped::Wrote(w, None));
+        }
+        Called::Bound(why) => {
+            tracing::info!(session = %sid, run = %c.run_id, step = c.step, stop = why.stop, "a model call was stopped mid-stream by its run's bound");
+            stop.clear();
+            let (again_at, again_retries, again_why) = (at.clone(), retries.clone(), why.clone());
+            let size = partial.len();
+            let w = write_or(
+                state,
+                sid,
+                known,
+                move |t, env| turn::step_stopped(t, &at, partial, retries, why, env),
+                move |t, env, _| {
+                    turn::step_stopped(
+                        t,
+                        &again_at,
+                        unrecorded(size),
+                        again_retries,
+                        again_why,
+                        env,
+                    )
+                },
+            )
+            .await?;
+            return Ok(Stepped::Wrote(w, None));
+        }
     };
     if let Ok(out) = &outcome
         && let Some(per_byte) = out
@@ -892,6 +969,27 @@ async fn step_once(
                 Judged::Answer { verdict, via } => turn::Reply::Answer { verdict, via },
             };
             stop.clear();
+            let size = reply_size(&out);
+            if size > RECORD_AHEAD_BYTES {
+                // Recorded before anything else happens, so a refusal is heard here,
+                // before another call is paid for.
+                let (again_at, again_retries) = (at.clone(), retries.clone());
+                let w = write_or(
+                    state,
+                    sid,
+                    known,
+                    move |t, env| turn::step_done(t, &at, out, retries, reply, env),
+                    move |t, env, why| {
+                        let msg = format!(
+                            "the model's reply ({size} bytes) could not be recorded: {why}"
+                        );
+                        turn::step_failed(t, &again_at, msg, again_retries, env)
+                    },
+                )
+                .await?;
+                timing::record("runner_step_recorded", &mark, None);
+                return Ok(Stepped::Wrote(w, None));
+            }
             record(Box::new(move |t, env| {
                 turn::step_done(t, &at, out, retries, reply, env)
             }))
@@ -909,6 +1007,92 @@ async fn step_once(
     };
     timing::record("runner_step_recorded", &mark, None);
     Ok(Stepped::Wrote(w, Some(durable)))
+}
+
+/// A reply larger than this is recorded before the next model call goes out (smaller
+/// ones are written while it does): a record the store refuses for its size is then
+/// heard before another call is paid for.
+const RECORD_AHEAD_BYTES: usize = 1 << 20;
+
+/// A reply's bytes: its text, reasoning and tool calls.
+fn reply_size(out: &crate::model::StepOutput) -> usize {
+    out.text.len()
+        + out.reasoning.len()
+        + out
+            .tool_calls
+            .iter()
+            .map(|c| c.function.name.len() + c.function.arguments.len())
+            .sum::<usize>()
+}
+
+/// What a cut-off reply's text becomes when it was too large to record.
+fn unrecorded(bytes: usize) -> String {
+    format!("[the reply so far, {bytes} bytes, was too large to record]")
+}
+
+/// Whether a write failed in a way the same write would again: the store refused it
+/// for its size. Such a write is never made again as it is.
+fn refused_for_good(e: &DriveError) -> Option<String> {
+    match e {
+        DriveError::Store(e) if e.is_deterministic() => Some(e.to_string()),
+        _ => None,
+    }
+}
+
+/// Runs write `f`; should the store refuse it for good ([`refused_for_good`]), runs
+/// `instead` (given the reason) in its place, so the refusal is recorded once and the
+/// session goes on, rather than the write (and the model call before it) being made
+/// again and again.
+async fn write_or<F, G>(
+    state: &AppState,
+    sid: &str,
+    known: u64,
+    f: F,
+    instead: G,
+) -> Result<Wrote, DriveError>
+where
+    F: for<'e> FnOnce(
+            &mut Tx<'_>,
+            &turn::Env<'e>,
+        ) -> Result<(Next, Vec<turn::Unredacted>), StoreError>
+        + Send
+        + 'static,
+    G: for<'e> FnOnce(
+            &mut Tx<'_>,
+            &turn::Env<'e>,
+            String,
+        ) -> Result<(Next, Vec<turn::Unredacted>), StoreError>
+        + Send
+        + 'static,
+{
+    match write(state, sid, known, f).await {
+        Err(e) => match refused_for_good(&e) {
+            Some(why) => {
+                tracing::warn!(session = %sid, error = %why, "the store refused a step's record for its size; the refusal is recorded in its place");
+                write(state, sid, known, move |t, env| instead(t, env, why)).await
+            }
+            None => Err(e),
+        },
+        ok => ok,
+    }
+}
+
+/// The stop a run's bound gives mid-stream, `streamed` tokens into the reply (the
+/// duration's, when the time ran out with the tokens still under).
+fn bound_stop(d: &rules::During, streamed: u64) -> rules::Stop {
+    rules::stop_during(d, streamed, now_ms())
+        .or_else(|| rules::stop_during(d, 0, u64::MAX))
+        .unwrap_or(rules::Stop {
+            stop: "duration",
+            message: format!(
+                "the run took more than {} ms (stop.durationMs)",
+                d.duration_ms
+            ),
+        })
+}
+
+fn streamed_tokens(bytes: &usize, per_byte: f64) -> u64 {
+    compact::tokens(*bytes, per_byte)
 }
 
 type StepResult = Result<(Next, Vec<turn::Unredacted>), StoreError>;
@@ -1013,4 +1197,53 @@ async fn prepare(
                 prefix::spawned(&state.agent_defaults, &state.caps, parent, instructions)?;
             Ok(crate::store::ops::SpawnSetup { config, prefix })
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a refusal the same write would meet again is recorded in the write's place;
+    /// a store that failed for a passing reason is left to the restart.
+    #[test]
+    fn only_a_refusal_for_size_is_taken_as_for_good() {
+        let table: [(StoreError, bool); 4] = [
+            (
+                StoreError::TooLarge {
+                    bytes: 70 << 20,
+                    limit: 64 << 20,
+                },
+                true,
+            ),
+            (StoreError::Closed, false),
+            (StoreError::Full("the journal is full".into()), false),
+            (StoreError::Broken("disk".into()), false),
+        ];
+        for (e, for_good) in table {
+            let shown = e.to_string();
+            let got = refused_for_good(&DriveError::Store(Arc::new(e)));
+            assert_eq!(got.is_some(), for_good, "{shown}");
+            if let Some(why) = got {
+                assert!(why.contains("67108864"), "{why}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_replys_size_counts_text_reasoning_and_calls() {
+        let out = crate::model::StepOutput {
+            text: "abc".into(),
+            reasoning: "de".into(),
+            tool_calls: vec![crate::model::ToolCall {
+                id: "c".into(),
+                kind: "function".into(),
+                function: crate::model::FunctionCall {
+                    name: "wait_create".into(),
+                    arguments: "{}".into(),
+                },
+            }],
+            ..Default::default()
+        };
+        assert_eq!(reply_size(&out), 3 + 2 + 11 + 2);
+    }
 }

@@ -80,6 +80,54 @@ pub fn stop_before_step(turn: &Turn, bounds: &StopConfig, now: u64) -> Option<St
     None
 }
 
+/// A run's bounds that hold while a model call streams: when the run's time is up
+/// (`stop.durationMs` from its start, ms since the epoch) and its tokens (`stop.tokens`:
+/// the most, and those counted before this call).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct During {
+    pub ends_at: Option<u64>,
+    pub duration_ms: u64,
+    pub tokens: Option<(u64, u64)>,
+}
+
+/// The bounds of `turn` that a model call must keep while it streams.
+pub fn during(turn: &Turn, bounds: &StopConfig) -> During {
+    During {
+        ends_at: bounds
+            .duration_ms
+            .map(|ms| turn.started_at.saturating_add(ms)),
+        duration_ms: bounds.duration_ms.unwrap_or(0),
+        tokens: bounds.tokens.map(|max| (max, turn.usage.total_tokens)),
+    }
+}
+
+/// Whether a model call must stop mid-stream, `streamed` tokens into its reply (counted
+/// from the usage the server reported, else estimated from the reply's bytes) at `now`:
+/// the same stop the next boundary would give, made at once.
+pub fn stop_during(d: &During, streamed: u64, now: u64) -> Option<Stop> {
+    if let Some((max, before)) = d.tokens {
+        let used = before.saturating_add(streamed);
+        if used > max {
+            return Some(Stop {
+                stop: "tokens",
+                message: format!(
+                    "the run used {used} tokens (this reply's counted as it streamed), its limit is {max} (stop.tokens)"
+                ),
+            });
+        }
+    }
+    if d.ends_at.is_some_and(|at| now >= at) {
+        return Some(Stop {
+            stop: "duration",
+            message: format!(
+                "the run took more than {} ms (stop.durationMs); its model call was stopped mid-stream",
+                d.duration_ms
+            ),
+        });
+    }
+    None
+}
+
 /// Counts a tool call into the run's repeat streak: `signature` names the call, its
 /// arguments and its answer; the same one again extends the streak, another starts anew.
 pub fn count_repeat(prev: Option<(String, u32)>, signature: String) -> (String, u32) {
@@ -93,6 +141,42 @@ pub fn count_repeat(prev: Option<(String, u32)>, signature: String) -> (String, 
 mod tests {
     use super::*;
     use cortex_protocol::api::Usage;
+
+    #[test]
+    fn a_call_stops_mid_stream_with_the_runs_own_bounds() {
+        let t = turn(1, 4, 1_000, None);
+        let none = during(&t, &StopConfig::default());
+        assert_eq!(stop_during(&none, u64::MAX, u64::MAX), None, "no bounds");
+        let d = during(
+            &t,
+            &StopConfig {
+                tokens: Some(10),
+                duration_ms: Some(2_000),
+                ..StopConfig::default()
+            },
+        );
+        assert_eq!(d.ends_at, Some(3_000));
+        assert_eq!(d.tokens, Some((10, 4)));
+        // (streamed tokens, now) -> the stop word
+        let table = [
+            (0, 1_000, None),
+            (6, 2_999, None),
+            (7, 2_999, Some("tokens")),
+            (0, 3_000, Some("duration")),
+            (7, 3_000, Some("tokens")),
+        ];
+        for (streamed, now, want) in table {
+            let got = stop_during(&d, streamed, now);
+            assert_eq!(
+                got.as_ref().map(|s| s.stop),
+                want,
+                "{streamed} {now}: {got:?}"
+            );
+            if let Some(s) = got {
+                assert!(s.message.contains("stop."), "{}", s.message);
+            }
+        }
+    }
 
     fn turn(steps: u32, tokens: u64, started_at: u64, repeat: Option<(&str, u32)>) -> Turn {
         Turn {

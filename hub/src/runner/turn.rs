@@ -43,6 +43,8 @@ pub enum Next {
         /// What the request carries: the prefix's length and the summary in force.
         prefix_len: u64,
         summary: Option<Summary>,
+        /// The run's bounds the call must keep while it streams.
+        during: rules::During,
     },
     /// A person asked for a compaction: compute it and post it back (a `compaction`).
     Compact {
@@ -387,6 +389,7 @@ fn boundary_at(
                 )?
             }
         };
+        let during = rules::during(turn, &config.stop);
         t.put_agent(sid, &rec)?;
         return Ok(Next::Step {
             run_id,
@@ -395,6 +398,7 @@ fn boundary_at(
             seq,
             prefix_len: rec.prefix_len,
             summary: rec.summary.clone(),
+            during,
         });
     }
 }
@@ -1191,6 +1195,40 @@ pub fn step_interrupted(
             ..StepOutput::default()
         };
         record_reply(t, rec, at, &out, Vec::new(), env.now)
+    })
+}
+
+/// Step `at` was stopped mid-stream by the run's bound `stop` (`stop.durationMs`,
+/// `stop.tokens`): the text so far is kept, and the run ends `stopped` as the next
+/// boundary would have ended it.
+pub fn step_stopped(
+    t: &mut Tx<'_>,
+    at: &StepAt,
+    partial: String,
+    retries: Vec<RetryNote>,
+    stop: rules::Stop,
+    env: &Env<'_>,
+) -> Result<(Next, Vec<Unredacted>), StoreError> {
+    on_current(t, &at.sid, &at.run_id, env, |t, rec, _| {
+        record_retries(t, at, retries, env.now)?;
+        let marker = format!("[Stopped: {}]", stop.message);
+        let text = if partial.trim().is_empty() {
+            marker
+        } else {
+            format!("{partial}\n\n{marker}")
+        };
+        let out = StepOutput {
+            text,
+            ..StepOutput::default()
+        };
+        record_reply(t, rec, at, &out, Vec::new(), env.now)?;
+        end_run(
+            t,
+            &at.sid,
+            rec,
+            failed("stopped", Some(stop.stop), stop.message),
+            env.now,
+        )
     })
 }
 

@@ -1681,3 +1681,52 @@ async fn a_run_put_off_for_the_hour_comes_back_ready_at_its_time() {
         }
     }
 }
+
+/// A write larger than one journal record is refused as such (not as a full journal),
+/// alone (a write sent beside it is taken), nothing of it is stored, and the store goes
+/// on taking writes.
+#[tokio::test]
+async fn a_write_too_large_for_one_record_is_refused_for_what_it_is() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    let sid = session(&store).await;
+    let before = events(&store, &sid).await.len();
+    let message = |text: String| EventBody::Message {
+        text,
+        when: Default::default(),
+        dedupe_key: None,
+    };
+    let (s, s2) = (sid.clone(), sid.clone());
+    let huge = message("x".repeat(kernel::journal::MAX_RECORD + 1));
+    let small = message("beside it".into());
+    let (err, beside) = tokio::join!(
+        store.exec(move |t| t.append_event(&s, huge, T0)),
+        store.exec(move |t| t.append_event(&s2, small, T0)),
+    );
+    beside.expect("the write beside it is taken");
+    let err = err.expect_err("refused");
+    assert!(err.is_deterministic(), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("more than one record"), "{text}");
+    assert!(!text.contains("checkpoints"), "{text}");
+    assert_eq!(
+        events(&store, &sid).await.len(),
+        before + 1,
+        "nothing of it stored"
+    );
+    let s = sid.clone();
+    store
+        .exec(move |t| {
+            t.append_event(
+                &s,
+                EventBody::Message {
+                    text: "small".into(),
+                    when: Default::default(),
+                    dedupe_key: None,
+                },
+                T0,
+            )
+        })
+        .await
+        .expect("the next write is taken");
+}

@@ -39,6 +39,21 @@ pub fn encode(registry: &[&'static dyn AnyTable], cur: &Overlay, undo: &[Undo]) 
     out
 }
 
+/// The size [`encode`] would give the changes named by `undo` alone, without building
+/// the record (one job's share of a batch, to refuse a job too large for any record on
+/// its own).
+pub fn encoded_len(registry: &[&'static dyn AnyTable], cur: &Overlay, undo: &[Undo]) -> usize {
+    let touched: BTreeSet<(usize, &RawKey)> = undo.iter().map(|(t, k, _)| (*t, k)).collect();
+    let mut len = 1 + 4;
+    for (t, k) in touched {
+        len += 2 + registry[t].name().len() + 4 + k.bytes.len() + 1;
+        if let Some(Some(v)) = cur.tables[t].get(k) {
+            len += 4 + v.len();
+        }
+    }
+    len
+}
+
 /// Reads a change record back, naming tables by their registry position.
 pub fn decode(registry: &[&'static dyn AnyTable], b: &[u8]) -> Result<Vec<Change>, StoreError> {
     let bad =

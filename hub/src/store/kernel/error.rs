@@ -14,6 +14,12 @@ pub enum StoreError {
         path: String,
         source: std::io::Error,
     },
+    /// One write's changes are more than a journal record may hold: refused whole,
+    /// nothing of it stored, and the same write would be refused again.
+    #[error(
+        "a write of {bytes} bytes is more than one record of the store's journal may hold ({limit} bytes); it was refused and nothing of it was stored"
+    )]
+    TooLarge { bytes: usize, limit: usize },
     #[error("{0}; writes resume once a checkpoint succeeds")]
     Full(String),
     #[error("the store's files are damaged: {0}")]
@@ -27,6 +33,14 @@ pub enum StoreError {
         path: String,
         source: redb::DatabaseError,
     },
+}
+
+impl StoreError {
+    /// Whether the same write would be refused again, however long one waited: a caller
+    /// must not make it again as it is.
+    pub fn is_deterministic(&self) -> bool {
+        matches!(self, StoreError::TooLarge { .. })
+    }
 }
 
 macro_rules! from_redb {

@@ -241,12 +241,30 @@ impl<C> Writer<C> {
                         &self.ctx,
                     );
                     let (done, failed) = f(Some(&mut tx));
-                    if failed {
+                    // A job whose changes alone are more than a record may hold is
+                    // refused alone: the jobs batched with it go on.
+                    let alone = (!failed)
+                        .then(|| delta::encoded_len(self.registry, &self.cur, &undo[mark..]))
+                        .filter(|&n| n > super::journal::MAX_RECORD);
+                    if failed || alone.is_some() {
                         rollback(&mut self.cur, &mut undo, mark);
                         notices = before;
                         after.truncate(deferred);
                     }
-                    completions.push(done);
+                    match alone {
+                        Some(bytes) => {
+                            tracing::warn!(
+                                bytes,
+                                limit = super::journal::MAX_RECORD,
+                                "a write was refused: its changes are more than one journal record may hold"
+                            );
+                            done(Err(Arc::new(StoreError::TooLarge {
+                                bytes,
+                                limit: super::journal::MAX_RECORD,
+                            })));
+                        }
+                        None => completions.push(done),
+                    }
                 }
                 Job::Tick | Job::Landed => {}
                 #[cfg(test)]
@@ -267,11 +285,38 @@ impl<C> Writer<C> {
         let record = delta::encode(self.registry, &self.cur, undo);
         let j = &mut self.journals[self.active];
         let path = self.paths[self.active].display().to_string();
-        let failed = if !j.fits(record.len(), 1) {
-            Some(StoreError::Full(format!(
-                "the journal {path} is full: checkpoints into redb are failing ({})",
-                self.broken.as_deref().unwrap_or("see the log")
-            )))
+        let failed = if record.len() > super::journal::MAX_RECORD {
+            // Several writes, each small enough alone (`run_jobs` refused any that was
+            // not), together more than a record holds: each may be made again.
+            tracing::warn!(
+                bytes = record.len(),
+                limit = super::journal::MAX_RECORD,
+                "a batch of writes was more than one journal record may hold; its callers get an error and may write again"
+            );
+            Some(StoreError::Journal {
+                path,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "the batch's changes, {} bytes, are more than one record may hold ({} bytes); write again",
+                        record.len(),
+                        super::journal::MAX_RECORD
+                    ),
+                ),
+            })
+        } else if !j.fits(record.len(), 1) {
+            Some(StoreError::Full(match self.broken.as_deref() {
+                Some(why) => format!(
+                    "the journal {path} is full ({} bytes used, a write of {} more does not fit): checkpoints into redb are failing ({why})",
+                    j.used(),
+                    record.len()
+                ),
+                None => format!(
+                    "the journal {path} is full ({} bytes used, a write of {} more does not fit) until a checkpoint into redb lands",
+                    j.used(),
+                    record.len()
+                ),
+            }))
         } else {
             match j.append([record.as_slice()]) {
                 Ok(seq) => {
