@@ -960,7 +960,28 @@ pub struct WaitpointView {
     /// How far it got, counted by the one rule every view uses
     /// (`cortex_protocol::progress`); absent from hubs older than it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub progress: Option<crate::progress::Progress>,
+    pub progress: Option<Progress>,
+}
+
+/// A waitpoint's progress, as every view shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Progress {
+    /// Toward the quorum, at most `quorum`: members with a terminal signal (each once) when
+    /// it names members, else terminal signals. A monitor counts its current round.
+    pub received: u32,
+    pub quorum: u32,
+    /// Terminal signals (`ok` or `fail`), all told.
+    pub reports: u64,
+    /// Of those, the `fail` ones.
+    pub failed: u64,
+    /// `progress` signals (heartbeats): recorded, never counted toward the quorum.
+    pub heartbeats: u64,
+    /// Wakes that counted toward `max_signals` (neither expiry nor silence does).
+    pub wakes: u32,
+    pub max_signals: u32,
+    /// One line for people: `1/3`, `1/3 (1 failed) +2 progress`; a monitor's
+    /// `2/5 wakes, 3 reports (1 failed)`.
+    pub summary: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
