@@ -428,7 +428,7 @@ fn wait_with(
         }
         let outcome = tokio::select! {
             o = armed.wait(&opts) => o,
-            why = cortex_host::daemon::shutdown_signal() => {
+            why = cortex_host::shutdown_signal() => {
                 let _ = writeln!(err, "cortex: cancelled by {why}; nothing fired");
                 return BROKE;
             }
