@@ -11,6 +11,7 @@ mod device_tokens;
 mod durability;
 mod full_disk;
 mod hostile;
+mod layering;
 mod local_waits;
 mod log_secrets;
 mod log_waits;
