@@ -370,6 +370,7 @@ impl Registry {
             online,
             offline: g.tokens.len() as i64 - online,
             links: g.links.len() as i64,
+            ..Default::default()
         }
     }
 
