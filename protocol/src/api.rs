@@ -1039,6 +1039,60 @@ pub struct DeviceCreated {
     pub install: String,
 }
 
+/// `DELETE /api/devices/{name}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DeviceRevoked {
+    pub name: String,
+    pub revoked: bool,
+    /// A live link was ended.
+    pub dropped_link: bool,
+}
+
+/// `DELETE /api/devices/{name}/revoked`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DeviceRemoved {
+    pub name: String,
+    pub removed: bool,
+}
+
+/// `GET /api/devices/{name}/files`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DeviceFiles {
+    pub files: Vec<FileNote>,
+}
+
+/// One spool file of a device and what the hub answered it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct FileNote {
+    /// When the hub answered.
+    pub at: u64,
+    /// The file's name in the device's spool.
+    pub name: String,
+    pub outcome: FileAnswer,
+    /// Why it was refused or is to be sent again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+// The API's flat form of `mesh::FileOutcome`: a refusal's or a retry's reason is
+// `FileNote::reason`. Named `FileOutcome` in the OpenAPI document.
+/// What the hub answered a device's spool file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[schema(as = FileOutcome)]
+pub enum FileAnswer {
+    /// Recorded.
+    Accepted,
+    /// Recorded before (the same device and file name).
+    Duplicate,
+    /// The waitpoint no longer counts signals.
+    Resolved,
+    /// Parked under `bad/` on the device, with `reason`.
+    Refused,
+    /// Kept on the device and sent again later.
+    Retry,
+}
+
 /// One device in `GET /api/devices` (and `cortex devices`), or `GET /api/devices/{name}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct DeviceView {
