@@ -1039,6 +1039,12 @@ pub struct DeviceCreated {
     pub install: String,
 }
 
+/// `GET /healthz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub ok: bool,
+}
+
 /// `DELETE /api/devices/{name}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct DeviceRevoked {

@@ -45,9 +45,3 @@ pub struct CompactPosted {
 pub struct HubEventsPage {
     events: Vec<HubEvent>,
 }
-
-/// `GET /healthz`.
-#[derive(ToSchema)]
-pub struct Health {
-    ok: bool,
-}

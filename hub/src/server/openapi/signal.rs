@@ -1,11 +1,11 @@
 //! The operations of the signal route and the operator's routes.
 
+use cortex_protocol::api::Health;
 use cortex_protocol::signal::{MAX_BODY_BYTES, SignalAccepted, SignalRequest};
 use serde_json::json;
 use utoipa::openapi::{ContentBuilder, HttpMethod, ObjectBuilder, ResponseBuilder, Type};
 
 use super::doc::*;
-use super::shapes;
 
 pub(super) fn signal(d: &mut Doc) {
     let body = d.body::<SignalRequest>(
@@ -78,7 +78,7 @@ pub(super) fn signal(d: &mut Doc) {
 }
 
 pub(super) fn operators(d: &mut Doc) {
-    let ok = d.json::<shapes::Health>("The hub is up", json!({"ok": true}));
+    let ok = d.json::<Health>("The hub is up", json!({"ok": true}));
     d.add(
         HttpMethod::Get,
         "/healthz",
