@@ -365,6 +365,15 @@ fn io_in(code: &str) -> Vec<String> {
     found
 }
 
+/// The modules `pick` keeps that reach I/O or a clock, with what they name ([`io_in`]).
+fn io_of(mods: &BTreeMap<String, String>, pick: impl Fn(&str) -> bool) -> Vec<(&str, Vec<String>)> {
+    mods.iter()
+        .filter(|(m, _)| pick(m))
+        .map(|(m, code)| (m.as_str(), io_in(code)))
+        .filter(|(_, io)| !io.is_empty())
+        .collect()
+}
+
 /// The identifiers in `code`.
 fn words(code: &str) -> impl Iterator<Item = &str> {
     code.split(|c: char| !(c.is_alphanumeric() || c == '_'))
@@ -448,12 +457,7 @@ fn the_engine_does_no_io_and_reads_no_clock() {
     let engine = |m: &str| within(m, "engine");
     let out = edges(&g, engine, |t| !engine(t));
     assert!(out.is_empty(), "the engine imports hub modules: {out:?}");
-    let io: Vec<_> = mods
-        .iter()
-        .filter(|(m, _)| engine(m))
-        .map(|(m, code)| (m, io_in(code)))
-        .filter(|(_, io)| !io.is_empty())
-        .collect();
+    let io = io_of(&mods, engine);
     assert!(io.is_empty(), "the engine reaches I/O or a clock: {io:?}");
 }
 
@@ -510,11 +514,7 @@ fn the_hub_layers_point_one_way() {
 #[test]
 fn protocol_does_no_io() {
     let (mods, _) = crate_graph("protocol");
-    let io: Vec<_> = mods
-        .iter()
-        .map(|(m, code)| (m, io_in(code)))
-        .filter(|(_, io)| !io.is_empty())
-        .collect();
+    let io = io_of(&mods, |_| true);
     assert!(io.is_empty(), "protocol reaches I/O or a clock: {io:?}");
 }
 
