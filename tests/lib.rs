@@ -348,6 +348,24 @@ impl Hub {
         v
     }
 
+    /// A session's event stream (`Accept: text/event-stream`, from the start), read as it
+    /// arrives: the stored events and the `live` pieces (the model's text so far).
+    pub fn follow(&self, sid: &str) -> Follow {
+        let url = self.url(&format!("/api/sessions/{sid}/events?after=0"));
+        let bearer = format!("Bearer {}", self.token);
+        let s = Request::new(Method::Get, &url)
+            .header("authorization", &bearer)
+            .timeout(Duration::from_secs(30))
+            .open("text/event-stream")
+            .unwrap_or_else(|e| panic!("follow {sid}: {e}"));
+        assert_eq!(s.status, 200, "follow {sid}");
+        Follow {
+            body: s.body,
+            parser: cortex_cli::sse::Parser::new(1 << 20),
+            ready: std::collections::VecDeque::new(),
+        }
+    }
+
     pub fn events(&self, sid: &str, after: u64) -> Vec<Value> {
         let (st, v) = self.api(
             Method::Get,
@@ -512,4 +530,35 @@ pub fn wait_parked(bad: &std::path::Path, n: usize, limit: Duration) {
             (names.len() - reasons == n && reasons == n).then_some(())
         },
     );
+}
+
+/// A session's event stream ([`Hub::follow`]).
+pub struct Follow {
+    body: Box<dyn std::io::Read + Send>,
+    parser: cortex_cli::sse::Parser,
+    ready: std::collections::VecDeque<cortex_cli::sse::Message>,
+}
+
+impl Follow {
+    /// Reads on to the first message `pred` takes (its `event:` name, `live` or `event`,
+    /// and its data as JSON) and returns that data; panics with `what` if the stream ends
+    /// or stays silent for 30 s first.
+    pub fn until(&mut self, what: &str, pred: impl Fn(&str, &Value) -> bool) -> Value {
+        loop {
+            while let Some(m) = self.ready.pop_front() {
+                let Ok(v) = serde_json::from_str::<Value>(&m.data) else {
+                    continue;
+                };
+                if pred(&m.event, &v) {
+                    return v;
+                }
+            }
+            let mut buf = [0u8; 8192];
+            let n = std::io::Read::read(&mut self.body, &mut buf)
+                .unwrap_or_else(|e| panic!("waiting for {what}: {e}"));
+            assert!(n > 0, "the stream ended before {what}");
+            let got = self.parser.feed(&buf[..n]).expect("an event stream");
+            self.ready.extend(got);
+        }
+    }
 }

@@ -3,13 +3,13 @@
 //! per device owns its WebSocket: it keeps reading (so pings are answered), pings at the
 //! interval the hub's welcome sets, notices a hub that went silent for two intervals, and
 //! hands every frame to the test through a channel. No spool, no files on disk. The socket
-//! is the agent's: `cortex_host::connection` (its limits, its frames).
+//! is the agent's: `cortex_daemon::connection` (its limits, its frames).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cortex_host::connection::{Connection, ConnectionError, Incoming, ws_config};
+use cortex_daemon::connection::{Connection, ConnectionError, Incoming, ws_config};
 use cortex_protocol::mesh::{
     AgentFrame, CloseReason, DEVICE_HEADER, FileOutcome, Hello, HostFacts, HubFrame, MESH_VERSION,
     SpoolCounts,

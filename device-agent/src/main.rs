@@ -14,7 +14,7 @@ fn main() -> std::process::ExitCode {
     if args.get(1).is_some_and(|a| a == agent::exec::LAUNCH_ARG) {
         return agent::exec::launch(&args[2..]);
     }
-    cortex_host::daemon::main("cortex-device-agent", || real_main(Args::parse()))
+    cortex_daemon::main("cortex-device-agent", || real_main(Args::parse()))
 }
 
 fn real_main(args: Args) -> anyhow::Result<()> {
@@ -62,7 +62,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     let shutdown = async {
-        cortex_host::daemon::shutdown_signal().await;
+        cortex_host::shutdown_signal().await;
     };
     rt.block_on(agent::run(config, shutdown))
         .context("the device agent could not start")

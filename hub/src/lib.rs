@@ -26,8 +26,6 @@ pub mod engine;
 pub mod home_lock;
 pub mod hosts;
 pub mod intake;
-#[cfg(test)]
-mod layering;
 pub mod live;
 pub mod mesh;
 pub mod metrics;

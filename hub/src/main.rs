@@ -10,7 +10,7 @@ use cortex_hub::cli::Args;
 use cortex_hub::config;
 
 fn main() -> std::process::ExitCode {
-    cortex_host::daemon::main("cortex-hub", || real_main(Args::parse()))
+    cortex_daemon::main("cortex-hub", || real_main(Args::parse()))
 }
 
 /// `--recover-journal`: see [`Args`].
@@ -135,7 +135,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         );
         let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         let shutdown = async {
-            cortex_host::daemon::shutdown_signal().await;
+            cortex_host::shutdown_signal().await;
         };
         let ran = cortex_hub::server::run_opened(config, opened, listener, mesh, shutdown).await;
         if let Err(e) = std::fs::remove_file(&url_file)

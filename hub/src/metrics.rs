@@ -60,6 +60,8 @@ pub struct Fleet {
     pub offline: i64,
     /// The mesh's open links (past the hello).
     pub links: i64,
+    /// Open long polls and SSE streams on sessions' event logs.
+    pub session_watchers: i64,
 }
 
 /// Everything the hub counts.
@@ -196,6 +198,13 @@ impl Metrics {
         let links = Gauge::<i64>::default();
         links.set(fleet.links);
         reg.register("cortex_mesh_links", "Open device links", links);
+        let watchers = Gauge::<i64>::default();
+        watchers.set(fleet.session_watchers);
+        reg.register(
+            "cortex_session_watchers",
+            "Open long polls and SSE streams on sessions' event logs",
+            watchers,
+        );
         reg.register(
             "cortex_mesh_links_opened",
             "Device links opened (past the hello) since the hub started",

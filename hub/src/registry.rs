@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use cortex_protocol::mesh::{AgentFrame, FileOutcome, HostFacts, HubFrame, SpoolCounts};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use cortex_protocol::api::DeviceView;
+use cortex_protocol::api::{DeviceView, FileAnswer, FileNote};
 
 use crate::secret;
 use crate::store::devices::DeviceRecord;
@@ -261,20 +261,6 @@ pub struct Registry {
 /// Files remembered per device, newest kept.
 pub const FILE_NOTES: usize = 100;
 
-/// One spool file a device sent and the hub's answer to it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct FileNote {
-    /// When the hub answered (ms since the epoch).
-    pub at: u64,
-    /// The file's name in the device's spool.
-    pub name: String,
-    /// `accepted`, `duplicate`, `resolved`, `refused` (parked under `bad/`) or `retry`.
-    pub outcome: &'static str,
-    /// Why it was refused or is to be sent again.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
 /// Compared against when the device is unknown, so both answers take the same time.
 const NO_TOKEN: [u8; 32] = [0; 32];
 
@@ -397,6 +383,7 @@ impl Registry {
             online,
             offline: g.tokens.len() as i64 - online,
             links: g.links.len() as i64,
+            ..Default::default()
         }
     }
 
@@ -426,11 +413,11 @@ impl Registry {
     /// Remembers a device's file and the hub's answer (the newest [`FILE_NOTES`]).
     pub fn note_file(&self, device: &str, name: &str, outcome: &FileOutcome, at: u64) {
         let (outcome, reason) = match outcome {
-            FileOutcome::Accepted => ("accepted", None),
-            FileOutcome::Duplicate => ("duplicate", None),
-            FileOutcome::Resolved => ("resolved", None),
-            FileOutcome::Refused { reason } => ("refused", Some(reason.clone())),
-            FileOutcome::Retry { reason } => ("retry", Some(reason.clone())),
+            FileOutcome::Accepted => (FileAnswer::Accepted, None),
+            FileOutcome::Duplicate => (FileAnswer::Duplicate, None),
+            FileOutcome::Resolved => (FileAnswer::Resolved, None),
+            FileOutcome::Refused { reason } => (FileAnswer::Refused, Some(reason.clone())),
+            FileOutcome::Retry { reason } => (FileAnswer::Retry, Some(reason.clone())),
         };
         let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
         let notes = files.entry(device.to_string()).or_default();
@@ -502,9 +489,9 @@ mod tests {
         let files = r.files("gpu1");
         assert_eq!(files.len(), 2);
         assert_eq!(files[0].name, "b.json");
-        assert_eq!(files[0].outcome, "refused");
+        assert_eq!(files[0].outcome, FileAnswer::Refused);
         assert_eq!(files[0].reason.as_deref(), Some("wrong secret"));
-        assert_eq!(files[1].outcome, "accepted");
+        assert_eq!(files[1].outcome, FileAnswer::Accepted);
         assert_eq!(files[1].reason, None);
         for i in 0..FILE_NOTES as u64 + 5 {
             r.note_file("gpu1", &format!("{i}.json"), &FileOutcome::Resolved, 10 + i);

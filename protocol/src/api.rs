@@ -975,7 +975,28 @@ pub struct WaitpointView {
     /// How far it got, counted by the one rule every view uses
     /// (`cortex_protocol::progress`); absent from hubs older than it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub progress: Option<crate::progress::Progress>,
+    pub progress: Option<Progress>,
+}
+
+/// A waitpoint's progress, as every view shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Progress {
+    /// Toward the quorum, at most `quorum`: members with a terminal signal (each once) when
+    /// it names members, else terminal signals. A monitor counts its current round.
+    pub received: u32,
+    pub quorum: u32,
+    /// Terminal signals (`ok` or `fail`), all told.
+    pub reports: u64,
+    /// Of those, the `fail` ones.
+    pub failed: u64,
+    /// `progress` signals (heartbeats): recorded, never counted toward the quorum.
+    pub heartbeats: u64,
+    /// Wakes that counted toward `max_signals` (neither expiry nor silence does).
+    pub wakes: u32,
+    pub max_signals: u32,
+    /// One line for people: `1/3`, `1/3 (1 failed) +2 progress`; a monitor's
+    /// `2/5 wakes, 3 reports (1 failed)`.
+    pub summary: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -1031,6 +1052,66 @@ pub struct DeviceCreated {
     pub token: String,
     /// The line that starts the agent on the device with this token.
     pub install: String,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub ok: bool,
+}
+
+/// `DELETE /api/devices/{name}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DeviceRevoked {
+    pub name: String,
+    pub revoked: bool,
+    /// A live link was ended.
+    pub dropped_link: bool,
+}
+
+/// `DELETE /api/devices/{name}/revoked`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DeviceRemoved {
+    pub name: String,
+    pub removed: bool,
+}
+
+/// `GET /api/devices/{name}/files`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DeviceFiles {
+    pub files: Vec<FileNote>,
+}
+
+/// One spool file of a device and what the hub answered it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct FileNote {
+    /// When the hub answered.
+    pub at: u64,
+    /// The file's name in the device's spool.
+    pub name: String,
+    pub outcome: FileAnswer,
+    /// Why it was refused or is to be sent again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+// The API's flat form of `mesh::FileOutcome`: a refusal's or a retry's reason is
+// `FileNote::reason`. Named `FileOutcome` in the OpenAPI document.
+/// What the hub answered a device's spool file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[schema(as = FileOutcome)]
+pub enum FileAnswer {
+    /// Recorded.
+    Accepted,
+    /// Recorded before (the same device and file name).
+    Duplicate,
+    /// The waitpoint no longer counts signals.
+    Resolved,
+    /// Parked under `bad/` on the device, with `reason`.
+    Refused,
+    /// Kept on the device and sent again later.
+    Retry,
 }
 
 /// One device in `GET /api/devices` (and `cortex devices`), or `GET /api/devices/{name}`.

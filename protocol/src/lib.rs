@@ -5,6 +5,7 @@
 //! depends on no other workspace crate.
 
 pub mod api;
+pub mod duration;
 pub mod mesh;
 pub mod progress;
 pub mod signal;

@@ -269,7 +269,7 @@ impl WaitSpec {
                 ..
             } => format!(
                 "{path} silent for {}",
-                crate::waits::format_duration_ms(*ms)
+                crate::duration::format_duration_ms(*ms)
             ),
             WaitSpec::File { path, .. } => format!("a write to {path}"),
             WaitSpec::Flock { path } => format!("the lock on {path}"),
@@ -283,7 +283,7 @@ impl WaitSpec {
                 if let Some(ms) = silence_ms {
                     s.push_str(&format!(
                         " (or {} of silence)",
-                        crate::waits::format_duration_ms(*ms)
+                        crate::duration::format_duration_ms(*ms)
                     ));
                 }
                 s

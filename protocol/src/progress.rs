@@ -3,32 +3,9 @@
 //! counts each member once however often it reported; a monitor counts its wakes against
 //! `max_signals`, not its reports against the quorum.
 
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
-
+pub use crate::api::Progress;
 use crate::api::{WaitpointView, WakeReason};
 use crate::signal::SignalStatus;
-
-/// A waitpoint's progress, as every view shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct Progress {
-    /// Toward the quorum, at most `quorum`: members with a terminal signal (each once) when
-    /// it names members, else terminal signals. A monitor counts its current round.
-    pub received: u32,
-    pub quorum: u32,
-    /// Terminal signals (`ok` or `fail`), all told.
-    pub reports: u64,
-    /// Of those, the `fail` ones.
-    pub failed: u64,
-    /// `progress` signals (heartbeats): recorded, never counted toward the quorum.
-    pub heartbeats: u64,
-    /// Wakes that counted toward `max_signals` (neither expiry nor silence does).
-    pub wakes: u32,
-    pub max_signals: u32,
-    /// One line for people: `1/3`, `1/3 (1 failed) +2 progress`; a monitor's
-    /// `2/5 wakes, 3 reports (1 failed)`.
-    pub summary: String,
-}
 
 /// What [`progress`] is computed from: the hub fills it from the engine's state, and a
 /// view without `progress` (an older hub) from its listed signals ([`Facts::of_view`]).

@@ -5,8 +5,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::time::Duration;
 
 use cortex_cli::http::Method;
-use cortex_tests::{Hub, body};
+use cortex_tests::{Hub, body, wait_until};
 use serde_json::json;
+
+use crate::metrics::scrape;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -103,10 +105,15 @@ fn sessions_messages_long_poll_and_deletion() {
             .expect("poll");
         serde_json::from_slice::<serde_json::Value>(&r.body).expect("json")
     });
-    std::thread::sleep(Duration::from_millis(200));
+    // Parked: the hub counts it among the sessions' watchers until it answers.
+    let watchers = |hub: &Hub| scrape(hub).get("cortex_session_watchers").copied();
+    wait_until(LIMIT, "the long poll parked", || {
+        (watchers(&hub) == Some(1.0)).then_some(())
+    });
     hub.signal(&body(&wp, json!({"message": "done"})));
     let got = poller.join().expect("join");
     assert_eq!(got["events"][0]["kind"], "wake", "{got}");
+    assert_eq!(watchers(&hub), Some(0.0), "the answered poll is no watcher");
 
     // Deleting the session cancels its armed waitpoints: a late signal is 410.
     let armed = hub.waitpoint(&sid, json!({"label": "armed", "intent": "x"}));

@@ -13,6 +13,7 @@ mod durability;
 mod full_disk;
 mod hostile;
 mod hostile_model;
+mod layering;
 mod local_waits;
 mod log_secrets;
 mod log_waits;

@@ -305,9 +305,14 @@ fn a_turn_only_cancel_mid_stream_keeps_the_text_so_far() {
     ]);
     let (hub, _tmp) = hub(&model);
     let sid = new_session(&hub, json!({}));
+    let mut follow = hub.follow(&sid);
     say(&hub, &sid, json!({"text": "count"}));
-    model.wait_requests(1, LIMIT);
-    std::thread::sleep(Duration::from_millis(700));
+    // The model's first words reached the hub: its text so far is on the session's stream.
+    follow.until("the first live text", |event, v| {
+        event == "live"
+            && v["kind"] == "model-delta"
+            && v["text"].as_str().is_some_and(|t| !t.is_empty())
+    });
     let (st, v) = hub.api(
         Method::Post,
         &format!("/api/sessions/{sid}/cancel"),

@@ -10,6 +10,7 @@ pub mod render;
 pub mod run;
 pub mod sessions;
 pub mod wait;
+pub mod wait_exit;
 pub mod wait_for;
 pub mod wait_local;
 pub mod wait_remote;
@@ -606,7 +607,7 @@ pub const UNREACHABLE: u8 = 2;
 pub fn run(cli: &Cli, env: &CortexEnv, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
     // Inside `cortex wait …`, 1 means "timed out"; any failure there is 2 ("broke").
     let failed = match cli.command {
-        Command::Wait(_) => wait_for::BROKE,
+        Command::Wait(_) => wait_exit::BROKE,
         _ => 1,
     };
     match execute(cli, env, out, err) {
@@ -755,7 +756,7 @@ fn execute(
                 (None, Some(name)) => {
                     if let Err(why) = cortex_protocol::api::check_consumer_name(name) {
                         let _ = writeln!(err, "cortex: --consumer: {why}");
-                        return Ok(wait_for::BROKE);
+                        return Ok(wait_exit::BROKE);
                     }
                     wait_for::From::Consumer(name.clone())
                 }

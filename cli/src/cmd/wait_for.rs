@@ -34,17 +34,9 @@ use cortex_protocol::mesh::WaitEnd;
 use serde_json::Value;
 
 use super::sessions::events_of;
+use super::wait_exit::{BROKE, FAILED, FIRED, SILENT, TIMED_OUT};
 use crate::hub::{Hub, HubError, segment};
 use crate::timefmt::{self, human, utc};
-
-pub const FIRED: u8 = 0;
-pub const TIMED_OUT: u8 = 1;
-pub const BROKE: u8 = 2;
-/// Fired, and the job reported failure (`cortex wait for` and remote waits only: a local
-/// wait cannot know how the process it watched ended).
-pub const FAILED: u8 = 3;
-/// A `silent` wake: no signal came for the waitpoint's `silence_after` (`cortex wait for`).
-pub const SILENT: u8 = 4;
 
 /// Where `cortex wait for` starts reading the waitpoint's wakes.
 #[derive(Debug, Clone, PartialEq, Eq)]

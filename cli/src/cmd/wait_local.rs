@@ -27,7 +27,7 @@ use cortex_protocol::waits::{Place, format_duration_ms};
 use serde::{Deserialize, Serialize};
 
 use super::parse_duration;
-use super::wait_for::{BROKE, FIRED, TIMED_OUT};
+use super::wait_exit::{BROKE, FIRED, TIMED_OUT};
 use crate::timefmt::{human, utc};
 
 /// The bound and liveness flags every local wait takes.
@@ -428,7 +428,7 @@ fn wait_with(
         }
         let outcome = tokio::select! {
             o = armed.wait(&opts) => o,
-            why = cortex_host::daemon::shutdown_signal() => {
+            why = cortex_host::shutdown_signal() => {
                 let _ = writeln!(err, "cortex: cancelled by {why}; nothing fired");
                 return BROKE;
             }

@@ -28,7 +28,8 @@ use cortex_protocol::waits::{
 };
 
 use super::devices;
-use super::wait_for::{self, BROKE, How};
+use super::wait_exit::BROKE;
+use super::wait_for::{self, How};
 use super::wait_local::LocalWait;
 use crate::hub::{Hub, segment};
 use crate::timefmt::human;

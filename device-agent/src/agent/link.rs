@@ -1,5 +1,5 @@
 //! The link to the hub: one WebSocket on `/mesh/v1`, MessagePack frames in binary messages
-//! (`cortex_protocol::mesh`), through `cortex_host::connection` (its limits and its
+//! (`cortex_protocol::mesh`), through `cortex_daemon::connection` (its limits and its
 //! frame-speaking [`Connection`]).
 //!
 //! [`Dialer::dial`] does the connect (TCP, TLS, upgrade with the bearer token and the device
@@ -20,7 +20,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cortex_host::connection::{
+use cortex_daemon::connection::{
     Connection, ConnectionError, FrameSink, FrameStream, Incoming, ws_config,
 };
 use cortex_protocol::mesh::{

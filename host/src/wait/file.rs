@@ -34,7 +34,7 @@ use inotify::{EventMask, WatchMask};
 use serde_json::{Value, json};
 
 use super::watches::{Delivery, FileWatches, Subscription};
-use super::{Cursor, Fire, WaitError, watch_name};
+use super::{Cursor, DIR_GONE, Fire, WaitError, lost_dir, watch_name};
 
 /// The cursor of a file from its metadata (`fstat`/`stat`): device, inode, size, mtime.
 pub fn cursor_of(meta: &fs::Metadata) -> FileCursor {
@@ -102,9 +102,7 @@ pub(crate) enum Action {
 
 pub(crate) fn classify(key: u32, mask: EventMask, name: Option<&OsStr>, ours: &OsStr) -> Action {
     if key == PARENT {
-        if mask.intersects(
-            EventMask::DELETE_SELF | EventMask::MOVE_SELF | EventMask::UNMOUNT | EventMask::IGNORED,
-        ) {
+        if mask.intersects(DIR_GONE) {
             return Action::ParentGone;
         }
         if name != Some(ours) || mask.contains(EventMask::ISDIR) {
@@ -258,12 +256,7 @@ impl FileWait {
                             let meta = fs::symlink_metadata(&path).ok();
                             created_fires(meta.as_ref()).then_some(("created", None))
                         }
-                        Action::ParentGone => {
-                            return Err(WaitError::BadPath {
-                                path,
-                                why: "lost its directory (moved, deleted or unmounted) while waiting",
-                            });
-                        }
+                        Action::ParentGone => return Err(lost_dir(path)),
                     }
                 }
                 // Events were lost: compare with where the wait started.

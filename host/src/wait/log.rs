@@ -39,14 +39,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use cortex_protocol::mesh::LogCursor;
-use inotify::{EventMask, WatchMask};
+use inotify::WatchMask;
 use rustix::io::Errno;
 use serde_json::json;
 use tokio::time::Instant;
 
 use super::lines::{FileState, Hit, MAX_PARTIAL_BYTES, Scanner, Turn, start_offset, turn};
 use super::watches::{Delivery, FileWatches, Subscription};
-use super::{Cursor, Fire, WaitError, watch_error, watch_name};
+use super::{Cursor, DIR_GONE, Fire, WaitError, lost_dir, watch_error, watch_name};
 
 /// The largest read at once.
 const CHUNK_BYTES: usize = 64 * 1024;
@@ -358,16 +358,8 @@ impl LogWait {
                 if key != DIR {
                     return Ok(true);
                 }
-                if mask.intersects(
-                    EventMask::DELETE_SELF
-                        | EventMask::MOVE_SELF
-                        | EventMask::UNMOUNT
-                        | EventMask::IGNORED,
-                ) {
-                    return Err(WaitError::BadPath {
-                        path: self.captured.path.clone(),
-                        why: "lost its directory (moved, deleted or unmounted) while waiting",
-                    });
+                if mask.intersects(DIR_GONE) {
+                    return Err(lost_dir(self.captured.path.clone()));
                 }
                 Ok(name.as_deref() == Some(self.name.as_os_str()))
             }

@@ -181,6 +181,22 @@ pub(crate) fn watch_name(
     Ok((name, sub))
 }
 
+/// The events on the directory watch [`watch_name`] sets up that say the watch is gone:
+/// the directory was moved, deleted or unmounted, or the kernel dropped the watch. The wait
+/// can no longer see its name and ends with [`lost_dir`].
+pub(crate) const DIR_GONE: inotify::EventMask = inotify::EventMask::DELETE_SELF
+    .union(inotify::EventMask::MOVE_SELF)
+    .union(inotify::EventMask::UNMOUNT)
+    .union(inotify::EventMask::IGNORED);
+
+/// How a wait ends when its directory's watch is gone ([`DIR_GONE`]).
+pub(crate) fn lost_dir(path: PathBuf) -> WaitError {
+    WaitError::BadPath {
+        path,
+        why: "lost its directory (moved, deleted or unmounted) while waiting",
+    }
+}
+
 /// A fired wait: the payload to print (one JSON object) and, for a file or log wait, the
 /// position to persist so a re-arm neither misses a write or a line nor reports this one
 /// again.

@@ -25,14 +25,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use cortex_protocol::mesh::FileCursor;
-use inotify::{EventMask, WatchMask};
+use inotify::WatchMask;
 use serde_json::json;
 use tokio::time::Instant;
 
 use super::file::{FileCaptured, read_cursor};
 use super::log::{instant_of, ms};
 use super::watches::{Delivery, FileWatches, Subscription};
-use super::{Cursor, Fire, WaitError, watch_name};
+use super::{Cursor, DIR_GONE, Fire, WaitError, lost_dir, watch_name};
 
 /// Which watch an event came from.
 const DIR: u32 = 0;
@@ -170,16 +170,8 @@ impl SilenceWait {
                     self.last_event = Some(Instant::now());
                     return Ok(());
                 }
-                if mask.intersects(
-                    EventMask::DELETE_SELF
-                        | EventMask::MOVE_SELF
-                        | EventMask::UNMOUNT
-                        | EventMask::IGNORED,
-                ) {
-                    return Err(WaitError::BadPath {
-                        path: self.captured.path.clone(),
-                        why: "lost its directory (moved, deleted or unmounted) while waiting",
-                    });
+                if mask.intersects(DIR_GONE) {
+                    return Err(lost_dir(self.captured.path.clone()));
                 }
                 if name.as_deref() == Some(self.name.as_os_str()) {
                     self.last_event = Some(Instant::now());

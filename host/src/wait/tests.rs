@@ -808,17 +808,37 @@ async fn bad_file_paths_are_refused() {
     );
 }
 
+/// A file, log or silence wait breaks (exit 2, "lost its directory") when the directory
+/// it watches for its name is removed: each of them reads that event the same way.
 #[tokio::test]
-async fn a_file_wait_breaks_when_its_directory_goes() {
+async fn a_file_log_or_silence_wait_breaks_when_its_directory_goes() {
     let dir = tmp();
-    let sub = dir.path().join("sub");
-    fs::create_dir(&sub).expect("mkdir");
-    let armed = Waits::new().arm(&file_spec(&sub.join("f"))).expect("arm");
-    let task = tokio::spawn(async move { armed.wait(&opts(BOUND)).await });
-    fs::remove_dir(&sub).expect("rmdir");
-    let out = task.await.expect("join");
-    assert_eq!(out.exit_code(), 2, "{out:?}");
-    assert!(format!("{out:?}").contains("lost its directory"), "{out:?}");
+    for (kind, spec) in [
+        ("file", file_spec as fn(&Path) -> WaitSpec),
+        ("log", |p: &Path| WaitSpec::Log {
+            path: utf8(p),
+            pattern: "never".into(),
+            cursor: None,
+            silence_ms: None,
+        }),
+        ("silence", |p: &Path| WaitSpec::File {
+            path: utf8(p),
+            cursor: None,
+            silence_ms: Some(3_600_000),
+        }),
+    ] {
+        let sub = dir.path().join(kind);
+        fs::create_dir(&sub).expect("mkdir");
+        let armed = Waits::new().arm(&spec(&sub.join("f"))).expect("arm");
+        let task = tokio::spawn(async move { armed.wait(&opts(BOUND)).await });
+        fs::remove_dir(&sub).expect("rmdir");
+        let out = task.await.expect("join");
+        assert_eq!(out.exit_code(), 2, "{kind}: {out:?}");
+        assert!(
+            format!("{out:?}").contains("lost its directory"),
+            "{kind}: {out:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@
 //!    messages, a file's store answer, a remote wait's store write, the store's notice
 //!    that the device's waits changed, the sweep's rescan, the keepalive tick, silence,
 //!    revocation or shutdown) into one [`Event`], and [`Live::handle`] is where the
-//!    link's state changes. The socket is `cortex_host::connection`'s `Connection`, the
+//!    link's state changes. The socket is `cortex_daemon::connection`'s `Connection`, the
 //!    agent's own (its limits, its frame codec, its close), split in a reader the loop
 //!    always polls (tungstenite answers pings only while read) and a writer task; each
 //!    `File` is recorded in its own task up to the window so a burst
@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cortex_host::connection::{
+use cortex_daemon::connection::{
     Connection, ConnectionError, FrameSink, FrameStream, Incoming, ws_config,
 };
 use cortex_protocol::SignalRequest;

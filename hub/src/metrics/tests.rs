@@ -45,6 +45,7 @@ fn every_family_is_named_with_the_prefix_and_its_unit() {
     let want = [
         ("cortex_devices", "gauge"),
         ("cortex_mesh_links", "gauge"),
+        ("cortex_session_watchers", "gauge"),
         ("cortex_mesh_links_opened_total", "counter"),
         ("cortex_mesh_reconnects_total", "counter"),
         ("cortex_signals_total", "counter"),
@@ -92,6 +93,7 @@ fn what_is_recorded_is_what_is_shown() {
             online: 2,
             offline: 1,
             links: 2,
+            session_watchers: 3,
         })
         .unwrap();
     let at = |s: &str| sample(&text, s).unwrap_or_else(|| panic!("no {s} in\n{text}"));
@@ -106,6 +108,7 @@ fn what_is_recorded_is_what_is_shown() {
     assert_eq!(at(r#"cortex_wakes_total{reason="fired"}"#), 1.0);
     assert_eq!(at(r#"cortex_waitpoints{state="armed"}"#), 1.0);
     assert_eq!(at(r#"cortex_waitpoints{state="resolved"}"#), 0.0);
+    assert_eq!(at("cortex_session_watchers"), 3.0);
     assert_eq!(at("cortex_mesh_links_opened_total"), 2.0);
     assert_eq!(at("cortex_mesh_reconnects_total"), 1.0);
     assert_eq!(at(r#"cortex_remote_waits_armed_total{kind="pid"}"#), 1.0);

@@ -9,7 +9,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use cortex_protocol::api::{
-    CreateDevice, CreateDeviceWait, DeviceCreated, DeviceView, DeviceWaitCreated,
+    CreateDevice, CreateDeviceWait, DeviceCreated, DeviceFiles, DeviceRemoved, DeviceRevoked,
+    DeviceView, DeviceWaitCreated,
 };
 use cortex_protocol::mesh::MAX_WAITS_PER_DEVICE;
 
@@ -178,7 +179,7 @@ pub async fn device_files(
         return Err(no_device(&name));
     }
     let files = state.devices.files(&name);
-    Ok(Json(serde_json::json!({ "files": files })).into_response())
+    Ok(Json(DeviceFiles { files }).into_response())
 }
 
 /// `POST /api/devices/{name}/waits`.
@@ -284,10 +285,12 @@ pub async fn revoke_device(
     // The record is gone; now no new link is accepted and the live one ends at once.
     let dropped = state.devices.revoke(&name);
     tracing::info!(device = %name, dropped, "device revoked");
-    Ok(
-        Json(serde_json::json!({"name": name, "revoked": true, "dropped_link": dropped}))
-            .into_response(),
-    )
+    Ok(Json(DeviceRevoked {
+        name,
+        revoked: true,
+        dropped_link: dropped,
+    })
+    .into_response())
 }
 
 /// `DELETE /api/devices/{name}/revoked`: a revoked device leaves the list (`cortex device
@@ -306,7 +309,11 @@ pub async fn remove_device(
     match outcome {
         Forget::Removed => {
             tracing::info!(device = %name, "revoked device removed from the list");
-            Ok(Json(serde_json::json!({"name": name, "removed": true})).into_response())
+            Ok(Json(DeviceRemoved {
+                name,
+                removed: true,
+            })
+            .into_response())
         }
         Forget::Enrolled => Err(ApiError::new(
             StatusCode::CONFLICT,

@@ -12,7 +12,12 @@ use super::error::ApiError;
 use crate::state::AppState;
 
 pub async fn route(State(state): State<AppState>) -> Response {
-    match crate::metrics::metrics().encode(state.devices.fleet()) {
+    let read = crate::metrics::Fleet {
+        session_watchers: i64::try_from(state.store.notifier.session_watchers())
+            .unwrap_or(i64::MAX),
+        ..state.devices.fleet()
+    };
+    match crate::metrics::metrics().encode(read) {
         Ok(text) => ([(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response(),
         Err(e) => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -82,7 +82,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route(
             "/healthz",
-            get(|| async { axum::Json(serde_json::json!({"ok": true})) }),
+            get(|| async { axum::Json(cortex_protocol::api::Health { ok: true }) }),
         )
         .route("/metrics", get(metrics::route))
         .route("/webhook/signal", post(signal::route))

@@ -1,12 +1,12 @@
 //! systemd's side of a running hub: `READY=1` once it serves, `WATCHDOG=1` while its
-//! store still commits, `STOPPING=1` when it stops (`cortex_host::notify`; nothing outside
+//! store still commits, `STOPPING=1` when it stops (`cortex_daemon::notify`; nothing outside
 //! a `Type=notify` unit).
 //!
 //! The watchdog is fed only after a write through the store's writer comes back within
 //! the interval: a hub whose writer is wedged (a stuck disk, a deadlock) stops feeding it,
 //! and systemd restarts it. The journal makes that restart lose nothing.
 
-use cortex_host::notify::Notifier;
+use cortex_daemon::notify::Notifier;
 
 use crate::state::AppState;
 

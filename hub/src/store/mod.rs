@@ -525,6 +525,11 @@ impl Notifier {
         self.watch(TOPIC_HUB, "", current)
     }
 
+    /// The sessions' open long polls and SSE streams (each holds one [`Notifier::subscribe`]).
+    pub fn session_watchers(&self) -> usize {
+        self.watchers(tables::TOPIC_SESSION)
+    }
+
     /// Changes whenever a batch added or ended remote waits of `device`.
     pub fn subscribe_device(&self, device: &str) -> watch::Receiver<u64> {
         self.watch(tables::TOPIC_DEVICE, device, 0)

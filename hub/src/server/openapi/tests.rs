@@ -183,7 +183,7 @@ fn the_document_names_exactly_the_routes_the_router_serves() {
     let undocumented: Vec<_> = routes.difference(&doc).collect();
     assert!(
         undocumented.is_empty(),
-        "routes the router serves but the OpenAPI document (server/openapi.rs) and docs/api.md do not describe: {undocumented:?}"
+        "routes the router serves but the OpenAPI document (server/openapi/) and docs/api.md do not describe: {undocumented:?}"
     );
     let unrouted: Vec<_> = doc.difference(&routes).collect();
     assert!(

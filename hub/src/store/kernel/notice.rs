@@ -46,6 +46,15 @@ impl Notifier {
         }
     }
 
+    /// How many watches readers hold now on the topics of `kind`.
+    pub fn watchers(&self, kind: &str) -> usize {
+        let map = self.topics.lock().unwrap_or_else(|e| e.into_inner());
+        map.iter()
+            .filter(|((k, _), _)| *k == kind)
+            .map(|(_, tx)| tx.receiver_count())
+            .sum()
+    }
+
     /// The value a topic holds now, if anyone created it.
     pub fn current(&self, kind: &'static str, key: &str) -> Option<u64> {
         let map = self.topics.lock().unwrap_or_else(|e| e.into_inner());

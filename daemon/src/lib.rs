@@ -1,9 +1,19 @@
-//! What both daemons (`cortex-hub`, `cortex-device-agent`) do around their real work: log
-//! to stderr (colour only on a terminal; `RUST_LOG`, default `info`, never past `debug` for
-//! the websocket crates, whose traces print tokens and secrets), and turn an error
-//! into one line on stderr and a failing exit status; with `CORTEX_TIMING_FILE` set, the
-//! benchmarks' timing records ([`crate::timing`]); and the one wait for SIGTERM/SIGINT
-//! (the daemons and `cortex wait` stop on it).
+//! What the two daemons (`cortex-hub`, `cortex-device-agent`) share beyond `cortex-host`,
+//! and the CLI never links (so `cortex` and `cortex-signal` build no WebSocket stack and
+//! no log subscriber):
+//!
+//! - [`main`]: log to stderr (colour only on a terminal; `RUST_LOG`, default `info`, never
+//!   past `debug` for the websocket crates, whose traces print tokens and secrets), turn an
+//!   error into one line on stderr and a failing exit status, and with
+//!   `CORTEX_TIMING_FILE` set, write the benchmarks' timing records
+//!   (`cortex_host::timing`).
+//! - [`notify`]: systemd's notify socket (`READY=1`, `STATUS=`, `WATCHDOG=1`) for both
+//!   daemons' `Type=notify` units.
+//! - [`connection`]: the device mesh's connection: one [`connection::ws_config`] and a
+//!   [`connection::Connection`] that sends and reads protocol's frames over a WebSocket.
+
+pub mod connection;
+pub mod notify;
 
 use std::process::ExitCode;
 
@@ -43,7 +53,7 @@ pub fn main(name: &str, real_main: impl FnOnce() -> anyhow::Result<()>) -> ExitC
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // `init` also routes the `log` crate's records (tungstenite's, rustls's) through it.
     subscriber(filter, std::io::stderr, ansi).init();
-    if let Err(e) = crate::timing::install_from_env() {
+    if let Err(e) = cortex_host::timing::install_from_env() {
         eprintln!("{name}: error: {e}");
         return ExitCode::FAILURE;
     }
@@ -54,30 +64,6 @@ pub fn main(name: &str, real_main: impl FnOnce() -> anyhow::Result<()>) -> ExitC
             ExitCode::FAILURE
         }
     }
-}
-
-/// Resolves on the first SIGTERM or SIGINT with its name (`"SIGTERM"`, `"SIGINT"`), logged
-/// as `SIGTERM: stopping`; never, if the handlers cannot be installed (logged as an error:
-/// the process then stops only by SIGKILL, rather than at once). The daemons stop
-/// gracefully on it; `cortex wait` ends as "broke" on it.
-pub async fn shutdown_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (mut term, mut int) = match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(term), Ok(int)) => (term, int),
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM and SIGINT");
-            return std::future::pending().await;
-        }
-    };
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    };
-    tracing::info!("{name}: stopping");
-    name
 }
 
 #[cfg(test)]
@@ -135,23 +121,5 @@ mod tests {
                 );
             }
         }
-    }
-
-    /// A SIGTERM sent to this process ends the wait with its name. The first poll installs
-    /// the handlers, before the signal goes, so the default action (exit) never runs.
-    #[tokio::test]
-    async fn sigterm_is_reported_by_name() {
-        let mut stop = std::pin::pin!(super::shutdown_signal());
-        tokio::select! {
-            biased;
-            name = &mut stop => panic!("stopped before any signal: {name}"),
-            () = std::future::ready(()) => {}
-        }
-        rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::TERM)
-            .expect("kill");
-        let name = tokio::time::timeout(std::time::Duration::from_secs(10), stop)
-            .await
-            .expect("SIGTERM seen");
-        assert_eq!(name, "SIGTERM");
     }
 }
