@@ -10,6 +10,7 @@ mod device_loss;
 mod device_tokens;
 mod durability;
 mod full_disk;
+mod guards;
 mod hostile;
 mod local_waits;
 mod log_secrets;

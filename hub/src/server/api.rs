@@ -200,6 +200,8 @@ pub async fn get_session(
     }
 }
 
+/// `DELETE /api/sessions/{sid}`: the session, its log and agent record go, its armed
+/// waitpoints are cancelled, and a model call its runner task waits on is stopped.
 pub async fn delete_session(
     State(state): State<AppState>,
     Path(sid): Path<String>,
@@ -213,6 +215,9 @@ pub async fn delete_session(
     if !found {
         return Err(ApiError::not_found("session", &sid));
     }
+    // After the delete is durable: a model call the session's task waits on stops now,
+    // and the write that follows finds no session (nothing recorded, nothing made again).
+    state.stops.ring(&sid);
     Ok(Json(serde_json::json!({"id": sid, "deleted": true})).into_response())
 }
 
