@@ -2,6 +2,7 @@
 //! here sits behind the operator token (see `auth`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, Request, State};
@@ -19,6 +20,7 @@ use super::error::{ApiError, parse_json};
 use super::log::{self, LogQuery};
 use super::page::{self, CookieAuth, Logins};
 use crate::engine::CreateParams;
+use crate::runner::output::{self, ConfigError, OutputConfig};
 use crate::runner::prefix;
 use crate::state::AppState;
 use crate::store::agent::AgentRecord;
@@ -104,6 +106,10 @@ pub async fn create_session(
             given.join(", ")
         )));
     }
+    if let Some(o) = &req.output {
+        // Compiled here under the hub's budget, and kept for the session's runs.
+        schema_compiled(&state, o).await?;
+    }
     // Fixed now: an agent session's configuration and prefix, or none for a mailbox.
     let agent = match req.wants_runs() {
         true => {
@@ -134,6 +140,31 @@ pub async fn create_session(
         .map_err(ApiError::store)?
         .ok_or_else(|| ApiError::store("the session just made cannot be read"))?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+/// Compiles an output schema under `limits.schemaCompileMs`, on a blocking thread: a
+/// 400 says why it is refused (503 while another compile still runs past its budget).
+async fn schema_compiled(state: &AppState, o: &OutputConfig) -> Result<(), ApiError> {
+    let budget = Duration::from_millis(state.settings.limits.schema_compile_ms);
+    match output::budget::compile_within(o, budget).await {
+        Ok(_) => Ok(()),
+        Err(e @ (ConfigError::TooLarge(_) | ConfigError::TooDeep(_))) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "schema_too_complex",
+            e.to_string(),
+        )),
+        Err(e @ ConfigError::TooSlow(_)) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "schema_compile_timeout",
+            e.to_string(),
+        )),
+        Err(e @ ConfigError::Busy(_)) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "schema_compile_busy",
+            e.to_string(),
+        )),
+        Err(e) => Err(ApiError::bad_request(e.to_string())),
+    }
 }
 
 /// `GET /api/sessions/{sid}/result`: the last run's result and meta.
@@ -363,6 +394,11 @@ async fn spawn_setup(
         .read(move |r| Ok(r.agent(&s)?.and_then(|a| a.config)))
         .await
         .map_err(ApiError::store)?;
+    if let Some(o) = parent.as_ref().and_then(|p| p.output.as_ref()) {
+        // The spawned sessions share the parent's schema: compiled (or found compiled)
+        // under the budget, so building their prefix here compiles nothing.
+        schema_compiled(state, o).await?;
+    }
     let (config, prefix) =
         prefix::spawned(&state.agent_defaults, &state.caps, parent, instructions)
             .map_err(ApiError::bad_request)?;
