@@ -1,11 +1,12 @@
 //! `/api/...`: sessions, their event logs (long poll and SSE) and waitpoints. Every route
 //! here sits behind the operator token (see `auth`).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -17,6 +18,7 @@ use cortex_protocol::api::{
 use serde::Deserialize;
 
 use super::error::{ApiError, parse_json};
+use super::http::Hangup;
 use super::log::{self, LogQuery};
 use super::page::{self, CookieAuth, Logins};
 use crate::engine::CreateParams;
@@ -309,7 +311,10 @@ pub async fn events(
     Path(sid): Path<String>,
     Query(q): Query<LogQuery>,
     headers: HeaderMap,
+    hangup: Option<Extension<Hangup>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
 ) -> Result<Response, ApiError> {
+    let conn = log::Conn::of(&headers, hangup.map(|h| h.0), peer.map(|p| (p.0).0));
     let current = match state
         .store
         .read({
@@ -327,12 +332,12 @@ pub async fn events(
     let sse = log::wants_sse(&headers);
     let live = sse.then(|| state.live.subscribe(&sid));
     let (read_sid, gone_sid) = (sid.clone(), sid);
-    let read = move |after: u64| -> log::LogReader {
+    let read = move |after: u64, limit: usize| -> log::LogReader {
         let sid = read_sid.clone();
-        Box::new(move |r| r.events_after(&sid, after, log::PAGE))
+        Box::new(move |r| r.events_after(&sid, after, limit))
     };
     let gone = move || ApiError::not_found("session", &gone_sid);
-    log::serve(state, q, sse, rx, read, gone, live).await
+    log::serve(state, q, sse, rx, read, gone, live, conn).await
 }
 
 // ------------------------------------------------------------------ waitpoints
