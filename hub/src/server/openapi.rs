@@ -356,7 +356,10 @@ fn log_ok(page: RefOr<Schema>, example: Value) -> ResponseBuilder {
              after `after` and then each one as it lands (`event: event`, `id:` its seq, `data:` \
              the event's JSON), a keep-alive comment every 15 s; a session's stream also \
              carries `event: live` messages, the model's text as it arrives (`model-delta`, \
-             `output-delta`, `output-partial` with `live: true`), never stored."
+             `output-delta`, `output-partial` with `live: true`), never stored. A stream \
+             resumes after a `Last-Event-ID` header's seq when it is later than `after`. Past \
+             `limits.followerBytes` unread by all followers together, the ones holding the \
+             most are dropped (the connection closed); they resume after their last seq."
         ))
         .content(
             "application/json",
@@ -482,8 +485,18 @@ fn sessions(d: &mut Doc) {
     );
     let bad = d.error(
         "Not such JSON, or a runner setting the hub cannot use (an output schema that does not \
-         compile, …)",
-        &["bad_request"],
+         compile, …); `schema_too_complex`: the output schema expands to more than 20,000 \
+         subschemas once its `$ref`s are followed, or nests deeper than 128 levels; \
+         `schema_compile_timeout`: it did not compile within `limits.schemaCompileMs`",
+        &[
+            "bad_request",
+            "schema_too_complex",
+            "schema_compile_timeout",
+        ],
+    );
+    let busy = d.error(
+        "Another output schema still compiles past its budget (one compiles at a time); ask again",
+        &["schema_compile_busy"],
     );
     let large = d.error(
         "`title` over 200 characters or `instructions` over 64 KiB, or a body over 1 MiB",
@@ -508,7 +521,8 @@ fn sessions(d: &mut Doc) {
         .request_body(Some(body.build()))
         .response("201", created)
         .response("400", bad)
-        .response("413", large),
+        .response("413", large)
+        .response("503", busy),
     );
 
     let list = d.json_list::<SessionView>("Every session", json!([session_example()]));
