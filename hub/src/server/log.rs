@@ -149,24 +149,31 @@ fn stream(
     tokio::spawn(async move {
         let share = share(budget);
         let mut cursor = after;
-        let mut limit = FIRST_PAGE;
+        let (mut limit, mut each) = (FIRST_PAGE, FIRST_GUESS);
         loop {
             rx.borrow_and_update();
-            let raw = match state.store.read(read(cursor, limit)).await {
+            // What the read will hold counts before it is made, so followers reading at
+            // once cannot pass the budget between them unseen.
+            let expected = (limit as u64).saturating_mul(each);
+            if !FOLLOWERS.reserve(&f, expected, budget) {
+                return f.end();
+            }
+            let raw = state.store.read(read(cursor, limit)).await;
+            FOLLOWERS.release(&f, expected);
+            let raw = match raw {
                 Ok(Some(raw)) => raw,
                 Ok(None) | Err(_) => return f.end(),
             };
             let more = raw.len() >= limit;
-            limit = next_limit(&raw, share);
+            (limit, each) = next_limit(&raw, share);
             for r in raw {
-                let seq = serde_json::from_slice::<serde_json::Value>(&r)
-                    .ok()
-                    .and_then(|v| v.get("seq").and_then(|s| s.as_u64()))
-                    .unwrap_or(cursor);
+                let seq = serde_json::from_slice::<Seq>(&r).map_or(cursor, |s| s.seq);
                 cursor = cursor.max(seq);
+                let data = String::from_utf8(r)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
                 let item = Item {
                     seq: Some(seq),
-                    data: String::from_utf8_lossy(&r).into_owned(),
+                    data,
                 };
                 // This follower read its page after draining the last: it is not the
                 // slow one, whoever else is.
@@ -210,8 +217,15 @@ fn stream(
         .into_response()
 }
 
-/// Events a follower reads first, before their size is known.
-const FIRST_PAGE: usize = 64;
+/// Events a follower reads first, before their size is known, and the size guessed.
+const FIRST_PAGE: usize = 8;
+const FIRST_GUESS: u64 = 4096;
+
+/// A stored event's seq (the rest of it is passed on as stored).
+#[derive(Deserialize)]
+struct Seq {
+    seq: u64,
+}
 
 /// The most one follower holds unread (a page and what is left of the last): an eighth
 /// of the budget, so a reading follower never looks like the slowest for long.
@@ -219,16 +233,18 @@ fn share(budget: u64) -> u64 {
     (budget / 8).max(1)
 }
 
-/// How many events to read next, so a page is about half a follower's share.
-fn next_limit(raw: &[Vec<u8>], share: u64) -> usize {
+/// How many events to read next, so a page is about half a follower's share, and the
+/// bytes an event is expected to hold (the last page's mean).
+fn next_limit(raw: &[Vec<u8>], share: u64) -> (usize, u64) {
     let bytes: usize = raw.iter().map(Vec::len).sum();
     if raw.is_empty() || bytes == 0 {
-        return FIRST_PAGE;
+        return (FIRST_PAGE, FIRST_GUESS);
     }
     let each = (bytes / raw.len()).max(1) as u64;
-    usize::try_from(share / 2 / each)
+    let n = usize::try_from(share / 2 / each)
         .unwrap_or(PAGE)
-        .clamp(1, PAGE)
+        .clamp(1, PAGE);
+    (n, each)
 }
 
 /// Every live follower of every log, and their unread bytes together: one budget for
@@ -318,6 +334,35 @@ impl Followers {
         true
     }
 
+    /// Counts `n` bytes `f` is about to read as its own (sparing it, as a page it reads);
+    /// `false` when `f` is over.
+    fn reserve(&self, f: &Arc<Follower>, n: u64, budget: u64) -> bool {
+        {
+            let q = f.lock();
+            if q.dropped || q.ended {
+                return false;
+            }
+            f.unread.fetch_add(n, Ordering::Relaxed);
+            self.total.fetch_add(n, Ordering::Relaxed);
+        }
+        if self.total.load(Ordering::Relaxed) > budget {
+            self.shed(budget, Some(f.id));
+        }
+        true
+    }
+
+    /// Takes back what [`Followers::reserve`] counted (unless `f` was dropped since, which
+    /// took all it held).
+    fn release(&self, f: &Follower, n: u64) {
+        let q = f.lock();
+        if q.dropped || q.ended {
+            return;
+        }
+        let n = n.min(f.unread.load(Ordering::Relaxed));
+        f.unread.fetch_sub(n, Ordering::Relaxed);
+        self.total.fetch_sub(n, Ordering::Relaxed);
+    }
+
     /// Drops the followers with the most unread until the budget holds.
     fn shed(&self, budget: u64, spare: Option<u64>) {
         let each = self.lock();
@@ -382,14 +427,14 @@ impl Follower {
     /// Forgets what it holds, ends its stream with an error and closes its connection;
     /// the bytes it held.
     fn drop_for_budget(&self, total: &AtomicU64) -> u64 {
-        let waker = {
+        let (waker, n) = {
             let mut q = self.lock();
             q.dropped = true;
             q.items.clear();
-            q.waker.take()
+            let n = self.unread.swap(0, Ordering::Relaxed);
+            total.fetch_sub(n, Ordering::Relaxed);
+            (q.waker.take(), n)
         };
-        let n = self.unread.swap(0, Ordering::Relaxed);
-        total.fetch_sub(n, Ordering::Relaxed);
         if let Some(w) = waker {
             w.wake();
         }
@@ -517,6 +562,25 @@ mod tests {
     }
 
     #[test]
+    fn a_read_counts_before_it_is_made() {
+        let all = Followers::default();
+        let (a, b) = (all.join(Conn::default()), all.join(Conn::default()));
+        assert!(all.push(&b, item(600), true, 1_000));
+        // `a` is about to read 600 bytes: `b`, holding the most of the others, goes first.
+        assert!(all.reserve(&a, 600, 1_000));
+        assert!(b.over() && !a.over());
+        all.release(&a, 600);
+        assert_eq!(all.total.load(Ordering::Relaxed), 0);
+        // A follower dropped while it read is not taken back twice.
+        assert!(all.reserve(&a, 700, 1_000));
+        let c = all.join(Conn::default());
+        assert!(all.push(&c, item(400), false, 1_000));
+        assert!(a.over(), "a live piece spares no one: `a` held the most");
+        all.release(&a, 700);
+        assert_eq!(all.total.load(Ordering::Relaxed), 400);
+    }
+
+    #[test]
     fn a_page_is_about_half_a_followers_share() {
         let ev = |n: usize| vec![vec![b'x'; n]; 4];
         let cases = [
@@ -527,12 +591,9 @@ mod tests {
             (10, 1 << 30, PAGE),
         ];
         for (size, budget, want) in cases {
-            assert_eq!(
-                next_limit(&ev(size), share(budget)),
-                want,
-                "{size} {budget}"
-            );
+            let next = next_limit(&ev(size), share(budget));
+            assert_eq!(next, (want, size as u64), "{size} {budget}");
         }
-        assert_eq!(next_limit(&[], share(1 << 20)), FIRST_PAGE);
+        assert_eq!(next_limit(&[], share(1 << 20)), (FIRST_PAGE, FIRST_GUESS));
     }
 }
