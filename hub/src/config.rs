@@ -43,7 +43,7 @@ pub enum ConfigError {
 
 /// The hub's numbers: the engine's rules and the sweep interval; the runner's defaults
 /// and the model's settings.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct HubSettings {
     pub engine: Settings,
     /// `waitpointSweepMs`: how often the sweep runs; 0 turns it off.

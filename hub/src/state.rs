@@ -95,6 +95,8 @@ pub struct Inner {
     pub stops: Arc<crate::stops::Stops>,
     /// The names the listener answers to, besides loopback and `localhost`.
     pub hosts: crate::hosts::Hosts,
+    /// The hub's settings as read at start; `limits` bounds what a client may cost.
+    pub settings: HubSettings,
 }
 
 /// The shared state, cheap to clone (one `Arc`).

@@ -115,6 +115,7 @@ async fn scenario() {
         caps: Default::default(),
         stops: Default::default(),
         hosts: Default::default(),
+        settings: Default::default(),
     });
     cortex_hub::mesh::start(&state, cortex_hub::config::DEFAULT_DEVICE_LOSS_GRACE_MS)
         .await

@@ -11,6 +11,7 @@ mod device_loss;
 mod device_tokens;
 mod durability;
 mod full_disk;
+mod guards;
 mod hostile;
 mod hostile_model;
 mod layering;

@@ -343,7 +343,9 @@ async fn drive(
             .await
             .map_err(|e| DriveError::Store(Arc::new(e)))?
     };
-    let shape = Shape::of(config.as_ref(), &state.caps);
+    let typed = config.as_ref().and_then(|c| c.output.as_ref());
+    let output = output::budget::for_run(typed, state.settings.limits.schema_compile_ms).await;
+    let shape = Shape::of(config.as_ref(), output, &state.caps);
     // The last step's record, answered before it was durable: the next model call goes
     // out while it is written, and nothing else happens until it is on disk.
     let mut writing: Option<Durable> = None;
@@ -696,7 +698,8 @@ struct Shape {
 }
 
 impl Shape {
-    fn of(config: Option<&AgentConfig>, caps: &output::Caps) -> Shape {
+    /// `output`: the session's schema compiled ([`output::budget::for_run`]).
+    fn of(config: Option<&AgentConfig>, output: Option<Output>, caps: &output::Caps) -> Shape {
         let policy = config.map(|c| c.policy.clone()).unwrap_or_default();
         let mut specs = gate::shown_specs(&policy);
         let shown = tools::Shown::of(&policy);
@@ -710,12 +713,7 @@ impl Shape {
                 plan: None,
             };
         };
-        let output = output::compile(o).unwrap_or_else(|e| {
-            // Checked when the session was made; should a newer validator refuse it,
-            // every answer is refused rather than let through unchecked.
-            tracing::error!(error = %e, "a session's output schema no longer compiles; its answers are refused");
-            Output::refusing(o.clone())
-        });
+        let output = output.unwrap_or_else(|| Output::refusing(o.clone()));
         let plan = output.plan_for(transport, caps);
         if let Some(tool) = &plan.respond {
             specs.push(tool.spec.clone());

@@ -1,10 +1,12 @@
 //! `/api/...`: sessions, their event logs (long poll and SSE) and waitpoints. Every route
 //! here sits behind the operator token (see `auth`).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -16,9 +18,11 @@ use cortex_protocol::api::{
 use serde::Deserialize;
 
 use super::error::{ApiError, parse_json};
+use super::http::Hangup;
 use super::log::{self, LogQuery};
 use super::page::{self, CookieAuth, Logins};
 use crate::engine::CreateParams;
+use crate::runner::output::{self, ConfigError, OutputConfig};
 use crate::runner::prefix;
 use crate::state::AppState;
 use crate::store::agent::AgentRecord;
@@ -104,6 +108,10 @@ pub async fn create_session(
             given.join(", ")
         )));
     }
+    if let Some(o) = &req.output {
+        // Compiled here under the hub's budget, and kept for the session's runs.
+        schema_compiled(&state, o).await?;
+    }
     // Fixed now: an agent session's configuration and prefix, or none for a mailbox.
     let agent = match req.wants_runs() {
         true => {
@@ -134,6 +142,31 @@ pub async fn create_session(
         .map_err(ApiError::store)?
         .ok_or_else(|| ApiError::store("the session just made cannot be read"))?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+/// Compiles an output schema under `limits.schemaCompileMs`, on a blocking thread: a
+/// 400 says why it is refused (503 while another compile still runs past its budget).
+async fn schema_compiled(state: &AppState, o: &OutputConfig) -> Result<(), ApiError> {
+    let budget = Duration::from_millis(state.settings.limits.schema_compile_ms);
+    match output::budget::compile_within(o, budget).await {
+        Ok(_) => Ok(()),
+        Err(e @ (ConfigError::TooLarge(_) | ConfigError::TooDeep(_))) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "schema_too_complex",
+            e.to_string(),
+        )),
+        Err(e @ ConfigError::TooSlow(_)) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "schema_compile_timeout",
+            e.to_string(),
+        )),
+        Err(e @ ConfigError::Busy(_)) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "schema_compile_busy",
+            e.to_string(),
+        )),
+        Err(e) => Err(ApiError::bad_request(e.to_string())),
+    }
 }
 
 /// `GET /api/sessions/{sid}/result`: the last run's result and meta.
@@ -200,6 +233,8 @@ pub async fn get_session(
     }
 }
 
+/// `DELETE /api/sessions/{sid}`: the session, its log and agent record go, its armed
+/// waitpoints are cancelled, and a model call its runner task waits on is stopped.
 pub async fn delete_session(
     State(state): State<AppState>,
     Path(sid): Path<String>,
@@ -213,6 +248,9 @@ pub async fn delete_session(
     if !found {
         return Err(ApiError::not_found("session", &sid));
     }
+    // After the delete is durable: a model call the session's task waits on stops now,
+    // and the write that follows finds no session (nothing recorded, nothing made again).
+    state.stops.ring(&sid);
     Ok(Json(serde_json::json!({"id": sid, "deleted": true})).into_response())
 }
 
@@ -273,7 +311,10 @@ pub async fn events(
     Path(sid): Path<String>,
     Query(q): Query<LogQuery>,
     headers: HeaderMap,
+    hangup: Option<Extension<Hangup>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
 ) -> Result<Response, ApiError> {
+    let conn = log::Conn::of(&headers, hangup.map(|h| h.0), peer.map(|p| (p.0).0));
     let current = match state
         .store
         .read({
@@ -291,12 +332,12 @@ pub async fn events(
     let sse = log::wants_sse(&headers);
     let live = sse.then(|| state.live.subscribe(&sid));
     let (read_sid, gone_sid) = (sid.clone(), sid);
-    let read = move |after: u64| -> log::LogReader {
+    let read = move |after: u64, limit: usize| -> log::LogReader {
         let sid = read_sid.clone();
-        Box::new(move |r| r.events_after(&sid, after, log::PAGE))
+        Box::new(move |r| r.events_after(&sid, after, limit))
     };
     let gone = move || ApiError::not_found("session", &gone_sid);
-    log::serve(state, q, sse, rx, read, gone, live).await
+    log::serve(state, q, sse, rx, read, gone, live, conn).await
 }
 
 // ------------------------------------------------------------------ waitpoints
@@ -358,6 +399,11 @@ async fn spawn_setup(
         .read(move |r| Ok(r.agent(&s)?.and_then(|a| a.config)))
         .await
         .map_err(ApiError::store)?;
+    if let Some(o) = parent.as_ref().and_then(|p| p.output.as_ref()) {
+        // The spawned sessions share the parent's schema: compiled (or found compiled)
+        // under the budget, so building their prefix here compiles nothing.
+        schema_compiled(state, o).await?;
+    }
     let (config, prefix) =
         prefix::spawned(&state.agent_defaults, &state.caps, parent, instructions)
             .map_err(ApiError::bad_request)?;

@@ -335,14 +335,18 @@ pub async fn hub_events(
     State(state): State<AppState>,
     Query(q): Query<LogQuery>,
     headers: HeaderMap,
+    hangup: Option<axum::Extension<super::http::Hangup>>,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
 ) -> Result<Response, ApiError> {
+    let conn = log::Conn::of(&headers, hangup.map(|h| h.0), peer.map(|p| (p.0).0));
     // Subscribe before reading, so nothing committed in between is missed.
     let rx = state.store.notifier.subscribe_hub();
-    let read = |after: u64| -> log::LogReader {
-        Box::new(move |r| r.hub_events_after(after, log::PAGE).map(Some))
+    let read = |after: u64, limit: usize| -> log::LogReader {
+        Box::new(move |r| r.hub_events_after(after, limit).map(Some))
     };
     let gone = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no hub event log");
-    log::serve(state, q, log::wants_sse(&headers), rx, read, gone, None).await
+    let sse = log::wants_sse(&headers);
+    log::serve(state, q, sse, rx, read, gone, None, conn).await
 }
 
 #[cfg(test)]

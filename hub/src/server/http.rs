@@ -107,6 +107,19 @@ pub async fn serve(
     while tasks.join_next().await.is_some() {}
 }
 
+/// Ends the connection a request came on, at once: handed to every request (an
+/// extension) for a response that cannot end by itself, as a dropped log follower's
+/// whose socket is full and whose body hyper no longer asks for.
+#[derive(Clone, Default)]
+pub struct Hangup(Arc<tokio::sync::Notify>);
+
+impl Hangup {
+    pub fn hang_up(&self) {
+        // A permit is kept when the connection is not listening this instant.
+        self.0.notify_one();
+    }
+}
+
 async fn connection(
     stream: TcpStream,
     peer: std::net::SocketAddr,
@@ -115,12 +128,15 @@ async fn connection(
     shutdown: Shutdown,
 ) {
     let busy = conn.busy.clone();
+    let hangup = Hangup::default();
+    let given = hangup.clone();
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         let app = app.clone();
         let guard = InFlight::enter(busy.clone());
         // The peer's address, for the routes that answer only loopback (the page).
         req.extensions_mut()
             .insert(axum::extract::ConnectInfo(peer));
+        req.extensions_mut().insert(given.clone());
         async move {
             let resp = match app.oneshot(req.map(Body::new)).await {
                 Ok(r) => r,
@@ -158,6 +174,7 @@ async fn connection(
                 break;
             }
             () = conn.evict.notified() => break,
+            () = hangup.0.notified() => break,
             () = &mut stop, if !stopping => {
                 served.as_mut().graceful_shutdown();
                 stopping = true;

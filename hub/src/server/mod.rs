@@ -207,6 +207,7 @@ pub async fn run_opened(
                 .cloned()
                 .chain(mesh.as_ref().and_then(|m| url_host(&m.url))),
         ),
+        settings: config.settings.clone(),
     });
     // Sessions stored before they said whether a model runs them are decided once, before
     // anything can queue a turn for them (written only when there are such; a failed

@@ -114,7 +114,9 @@ impl Store {
         })?;
         let db = Arc::new(db);
         {
-            let wtx = db.begin_write()?;
+            let mut wtx = db.begin_write()?;
+            // As every commit (`kernel::checkpoint::commit`): a crash now repairs quickly.
+            wtx.set_quick_repair(true);
             for t in REGISTRY.iter() {
                 t.create(&wtx)?;
             }
@@ -421,7 +423,9 @@ impl Store {
             source,
         })?;
         {
-            let wtx = db.begin_write()?;
+            let mut wtx = db.begin_write()?;
+            // As every commit (`kernel::checkpoint::commit`): a crash now repairs quickly.
+            wtx.set_quick_repair(true);
             for t in REGISTRY.iter() {
                 t.create(&wtx)?;
             }

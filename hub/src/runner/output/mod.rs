@@ -7,6 +7,7 @@
 //! [`Plan`] against the endpoint's [`Caps`] (what to send), and judges each turn's answer
 //! with [`Output::judge_text`] (a completion, or a `respond` call's arguments).
 
+pub mod budget;
 pub mod correct;
 pub mod doc;
 pub mod emit;
@@ -37,6 +38,18 @@ pub enum ConfigError {
     #[error("output.schema is not a usable JSON Schema: {0}")]
     Schema(String),
     #[error(
+        "output.schema expands to more than {0} subschemas once its $refs are followed (a \
+         definition referred to along many paths is checked once per path); refer to fewer \
+         definitions from each, or flatten the schema"
+    )]
+    TooLarge(u64),
+    #[error("output.schema nests deeper than {0} levels once its $refs are followed; flatten it")]
+    TooDeep(usize),
+    #[error("output.schema did not compile within limits.schemaCompileMs ({0} ms); simplify it")]
+    TooSlow(u64),
+    #[error("another output schema is still compiling past its budget ({0} ms); try again shortly")]
+    Busy(u64),
+    #[error(
         "output.forceTool cannot be combined with strategy \"{0}\": the answer there is a \
          content-only message, and forceTool makes every turn a tool call"
     )]
@@ -49,18 +62,33 @@ pub fn validate(config: &OutputConfig) -> Result<(), ConfigError> {
     compile(config).map(drop)
 }
 
-/// A session's output settings compiled for its runs.
+/// A session's output settings compiled for its runs, here and now: kept from an earlier
+/// compile in this process, else checked ([`budget::precheck`]) and compiled. An async
+/// caller uses [`budget::compile_within`], which runs this on a blocking thread under the
+/// hub's budget.
 pub fn compile(config: &OutputConfig) -> Result<Output, ConfigError> {
+    if let Some(out) = budget::cached(config) {
+        return Ok(out);
+    }
+    check_cheap(config)?;
+    let checker = Checker::new(Some(&config.schema)).map_err(ConfigError::Schema)?;
+    let out = Output {
+        config: Some(config.clone()),
+        checker,
+    };
+    budget::remember(config, &out);
+    Ok(out)
+}
+
+/// What is refused before anything compiles: `forceTool` with a content-only transport,
+/// and a schema past the precheck's bounds.
+fn check_cheap(config: &OutputConfig) -> Result<(), ConfigError> {
     match (config.force_tool, config.strategy) {
         (true, Strategy::Emit) => return Err(ConfigError::ForceTool("emit")),
         (true, Strategy::Native) => return Err(ConfigError::ForceTool("native")),
         _ => {}
     }
-    let checker = Checker::new(Some(&config.schema)).map_err(ConfigError::Schema)?;
-    Ok(Output {
-        config: Some(config.clone()),
-        checker,
-    })
+    budget::precheck(&config.schema)
 }
 
 /// A session's output, compiled: its settings (none for a chat agent) and the checks.

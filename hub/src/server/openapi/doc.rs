@@ -331,7 +331,10 @@ pub(super) fn log_ok(page: RefOr<Schema>, example: Value) -> ResponseBuilder {
              after `after` and then each one as it lands (`event: event`, `id:` its seq, `data:` \
              the event's JSON), a keep-alive comment every 15 s; a session's stream also \
              carries `event: live` messages, the model's text as it arrives (`model-delta`, \
-             `output-delta`, `output-partial` with `live: true`), never stored."
+             `output-delta`, `output-partial` with `live: true`), never stored. A stream \
+             resumes after a `Last-Event-ID` header's seq when it is later than `after`. Past \
+             `limits.followerBytes` unread by all followers together, the ones holding the \
+             most are dropped (the connection closed); they resume after their last seq."
         ))
         .content(
             "application/json",

@@ -19,8 +19,18 @@ pub(super) fn sessions(d: &mut Doc) {
     );
     let bad = d.error(
         "Not such JSON, or a runner setting the hub cannot use (an output schema that does not \
-         compile, …)",
-        &["bad_request"],
+         compile, …); `schema_too_complex`: the output schema expands to more than 20,000 \
+         subschemas once its `$ref`s are followed, or nests deeper than 128 levels; \
+         `schema_compile_timeout`: it did not compile within `limits.schemaCompileMs`",
+        &[
+            "bad_request",
+            "schema_too_complex",
+            "schema_compile_timeout",
+        ],
+    );
+    let busy = d.error(
+        "Another output schema still compiles past its budget (one compiles at a time); ask again",
+        &["schema_compile_busy"],
     );
     let large = d.error(
         "`title` over 200 characters or `instructions` over 64 KiB, or a body over 1 MiB",
@@ -45,7 +55,8 @@ pub(super) fn sessions(d: &mut Doc) {
         .request_body(Some(body.build()))
         .response("201", created)
         .response("400", bad)
-        .response("413", large),
+        .response("413", large)
+        .response("503", busy),
     );
 
     let list = d.json_list::<SessionView>("Every session", json!([session_example()]));

@@ -45,6 +45,7 @@ fn hub() -> Hub {
         caps: Default::default(),
         stops: Default::default(),
         hosts: Default::default(),
+        settings: Default::default(),
     });
     Hub {
         app: crate::server::router(state),

@@ -73,7 +73,11 @@ pub fn commit(
     changes: &Overlay,
     mark: Option<(u64, bool)>,
 ) -> Result<(), StoreError> {
-    let wtx = db.begin_write()?;
+    let mut wtx = db.begin_write()?;
+    // The allocator's state goes with each commit: after a crash redb opens from it
+    // instead of walking every page of the file (which grows with the store: minutes
+    // for a few GB).
+    wtx.set_quick_repair(true);
     for (t, c) in registry.iter().zip(&changes.tables) {
         if !c.is_empty() {
             t.apply(&wtx, c)?;
