@@ -13,12 +13,17 @@ pub mod doc;
 pub mod emit;
 pub mod envelope;
 pub mod partial;
+pub mod precheck;
 pub mod respond;
 pub mod stream;
 pub mod strict;
 pub mod transport;
 
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 use crate::model::ToolCall;
 
@@ -63,11 +68,11 @@ pub fn validate(config: &OutputConfig) -> Result<(), ConfigError> {
 }
 
 /// A session's output settings compiled for its runs, here and now: kept from an earlier
-/// compile in this process, else checked ([`budget::precheck`]) and compiled. An async
+/// compile in this process, else checked ([`precheck::precheck`]) and compiled. An async
 /// caller uses [`budget::compile_within`], which runs this on a blocking thread under the
 /// hub's budget.
 pub fn compile(config: &OutputConfig) -> Result<Output, ConfigError> {
-    if let Some(out) = budget::cached(config) {
+    if let Some(out) = cached(config) {
         return Ok(out);
     }
     check_cheap(config)?;
@@ -76,7 +81,7 @@ pub fn compile(config: &OutputConfig) -> Result<Output, ConfigError> {
         config: Some(config.clone()),
         checker,
     };
-    budget::remember(config, &out);
+    remember(config, &out);
     Ok(out)
 }
 
@@ -88,7 +93,47 @@ fn check_cheap(config: &OutputConfig) -> Result<(), ConfigError> {
         (true, Strategy::Native) => return Err(ConfigError::ForceTool("native")),
         _ => {}
     }
-    budget::precheck(&config.schema)
+    precheck::precheck(&config.schema).map_err(ConfigError::from)
+}
+impl From<precheck::Over> for ConfigError {
+    fn from(o: precheck::Over) -> ConfigError {
+        match o {
+            precheck::Over::Expanded => ConfigError::TooLarge(precheck::MAX_EXPANDED),
+            precheck::Over::Depth => ConfigError::TooDeep(precheck::MAX_DEPTH),
+        }
+    }
+}
+
+/// Compiled schemas kept; past it the cache starts over (a compile is cheap once the
+/// precheck passed, the cache only spares repeating it on every drive).
+const CACHE_MAX: usize = 512;
+
+static CACHE: LazyLock<Mutex<HashMap<[u8; 32], Output>>> = LazyLock::new(Mutex::default);
+
+fn key(config: &OutputConfig) -> [u8; 32] {
+    // Serializing a value that was deserialized cannot fail; an empty key would only
+    // share one cache slot, never mix two schemas' checks (it is not stored then).
+    let bytes = serde_json::to_vec(config).unwrap_or_default();
+    Sha256::digest(&bytes).into()
+}
+
+/// The compiled checks of `config`, when compiled before in this process.
+pub fn cached(config: &OutputConfig) -> Option<Output> {
+    let k = key(config);
+    CACHE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&k)
+        .cloned()
+}
+
+fn remember(config: &OutputConfig, out: &Output) {
+    let k = key(config);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if cache.len() >= CACHE_MAX {
+        cache.clear();
+    }
+    cache.insert(k, out.clone());
 }
 
 /// A session's output, compiled: its settings (none for a chat agent) and the checks.
