@@ -259,6 +259,8 @@ struct Followers {
     /// queue's lock).
     total: AtomicU64,
     dropped: AtomicU64,
+    /// A clock that ticks at every take, for [`Follower::moved`].
+    clock: AtomicU64,
 }
 
 /// One live follower: what it was handed and has not read, and the bell its task waits
@@ -267,6 +269,9 @@ struct Follower {
     id: u64,
     queue: Mutex<Queue>,
     unread: AtomicU64,
+    /// When (on [`Followers::clock`]) it last showed it reads: it took a message, held
+    /// nothing, or asked for (and was handed) a page. The slowest is the one that moved longest ago.
+    moved: AtomicU64,
     space: Notify,
     conn: Conn,
 }
@@ -299,6 +304,7 @@ impl Followers {
             id: self.next.fetch_add(1, Ordering::Relaxed),
             queue: Mutex::default(),
             unread: AtomicU64::new(0),
+            moved: AtomicU64::new(self.tick()),
             space: Notify::new(),
             conn,
         });
@@ -310,9 +316,20 @@ impl Followers {
         self.each.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Hands `item` to `f`; `false` when `f` is over. Past the budget the followers with
-    /// the most unread are dropped until it holds again (`f` spared when it `reads` a
-    /// page: it has just read what it held).
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// `f`'s client took `n` bytes: they are no longer unread, and `f` moved.
+    fn took(&self, f: &Follower, n: u64) {
+        f.unread.fetch_sub(n, Ordering::Relaxed);
+        self.total.fetch_sub(n, Ordering::Relaxed);
+        f.moved.store(self.tick(), Ordering::Relaxed);
+    }
+
+    /// Hands `item` to `f`; `false` when `f` is over. Past the budget the slowest
+    /// followers are dropped until it holds again (`f` spared when it `reads` a page: it
+    /// has just read what it held).
     fn push(&self, f: &Arc<Follower>, item: Item, reads: bool, budget: u64) -> bool {
         let n = item.bytes();
         let waker = {
@@ -321,7 +338,11 @@ impl Followers {
                 return false;
             }
             q.items.push_back(item);
-            f.unread.fetch_add(n, Ordering::Relaxed);
+            // A page it asked for (it had read down to half its share), or anything handed
+            // to it while it held nothing: it reads.
+            if f.unread.fetch_add(n, Ordering::Relaxed) == 0 || reads {
+                f.moved.store(self.tick(), Ordering::Relaxed);
+            }
             self.total.fetch_add(n, Ordering::Relaxed);
             q.waker.take()
         };
@@ -344,6 +365,7 @@ impl Followers {
             }
             f.unread.fetch_add(n, Ordering::Relaxed);
             self.total.fetch_add(n, Ordering::Relaxed);
+            f.moved.store(self.tick(), Ordering::Relaxed);
         }
         if self.total.load(Ordering::Relaxed) > budget {
             self.shed(budget, Some(f.id));
@@ -363,15 +385,23 @@ impl Followers {
         self.total.fetch_sub(n, Ordering::Relaxed);
     }
 
-    /// Drops the followers with the most unread until the budget holds.
+    /// Drops the slowest followers until the budget holds: of those holding unread bytes,
+    /// the one that moved longest ago (a client that stopped reading), the most unread
+    /// among equals. A client reading as fast as it is handed pages keeps moving, so it
+    /// is never the one, however much it holds for a moment.
     fn shed(&self, budget: u64, spare: Option<u64>) {
         let each = self.lock();
         while self.total.load(Ordering::Relaxed) > budget {
             let victim = each
                 .values()
-                .filter(|v| Some(v.id) != spare)
-                .max_by_key(|v| v.unread.load(Ordering::Relaxed));
-            let Some(v) = victim.filter(|v| v.unread.load(Ordering::Relaxed) > 0) else {
+                .filter(|v| Some(v.id) != spare && v.unread.load(Ordering::Relaxed) > 0)
+                .min_by_key(|v| {
+                    (
+                        v.moved.load(Ordering::Relaxed),
+                        std::cmp::Reverse(v.unread.load(Ordering::Relaxed)),
+                    )
+                });
+            let Some(v) = victim else {
                 return;
             };
             let unread = v.drop_for_budget(&self.total);
@@ -477,9 +507,7 @@ impl tokio_stream::Stream for Feed {
             q.waker = Some(cx.waker().clone());
             return Poll::Pending;
         };
-        let n = item.bytes();
-        f.unread.fetch_sub(n, Ordering::Relaxed);
-        FOLLOWERS.total.fetch_sub(n, Ordering::Relaxed);
+        FOLLOWERS.took(&f, item.bytes());
         drop(q);
         f.space.notify_one();
         let ev = match item.seq {
@@ -526,7 +554,7 @@ mod tests {
     }
 
     #[test]
-    fn past_the_budget_the_followers_with_most_unread_are_dropped_and_a_reader_is_spared() {
+    fn past_the_budget_the_slowest_followers_are_dropped_and_a_reader_is_spared() {
         let all = Followers::default();
         let (a, b, c) = (
             all.join(Conn::default()),
@@ -538,8 +566,8 @@ mod tests {
         assert!(all.push(&b, item(300), true, 1_000));
         assert!(all.push(&c, item(200), true, 1_000));
         assert!(!a.over() && !b.over() && !c.over());
-        // `a` reads a page past the budget: it is spared, `b` (most unread of the
-        // others) goes, and that is enough.
+        // `a` reads a page past the budget: it is spared, `b` (of the others the one
+        // that moved longest ago) goes, and that is enough.
         assert!(all.push(&a, item(400), true, 1_000));
         assert!(b.over() && !a.over() && !c.over());
         assert_eq!(all.total.load(Ordering::Relaxed), 1_000);
@@ -547,18 +575,42 @@ mod tests {
             !all.push(&b, item(10), true, 1_000),
             "a dropped follower takes nothing"
         );
-        // A live piece is no sign of reading: `a`, the most unread, goes.
+        // A live piece is no sign of reading: `c`, whose one page came before `a`'s
+        // second, moved longest ago and goes, though `a` holds more.
         assert!(all.push(&c, item(100), false, 1_000));
-        assert!(a.over() && !c.over());
-        assert_eq!(all.total.load(Ordering::Relaxed), 300);
+        assert!(c.over() && !a.over());
+        assert_eq!(all.total.load(Ordering::Relaxed), 800);
         // One alone past the budget, reading: nobody else to drop.
-        assert!(all.push(&c, item(5_000), true, 1_000));
-        assert!(!c.over());
+        assert!(all.push(&a, item(5_000), true, 1_000));
+        assert!(!a.over());
         all.leave(&c);
         all.leave(&a);
         all.leave(&b);
         assert_eq!(all.total.load(Ordering::Relaxed), 0);
         assert!(all.lock().is_empty());
+    }
+
+    #[test]
+    fn the_follower_dropped_is_the_one_that_stopped_reading_not_the_one_holding_most() {
+        let all = Followers::default();
+        let (reader, stuck) = (all.join(Conn::default()), all.join(Conn::default()));
+        // The stuck one takes a little, then nothing; the reader holds more, but takes.
+        assert!(all.push(&stuck, item(300), true, 1_000));
+        all.took(&stuck, 100);
+        assert!(all.push(&reader, item(600), true, 1_000));
+        all.took(&reader, 100);
+        assert!(all.push(&reader, item(100), false, 1_000));
+        // Past the budget: the stuck one goes, though the reader holds 600 to its 200.
+        let other = all.join(Conn::default());
+        assert!(all.push(&other, item(300), true, 1_000));
+        assert!(stuck.over(), "the one that stopped reading");
+        assert!(!reader.over() && !other.over());
+        // Held nothing and is handed a page: it had read all it had, so it moved then.
+        let idle = all.join(Conn::default());
+        let old = all.join(Conn::default());
+        assert!(all.push(&old, item(50), true, 10_000));
+        assert!(all.push(&idle, item(50), false, 10_000));
+        assert!(old.moved.load(Ordering::Relaxed) < idle.moved.load(Ordering::Relaxed));
     }
 
     #[test]
@@ -575,7 +627,10 @@ mod tests {
         assert!(all.reserve(&a, 700, 1_000));
         let c = all.join(Conn::default());
         assert!(all.push(&c, item(400), false, 1_000));
-        assert!(a.over(), "a live piece spares no one: `a` held the most");
+        assert!(
+            a.over(),
+            "a live piece spares no one: `a` moved longest ago"
+        );
         all.release(&a, 700);
         assert_eq!(all.total.load(Ordering::Relaxed), 400);
     }

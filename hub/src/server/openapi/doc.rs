@@ -333,8 +333,8 @@ pub(super) fn log_ok(page: RefOr<Schema>, example: Value) -> ResponseBuilder {
              carries `event: live` messages, the model's text as it arrives (`model-delta`, \
              `output-delta`, `output-partial` with `live: true`), never stored. A stream \
              resumes after a `Last-Event-ID` header's seq when it is later than `after`. Past \
-             `limits.followerBytes` unread by all followers together, the ones holding the \
-             most are dropped (the connection closed); they resume after their last seq."
+             `limits.followerBytes` unread by all followers together, the slowest (holding \
+             unread bytes, longest since they took any) are dropped (the connection closed); they resume after their last seq."
         ))
         .content(
             "application/json",
