@@ -19,20 +19,13 @@ pub fn now_ms() -> u64 {
 /// shared with the API's and the wait conditions' (`cortex_protocol::waits`).
 pub use cortex_protocol::waits::{BadDuration, parse_duration};
 
-/// `1h 30m`, `45s`, `2d 3h`: the two largest units, for messages.
+/// `1h 30m`, `45s`, `2d 3h`: the two largest units, for messages (the protocol's one
+/// rendering; no time at all is `0s`).
 pub fn human(d: Duration) -> String {
-    let s = d.as_secs();
-    let (days, hours, mins, secs) = (s / 86400, s / 3600 % 24, s / 60 % 60, s % 60);
-    match (days, hours, mins) {
-        (0, 0, 0) if s == 0 && d.subsec_millis() > 0 => format!("{}ms", d.subsec_millis()),
-        (0, 0, 0) => format!("{secs}s"),
-        (0, 0, _) if secs > 0 => format!("{mins}m {secs}s"),
-        (0, 0, _) => format!("{mins}m"),
-        (0, _, 0) => format!("{hours}h"),
-        (0, _, _) => format!("{hours}h {mins}m"),
-        (_, 0, _) => format!("{days}d"),
-        _ => format!("{days}d {hours}h"),
+    if d.is_zero() {
+        return "0s".into();
     }
+    cortex_protocol::duration::format_duration_ms(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// `in 3h 2m` or `5m ago`.

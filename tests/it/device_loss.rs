@@ -215,7 +215,19 @@ fn exec_hub(
     cortex_tests::scripted_model::ScriptedModel,
     tempfile::TempDir,
 ) {
-    let model = super::device_exec::exec_model();
+    exec_hub_with(super::device_exec::exec_model(), settings)
+}
+
+/// [`exec_hub`] with `model`.
+pub fn exec_hub_with(
+    model: cortex_tests::scripted_model::ScriptedModel,
+    settings: Value,
+) -> (
+    Hub,
+    Agent,
+    cortex_tests::scripted_model::ScriptedModel,
+    tempfile::TempDir,
+) {
     let tmp = tempfile::tempdir().expect("tmp");
     let home = tmp.path().join("home");
     std::fs::create_dir_all(&home).expect("home");
@@ -356,10 +368,7 @@ fn a_hub_killed_as_the_device_starts_a_command_never_says_nothing_was_started() 
     let end = run_end(hub, sid, 1);
     assert_eq!(end["result"]["ok"], true, "{end}");
     let events = hub.events(sid, 0);
-    let obs = &events
-        .iter()
-        .find(|e| e["kind"] == "tool-end")
-        .expect("the call's answer")["observation"];
+    let obs = call_answer(&events);
     assert_eq!(obs["ok"], true, "{obs}");
     assert_eq!(obs["result"]["exec_id"], exec_id.as_str(), "{obs}");
     let pid = obs["result"]["pid"].as_i64().expect("the run's pid");
@@ -397,18 +406,10 @@ fn a_device_away_past_the_grace_leaves_the_call_unknown_not_unstarted() {
     let end = run_end(&k.hub, &k.sid, 1);
     assert_eq!(end["result"]["ok"], true, "the model goes on: {end}");
     let events = k.hub.events(&k.sid, 0);
-    let obs = &events
-        .iter()
-        .find(|e| e["kind"] == "tool-end")
-        .expect("the call's answer")["observation"];
+    let obs = unknown_answer(&events);
     assert_eq!(obs["ok"], false, "{obs}");
-    let exec_id = obs["result"]["exec_id"].as_str().expect("exec id");
     let error = obs["result"]["error"].as_str().unwrap_or_default();
-    assert!(
-        error.starts_with(&format!("state unknown, exec id {exec_id}"))
-            && error.contains("stayed offline"),
-        "{obs}"
-    );
+    assert!(error.contains("stayed offline"), "{obs}");
     let all = told(&k);
     assert!(!all.contains("nothing was started"), "{all}");
     signal(k.agent.pid(), Signal::CONT);
@@ -444,16 +445,7 @@ fn a_cancel_while_the_device_is_awaited_leaves_the_call_unknown() {
     let end = run_end(hub, sid, 1);
     assert_eq!(end["result"]["error"]["code"], "aborted", "{end}");
     let events = hub.events(sid, 0);
-    let obs = &events
-        .iter()
-        .find(|e| e["kind"] == "tool-end")
-        .expect("the call's answer")["observation"];
-    let exec_id = obs["result"]["exec_id"].as_str().expect("exec id");
-    let error = obs["result"]["error"].as_str().unwrap_or_default();
-    assert!(
-        error.starts_with(&format!("state unknown, exec id {exec_id}")),
-        "{obs}"
-    );
+    unknown_answer(&events);
     let all = told(&k);
     assert!(!all.contains("nothing was started"), "{all}");
     signal(k.agent.pid(), Signal::CONT);
@@ -495,16 +487,7 @@ fn a_cancel_taken_after_a_restart_records_the_begun_call_unknown() {
     let end = run_end(&hub, &sid, 1);
     assert_eq!(end["result"]["error"]["code"], "aborted", "{end}");
     let events = hub.events(&sid, 0);
-    let obs = &events
-        .iter()
-        .find(|e| e["kind"] == "tool-end")
-        .expect("the call's answer")["observation"];
-    let exec_id = obs["result"]["exec_id"].as_str().expect("exec id");
-    let error = obs["result"]["error"].as_str().unwrap_or_default();
-    assert!(
-        error.starts_with(&format!("state unknown, exec id {exec_id}")),
-        "{obs}"
-    );
+    let exec_id = unknown_answer(&events)["result"]["exec_id"].clone();
     let execs: Vec<Value> = device_execs(&hub)
         .into_iter()
         .filter(|e| e["session"] == sid.as_str())
@@ -516,4 +499,24 @@ fn a_cancel_taken_after_a_restart_records_the_begun_call_unknown() {
         "{execs:#?}"
     );
     signal(agent.pid(), Signal::CONT);
+}
+
+/// The observation of the session's one answered call (its `tool-end`).
+fn call_answer(events: &[Value]) -> &Value {
+    &events
+        .iter()
+        .find(|e| e["kind"] == "tool-end")
+        .expect("the call's answer")["observation"]
+}
+
+/// The call's answer, checked to say "state unknown" with its exec id.
+fn unknown_answer(events: &[Value]) -> &Value {
+    let obs = call_answer(events);
+    let exec_id = obs["result"]["exec_id"].as_str().expect("exec id");
+    let error = obs["result"]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with(&format!("state unknown, exec id {exec_id}")),
+        "{obs}"
+    );
+    obs
 }

@@ -404,28 +404,7 @@ fn a_device_exec_parked_across_a_sigkill_runs_once_allowed_and_wakes_the_session
     ]);
     // The hub comes back on the same mesh address (chosen at run time), where the
     // device's agent reconnects.
-    let tmp = tempfile::tempdir().expect("tmp");
-    let home = tmp.path().join("home");
-    std::fs::create_dir_all(&home).expect("home");
-    let (url, mesh) = (
-        model.url(),
-        format!("127.0.0.1:{}", cortex_tests::dead_port()),
-    );
-    let mut hub = Hub::at(
-        &home,
-        &tmp.path().join("hub.log"),
-        &[
-            ("CORTEX_LLM_BASE_URL", url.as_str()),
-            ("CORTEX_LLM_MODEL", "scripted"),
-        ],
-        &["--mesh-listen", &mesh],
-    );
-    hub.spawn();
-    let token = hub.add_device("gpu1");
-    let mut agent = cortex_tests::agent::Agent::new(&hub, "gpu1", &token);
-    agent.set_env("CORTEX_ALLOW_EXEC", "1");
-    agent.spawn();
-    hub.wait_online("gpu1");
+    let (mut hub, agent, _model, _tmp) = super::device_loss::exec_hub_with(model, json!({}));
     // The hub's default gate asks before a command starts on a device.
     let sid = new_session(&hub, json!({}));
     say(
