@@ -396,8 +396,10 @@ fn a_hub_killed_mid_stream_finishes_the_turn_after_a_restart() {
     let (mut hub, _tmp) = hub(&model);
     let sid = new_session(&hub, json!({}));
     say(&hub, &sid, json!({"text": "take your time"}));
-    model.wait_requests(1, LIMIT);
-    std::thread::sleep(Duration::from_millis(500));
+    // Mid-stream: the answer's first bytes went out, the rest is still coming.
+    wait_until(LIMIT, "the answer's first bytes", || {
+        (model.bytes_sent() > 0).then_some(())
+    });
     hub.kill();
     hub.spawn();
     let end = run_end(&hub, &sid, 1);
