@@ -427,23 +427,12 @@ fn no_two_hub_modules_import_each_other() {
     assert!(file_loops.is_empty(), "loops between files: {file_loops:?}");
 }
 
-/// Loops between files still to be undone, each as its set of modules.
-const KNOWN_FILE_LOOPS: &[(&str, &[&str])] = &[("device-agent", &["agent::exec", "agent::waits"])];
-
 #[test]
 fn no_two_files_import_each_other_in_the_other_crates() {
     for dir in ["cli", "protocol", "host", "daemon", "device-agent"] {
         let (_, files) = crate_graph(dir);
         println!("{dir} files:\n{}", show(&files));
-        let loops: Vec<_> = cycles(&without_upward(&files))
-            .into_iter()
-            .filter(|c| {
-                let set: BTreeSet<&str> = c.iter().map(String::as_str).collect();
-                !KNOWN_FILE_LOOPS.iter().any(|(d, known)| {
-                    *d == dir && known.iter().copied().collect::<BTreeSet<_>>() == set
-                })
-            })
-            .collect();
+        let loops = cycles(&without_upward(&files));
         assert!(loops.is_empty(), "{dir}: loops between files: {loops:?}");
     }
 }

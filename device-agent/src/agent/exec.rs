@@ -44,7 +44,7 @@ use std::time::Duration;
 use cortex_protocol::mesh::{AgentFrame, Frame};
 use serde::{Deserialize, Serialize};
 
-use super::waits::now_ms;
+use super::now_ms;
 
 #[cfg(test)]
 mod tests;
@@ -649,7 +649,7 @@ impl Execs {
     }
 
     /// Sends queued answers while `sink` takes them.
-    pub fn pump(&mut self, sink: &mut impl super::waits::FrameSink) {
+    pub fn pump(&mut self, sink: &mut impl super::FrameSink) {
         while let Some(f) = self.queue.pop_front() {
             if !sink.try_send(f.clone()) {
                 self.queue.push_front(f);

@@ -70,7 +70,20 @@ use cortex_host::spool::{Spool, SpoolError, SpoolEvent, SpoolWatcher};
 use forward::{Forwarder, Outbox};
 use link::{ConnectError, Connected, Dialer, Down, Link, LinkMsg, LinkMsgKind, Outgoing};
 use notify::Notifier;
-use waits::{FrameSink, RemoteWaits, WaitsStore};
+use waits::{RemoteWaits, WaitsStore};
+
+/// Where a frame for the hub goes (the link's outbox); false when it cannot take one now.
+pub trait FrameSink {
+    fn try_send(&mut self, frame: Vec<u8>) -> bool;
+}
+
+/// The wall clock in ms since the epoch (0 before it).
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
 
 pub use config::{Config, ConfigError, HubUrl, Timing, Token, TokenSource};
 

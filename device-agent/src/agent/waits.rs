@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use cortex_protocol::mesh::{AgentFrame, Frame, MAX_WAITS_PER_DEVICE, WaitEnd};
 use serde::{Deserialize, Serialize};
@@ -37,6 +37,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use cortex_host::wait::{Captured, Gone, WaitError, WaitOptions, WaitOutcome, WaitSpec, Waits};
+
+use super::{FrameSink, now_ms};
 
 /// The file's format version.
 const FILE_VERSION: u32 = 1;
@@ -227,11 +229,6 @@ impl std::fmt::Debug for RemoteWaits {
             .field("queued", &self.queue.len())
             .finish_non_exhaustive()
     }
-}
-
-/// Where a frame for the hub goes; false when it cannot take one now.
-pub trait FrameSink {
-    fn try_send(&mut self, frame: Vec<u8>) -> bool;
 }
 
 impl RemoteWaits {
@@ -773,11 +770,4 @@ fn human(ms: u64) -> String {
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(ms)
-        .unwrap_or(0)
 }
