@@ -205,16 +205,17 @@ struct Killed {
     _tmp: tempfile::TempDir,
 }
 
-/// A hub running [`super::device_exec::exec_model`] with `settings`, on a mesh address
-/// it keeps across restarts, and an agent with `--allow-exec` linked to it.
-fn exec_hub(
-    settings: Value,
-) -> (
+/// A hub with a device's agent linked to it, the model it calls, and their directory.
+pub type ExecHub = (
     Hub,
     Agent,
     cortex_tests::scripted_model::ScriptedModel,
     tempfile::TempDir,
-) {
+);
+
+/// A hub running [`super::device_exec::exec_model`] with `settings`, on a mesh address
+/// it keeps across restarts, and an agent with `--allow-exec` linked to it.
+fn exec_hub(settings: Value) -> ExecHub {
     exec_hub_with(super::device_exec::exec_model(), settings)
 }
 
@@ -222,12 +223,7 @@ fn exec_hub(
 pub fn exec_hub_with(
     model: cortex_tests::scripted_model::ScriptedModel,
     settings: Value,
-) -> (
-    Hub,
-    Agent,
-    cortex_tests::scripted_model::ScriptedModel,
-    tempfile::TempDir,
-) {
+) -> ExecHub {
     let tmp = tempfile::tempdir().expect("tmp");
     let home = tmp.path().join("home");
     std::fs::create_dir_all(&home).expect("home");

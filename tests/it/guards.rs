@@ -459,61 +459,6 @@ fn slow_followers_are_dropped_past_one_budget_and_resume_without_loss() {
     drop(reader.1);
 }
 
-/// A measure, not a check (run it with `--ignored --nocapture`): the hub's RSS with
-/// `CORTEX_BENCH_FOLLOWERS` (48) followers that never read a 12 MB log, under
-/// `CORTEX_BENCH_FOLLOWER_BYTES` (the default budget when unset), sampled until it
-/// settles.
-#[test]
-#[ignore]
-fn bench_rss_with_followers_that_never_read() {
-    let n: usize = std::env::var("CORTEX_BENCH_FOLLOWERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(48);
-    let limits = match std::env::var("CORTEX_BENCH_FOLLOWER_BYTES") {
-        Ok(b) => json!({"limits": {"followerBytes": b.parse::<u64>().expect("bytes")}}),
-        Err(_) => json!({}),
-    };
-    let model = ScriptedModel::start(vec![]);
-    let (hub, _tmp) = hub_with(&model, limits.clone());
-    let (st, v) = hub.api(Method::Post, "/api/sessions", Some(&json!({"runs": false})));
-    assert_eq!(st, 201, "{v}");
-    let sid = v["id"].as_str().expect("id").to_string();
-    let text = "x".repeat(60_000);
-    for i in 0..200 {
-        let (st, _) = hub.api(
-            Method::Post,
-            &format!("/api/sessions/{sid}/messages"),
-            Some(&json!({"text": format!("{i} {text}")})),
-        );
-        assert_eq!(st, 201);
-    }
-    let before = rss_kib(&hub);
-    let path = format!("/api/sessions/{sid}/events?after=0");
-    let stuck: Vec<Stuck> = (0..n).map(|_| Stuck::open(&hub, &path)).collect();
-    let mut samples = vec![rss_kib(&hub)];
-    // Sampled until three in a row agree within 1 MiB (at most a minute).
-    for _ in 0..120 {
-        std::thread::sleep(Duration::from_millis(500));
-        samples.push(rss_kib(&hub));
-        let k = samples.len();
-        if k >= 3
-            && samples[k - 3..].iter().max().unwrap_or(&0)
-                - samples[k - 3..].iter().min().unwrap_or(&0)
-                < 1024
-        {
-            break;
-        }
-    }
-    let peak = samples.iter().max().copied().unwrap_or(0);
-    eprintln!(
-        "{n} followers that never read, limits {limits}: hub RSS {before} KiB before, {} KiB settled, {peak} KiB peak; {} dropped",
-        samples.last().copied().unwrap_or(0),
-        dropped_ports(&hub).len()
-    );
-    drop(stuck);
-}
-
 #[test]
 fn a_store_killed_mid_write_opens_without_walking_every_page() {
     let mut hub = Hub::start();
