@@ -10,6 +10,7 @@
 //! running, so the runner goes on where it stopped.
 
 pub mod compact;
+pub mod decide;
 pub mod external;
 pub mod gate;
 pub mod output;

@@ -20,7 +20,8 @@ use cortex_protocol::api::{
 };
 use serde_json::json;
 
-use super::gate::{self, Gate};
+use super::decide::{self, Admit, Prep, Run, Seen, Settle, Then};
+use super::gate;
 use super::output::{Transport, Verdict, correct, last_output};
 use super::{compact, prefix, rules, tools};
 use crate::config::AgentDefaults;
@@ -238,7 +239,7 @@ fn boundary_at(
         t.make_ready(sid, &mut rec)?;
     }
     rec.status = RunStatus::Running;
-    loop {
+    'inbox: loop {
         let (items, seen, last) = unread(t, sid, rec.read_through)?;
         rec.read_through = seen;
         if let Some(through) = last {
@@ -248,94 +249,50 @@ fn boundary_at(
             if rec.cancelled {
                 break;
             }
-            match item {
-                Item::Input(i, joins) => {
-                    if joins && rec.turn.is_some() {
-                        rec.joining.push(i);
-                    } else {
-                        rec.deferred.push(i);
-                    }
+            take_item(t, sid, &mut rec, &config, item, now)?;
+        }
+        loop {
+            let hand_back = match decide::settle(&seen_of(&rec), run_gate(t, &rec, now)) {
+                Settle::Calls => break,
+                Settle::Compact => {
+                    t.put_agent(sid, &rec)?;
+                    return Ok(Next::Compact {
+                        prefix_len: rec.prefix_len,
+                        summary: rec.summary.clone(),
+                        max_tokens: config.max_tokens,
+                    });
                 }
-                Item::Answer(a) => answered(t, sid, &mut rec, &config, a, now)?,
-                Item::Cancel { turn_only } => {
+                Settle::FireTimers => {
+                    // Timers that came due during the turn fire now, once each; their
+                    // items are taken on the next pass.
+                    fire_due_timers(t, sid, &mut rec, now)?;
+                    continue 'inbox;
+                }
+                Settle::Start { counted } => {
+                    start_run(t, sid, &mut rec, counted, now)?;
+                    continue;
+                }
+                Settle::Cancelled => {
+                    // Ended by a cancel (which ends the session where it is posted): a
+                    // turn still going stops here.
                     if rec.turn.is_some() {
                         interrupt(t, sid, &mut rec, now)?;
                     }
-                    if !turn_only {
-                        t.end_agent_session(sid, &mut rec, now)?;
-                    }
+                    true
                 }
-                Item::Compact => rec.compact_asked = true,
-                Item::Compaction(c) => take_compaction(t, sid, &mut rec, &c)?,
-            }
-        }
-        if rec.cancelled {
-            // Ended by a cancel (which ends the session where it is posted): a turn
-            // still going stops here.
-            if rec.turn.is_some() {
-                interrupt(t, sid, &mut rec, now)?;
-            }
-            t.make_idle(sid, &mut rec)?;
-            t.put_agent(sid, &rec)?;
-            return Ok(Next::Idle);
-        }
-        if rec.compact_asked && rec.open.is_empty() && rec.parked.is_none() {
-            t.put_agent(sid, &rec)?;
-            return Ok(Next::Compact {
-                prefix_len: rec.prefix_len,
-                summary: rec.summary.clone(),
-                max_tokens: config.max_tokens,
-            });
-        }
-        if rec.turn.is_none() {
-            let input = std::mem::take(&mut rec.deferred);
-            if input.is_empty() {
-                // Timers that came due during the turn fire now, once each; their
-                // items are taken on the next pass.
-                if fire_due_timers(t, sid, &mut rec, now)? {
-                    continue;
+                Settle::Defer { count, until } => {
+                    // Put off for the hour's runs: the input waits, and a timer brings
+                    // the session back.
+                    defer_run(t, sid, &mut rec, count, until, now)?;
+                    true
                 }
+                Settle::Idle | Settle::Parked => true,
+            };
+            if hand_back {
                 t.make_idle(sid, &mut rec)?;
                 t.put_agent(sid, &rec)?;
                 return Ok(Next::Idle);
             }
-            if !may_start(t, sid, &mut rec, &input, now)? {
-                // Put off for the hour's runs: the input waits, and a timer brings the
-                // session back.
-                rec.deferred = input;
-                t.make_idle(sid, &mut rec)?;
-                t.put_agent(sid, &rec)?;
-                return Ok(Next::Idle);
-            }
-            for i in &input {
-                t.append_transcript(sid, &mut rec, &ChatMessage::user(i.text.clone()))?;
-            }
-            let run_id = crate::secret::new_id("run");
-            event(
-                t,
-                sid,
-                EventBody::RunStart {
-                    run_id: run_id.clone(),
-                    input,
-                },
-                now,
-            )?;
-            rec.turn = Some(Turn {
-                run_id,
-                started_at: now,
-                steps: 0,
-                usage: Usage::default(),
-                repeat: None,
-                output_retries: 0,
-                terminations: 0,
-                finish_reason: None,
-            });
-        }
-        if rec.parked.is_some() {
-            // Still waiting on a person: handed back without a task.
-            t.make_idle(sid, &mut rec)?;
-            t.put_agent(sid, &rec)?;
-            return Ok(Next::Idle);
         }
         match advance(t, sid, &mut rec, &config, env, prepared, unredacted)? {
             Progress::Done => {}
@@ -358,21 +315,24 @@ fn boundary_at(
         for i in std::mem::take(&mut rec.joining) {
             t.append_transcript(sid, &mut rec, &ChatMessage::user(i.text))?;
         }
+        let turn = rec.turn.as_ref();
+        // A step made again was let through its bounds when it began.
+        let again = turn.is_some_and(|turn| {
+            redo.is_some_and(|at| at.run_id == turn.run_id && at.step == turn.steps)
+        });
+        let bound = || turn.and_then(|turn| rules::stop_before_step(turn, &config.stop, now));
+        let again = match decide::then(turn.is_some(), again, bound) {
+            Then::Look => continue,
+            Then::End(stop) => {
+                let result = failed("stopped", Some(stop.stop), stop.message);
+                end_run(t, sid, &mut rec, result, now)?;
+                continue;
+            }
+            Then::Step { again } => again,
+        };
         let Some(turn) = rec.turn.as_mut() else {
             continue;
         };
-        // A step made again was let through its bounds when it began.
-        let again = redo.is_some_and(|at| at.run_id == turn.run_id && at.step == turn.steps);
-        if !again && let Some(stop) = rules::stop_before_step(turn, &config.stop, now) {
-            end_run(
-                t,
-                sid,
-                &mut rec,
-                failed("stopped", Some(stop.stop), stop.message),
-                now,
-            )?;
-            continue;
-        }
         let (step, run_id) = (turn.steps + u32::from(!again), turn.run_id.clone());
         let seq = match again {
             true => t.get_session(sid)?.map_or(0, |s| s.last_seq),
@@ -403,43 +363,122 @@ fn boundary_at(
     }
 }
 
-/// Whether a run on `input` may start now (`limits.runsPerHour`: wakes and timers start
-/// so many an hour; a person's message always may). A run counted is noted; one put off
-/// sets the `run-defer` timer and says so in the log, once per wait (the caller saves
-/// `rec`).
-fn may_start(
+/// What the boundary sees of `rec` (see [`decide::settle`]).
+fn seen_of(rec: &AgentRecord) -> Seen {
+    Seen {
+        cancelled: rec.cancelled,
+        turn: rec.turn.is_some(),
+        parked: rec.parked.is_some(),
+        open_calls: !rec.open.is_empty(),
+        compact_asked: rec.compact_asked,
+        input: !rec.deferred.is_empty(),
+        timers_due: rec.timers.iter().any(|x| x.due),
+    }
+}
+
+/// Takes one inbox item into `rec`.
+fn take_item(
     t: &mut Tx<'_>,
     sid: &str,
     rec: &mut AgentRecord,
-    input: &[RunInput],
+    config: &AgentConfig,
+    item: Item,
     now: u64,
-) -> Result<bool, StoreError> {
+) -> Result<(), StoreError> {
+    match item {
+        Item::Input(i, joins) => {
+            if joins && rec.turn.is_some() {
+                rec.joining.push(i);
+            } else {
+                rec.deferred.push(i);
+            }
+        }
+        Item::Answer(a) => answered(t, sid, rec, config, a, now)?,
+        Item::Cancel { turn_only } => {
+            if rec.turn.is_some() {
+                interrupt(t, sid, rec, now)?;
+            }
+            if !turn_only {
+                t.end_agent_session(sid, rec, now)?;
+            }
+        }
+        Item::Compact => rec.compact_asked = true,
+        Item::Compaction(c) => take_compaction(t, sid, rec, &c)?,
+    }
+    Ok(())
+}
+
+/// Whether a run on the input waiting may start now (`limits.runsPerHour`: wakes and
+/// timers start so many an hour; a person's message always may).
+fn run_gate(t: &Tx<'_>, rec: &AgentRecord, now: u64) -> crate::caps::RunGate {
+    let window = t.settings().wake_window_ms;
+    let mut starts = rec.wake_runs.clone();
+    crate::caps::trim(&mut starts, now, window);
+    let from_person = rec.deferred.iter().any(|i| i.kind == "message");
+    crate::caps::run_gate(from_person, &starts, t.limits(), now, window)
+}
+
+/// Starts a run on the input waiting (`counted` against the hour's runs).
+fn start_run(
+    t: &mut Tx<'_>,
+    sid: &str,
+    rec: &mut AgentRecord,
+    counted: bool,
+    now: u64,
+) -> Result<(), StoreError> {
     let window = t.settings().wake_window_ms;
     crate::caps::trim(&mut rec.wake_runs, now, window);
-    let from_person = input.iter().any(|i| i.kind == "message");
-    match crate::caps::run_gate(from_person, &rec.wake_runs, t.limits(), now, window) {
-        crate::caps::RunGate::Start { counted } => {
-            if counted {
-                rec.wake_runs.push(now);
-            }
-            t.set_run_defer(sid, rec, None)?;
-            Ok(true)
-        }
-        crate::caps::RunGate::Defer { count, until } => {
-            if rec.deferred_until != Some(until) {
-                let message = crate::caps::runs_deferred(count, input.len(), until, t.limits());
-                let body = EventBody::LimitReached {
-                    limit: "runsPerHour".into(),
-                    message,
-                    until: Some(until),
-                    waitpoint: None,
-                };
-                event(t, sid, body, now)?;
-                t.set_run_defer(sid, rec, Some(until))?;
-            }
-            Ok(false)
-        }
+    if counted {
+        rec.wake_runs.push(now);
     }
+    t.set_run_defer(sid, rec, None)?;
+    let input = std::mem::take(&mut rec.deferred);
+    for i in &input {
+        t.append_transcript(sid, rec, &ChatMessage::user(i.text.clone()))?;
+    }
+    let run_id = crate::secret::new_id("run");
+    let body = EventBody::RunStart {
+        run_id: run_id.clone(),
+        input,
+    };
+    event(t, sid, body, now)?;
+    rec.turn = Some(Turn {
+        run_id,
+        started_at: now,
+        steps: 0,
+        usage: Usage::default(),
+        repeat: None,
+        output_retries: 0,
+        terminations: 0,
+        finish_reason: None,
+    });
+    Ok(())
+}
+
+/// A run put off for the hour's runs: sets the `run-defer` timer and says so in the log,
+/// once per wait (the caller saves `rec`).
+fn defer_run(
+    t: &mut Tx<'_>,
+    sid: &str,
+    rec: &mut AgentRecord,
+    count: usize,
+    until: u64,
+    now: u64,
+) -> Result<(), StoreError> {
+    let window = t.settings().wake_window_ms;
+    crate::caps::trim(&mut rec.wake_runs, now, window);
+    if rec.deferred_until == Some(until) {
+        return Ok(());
+    }
+    let message = crate::caps::runs_deferred(count, rec.deferred.len(), until, t.limits());
+    let body = EventBody::LimitReached {
+        limit: "runsPerHour".into(),
+        message,
+        until: Some(until),
+        waitpoint: None,
+    };
+    event(t, sid, body, now)?;
+    t.set_run_defer(sid, rec, Some(until))
 }
 
 fn run_of(rec: &AgentRecord) -> String {
@@ -478,51 +517,63 @@ fn advance(
     let now = env.now;
     while let Some(first) = rec.open.first().cloned() {
         let name = first.call.function.name.clone();
-        if first.refused.is_some() {
-            // The calls past the reply's cap (its last ones): each announced and answered
-            // with the reason, in order.
-            let mut rest = std::mem::take(&mut rec.open).into_iter().peekable();
-            while let Some(o) = rest.next_if(|o| o.refused.is_some()) {
-                let why = o.refused.clone().unwrap_or_default();
-                rec.open.push(o);
-                announce_first(t, sid, rec, now)?;
-                answer_first(t, sid, rec, false, json!({"error": why}), now)?;
-            }
-            rec.open.extend(rest);
-            continue;
-        }
         announce_first(t, sid, rec, now)?;
-        if !first.allowed {
-            match gate::gate(&config.policy, &rec.always, &name) {
-                Gate::Deny(reason) => {
-                    answer_first(t, sid, rec, false, json!({"error": reason}), now)?;
-                    continue;
+        let always = rec.always.contains(&name);
+        let gate = || gate::gate(&config.policy, &rec.always, &name);
+        match decide::admit(
+            first.refused.is_some(),
+            first.allowed,
+            config.unattended,
+            always,
+            gate,
+        ) {
+            Admit::Refused => {
+                // The calls past the reply's cap (its last ones): each announced and
+                // answered with the reason, in order.
+                let mut rest = std::mem::take(&mut rec.open).into_iter().peekable();
+                while let Some(o) = rest.next_if(|o| o.refused.is_some()) {
+                    let why = o.refused.clone().unwrap_or_default();
+                    rec.open.push(o);
+                    announce_first(t, sid, rec, now)?;
+                    answer_first(t, sid, rec, false, json!({"error": why}), now)?;
                 }
-                Gate::Ask(reason) => {
-                    if config.unattended {
-                        needs_human(t, sid, rec, &name, &reason, now)?;
-                        return Ok(Progress::Ended);
-                    }
-                    let expires_at = config
-                        .policy
-                        .approval_timeout_ms
-                        .map(|ms| now.saturating_add(ms));
-                    park(t, sid, rec, "approval", reason, Vec::new(), expires_at, now)?;
-                    return Ok(Progress::Parked);
-                }
-                Gate::Allow => {
-                    rec.open[0].allowed = true;
-                    let by = if rec.always.contains(&name) {
-                        "person (always)"
-                    } else {
-                        "policy"
-                    };
-                    rec.open[0].approved_by = Some(by.into());
-                }
+                rec.open.extend(rest);
+                continue;
+            }
+            Admit::Run { by: None } => {}
+            Admit::Run { by: Some(by) } => {
+                rec.open[0].allowed = true;
+                rec.open[0].approved_by = Some(by.into());
+            }
+            Admit::Deny(reason) => {
+                answer_first(t, sid, rec, false, json!({"error": reason}), now)?;
+                continue;
+            }
+            Admit::NeedsHuman(reason) => {
+                needs_human(t, sid, rec, &name, &reason, now)?;
+                return Ok(Progress::Ended);
+            }
+            Admit::Park(reason) => {
+                let expires_at = config
+                    .policy
+                    .approval_timeout_ms
+                    .map(|ms| now.saturating_add(ms));
+                park(t, sid, rec, "approval", reason, Vec::new(), expires_at, now)?;
+                return Ok(Progress::Parked);
             }
         }
-        match prepared.remove(&first.call.id) {
-            None => {
+        let p = prepared.remove(&first.call.id);
+        let prep = match &p {
+            None => Prep::Missing,
+            Some(tools::Prepared::Ask { .. }) => Prep::Ask,
+            Some(tools::Prepared::External) => Prep::External,
+            Some(_) => Prep::Store,
+        };
+        // A job to be waited on arms a waitpoint: capped before it starts (once started,
+        // it is made again as it was).
+        let capped = || tools::exec_capped(t, sid, &first.call);
+        match decide::run(prep, config.unattended, first.started, capped)? {
+            Run::Prepare => {
                 return Ok(Progress::Prepare(
                     rec.open
                         .iter()
@@ -531,30 +582,32 @@ fn advance(
                         .collect(),
                 ));
             }
-            Some(tools::Prepared::Ask { questions }) => {
-                if config.unattended {
-                    needs_human(t, sid, rec, &name, "a question for the person", now)?;
-                    return Ok(Progress::Ended);
-                }
+            Run::NeedsHuman => {
+                needs_human(t, sid, rec, &name, "a question for the person", now)?;
+                return Ok(Progress::Ended);
+            }
+            Run::AskPerson => {
+                let questions = match p {
+                    Some(tools::Prepared::Ask { questions }) => questions,
+                    _ => Vec::new(),
+                };
                 let reason = "the model asks the person".to_string();
                 park(t, sid, rec, "question", reason, questions, None, now)?;
                 return Ok(Progress::Parked);
             }
-            Some(tools::Prepared::External) => {
-                // A job to be waited on arms a waitpoint: capped before it starts (once
-                // started, it is made again as it was).
-                if !first.started
-                    && let Some(why) = tools::exec_capped(t, sid, &first.call)?
-                {
-                    answer_first(t, sid, rec, false, json!({"error": why}), now)?;
-                    continue;
-                }
+            Run::Capped(why) => {
+                answer_first(t, sid, rec, false, json!({"error": why}), now)?;
+            }
+            Run::External { again } => {
                 // Marked in the write that hands it out, before anything is sent: a call
                 // found marked was asked before, and its fate is unknown until asked again.
                 rec.open[0].started = true;
-                return Ok(Progress::External(first.call, first.started));
+                return Ok(Progress::External(first.call, again));
             }
-            Some(p) => {
+            Run::Store => {
+                let Some(p) = p else {
+                    continue;
+                };
                 let a = tools::execute(t, sid, rec, p, env.signal_url, now)?;
                 if a.secret.is_some() {
                     unredacted.push((rec.transcript_len, a.result.to_string()));
@@ -822,16 +875,13 @@ fn needs_human(
     close_open(t, sid, rec, why, failed("needs_human", None, message), now)
 }
 
-/// Fires the timers that came due during the turn; `true` if any did.
+/// Fires the timers that came due during the turn.
 fn fire_due_timers(
     t: &mut Tx<'_>,
     sid: &str,
     rec: &mut AgentRecord,
     now: u64,
-) -> Result<bool, StoreError> {
-    if !rec.timers.iter().any(|x| x.due) {
-        return Ok(false);
-    }
+) -> Result<(), StoreError> {
     let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut rec.timers)
         .into_iter()
         .partition(|x| x.due);
@@ -843,7 +893,7 @@ fn fire_due_timers(
     if let Some(r) = t.agent(sid)? {
         *rec = r;
     }
-    Ok(true)
+    Ok(())
 }
 
 /// Ends the run in progress with `result` (the caller saves `rec`).
