@@ -7,7 +7,7 @@
 //! `fdatasync`ed. redb is a checkpoint written by another thread a moment later, so no
 //! answer waits for a redb commit. This module is the domain's side: the handle
 //! ([`Store`]: `exec`, `read`, `device_wait_done_then`), the tables it registers
-//! (`tables.rs`), and the operations (`ops.rs`, `devices.rs`, `device_waits.rs`).
+//! (`tables.rs`), and the operations (`ops/`, `devices.rs`, `device_waits.rs`).
 //!
 //! After a crash, the store opens at its last checkpoint and applies the journal's newer
 //! records in order. [`Store::read`] holds every change acknowledged before it: it reads
