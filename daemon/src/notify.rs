@@ -13,19 +13,19 @@ use std::time::Duration;
 
 /// The systemd notify socket, when there is one.
 #[derive(Debug)]
-pub struct Notifier {
+pub struct SystemdNotifier {
     target: Option<(UnixDatagram, SocketAddr)>,
     watchdog: Option<Duration>,
     last_status: String,
 }
 
-impl Notifier {
+impl SystemdNotifier {
     /// From `$NOTIFY_SOCKET`, `$WATCHDOG_USEC` and `$WATCHDOG_PID`.
-    pub fn from_env() -> Notifier {
+    pub fn from_env() -> SystemdNotifier {
         let socket = std::env::var_os("NOTIFY_SOCKET");
         let usec = std::env::var("WATCHDOG_USEC").ok();
         let pid = std::env::var("WATCHDOG_PID").ok();
-        Notifier::new(
+        SystemdNotifier::new(
             socket.as_deref().and_then(|s| s.to_str()),
             usec.as_deref(),
             pid.as_deref(),
@@ -40,7 +40,7 @@ impl Notifier {
         watchdog_usec: Option<&str>,
         watchdog_pid: Option<&str>,
         own_pid: u32,
-    ) -> Notifier {
+    ) -> SystemdNotifier {
         let target = socket.and_then(|s| match open(s) {
             Ok(t) => Some(t),
             Err(e) => {
@@ -53,7 +53,7 @@ impl Notifier {
             .and_then(|u| u.trim().parse::<u64>().ok())
             .filter(|&u| u > 0 && ours)
             .map(Duration::from_micros);
-        Notifier {
+        SystemdNotifier {
             target,
             watchdog,
             last_status: String::new(),
@@ -118,7 +118,7 @@ fn open(socket: &str) -> io::Result<(UnixDatagram, SocketAddr)> {
 mod tests {
     use std::time::Duration;
 
-    use super::Notifier;
+    use super::SystemdNotifier;
 
     fn recv_all(sock: &std::os::unix::net::UnixDatagram) -> Vec<String> {
         sock.set_nonblocking(true).unwrap();
@@ -135,7 +135,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("notify");
         let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
-        let mut n = Notifier::new(path.to_str(), Some("60000000"), None, 1);
+        let mut n = SystemdNotifier::new(path.to_str(), Some("60000000"), None, 1);
         assert_eq!(n.watchdog_every(), Some(Duration::from_secs(30)));
         n.ready();
         n.status("connected to ws://127.0.0.1:3002/mesh/v1; 3 pending, 1 bad");
@@ -162,7 +162,7 @@ mod tests {
         let name = format!("cortex-notify-test-{}", std::process::id());
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
         let sock = std::os::unix::net::UnixDatagram::bind_addr(&addr).unwrap();
-        let mut n = Notifier::new(Some(&format!("@{name}")), None, None, 1);
+        let mut n = SystemdNotifier::new(Some(&format!("@{name}")), None, None, 1);
         assert_eq!(n.watchdog_every(), None);
         n.ready();
         assert_eq!(recv_all(&sock), ["READY=1"]);
@@ -170,14 +170,14 @@ mod tests {
 
     #[test]
     fn the_watchdog_is_ours_only_for_our_pid() {
-        let n = Notifier::new(None, Some("10000000"), Some("42"), 42);
+        let n = SystemdNotifier::new(None, Some("10000000"), Some("42"), 42);
         assert_eq!(n.watchdog_every(), Some(Duration::from_secs(5)));
-        let n = Notifier::new(None, Some("10000000"), Some("41"), 42);
+        let n = SystemdNotifier::new(None, Some("10000000"), Some("41"), 42);
         assert_eq!(n.watchdog_every(), None);
-        let n = Notifier::new(None, Some("0"), None, 42);
+        let n = SystemdNotifier::new(None, Some("0"), None, 42);
         assert_eq!(n.watchdog_every(), None);
         // No socket: every call is a no-op.
-        let mut n = Notifier::new(None, None, None, 42);
+        let mut n = SystemdNotifier::new(None, None, None, 42);
         n.ready();
     }
 }

@@ -108,7 +108,7 @@ pub fn parse_wait(
         message: m,
     };
     let spec = req
-        .condition()
+        .condition
         .spec(Place::Device)
         .map_err(|e| bad(e.to_string()))?;
     let timeout_ms = match req.timeout_s {

@@ -1035,6 +1035,63 @@ mod tests {
         let back: Event = serde_json::from_value(v).expect("de");
         assert_eq!(back, e);
     }
+
+    #[test]
+    fn a_device_wait_is_its_condition_beside_its_own_fields() {
+        let v = serde_json::json!({
+            "kind": "log", "path": "/r/t.log", "match": "nan", "silence": "20m",
+            "timeout_s": 60.5, "session": "s1", "label": "train", "intent": "why",
+        });
+        let b: CreateDeviceWait = serde_json::from_value(v.clone()).expect("a body");
+        assert_eq!(b.condition.kind, "log");
+        assert_eq!(b.condition.pattern.as_deref(), Some("nan"));
+        assert_eq!(b.timeout_s, Some(60.5));
+        assert_eq!(b.session.as_deref(), Some("s1"));
+        assert_eq!(serde_json::to_value(&b).expect("ser"), v);
+        // Null is absent, as with every other optional field.
+        let b: CreateDeviceWait =
+            serde_json::from_value(serde_json::json!({"kind": "pid", "pid": 4, "label": null}))
+                .expect("null label");
+        assert_eq!((b.condition.pid, b.label), (Some(4), None));
+        // An unknown field is refused by name, listing every field the body takes.
+        let e = serde_json::from_value::<CreateDeviceWait>(
+            serde_json::json!({"kind": "pid", "pid": 4, "timeout": 5}),
+        )
+        .expect_err("unknown");
+        let e = e.to_string();
+        assert!(e.contains("unknown field `timeout`"), "{e}");
+        assert!(e.contains("`timeout_s`") && e.contains("`match`"), "{e}");
+        let e = serde_json::from_value::<CreateDeviceWait>(
+            serde_json::json!({"kind": "pid", "timeout_s": "soon"}),
+        )
+        .expect_err("a string bound");
+        assert!(e.to_string().starts_with("timeout_s: "), "{e}");
+    }
+
+    #[test]
+    fn the_condition_fields_are_the_conditions_own() {
+        let full = crate::waits::WaitCondition {
+            kind: "any".into(),
+            pid: Some(1),
+            start_time: Some(2),
+            must_exist: true,
+            path: Some("/p".into()),
+            pattern: Some("x".into()),
+            silence: Some(crate::waits::DurationValue::Seconds(1.0)),
+            conditions: Some(vec![]),
+        };
+        let v = serde_json::to_value(&full).expect("ser");
+        let mut keys: Vec<&str> = v
+            .as_object()
+            .expect("object")
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        let mut named = CONDITION_FIELDS.to_vec();
+        keys.sort_unstable();
+        named.sort_unstable();
+        assert_eq!(keys, named);
+    }
 }
 
 // ---------------------------------------------------------------- devices
@@ -1140,34 +1197,13 @@ pub struct DeviceView {
 
 /// `POST /api/devices/{name}/waits`: a remote wait (a pid exiting, a file written, a
 /// lock coming free) on that device, answered
-/// with a waitpoint bound to it that the device's agent signals.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+/// with a waitpoint bound to it that the device's agent signals. The condition's fields
+/// (`kind`, `pid`, `path`, `match`…) sit at the top level beside the wait's own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct CreateDeviceWait {
-    /// `pid`, `file`, `flock`, `log` or `any` (the vocabulary: `crate::waits`).
-    pub kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pid: Option<i32>,
-    /// With `pid`: its start time (field 22 of `/proc/PID/stat`), so another process that
-    /// got the same pid is never waited on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start_time: Option<u64>,
-    /// With `pid`: a process not running on the device when its agent arms the wait
-    /// breaks it (`broke`) instead of firing at once (`cortex wait pid --must-exist`).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub must_exist: bool,
-    /// With `file`, `flock` and `log`: an absolute path on the device.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    /// With `log`: the regular expression a line must match.
-    #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
-    pub pattern: Option<String>,
-    /// With `file` and `log`: fire when the file has not grown for this long.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub silence: Option<crate::waits::DurationValue>,
-    /// With `any`: the conditions, the first that holds fires the wait.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub conditions: Option<Vec<crate::waits::WaitCondition>>,
+    /// What is waited on (the one vocabulary: `crate::waits`).
+    #[serde(flatten)]
+    pub condition: crate::waits::WaitCondition,
     /// The bound, in seconds (fractions allowed) [default: the waitpoint lifetime, 7 days].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
@@ -1180,21 +1216,123 @@ pub struct CreateDeviceWait {
     pub intent: Option<String>,
 }
 
-impl CreateDeviceWait {
-    /// The condition this body names, for the one parser (`crate::waits`).
-    pub fn condition(&self) -> crate::waits::WaitCondition {
-        crate::waits::WaitCondition {
-            kind: self.kind.clone(),
-            pid: self.pid,
-            start_time: self.start_time,
-            must_exist: self.must_exist,
-            path: self.path.clone(),
-            pattern: self.pattern.clone(),
-            silence: self.silence.clone(),
-            conditions: self.conditions.clone(),
+/// The wait's own fields, beside its condition's.
+const DEVICE_WAIT_FIELDS: [&str; 4] = ["timeout_s", "session", "label", "intent"];
+
+// serde cannot refuse unknown fields next to a flattened struct, so the body is read as an
+// object, the wait's own fields taken out, and the rest read as the condition (which
+// refuses what it does not know, naming every field this body takes).
+impl<'de> Deserialize<'de> for CreateDeviceWait {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut map = serde_json::Map::<String, serde_json::Value>::deserialize(d)?;
+        fn take<T: serde::de::DeserializeOwned, E: Error>(
+            map: &mut serde_json::Map<String, serde_json::Value>,
+            field: &str,
+        ) -> Result<Option<T>, E> {
+            match map.remove(field) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(v) => serde_json::from_value(v)
+                    .map(Some)
+                    .map_err(|e| E::custom(format!("{field}: {e}"))),
+            }
         }
+        let timeout_s = take(&mut map, "timeout_s")?;
+        let session = take(&mut map, "session")?;
+        let label = take(&mut map, "label")?;
+        let intent = take(&mut map, "intent")?;
+        if let Some(unknown) = map.keys().find(|k| !CONDITION_FIELDS.contains(&k.as_str())) {
+            let known: Vec<String> = CONDITION_FIELDS
+                .iter()
+                .chain(DEVICE_WAIT_FIELDS.iter())
+                .map(|f| format!("`{f}`"))
+                .collect();
+            return Err(D::Error::custom(format!(
+                "unknown field `{unknown}`, expected one of {}",
+                known.join(", ")
+            )));
+        }
+        let condition =
+            serde_json::from_value(serde_json::Value::Object(map)).map_err(D::Error::custom)?;
+        Ok(CreateDeviceWait {
+            condition,
+            timeout_s,
+            session,
+            label,
+            intent,
+        })
     }
 }
+
+// The schema is the condition's object with the wait's own fields added: one flat object
+// that refuses what it does not name, as the body does (a derived flatten would be an
+// `allOf` whose parts each refuse the other's fields).
+impl utoipa::PartialSchema for CreateDeviceWait {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::RefOr;
+        use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
+        let mut schema = <crate::waits::WaitCondition as utoipa::PartialSchema>::schema();
+        if let RefOr::T(Schema::Object(o)) = &mut schema {
+            let own = [
+                (
+                    "timeout_s",
+                    Type::Number,
+                    "The bound, in seconds (fractions allowed) [default: the waitpoint lifetime, 7 days].",
+                ),
+                (
+                    "session",
+                    Type::String,
+                    "The session the wake goes to; without it a session is created for this wait.",
+                ),
+                ("label", Type::String, "The waitpoint's label."),
+                (
+                    "intent",
+                    Type::String,
+                    "Why the session waits, shown with the wake.",
+                ),
+            ];
+            for (name, ty, doc) in own {
+                let field = ObjectBuilder::new()
+                    .schema_type(SchemaType::from_iter([ty, Type::Null]))
+                    .description(Some(doc));
+                o.properties.insert(name.to_string(), field.into());
+            }
+            o.description = Some(
+                "A remote wait on a device: a condition's fields beside the wait's own.".into(),
+            );
+        }
+        schema
+    }
+}
+
+impl ToSchema for CreateDeviceWait {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use crate::waits::WaitCondition;
+        // An `any`'s conditions refer to the condition by name.
+        schemas.push((
+            WaitCondition::name().into_owned(),
+            <WaitCondition as utoipa::PartialSchema>::schema(),
+        ));
+        <WaitCondition as ToSchema>::schemas(schemas);
+    }
+}
+
+/// A condition's fields as the API spells them (`crate::waits::WaitCondition`).
+const CONDITION_FIELDS: [&str; 8] = [
+    "kind",
+    "pid",
+    "start_time",
+    "must_exist",
+    "path",
+    "match",
+    "silence",
+    "conditions",
+];
 
 /// One remote wait, as the devices API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -90,15 +90,18 @@ pub struct WaitCondition {
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<i32>,
+    /// On `pid`: its start time (field 22 of `/proc/PID/stat`), so another process that
+    /// got the same pid is never waited on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<u64>,
     /// On `pid`: a process not running when the wait is armed breaks it instead of firing
     /// at once (a typo'd pid, or a job that already ended, is then an error).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub must_exist: bool,
+    /// On `file`, `flock` and `log`: a path (absolute on a device).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
-    /// A log wait's pattern.
+    /// A log wait's pattern (a regular expression a line must match).
     #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
     pub pattern: Option<String>,
     /// On `file` and `log`: fire when the file has not grown for this long.

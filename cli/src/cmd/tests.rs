@@ -1157,7 +1157,7 @@ fn log_silence_and_any_flags_become_the_remote_body() {
     // What the hub does with it: the same spec the command line names.
     let body: cortex_protocol::api::CreateDeviceWait = serde_json::from_value(b).expect("body");
     let spec = body
-        .condition()
+        .condition
         .spec(cortex_protocol::waits::Place::Device)
         .expect("accepted");
     assert_eq!(spec.kind(), "any");

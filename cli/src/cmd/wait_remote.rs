@@ -155,35 +155,35 @@ pub fn body(wait: &LocalWait, device: &str) -> anyhow::Result<CreateDeviceWait> 
     };
     match wait {
         LocalWait::Pid(a) => {
-            b.kind = "pid".into();
-            b.pid = Some(a.pid);
-            b.start_time = a.start_time;
+            b.condition.kind = "pid".into();
+            b.condition.pid = Some(a.pid);
+            b.condition.start_time = a.start_time;
             // The device's agent decides it, where the pid lives: one not running there
             // breaks the wait, and the hub and the session hear `broke`.
-            b.must_exist = a.must_exist;
+            b.condition.must_exist = a.must_exist;
         }
         LocalWait::File(a) => {
             anyhow::ensure!(
                 a.cursor.is_none(),
                 "--cursor is for waits on this machine; {device}'s agent keeps a remote file wait's position itself"
             );
-            b.kind = "file".into();
-            b.path = Some(abs(&a.path)?);
-            b.silence = a.silence.map(seconds);
+            b.condition.kind = "file".into();
+            b.condition.path = Some(abs(&a.path)?);
+            b.condition.silence = a.silence.map(seconds);
         }
         LocalWait::Flock(a) => {
-            b.kind = "flock".into();
-            b.path = Some(abs(&a.path)?);
+            b.condition.kind = "flock".into();
+            b.condition.path = Some(abs(&a.path)?);
         }
         LocalWait::Log(a) => {
             anyhow::ensure!(
                 a.cursor.is_none(),
                 "--cursor is for waits on this machine; {device}'s agent keeps a remote log wait's position itself"
             );
-            b.kind = "log".into();
-            b.path = Some(abs(&a.path)?);
-            b.pattern = Some(a.pattern.clone());
-            b.silence = a.silence.map(seconds);
+            b.condition.kind = "log".into();
+            b.condition.path = Some(abs(&a.path)?);
+            b.condition.pattern = Some(a.pattern.clone());
+            b.condition.silence = a.silence.map(seconds);
         }
         LocalWait::Any(a) => {
             // Read by the one parser, as the hub will: a bad condition is refused here,
@@ -193,14 +193,7 @@ pub fn body(wait: &LocalWait, device: &str) -> anyhow::Result<CreateDeviceWait> 
                 specs.push(parse_condition(c, Place::Device)?);
             }
             let spec = any_of(specs, Place::Device)?;
-            let c = WaitCondition::from_spec(&spec);
-            b.kind = c.kind;
-            b.pid = c.pid;
-            b.start_time = c.start_time;
-            b.path = c.path;
-            b.pattern = c.pattern;
-            b.silence = c.silence;
-            b.conditions = c.conditions;
+            b.condition = WaitCondition::from_spec(&spec);
         }
     }
     Ok(b)

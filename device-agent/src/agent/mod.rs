@@ -69,7 +69,7 @@ use backoff::Backoff;
 use cortex_host::spool::{Spool, SpoolError, SpoolEvent, SpoolWatcher};
 use forward::{Forwarder, Outbox};
 use link::{ConnectError, Connected, Dialer, Down, Link, LinkMsg, LinkMsgKind, Outgoing};
-use notify::Notifier;
+use notify::SystemdNotifier;
 use waits::{RemoteWaits, WaitsStore};
 
 /// Where a frame for the hub goes (the link's outbox); false when it cannot take one now.
@@ -158,7 +158,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     ))?;
     // Watch first, then list: the watcher's first event is the listing.
     let mut watcher = SpoolWatcher::new(spool.clone(), Some(config.timing.rescan))?;
-    let mut notifier = Notifier::from_env();
+    let mut notifier = SystemdNotifier::from_env();
     notifier.ready();
     notifier.status(&format!("connecting to {}", config.hub));
     // Children are reaped on SIGCHLD; without the stream (it cannot fail on Linux short
@@ -269,7 +269,7 @@ struct Daemon {
     config: Config,
     spool: Arc<Spool>,
     forward: Forwarder,
-    notifier: Notifier,
+    notifier: SystemdNotifier,
     dialer: Arc<Dialer>,
     host: HostFacts,
     backoff: Backoff,
@@ -286,7 +286,7 @@ struct Daemon {
     frame_at: Instant,
     /// The link part of the systemd status line.
     link_line: String,
-    counts: Option<cortex_host::spool::SpoolCounts>,
+    counts: Option<cortex_host::spool::SpoolTally>,
     /// What the hub was last told (hello or status frame) on the current link.
     counts_sent: Option<mesh::SpoolCounts>,
     last_counts_at: Option<Instant>,
@@ -660,7 +660,7 @@ impl Daemon {
         }
     }
 
-    fn read_counts(&mut self) -> Option<cortex_host::spool::SpoolCounts> {
+    fn read_counts(&mut self) -> Option<cortex_host::spool::SpoolTally> {
         match self.spool.counts() {
             Ok(c) => self.counts = Some(c),
             Err(e) => tracing::warn!(error = %e, "cannot count the spool"),
@@ -794,7 +794,7 @@ fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
 }
 
-fn to_wire(c: cortex_host::spool::SpoolCounts) -> mesh::SpoolCounts {
+fn to_wire(c: cortex_host::spool::SpoolTally) -> mesh::SpoolCounts {
     mesh::SpoolCounts {
         pending: u32::try_from(c.pending).unwrap_or(u32::MAX),
         bad: u32::try_from(c.bad).unwrap_or(u32::MAX),

@@ -87,7 +87,7 @@ pub struct WaitsFile {
 
 /// Why the waits file could not be read or written.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub enum WaitStoreError {
     #[error("cannot {action} {}: {source}", .path.display())]
     Io {
         action: &'static str,
@@ -126,14 +126,14 @@ impl WaitsStore {
 
     /// The saved state; empty when there is no file. A file that cannot be parsed is moved
     /// aside (kept for a person to look at) and reported, and an empty state returned.
-    pub fn load(&self) -> (WaitsFile, Option<StoreError>) {
+    pub fn load(&self) -> (WaitsFile, Option<WaitStoreError>) {
         let bytes = match fs::read(&self.path) {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return (WaitsFile::default(), None),
             Err(source) => {
                 return (
                     WaitsFile::default(),
-                    Some(StoreError::Io {
+                    Some(WaitStoreError::Io {
                         action: "read",
                         path: self.path.clone(),
                         source,
@@ -150,7 +150,7 @@ impl WaitsStore {
         let _ = fs::rename(&self.path, &aside);
         (
             WaitsFile::default(),
-            Some(StoreError::Corrupt {
+            Some(WaitStoreError::Corrupt {
                 path: self.path.clone(),
                 aside,
                 why,
@@ -159,10 +159,10 @@ impl WaitsStore {
     }
 
     /// Replaces the file atomically and durably (`cortex_host::atomic`).
-    pub fn save(&self, file: &WaitsFile) -> Result<(), StoreError> {
+    pub fn save(&self, file: &WaitsFile) -> Result<(), WaitStoreError> {
         let err = |action: &'static str, path: &Path| {
             let path = path.to_owned();
-            move |source| StoreError::Io {
+            move |source| WaitStoreError::Io {
                 action,
                 path,
                 source,

@@ -206,7 +206,7 @@ impl Refusal {
 
 /// How many files wait in the spool and how many were parked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SpoolCounts {
+pub struct SpoolTally {
     /// Candidate names ([`Spool::list`]).
     pub pending: usize,
     /// Parked entries in `bad/`, not counting their `.reason` files.
@@ -672,7 +672,7 @@ impl Spool {
     }
 
     /// Pending and parked counts, for status displays.
-    pub fn counts(&self) -> Result<SpoolCounts, SpoolError> {
+    pub fn counts(&self) -> Result<SpoolTally, SpoolError> {
         let h = self.handles();
         let pending = self.scan(&h)?.0.len();
         let bad_path = self.path.join(BAD_DIR);
@@ -685,7 +685,7 @@ impl Spool {
             }
             Ok(())
         })?;
-        Ok(SpoolCounts { pending, bad })
+        Ok(SpoolTally { pending, bad })
     }
 
     fn handles(&self) -> Arc<Handles> {

@@ -92,7 +92,7 @@ fn open_creates_dirs_0700_with_bad() {
         "parents are created 0700 too"
     );
     assert_eq!(f.spool.list().expect("list"), Vec::<String>::new());
-    assert_eq!(f.spool.counts().expect("counts"), SpoolCounts::default());
+    assert_eq!(f.spool.counts().expect("counts"), SpoolTally::default());
     // Opening again an existing spool is fine.
     Spool::open(&f.dir).expect("reopen existing");
 }
@@ -201,7 +201,7 @@ fn list_gives_candidates_sorted_and_parks_directories() {
     assert!(reason.contains("a directory"), "{reason}");
     assert_eq!(
         f.spool.counts().expect("counts"),
-        SpoolCounts { pending: 4, bad: 1 }
+        SpoolTally { pending: 4, bad: 1 }
     );
     for untouched in [".hidden.json", "x.tmp", "300.json.tmp", "notes"] {
         assert!(f.dir.join(untouched).exists(), "{untouched} left alone");
@@ -407,7 +407,7 @@ fn park_moves_into_bad_with_a_reason_and_never_overwrites() {
 
     assert_eq!(
         f.spool.counts().expect("counts"),
-        SpoolCounts { pending: 0, bad: 2 }
+        SpoolTally { pending: 0, bad: 2 }
     );
     assert_eq!(
         f.spool.park("a.json", "gone").expect("missing is fine"),
@@ -1089,7 +1089,7 @@ fn a_second_collector_is_refused_and_told_who_holds_the_spool() {
     assert_eq!(f.spool.list().expect("list"), Vec::<String>::new());
     assert_eq!(
         f.spool.counts().expect("counts"),
-        SpoolCounts { pending: 0, bad: 0 }
+        SpoolTally { pending: 0, bad: 0 }
     );
     assert_eq!(mode(&f.dir.join(LOCK_FILE)), 0o600);
     // Once the holder is gone, the lock is free.

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use cortex_protocol::api::{CreateDeviceWait, HubEventBody};
 use cortex_protocol::mesh::WaitSpec;
+use cortex_protocol::waits::WaitCondition;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -121,11 +122,11 @@ async fn exec(
         // The pid is known only once it runs: the wait is checked now (so a refusal
         // starts nothing) and armed in the write that records the start.
         let req = CreateDeviceWait {
-            kind: "pid".into(),
-            pid: Some(1),
-            start_time: None,
-            path: None,
-            timeout_s: None,
+            condition: WaitCondition {
+                kind: "pid".into(),
+                pid: Some(1),
+                ..WaitCondition::default()
+            },
             session: Some(sid.to_string()),
             label: a.label.clone(),
             intent: a.intent.clone(),

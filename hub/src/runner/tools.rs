@@ -717,14 +717,15 @@ async fn prepare_inner(
                 },
             };
             let req = CreateDeviceWait {
-                kind: kind.to_string(),
-                pid,
-                start_time: None,
-                must_exist: false,
-                path: a.path,
-                pattern: a.pattern,
-                silence: a.silence,
-                conditions: a.conditions,
+                condition: WaitCondition {
+                    kind: kind.to_string(),
+                    pid,
+                    path: a.path,
+                    pattern: a.pattern,
+                    silence: a.silence,
+                    conditions: a.conditions,
+                    ..WaitCondition::default()
+                },
                 timeout_s: a.timeout_s,
                 session: Some(sid.to_string()),
                 label: a.label,

@@ -6,14 +6,14 @@
 //! the interval: a hub whose writer is wedged (a stuck disk, a deadlock) stops feeding it,
 //! and systemd restarts it. The journal makes that restart lose nothing.
 
-use cortex_daemon::notify::Notifier;
+use cortex_daemon::notify::SystemdNotifier;
 
 use crate::state::AppState;
 
 /// Feeds the watchdog every half `WatchdogSec=` while a no-op write commits in that time;
 /// returns at once when the unit has no watchdog, and when the hub stops.
 pub async fn feed(state: AppState) {
-    let mut notifier = Notifier::from_env();
+    let mut notifier = SystemdNotifier::from_env();
     let Some(every) = notifier.watchdog_every() else {
         return;
     };
@@ -37,8 +37,8 @@ pub async fn feed(state: AppState) {
 }
 
 /// `READY=1` with a `STATUS=` line saying where the hub serves.
-pub fn ready(status: &str) -> Notifier {
-    let mut n = Notifier::from_env();
+pub fn ready(status: &str) -> SystemdNotifier {
+    let mut n = SystemdNotifier::from_env();
     n.status(status);
     n.ready();
     n

@@ -388,6 +388,16 @@ fn schemas_follow_serde() {
         json!({"kind": "file", "path": "/x", "silence": 30}),
         true,
     );
+    check(
+        "CreateDeviceWait",
+        json!({"kind": "pid", "pid": 7, "timeout_s": 60, "session": "s", "label": "l"}),
+        true,
+    );
+    check(
+        "CreateDeviceWait",
+        json!({"kind": "pid", "pid": 7, "timeout": 60}),
+        false,
+    );
     // An optional field left out is fine; skip_serializing_if fields are not required.
     check("WaitpointRef", json!({"id": "wp_1", "label": "l"}), false);
     assert!(
