@@ -440,22 +440,36 @@ pub enum HubFrame {
     /// [`CAP_EXEC`]). `exec_id` is the run's identity: an agent that started it already
     /// starts nothing and answers [`AgentFrame::ExecStarted`] with `already: true`. The
     /// answer is [`AgentFrame::ExecStarted`] or [`AgentFrame::ExecRefused`].
-    Exec {
-        exec_id: String,
-        /// The program and its arguments; with `shell`, exactly one string: the script
-        /// for `/bin/sh -c`.
-        argv: Vec<String>,
-        shell: bool,
-        /// The working directory on the device (absolute); `None`: the agent's home.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        cwd: Option<String>,
-        /// Added to the agent's environment for this run. May hold secrets: never logged.
-        #[serde(default)]
-        env: Vec<(String, String)>,
-        /// How long the hub waits for the answer, relative: an agent that gets to the frame
-        /// later than that refuses it rather than start a job the hub gave up on.
-        timeout_ms: u64,
-    },
+    Exec(ExecRequest),
+}
+
+/// A command the hub asks a device to start, detached from its agent (`HubFrame::Exec`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// The run's identity on the device (a file name: 1-128 of `A-Za-z0-9_.-`, not
+    /// starting with a dot). Asking again with the same id never starts a second run.
+    pub exec_id: String,
+    /// The program and its arguments; with `shell`, exactly one string: the script
+    /// for `/bin/sh -c`.
+    pub argv: Vec<String>,
+    pub shell: bool,
+    /// The working directory on the device (absolute); `None`: the agent's home.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Added to the agent's environment for this run (e.g. `CORTEX_SIGNAL_ID`,
+    /// `CORTEX_SIGNAL_SECRET`). May hold secrets: never logged, on either side.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// How long the hub waits for the answer, relative: an agent that gets to the frame
+    /// later than that refuses it rather than start a job the hub gave up on.
+    pub timeout_ms: u64,
+}
+
+impl ExecRequest {
+    /// `timeout_ms` as a duration.
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.timeout_ms)
+    }
 }
 
 /// Why the hub refuses or ends a link; sent as the WebSocket close reason, and for a
@@ -647,22 +661,22 @@ mod tests {
             HubFrame::WaitAck {
                 wait_id: "wp_1".into(),
             },
-            HubFrame::Exec {
+            HubFrame::Exec(ExecRequest {
                 exec_id: "ex_1".into(),
                 argv: vec!["python3".into(), "train.py".into()],
                 shell: false,
                 cwd: Some("/data".into()),
                 env: vec![("CORTEX_SIGNAL_ID".into(), "wp_1".into())],
                 timeout_ms: 15_000,
-            },
-            HubFrame::Exec {
+            }),
+            HubFrame::Exec(ExecRequest {
                 exec_id: "ex_2".into(),
                 argv: vec!["sleep 1 && echo hi".into()],
                 shell: true,
                 cwd: None,
                 env: Vec::new(),
                 timeout_ms: 1,
-            },
+            }),
         ];
         for f in frames {
             assert_eq!(
@@ -670,6 +684,25 @@ mod tests {
                 f
             );
         }
+    }
+
+    /// An exec frame is flat on the wire: its request's fields beside `type`.
+    #[test]
+    fn an_exec_frame_is_flat() {
+        let wire = serde_json::json!({
+            "type": "exec", "exec_id": "ex_1", "argv": ["true"], "shell": false, "timeout_ms": 5,
+        });
+        let bytes = rmp_serde::to_vec_named(&wire).expect("msgpack");
+        let f = HubFrame::decode(&bytes).expect("decode");
+        let HubFrame::Exec(req) = &f else {
+            panic!("not an exec: {f:?}");
+        };
+        assert_eq!((req.cwd.as_deref(), req.env.len()), (None, 0));
+        assert_eq!(req.timeout(), std::time::Duration::from_millis(5));
+        let mut back = serde_json::to_value(&f).expect("json");
+        assert_eq!(back["env"].take(), serde_json::json!([]));
+        back.as_object_mut().expect("object").remove("env");
+        assert_eq!(back, wire);
     }
 
     /// A hello and a welcome of a build before remote waits still decode: the new fields

@@ -17,10 +17,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cortex_hub::engine::Settings;
-use cortex_hub::mesh::exec::{ExecError, ExecRequest, exec};
+use cortex_hub::mesh::exec::{ExecError, exec};
 use cortex_hub::mesh::{Bound, MeshSetup};
 use cortex_hub::state::{AppState, Inner, Shutdown};
 use cortex_hub::store::Store;
+use cortex_protocol::mesh::ExecRequest;
 use cortex_tests::bin;
 
 const T: Duration = Duration::from_secs(20);
@@ -66,7 +67,7 @@ fn request(script: &str, cwd: &Path) -> ExecRequest {
         shell: false,
         cwd: Some(cwd.to_string_lossy().into_owned()),
         env: vec![("CORTEX_SIGNAL_SECRET".into(), SECRET.into())],
-        timeout: Duration::from_secs(15),
+        timeout_ms: 15_000,
     }
 }
 

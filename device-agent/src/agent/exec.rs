@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use cortex_protocol::mesh::{AgentFrame, Frame};
+use cortex_protocol::mesh::{AgentFrame, ExecRequest, Frame};
 use serde::{Deserialize, Serialize};
 
 use super::now_ms;
@@ -300,20 +300,6 @@ fn create_private_dir(dir: &Path) -> io::Result<()> {
         .create(dir)
 }
 
-/// One `HubFrame::Exec`, as the agent handles it.
-#[derive(Debug, Clone)]
-pub struct ExecRequest {
-    pub exec_id: String,
-    pub argv: Vec<String>,
-    pub shell: bool,
-    pub cwd: Option<String>,
-    pub env: Vec<(String, String)>,
-    /// The frame's `timeout_ms`.
-    pub timeout: Duration,
-    /// How long the frame waited in this agent before it was handled.
-    pub waited: Duration,
-}
-
 /// A child of this agent, not reaped yet.
 struct Running {
     exec_id: String,
@@ -376,10 +362,11 @@ impl Execs {
         self.running.len()
     }
 
-    /// Handles one `Exec`: its answer is queued for the hub and returned.
-    pub fn start(&mut self, req: ExecRequest) -> AgentFrame {
+    /// Handles one `Exec` that waited `waited` in this agent before it was handled: its
+    /// answer is queued for the hub and returned.
+    pub fn start(&mut self, req: ExecRequest, waited: Duration) -> AgentFrame {
         let exec_id = req.exec_id.clone();
-        let answer = match self.try_start(req) {
+        let answer = match self.try_start(req, waited) {
             Ok(a) => a,
             Err(reason) => {
                 tracing::info!(exec = %exec_id, reason = %reason, "exec refused");
@@ -393,7 +380,7 @@ impl Execs {
         answer
     }
 
-    fn try_start(&mut self, req: ExecRequest) -> Result<AgentFrame, String> {
+    fn try_start(&mut self, req: ExecRequest, waited: Duration) -> Result<AgentFrame, String> {
         if !self.policy.allow {
             // Before the id is even looked at: such an agent writes nothing.
             return Err(NOT_ALLOWED.into());
@@ -410,11 +397,11 @@ impl Execs {
                 ));
             }
         }
-        if req.waited > req.timeout {
+        if waited > req.timeout() {
             return Err(format!(
                 "the request reached the device after the hub stopped waiting ({} ms > {} ms); nothing was started",
-                req.waited.as_millis(),
-                req.timeout.as_millis()
+                waited.as_millis(),
+                req.timeout_ms
             ));
         }
         self.policy.check(&req.argv, req.shell)?;

@@ -532,7 +532,7 @@ fn frame_kind(f: &HubFrame) -> &'static str {
         HubFrame::WaitArm { .. } => "wait_arm",
         HubFrame::WaitCancel { .. } => "wait_cancel",
         HubFrame::WaitAck { .. } => "wait_ack",
-        HubFrame::Exec { .. } => "exec",
+        HubFrame::Exec(_) => "exec",
     }
 }
 

@@ -422,23 +422,9 @@ impl Daemon {
                 .arm(wait_id, &spec, Duration::from_millis(timeout_ms)),
             HubFrame::WaitCancel { wait_id } => self.remote.cancel(&wait_id),
             HubFrame::WaitAck { wait_id } => self.remote.ack(&wait_id),
-            HubFrame::Exec {
-                exec_id,
-                argv,
-                shell,
-                cwd,
-                env,
-                timeout_ms,
-            } => {
-                self.execs.start(exec::ExecRequest {
-                    exec_id,
-                    argv,
-                    shell,
-                    cwd,
-                    env,
-                    timeout: Duration::from_millis(timeout_ms),
-                    waited: now.saturating_duration_since(self.frame_at),
-                });
+            HubFrame::Exec(req) => {
+                let waited = now.saturating_duration_since(self.frame_at);
+                self.execs.start(req, waited);
             }
         }
     }

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use cortex_protocol::mesh::{AgentFrame, CAP_EXEC, Frame, FrameError, HubFrame};
+use cortex_protocol::mesh::{AgentFrame, CAP_EXEC, ExecRequest, Frame, FrameError, HubFrame};
 use tokio::time::Instant;
 
 use crate::registry::{Link, Registry};
@@ -20,25 +20,6 @@ use crate::state::AppState;
 
 #[cfg(test)]
 mod tests;
-
-/// What to start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecRequest {
-    /// The run's identity on the device (a file name: 1-128 of `A-Za-z0-9_.-`, not
-    /// starting with a dot). Asking again with the same id never starts a second run.
-    pub exec_id: String,
-    /// The program and its arguments; with `shell`, exactly one string, the script.
-    pub argv: Vec<String>,
-    pub shell: bool,
-    /// An absolute directory on the device; `None`: the agent's home directory.
-    pub cwd: Option<String>,
-    /// Added to the agent's environment (e.g. `CORTEX_SIGNAL_ID`, `CORTEX_SIGNAL_SECRET`);
-    /// never logged, here or on the device.
-    pub env: Vec<(String, String)>,
-    /// How long to wait for the device's answer; the device refuses a request that
-    /// reaches it later than that.
-    pub timeout: Duration,
-}
 
 /// The device's answer: the command runs (or ran) as `pid`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,7 +118,7 @@ pub fn secs(d: Duration) -> String {
 }
 
 /// Starts `req` on `device` through its live link and waits for the answer, at most
-/// `req.timeout`. See the module docs for what the caller owns.
+/// `req.timeout()`. See the module docs for what the caller owns.
 pub async fn exec(
     state: &AppState,
     device: &str,
@@ -152,7 +133,8 @@ pub async fn exec_on(
     device: &str,
     req: ExecRequest,
 ) -> Result<ExecStarted, ExecError> {
-    let deadline = Instant::now() + req.timeout;
+    let timeout = req.timeout();
+    let deadline = Instant::now() + timeout;
     let Some(link) = registry.link(device) else {
         return Err(if registry.knows(device) {
             ExecError::Offline {
@@ -169,14 +151,8 @@ pub async fn exec_on(
             device: device.to_owned(),
         });
     }
-    let frame = HubFrame::Exec {
-        exec_id: req.exec_id.clone(),
-        argv: req.argv,
-        shell: req.shell,
-        cwd: req.cwd,
-        env: req.env,
-        timeout_ms: u64::try_from(req.timeout.as_millis()).unwrap_or(u64::MAX),
-    };
+    let exec_id = req.exec_id.clone();
+    let frame = HubFrame::Exec(req);
     // Checked here, where the caller hears why; the link's loop encodes it again.
     if let Err(FrameError::TooLarge { bytes, max }) = frame.encode() {
         return Err(ExecError::TooLarge {
@@ -187,14 +163,14 @@ pub async fn exec_on(
     }
     let lost = || ExecError::LinkLost {
         device: device.to_owned(),
-        exec_id: req.exec_id.clone(),
+        exec_id: exec_id.clone(),
     };
     let timed_out = || ExecError::TimedOut {
         device: device.to_owned(),
-        exec_id: req.exec_id.clone(),
-        timeout: req.timeout,
+        exec_id: exec_id.clone(),
+        timeout,
     };
-    let Some(mut waiter) = Waiter::new(&link, &req.exec_id) else {
+    let Some(mut waiter) = Waiter::new(&link, &exec_id) else {
         // The link ended between the lookup and now: the frame never went.
         return Err(ExecError::Offline {
             device: device.to_owned(),

@@ -21,13 +21,13 @@
 use std::time::Duration;
 
 use cortex_protocol::api::{CreateDeviceWait, HubEventBody};
-use cortex_protocol::mesh::WaitSpec;
+use cortex_protocol::mesh::{ExecRequest, WaitSpec};
 use cortex_protocol::waits::WaitCondition;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::tools::{Answered, ExecArgs};
-use crate::mesh::exec::{ExecError, ExecRequest, ExecStarted, secs};
+use crate::mesh::exec::{ExecError, ExecStarted, secs};
 use crate::model::ToolCall;
 use crate::remote_wait;
 use crate::secret;
@@ -158,7 +158,7 @@ async fn exec(
         shell: a.shell,
         cwd: a.cwd.clone(),
         env,
-        timeout: EXEC_ANSWER_TIMEOUT,
+        timeout_ms: EXEC_ANSWER_TIMEOUT.as_millis() as u64,
     };
     if !again && stop.heard() {
         // The cancel's item is in the inbox and nothing went out: the boundary takes it.

@@ -196,8 +196,7 @@ fn request(id: &str, a: &[&str]) -> ExecRequest {
         shell: false,
         cwd: None,
         env: Vec::new(),
-        timeout: Duration::from_secs(15),
-        waited: Duration::ZERO,
+        timeout_ms: 15_000,
     }
 }
 
@@ -212,32 +211,37 @@ fn refused(f: AgentFrame) -> String {
 fn refusals_start_nothing_and_say_why() {
     let home = tempfile::tempdir().expect("tmp");
     let mut off = execs(home.path(), ExecPolicy::default());
-    assert_eq!(refused(off.start(request("ex_1", &["true"]))), NOT_ALLOWED);
+    assert_eq!(
+        refused(off.start(request("ex_1", &["true"]), Duration::ZERO)),
+        NOT_ALLOWED
+    );
     assert!(!home.path().join("exec").exists(), "nothing written");
 
     let mut x = execs(home.path(), policy(&["sleep"]));
-    let e = refused(x.start(request("../etc", &["true"])));
+    let e = refused(x.start(request("../etc", &["true"]), Duration::ZERO));
     assert!(e.contains("not usable"), "{e}");
     assert_eq!(
-        refused(x.start(request("ex_1", &[]))),
+        refused(x.start(request("ex_1", &[]), Duration::ZERO)),
         "argv is empty".to_owned()
     );
-    let e = refused(x.start(request("ex_1", &["true"])));
+    let e = refused(x.start(request("ex_1", &["true"]), Duration::ZERO));
     assert_eq!(e, "true is not on this device's exec allow-list: sleep");
     let mut r = request("ex_1", &["sleep", "1"]);
     r.cwd = Some("/nonexistent/dir".into());
-    assert_eq!(refused(x.start(r)), "cwd /nonexistent/dir does not exist");
+    assert_eq!(
+        refused(x.start(r, Duration::ZERO)),
+        "cwd /nonexistent/dir does not exist"
+    );
     let mut r = request("ex_1", &["sleep", "1"]);
     r.cwd = Some("relative".into());
-    assert!(refused(x.start(r)).contains("not an absolute path"));
+    assert!(refused(x.start(r, Duration::ZERO)).contains("not an absolute path"));
     let mut r = request("ex_1", &["sleep", "1"]);
     r.env = vec![("A=B".into(), "secret-value".into())];
-    let e = refused(x.start(r));
+    let e = refused(x.start(r, Duration::ZERO));
     assert!(e.contains("env name") && !e.contains("secret-value"), "{e}");
     // Reached after the hub gave up: refused, not started late.
-    let mut r = request("ex_1", &["sleep", "1"]);
-    r.waited = Duration::from_secs(20);
-    assert!(refused(x.start(r)).contains("after the hub stopped waiting"));
+    let r = request("ex_1", &["sleep", "1"]);
+    assert!(refused(x.start(r, Duration::from_secs(20))).contains("after the hub stopped waiting"));
     assert!(
         x.store.load("ex_1").expect("load").is_none(),
         "no record for a refusal"
@@ -251,7 +255,7 @@ fn a_recorded_run_is_answered_not_started_again() {
     x.store
         .save(&record("ex_1", ExecState::Running, Some(42)))
         .expect("save");
-    match x.start(request("ex_1", &["sleep", "1"])) {
+    match x.start(request("ex_1", &["sleep", "1"]), Duration::ZERO) {
         AgentFrame::ExecStarted {
             exec_id,
             pid,
@@ -268,17 +272,16 @@ fn a_recorded_run_is_answered_not_started_again() {
         other => panic!("{other:?}"),
     }
     // Even when the frame came late: the answer is the run's, not a refusal.
-    let mut r = request("ex_1", &["sleep", "1"]);
-    r.waited = Duration::from_secs(60);
+    let r = request("ex_1", &["sleep", "1"]);
     assert!(matches!(
-        x.start(r),
+        x.start(r, Duration::from_secs(60)),
         AgentFrame::ExecStarted { already: true, .. }
     ));
     // Left "starting" by an agent that stopped in between: unknown, never a second start.
     x.store
         .save(&record("ex_2", ExecState::Starting, None))
         .expect("save");
-    let e = refused(x.start(request("ex_2", &["sleep", "1"])));
+    let e = refused(x.start(request("ex_2", &["sleep", "1"]), Duration::ZERO));
     assert!(
         e.starts_with("state unknown: the agent stopped while starting it"),
         "{e}"

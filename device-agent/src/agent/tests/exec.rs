@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use cortex_protocol::mesh::{AgentFrame, CAP_EXEC, HubFrame, WaitEnd, WaitSpec};
+use cortex_protocol::mesh::{AgentFrame, CAP_EXEC, ExecRequest, HubFrame, WaitEnd, WaitSpec};
 
 use super::daemon::{Agent, config, eventually};
 use super::fake_hub::{FakeHub, LIMIT};
@@ -39,14 +39,14 @@ fn exec_config(home: &Path, url: &str) -> Config {
 }
 
 fn exec_frame(id: &str, argv: &[&str], shell: bool, cwd: &Path) -> HubFrame {
-    HubFrame::Exec {
+    HubFrame::Exec(ExecRequest {
         exec_id: id.into(),
         argv: argv.iter().map(|s| (*s).to_owned()).collect(),
         shell,
         cwd: Some(cwd.to_string_lossy().into_owned()),
         env: vec![("EXEC_TEST_SECRET".into(), "s3cret-value".into())],
         timeout_ms: LIMIT.as_millis() as u64,
-    }
+    })
 }
 
 /// The next exec answer, skipping status frames.

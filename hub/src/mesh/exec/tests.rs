@@ -5,9 +5,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cortex_protocol::mesh::{AgentFrame, CAP_EXEC, HostFacts, HubFrame, SpoolCounts};
+use cortex_protocol::mesh::{AgentFrame, CAP_EXEC, ExecRequest, HostFacts, HubFrame, SpoolCounts};
 
-use super::{ExecError, ExecRequest, ExecStarted, exec_on};
+use super::{ExecError, ExecStarted, exec_on};
 use crate::registry::{End, Link, Registry};
 use crate::secret;
 
@@ -43,7 +43,7 @@ fn request(id: &str, timeout: Duration) -> ExecRequest {
         shell: false,
         cwd: Some("/data".into()),
         env: vec![("CORTEX_SIGNAL_SECRET".into(), "s".into())],
-        timeout,
+        timeout_ms: timeout.as_millis() as u64,
     }
 }
 
@@ -59,7 +59,7 @@ fn agent(
     tokio::spawn(async move {
         while let Some(f) = rx.recv().await {
             frames.lock().expect("lock").push(f.clone());
-            if let HubFrame::Exec { exec_id, .. } = &f
+            if let HubFrame::Exec(ExecRequest { exec_id, .. }) = &f
                 && let Some(a) = answer(&f)
             {
                 link.requests.answer(exec_id, &a);
@@ -111,11 +111,15 @@ async fn the_frame_goes_out_and_the_answer_comes_back() {
     let reg = registry();
     let link = connect(&reg, &["spool", CAP_EXEC]);
     let seen = agent(&link, |f| match f {
-        HubFrame::Exec { exec_id, .. } if exec_id == "ex_bad" => Some(AgentFrame::ExecRefused {
-            exec_id: exec_id.clone(),
-            reason: "python3 is not on this device's exec allow-list: sh".into(),
-        }),
-        HubFrame::Exec { exec_id, .. } => Some(started(exec_id, exec_id == "ex_again")),
+        HubFrame::Exec(ExecRequest { exec_id, .. }) if exec_id == "ex_bad" => {
+            Some(AgentFrame::ExecRefused {
+                exec_id: exec_id.clone(),
+                reason: "python3 is not on this device's exec allow-list: sh".into(),
+            })
+        }
+        HubFrame::Exec(ExecRequest { exec_id, .. }) => {
+            Some(started(exec_id, exec_id == "ex_again"))
+        }
         _ => None,
     });
     let ok = exec_on(&reg, "gpu1", request("ex_1", LONG))
@@ -145,14 +149,14 @@ async fn the_frame_goes_out_and_the_answer_comes_back() {
     let seen = seen.lock().expect("lock").clone();
     assert_eq!(seen.len(), 3);
     match &seen[0] {
-        HubFrame::Exec {
+        HubFrame::Exec(ExecRequest {
             exec_id,
             argv,
             shell,
             cwd,
             env,
             timeout_ms,
-        } => {
+        }) => {
             assert_eq!(exec_id, "ex_1");
             assert_eq!(argv, &["python3", "train.py"]);
             assert!(!shell);
@@ -197,7 +201,7 @@ async fn a_link_that_ends_or_is_replaced_mid_call_says_so_and_leaks_nothing() {
     };
     let (reg, handle) = call;
     // The frame reached the (played) loop; then the agent reconnects.
-    assert!(matches!(rx.recv().await, Some(HubFrame::Exec { .. })));
+    assert!(matches!(rx.recv().await, Some(HubFrame::Exec(_))));
     let second = connect(&reg, &[CAP_EXEC]);
     assert_eq!(first.ended_with(), Some(End::Replaced));
     // The first link's loop closes, as `Live::close` does.
@@ -219,7 +223,7 @@ async fn a_link_that_ends_or_is_replaced_mid_call_says_so_and_leaks_nothing() {
 
     // Asked again on the new link: the device's answer for the same run.
     let _task = agent(&second, |f| match f {
-        HubFrame::Exec { exec_id, .. } => Some(started(exec_id, true)),
+        HubFrame::Exec(ExecRequest { exec_id, .. }) => Some(started(exec_id, true)),
         _ => None,
     });
     let ok = exec_on(&reg, "gpu1", request("ex_1", LONG))
@@ -237,7 +241,7 @@ async fn a_dropped_call_leaves_no_waiter() {
     let call = exec_on(&reg, "gpu1", request("ex_1", LONG));
     tokio::select! {
         _ = call => panic!("answered by nobody"),
-        f = rx.recv() => assert!(matches!(f, Some(HubFrame::Exec { .. }))),
+        f = rx.recv() => assert!(matches!(f, Some(HubFrame::Exec(_)))),
     }
     assert_eq!(link.requests.pending(), 0);
 }
