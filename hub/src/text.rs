@@ -7,7 +7,7 @@
 //! or break out of its framing.
 
 use cortex_protocol::SignalStatus;
-use cortex_protocol::api::{HowToSignal, SignalView, WaitpointCreated, WakeReason};
+use cortex_protocol::api::{HowToSignal, SignalView, WaitpointCreated, WaitpointHead, WakeReason};
 
 use crate::engine::{ExpiryNotice, Silence, Waitpoint, WakePlan};
 use crate::time::{human_duration, rfc3339};
@@ -362,6 +362,16 @@ mod tests;
 pub fn waitpoint_created(wp: &Waitpoint, secret: String, signal_url: &str) -> WaitpointCreated {
     let how = how_to_signal(wp, &secret, signal_url);
     WaitpointCreated {
+        head: waitpoint_head(wp),
+        member_note: member_note(wp),
+        how_to_signal: how,
+        secret,
+    }
+}
+
+/// What every answer about `wp` starts with.
+pub fn waitpoint_head(wp: &Waitpoint) -> WaitpointHead {
+    WaitpointHead {
         id: wp.id.clone(),
         state: wp.state.as_str().to_string(),
         session: wp.session.clone(),
@@ -377,8 +387,5 @@ pub fn waitpoint_created(wp: &Waitpoint, secret: String, signal_url: &str) -> Wa
         silence_after_ms: wp.silence_after_ms,
         coalesce_ms: wp.coalesce_ms,
         spawn: wp.spawn.is_some(),
-        member_note: member_note(wp),
-        how_to_signal: how,
-        secret,
     }
 }

@@ -830,15 +830,16 @@ pub struct HowToSignal {
     pub recommended: String,
 }
 
-/// Answer to `POST /api/sessions/{sid}/waitpoints`: the only time the secret is shown.
+/// What every answer about one waitpoint starts with: what it was armed with and its
+/// state (`WaitpointCreated`, `WaitpointView`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct WaitpointCreated {
+pub struct WaitpointHead {
     pub id: String,
-    pub secret: String,
-    pub state: String,
     pub session: String,
     pub label: String,
     pub intent: String,
+    /// `armed`, `resolved`, `expired` or `cancelled`.
+    pub state: String,
     pub created_at: u64,
     pub expires_at: u64,
     pub members: Vec<String>,
@@ -853,9 +854,17 @@ pub struct WaitpointCreated {
     /// `coalesce`, in ms, when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coalesce_ms: Option<u64>,
-    /// Each wake starts a new session (`spawn`).
+    /// Each wake starts a new session (`spawn`); a view's `wakes` names them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub spawn: bool,
+}
+
+/// Answer to `POST /api/sessions/{sid}/waitpoints`: the only time the secret is shown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WaitpointCreated {
+    #[serde(flatten)]
+    pub head: WaitpointHead,
+    pub secret: String,
     pub how_to_signal: HowToSignal,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member_note: Option<String>,
@@ -938,35 +947,14 @@ pub struct ConsumerAdvance {
 /// `GET /api/waitpoints/{id}` and each entry of wait_check; never the secret.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct WaitpointView {
-    pub id: String,
-    pub session: String,
-    pub label: String,
-    pub intent: String,
-    /// `armed`, `resolved`, `expired` or `cancelled`.
-    pub state: String,
-    pub created_at: u64,
-    pub expires_at: u64,
+    #[serde(flatten)]
+    pub head: WaitpointHead,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolved_at: Option<u64>,
-    pub members: Vec<String>,
-    pub quorum: u32,
-    pub fail_fast: bool,
-    pub max_signals: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device: Option<String>,
-    /// `silence_after`, in ms, when set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub silence_after_ms: Option<u64>,
     /// When the next `silent` wake is due (armed, and no silent wake since the last
     /// signal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub silence_due_at: Option<u64>,
-    /// `coalesce`, in ms, when set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub coalesce_ms: Option<u64>,
-    /// Each wake starts a new session (`spawn`); `wakes` names them.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub spawn: bool,
     /// Every signal recorded; `signals` lists at most the latest 1,000 of them.
     pub signal_count: u64,
     pub signals: Vec<SignalView>,

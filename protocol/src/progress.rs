@@ -80,7 +80,7 @@ impl Facts {
             .filter(|w| w.delivered && counts(w.reason))
             .collect();
         // A monitor's round began at its last counting wake; a one-shot has one round.
-        let since = match (v.max_signals > 1, delivered.last()) {
+        let since = match (v.head.max_signals > 1, delivered.last()) {
             (true, Some(w)) => w.at,
             _ => 0,
         };
@@ -88,7 +88,7 @@ impl Facts {
             .iter()
             .filter(|s| s.at > since || since == 0)
             .collect();
-        let counted = if v.members.is_empty() {
+        let counted = if v.head.members.is_empty() {
             round.len() as u64
         } else {
             let mut seen: Vec<&str> = Vec::new();
@@ -100,8 +100,8 @@ impl Facts {
             seen.len() as u64
         };
         Facts {
-            quorum: v.quorum,
-            max_signals: v.max_signals,
+            quorum: v.head.quorum,
+            max_signals: v.head.max_signals,
             counted,
             reports,
             failed,

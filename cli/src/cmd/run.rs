@@ -156,9 +156,9 @@ fn arm(hub: &Hub, args: &RunArgs, user: Option<&str>) -> anyhow::Result<Armed> {
         .with_context(|| format!("arming a waitpoint in session {sid}"))?
         .json("POST /api/sessions/{sid}/waitpoints")?;
     Ok(Armed {
-        id: created.id,
+        id: created.head.id,
         secret: created.secret,
-        session: created.session,
+        session: created.head.session,
         signal_url: format!("{}/webhook/signal", hub.base()),
         hub: hub.base().to_string(),
     })

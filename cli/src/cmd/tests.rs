@@ -2,7 +2,7 @@
 //! tables, `--json`, and exit codes.
 
 use clap::{CommandFactory, Parser};
-use cortex_protocol::api::{HowToSignal, SessionView, WaitpointCreated};
+use cortex_protocol::api::{HowToSignal, SessionView, WaitpointCreated, WaitpointHead};
 use serde_json::{Value, json};
 
 use super::*;
@@ -450,22 +450,24 @@ fn session_events_read_page_after_page() {
 
 fn created() -> WaitpointCreated {
     WaitpointCreated {
-        id: "wp_1a2b".into(),
+        head: WaitpointHead {
+            id: "wp_1a2b".into(),
+            state: "armed".into(),
+            session: "ses_1".into(),
+            label: "nightly".into(),
+            intent: "compare".into(),
+            created_at: 1,
+            expires_at: 1_786_615_445_000,
+            members: vec!["arm2".into()],
+            quorum: 1,
+            fail_fast: true,
+            max_signals: 1,
+            device: None,
+            silence_after_ms: None,
+            coalesce_ms: None,
+            spawn: false,
+        },
         secret: "s3cr3t".into(),
-        state: "armed".into(),
-        session: "ses_1".into(),
-        label: "nightly".into(),
-        intent: "compare".into(),
-        created_at: 1,
-        expires_at: 1_786_615_445_000,
-        members: vec!["arm2".into()],
-        quorum: 1,
-        fail_fast: true,
-        max_signals: 1,
-        device: None,
-        silence_after_ms: None,
-        coalesce_ms: None,
-        spawn: false,
         how_to_signal: HowToSignal {
             env: "export CORTEX_SIGNAL_ID=wp_1a2b CORTEX_SIGNAL_SECRET=s3cr3t".into(),
             cli: "cortex-signal --exit-code $? --member MEMBER".into(),

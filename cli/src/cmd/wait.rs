@@ -120,7 +120,7 @@ pub fn create(hub: &Hub, args: &CreateArgs, json: bool, out: &mut dyn Write) -> 
         "attach_to_pid" => &how.attach_to_pid,
         _ => &how.cli,
     };
-    writeln!(out, "{}  {}  {}", wp.id, wp.state, wp.label)?;
+    writeln!(out, "{}  {}  {}", wp.head.id, wp.head.state, wp.head.label)?;
     writeln!(
         out,
         "secret: {}  (shown this once; give it to the job, not to a log)",
@@ -129,24 +129,24 @@ pub fn create(hub: &Hub, args: &CreateArgs, json: bool, out: &mut dyn Write) -> 
     writeln!(
         out,
         "expires: {} ({})",
-        utc(wp.expires_at),
-        relative(wp.expires_at, now_ms())
+        utc(wp.head.expires_at),
+        relative(wp.head.expires_at, now_ms())
     )?;
-    if let Some(ms) = wp.silence_after_ms {
+    if let Some(ms) = wp.head.silence_after_ms {
         writeln!(
             out,
             "silent after: {} without a signal (once per quiet spell)",
             cortex_protocol::waits::format_duration_ms(ms)
         )?;
     }
-    if let Some(ms) = wp.coalesce_ms {
+    if let Some(ms) = wp.head.coalesce_ms {
         writeln!(
             out,
             "coalesce: reports within {} of the first are one wake",
             cortex_protocol::waits::format_duration_ms(ms)
         )?;
     }
-    if wp.spawn {
+    if wp.head.spawn {
         writeln!(out, "spawn: each wake starts a new session")?;
     }
     writeln!(out, "signal it with:")?;
@@ -218,18 +218,18 @@ pub fn check(
 fn details(v: &WaitpointView, now: u64, out: &mut dyn Write) -> anyhow::Result<()> {
     let at = |t: u64| format!("{} ({})", utc(t), relative(t, now));
     writeln!(out)?;
-    writeln!(out, "intent: {}", short(&v.intent, 200))?;
-    writeln!(out, "session: {}", v.session)?;
-    if !v.members.is_empty() {
-        writeln!(out, "members: {}", v.members.join(", "))?;
+    writeln!(out, "intent: {}", short(&v.head.intent, 200))?;
+    writeln!(out, "session: {}", v.head.session)?;
+    if !v.head.members.is_empty() {
+        writeln!(out, "members: {}", v.head.members.join(", "))?;
     }
-    if let Some(d) = &v.device {
+    if let Some(d) = &v.head.device {
         writeln!(out, "device: {d}")?;
     }
     writeln!(
         out,
         "rules: quorum {}, fail_fast {}, max_signals {}",
-        v.quorum, v.fail_fast, v.max_signals
+        v.head.quorum, v.head.fail_fast, v.head.max_signals
     )?;
     let shown = v.signals.len() as u64;
     if v.signals.is_empty() {
@@ -322,8 +322,8 @@ pub fn armed(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
         .iter()
         .map(|v| {
             let mut r = row(v, now);
-            r.insert(1, v.session.clone());
-            r.insert(3, v.device.clone().unwrap_or_else(|| "-".into()));
+            r.insert(1, v.head.session.clone());
+            r.insert(3, v.head.device.clone().unwrap_or_else(|| "-".into()));
             r.remove(4); // the state: armed, every one
             r
         })
@@ -339,11 +339,15 @@ fn row(v: &WaitpointView, now: u64) -> Vec<String> {
     // The hub's count (or the same rule over the listed signals, from an older hub).
     let signals = v.progress().summary;
     vec![
-        v.id.clone(),
-        short(&v.label, 40),
-        v.state.clone(),
+        v.head.id.clone(),
+        short(&v.head.label, 40),
+        v.head.state.clone(),
         signals,
-        format!("{} ({})", utc(v.expires_at), relative(v.expires_at, now)),
+        format!(
+            "{} ({})",
+            utc(v.head.expires_at),
+            relative(v.head.expires_at, now)
+        ),
     ]
 }
 

@@ -163,14 +163,18 @@ impl Waiter<'_> {
     fn wait(&mut self, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8, Broke> {
         let wp = self.wp;
         let view = self.waitpoint()?;
-        self.device_bound = view.device.is_some();
+        self.device_bound = view.head.device.is_some();
         if self.timeout.is_none() {
-            self.deadline = instant_at(view.expires_at.saturating_add(GRACE.as_millis() as u64));
+            self.deadline = instant_at(
+                view.head
+                    .expires_at
+                    .saturating_add(GRACE.as_millis() as u64),
+            );
         }
-        if view.state == "cancelled" && self.from == From::Now {
+        if view.head.state == "cancelled" && self.from == From::Now {
             return Err(cancelled(wp, None));
         }
-        let sid = view.session.clone();
+        let sid = view.head.session.clone();
         // The cursor first, then the state: a wake after this cursor is in the log we poll.
         let session: SessionView = self
             .ask(&format!("/api/sessions/{}", segment(&sid)), None)
@@ -193,7 +197,7 @@ impl Waiter<'_> {
                 }
                 return Err(cancelled(wp, ev["by"].as_str()));
             }
-            match view.state.as_str() {
+            match view.head.state.as_str() {
                 "armed" => {}
                 "cancelled" => return Err(cancelled(wp, None)),
                 state if view.wakes.iter().all(|w| w.delivered) => {
@@ -206,7 +210,7 @@ impl Waiter<'_> {
             }
             cursor = end.max(start);
         } else {
-            match view.state.as_str() {
+            match view.head.state.as_str() {
                 "armed" => {}
                 "cancelled" => return Err(cancelled(wp, None)),
                 state => {
@@ -229,13 +233,17 @@ impl Waiter<'_> {
         }
         let bound = match self.timeout {
             Some(t) => format!("at most {}", human(t)),
-            None => format!("its expiry {} plus {}", utc(view.expires_at), human(GRACE)),
+            None => format!(
+                "its expiry {} plus {}",
+                utc(view.head.expires_at),
+                human(GRACE)
+            ),
         };
         if self.announce {
             let _ = writeln!(
                 err,
                 "cortex: waiting for {wp} \"{}\" ({}) in session {sid}; {bound}",
-                view.label, view.state
+                view.head.label, view.head.state
             );
         }
 

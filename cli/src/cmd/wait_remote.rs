@@ -86,7 +86,7 @@ pub fn run(
         announce: false,
         payload: true,
     };
-    wait_for::run_with(hub, &wp.id, Some(timeout + SLACK), how, out, err)
+    wait_for::run_with(hub, &wp.head.id, Some(timeout + SLACK), how, out, err)
 }
 
 /// The title of the session remote waits without `--session` share, one per user.
@@ -267,8 +267,8 @@ fn armed_line(
     };
     format!(
         "waiting on {device} for {what} (waitpoint {}, session {}){state}; at most {}",
-        c.waitpoint.id,
-        c.waitpoint.session,
+        c.waitpoint.head.id,
+        c.waitpoint.head.session,
         human(timeout)
     )
 }

@@ -901,7 +901,7 @@ pub fn execute(
         Prepared::WaitCheck { id: Some(id) } => {
             let settings = t.settings().clone();
             match t.waitpoint(&id, now, &settings)? {
-                Some(v) if v.session == sid => plain(
+                Some(v) if v.head.session == sid => plain(
                     true,
                     serde_json::to_value(v).map_err(|e| StoreError::Decode(e.to_string()))?,
                 ),

@@ -515,7 +515,7 @@ pub async fn get_waitpoint(
         .await
         .map_err(ApiError::store)?
     {
-        Some(v) if scope.session.as_ref().is_none_or(|s| *s == v.session) => {
+        Some(v) if scope.session.as_ref().is_none_or(|s| *s == v.head.session) => {
             Ok(Json(v).into_response())
         }
         _ => Err(ApiError::not_found("waitpoint", &id)),

@@ -159,7 +159,7 @@ async fn a_signal_wakes_the_session_once_and_survives_reopen() {
         .await
         .expect("read")
         .expect("wp");
-    assert_eq!(view.state, "resolved");
+    assert_eq!(view.head.state, "resolved");
     assert_eq!(view.signals.len(), 1);
     assert_eq!(view.signals[0].key.as_deref(), Some("k1"));
 }
@@ -1340,8 +1340,8 @@ async fn silence_is_a_timer_that_wakes_once_per_spell() {
         .await
         .expect("read")
         .expect("view");
-    assert_eq!(view.state, "armed");
-    assert_eq!(view.silence_after_ms, Some(5_000));
+    assert_eq!(view.head.state, "armed");
+    assert_eq!(view.head.silence_after_ms, Some(5_000));
     assert_eq!(view.silence_due_at, None, "due again only after a signal");
 }
 
@@ -1441,7 +1441,7 @@ async fn a_spawning_monitor_starts_one_session_per_wake_in_the_deciding_write() 
     want.sort();
     got.sort();
     assert_eq!(got, want);
-    assert!(view.spawn);
+    assert!(view.head.spawn);
 }
 
 #[tokio::test]

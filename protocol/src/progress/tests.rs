@@ -1,5 +1,5 @@
 use super::*;
-use crate::api::{Badges, SignalView, WakeView};
+use crate::api::{Badges, SignalView, WaitpointHead, WakeView};
 
 fn facts(quorum: u32, max_signals: u32, counted: u64, reports: u64, failed: u64) -> Facts {
     Facts {
@@ -69,23 +69,25 @@ fn view(
     signals: Vec<SignalView>,
 ) -> WaitpointView {
     WaitpointView {
-        id: "wp_1".into(),
-        session: "ses_1".into(),
-        label: "l".into(),
-        intent: "i".into(),
-        state: "armed".into(),
-        created_at: 0,
-        expires_at: 10,
+        head: WaitpointHead {
+            id: "wp_1".into(),
+            session: "ses_1".into(),
+            label: "l".into(),
+            intent: "i".into(),
+            state: "armed".into(),
+            created_at: 0,
+            expires_at: 10,
+            members: members.iter().map(|m| m.to_string()).collect(),
+            quorum,
+            fail_fast: true,
+            max_signals,
+            device: None,
+            silence_after_ms: None,
+            coalesce_ms: None,
+            spawn: false,
+        },
         resolved_at: None,
-        members: members.iter().map(|m| m.to_string()).collect(),
-        quorum,
-        fail_fast: true,
-        max_signals,
-        device: None,
-        silence_after_ms: None,
         silence_due_at: None,
-        coalesce_ms: None,
-        spawn: false,
         signal_count: signals.len() as u64,
         signals,
         wakes: Vec::new(),

@@ -3,7 +3,9 @@
 
 use std::collections::VecDeque;
 
-use cortex_protocol::api::{Badges, SessionView, WaitpointView, WakeReason, WakeView};
+use cortex_protocol::api::{
+    Badges, SessionView, WaitpointHead, WaitpointView, WakeReason, WakeView,
+};
 use serde_json::json;
 
 use super::*;
@@ -13,23 +15,25 @@ const FAR: u64 = 4_000_000_000_000;
 
 fn view(state: &str, expires_at: u64, wakes: Vec<WakeView>, device: Option<&str>) -> String {
     let v = WaitpointView {
-        id: "wp_1".into(),
-        session: "ses_1".into(),
-        label: "nightly".into(),
-        intent: "compare the loss".into(),
-        state: state.into(),
-        created_at: 1,
-        expires_at,
+        head: WaitpointHead {
+            id: "wp_1".into(),
+            session: "ses_1".into(),
+            label: "nightly".into(),
+            intent: "compare the loss".into(),
+            state: state.into(),
+            created_at: 1,
+            expires_at,
+            members: vec![],
+            quorum: 1,
+            fail_fast: true,
+            max_signals: 1,
+            device: device.map(Into::into),
+            silence_after_ms: None,
+            coalesce_ms: None,
+            spawn: false,
+        },
         resolved_at: None,
-        members: vec![],
-        quorum: 1,
-        fail_fast: true,
-        max_signals: 1,
-        device: device.map(Into::into),
-        silence_after_ms: None,
         silence_due_at: None,
-        coalesce_ms: None,
-        spawn: false,
         signal_count: 0,
         signals: vec![],
         wakes,

@@ -647,7 +647,7 @@ async fn a_device_offline_past_the_grace_is_told_once_per_wait_and_per_outage() 
     );
     // The waitpoint is as it was: armed, no signal, no wake of its own.
     let v = wp_view(&store, &a.id).await;
-    assert_eq!(v.state, "armed");
+    assert_eq!(v.head.state, "armed");
     assert_eq!(v.signal_count, 0);
     assert!(v.wakes.is_empty());
     assert_eq!(

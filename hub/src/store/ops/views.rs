@@ -97,7 +97,12 @@ impl Tx<'_> {
                 }
             }
         }
-        out.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        out.sort_by(|a, b| {
+            a.head
+                .created_at
+                .cmp(&b.head.created_at)
+                .then(a.head.id.cmp(&b.head.id))
+        });
         Ok(out)
     }
 
@@ -148,7 +153,7 @@ impl Tx<'_> {
         for wp in self.session_waitpoints_raw(sid)? {
             out.push(self.view(&wp, now, settings)?);
         }
-        out.sort_by_key(|a| a.created_at);
+        out.sort_by_key(|a| a.head.created_at);
         Ok(Some(out))
     }
 
@@ -221,23 +226,9 @@ impl Tx<'_> {
             .count() as u64;
         facts.failed = facts.failed.max(listed_fails);
         Ok(WaitpointView {
-            id: wp.id.clone(),
-            session: wp.session.clone(),
-            label: wp.label.clone(),
-            intent: wp.intent.clone(),
-            state: wp.state.as_str().to_string(),
-            created_at: wp.created_at,
-            expires_at: wp.expires_at,
+            head: crate::text::waitpoint_head(wp),
             resolved_at: wp.ended_at,
-            members: wp.members.clone(),
-            quorum: wp.quorum,
-            fail_fast: wp.fail_fast,
-            max_signals: wp.max_signals,
-            device: wp.device.clone(),
-            silence_after_ms: wp.silence_after_ms,
             silence_due_at: wp.silence_due_at(),
-            coalesce_ms: wp.coalesce_ms,
-            spawn: wp.spawn.is_some(),
             signal_count: wp.signal_count,
             signals,
             wakes,
