@@ -757,6 +757,36 @@ pub struct EventsPage {
     pub events: Vec<Event>,
 }
 
+/// `GET /api/events`: a page of the hub's own events (streamed by the hub, read by clients).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct HubEventsPage {
+    pub events: Vec<HubEvent>,
+}
+
+/// `DELETE /api/sessions/{sid}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SessionDeleted {
+    pub id: String,
+    pub deleted: bool,
+}
+
+/// `POST /api/sessions/{sid}/cancel`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CancelPosted {
+    /// The cancel's seq in the session's log.
+    pub seq: u64,
+    pub turn_only: bool,
+    /// A driver was running the session and was told at once.
+    pub running: bool,
+}
+
+/// `POST /api/sessions/{sid}/compact`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CompactPosted {
+    /// The ask's seq in the session's log; a `compaction` event after it answers it.
+    pub seq: u64,
+}
+
 // ---------------------------------------------------------------- waitpoints
 
 /// `quorum`: a number, or `"all"`.
@@ -942,6 +972,16 @@ pub struct ConsumerPosition {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ConsumerAdvance {
     pub after: u64,
+}
+
+/// `DELETE /api/waitpoints/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WaitpointCancelled {
+    pub id: String,
+    /// `cancelled`, or the state it had already ended in (`resolved`, `expired`).
+    pub state: String,
+    /// False when it had already ended.
+    pub cancelled: bool,
 }
 
 /// `GET /api/waitpoints/{id}` and each entry of wait_check; never the secret.

@@ -12,8 +12,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use cortex_protocol::api::{
-    CreateSession, CreateWaitpoint, MAX_DEDUPE_KEY_CHARS, MAX_INSTRUCTIONS_BYTES, MAX_TEXT_BYTES,
-    MAX_TITLE_CHARS, MessagePosted, PostMessage, WaitpointList,
+    self, CreateSession, CreateWaitpoint, MAX_DEDUPE_KEY_CHARS, MAX_INSTRUCTIONS_BYTES,
+    MAX_TEXT_BYTES, MAX_TITLE_CHARS, MessagePosted, PostMessage, WaitpointList,
 };
 use serde::Deserialize;
 
@@ -251,7 +251,11 @@ pub async fn delete_session(
     // After the delete is durable: a model call the session's task waits on stops now,
     // and the write that follows finds no session (nothing recorded, nothing made again).
     state.stops.ring(&sid);
-    Ok(Json(serde_json::json!({"id": sid, "deleted": true})).into_response())
+    Ok(Json(api::SessionDeleted {
+        id: sid,
+        deleted: true,
+    })
+    .into_response())
 }
 
 pub async fn post_message(
@@ -539,13 +543,17 @@ pub async fn cancel_waitpoint(
         .await
         .map_err(ApiError::store)?;
     match out {
-        CancelOutcome::Cancelled => Ok(Json(
-            serde_json::json!({"id": id, "state": "cancelled", "cancelled": true}),
-        )
+        CancelOutcome::Cancelled => Ok(Json(api::WaitpointCancelled {
+            id,
+            state: "cancelled".into(),
+            cancelled: true,
+        })
         .into_response()),
-        CancelOutcome::AlreadyEnded(s) => Ok(Json(
-            serde_json::json!({"id": id, "state": s.as_str(), "cancelled": false}),
-        )
+        CancelOutcome::AlreadyEnded(s) => Ok(Json(api::WaitpointCancelled {
+            id,
+            state: s.as_str().into(),
+            cancelled: false,
+        })
         .into_response()),
         CancelOutcome::NotFound => Err(ApiError::not_found("waitpoint", &id)),
     }

@@ -6,8 +6,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use cortex_protocol::api::{ApprovalList, Decision, PendingView, PostAnswer, PostCancel};
-use serde_json::json;
+use cortex_protocol::api::{self, ApprovalList, Decision, PendingView, PostAnswer, PostCancel};
 
 use super::error::{ApiError, parse_json};
 use crate::state::AppState;
@@ -98,7 +97,11 @@ pub async fn cancel(
             let running = state.stops.ring(&sid);
             Ok((
                 StatusCode::ACCEPTED,
-                Json(json!({"seq": p.seq, "turn_only": turn_only, "running": running})),
+                Json(api::CancelPosted {
+                    seq: p.seq,
+                    turn_only,
+                    running,
+                }),
             )
                 .into_response())
         }
@@ -136,9 +139,11 @@ pub async fn compact(
         .await
         .map_err(ApiError::store)?;
     match outcome {
-        CancelPosted::Posted(p) => {
-            Ok((StatusCode::ACCEPTED, Json(json!({"seq": p.seq}))).into_response())
-        }
+        CancelPosted::Posted(p) => Ok((
+            StatusCode::ACCEPTED,
+            Json(api::CompactPosted { seq: p.seq }),
+        )
+            .into_response()),
         CancelPosted::NoSession => Err(ApiError::not_found("session", &sid)),
         CancelPosted::Ended => Err(ApiError::new(
             StatusCode::CONFLICT,

@@ -4,7 +4,7 @@
 //! codes and examples are listed here, one operation per route the router serves.
 //! `doc.rs` builds the document, `examples.rs` holds the examples, one file per area holds
 //! its operations (`sessions.rs`, `waitpoints.rs`, `people.rs`, `devices.rs`, `signal.rs`,
-//! `page.rs`), `shapes.rs` the bodies that have no protocol type yet; `tests.rs` holds the list against the router's source and every example
+//! `page.rs`); `tests.rs` holds the list against the router's source and every example
 //! against its schema.
 
 use std::sync::LazyLock;
@@ -19,7 +19,6 @@ mod examples;
 mod page;
 mod people;
 mod sessions;
-mod shapes;
 mod signal;
 mod waitpoints;
 

@@ -5,7 +5,6 @@ use serde_json::json;
 use utoipa::openapi::HttpMethod;
 
 use super::doc::*;
-use super::shapes;
 
 pub(super) fn people(d: &mut Doc) {
     let body = d.body::<PostAnswer>(
@@ -58,7 +57,7 @@ pub(super) fn people(d: &mut Doc) {
     );
 
     let body = d.body::<PostCancel>(false, json!({"turn_only": true}));
-    let accepted = d.json::<shapes::CancelPosted>(
+    let accepted = d.json::<cortex_protocol::api::CancelPosted>(
         "The stop is recorded; the turn ends as soon as the runner hears it",
         json!({"seq": 4, "turn_only": true, "running": true}),
     );
@@ -85,7 +84,7 @@ pub(super) fn people(d: &mut Doc) {
         .response("409", ended),
     );
 
-    let accepted = d.json::<shapes::CompactPosted>(
+    let accepted = d.json::<cortex_protocol::api::CompactPosted>(
         "The ask is recorded; the runner compacts at the session's next boundary",
         json!({"seq": 12}),
     );

@@ -8,7 +8,6 @@ use utoipa::openapi::HttpMethod;
 
 use super::doc::*;
 use super::examples::*;
-use super::shapes;
 
 pub(super) fn sessions(d: &mut Doc) {
     let created = d.json::<SessionView>("The session", session_example());
@@ -93,7 +92,7 @@ pub(super) fn sessions(d: &mut Doc) {
         .response("404", missing),
     );
 
-    let deleted = d.json::<shapes::SessionDeleted>(
+    let deleted = d.json::<cortex_protocol::api::SessionDeleted>(
         "The session is gone",
         json!({"id": "ses_f34c0a6e83ea", "deleted": true}),
     );
@@ -205,7 +204,7 @@ pub(super) fn messages_and_events(d: &mut Doc) {
         .response("404", missing),
     );
 
-    let page = d.schema::<shapes::HubEventsPage>();
+    let page = d.schema::<cortex_protocol::api::HubEventsPage>();
     let bad = d.error("`after` or `wait` is not a number", &["bad_request"]);
     d.add(
         HttpMethod::Get,

@@ -9,7 +9,6 @@ use utoipa::openapi::{HttpMethod, ObjectBuilder, Type};
 
 use super::doc::*;
 use super::examples::*;
-use super::shapes;
 
 pub(super) fn waitpoints(d: &mut Doc) {
     let body = d.body::<CreateWaitpoint>(
@@ -134,7 +133,7 @@ pub(super) fn waitpoints(d: &mut Doc) {
         .response("404", missing),
     );
 
-    let cancelled = d.json::<shapes::WaitpointCancelled>(
+    let cancelled = d.json::<cortex_protocol::api::WaitpointCancelled>(
         "Cancelled now (`cancelled: true`), or it had already ended (`cancelled: false`, \
          `state` how)",
         json!({"id": "wp_136f3f1391b7", "state": "cancelled", "cancelled": true}),
