@@ -1,7 +1,6 @@
 //! Bodies of the hub's HTTP API (`/api/...`). Times are milliseconds since the Unix epoch.
 
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use crate::signal::SignalStatus;
 
@@ -19,7 +18,8 @@ pub const MAX_INSTRUCTIONS_BYTES: usize = 64 * 1024;
 /// A session's `examples`, at most (messages).
 pub const MAX_EXAMPLES: usize = 32;
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -96,7 +96,8 @@ impl CreateSession {
 }
 
 /// A session's output settings (`POST /api/sessions` `output`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct OutputConfig {
     /// The JSON Schema of the envelope's `data`.
@@ -114,7 +115,8 @@ pub struct OutputConfig {
 }
 
 /// How the envelope travels from the model (`output.strategy`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum OutputStrategy {
     /// The transport that enforces the most on the model server.
@@ -154,7 +156,8 @@ impl OutputTransport {
 /// The gate before every tool call, as lists of tool names (`"*"`: every tool). A call
 /// named in `deny` is refused; else one named in `requireApproval` waits for a person;
 /// else, when `allow` is given, one not named there is refused; else it runs.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Policy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -171,7 +174,8 @@ pub struct Policy {
 
 /// A run's bounds; `steps` defaults to 20, `repeatedCalls` and `outputRetries` to 3, the
 /// others to none.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct StopConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -187,7 +191,8 @@ pub struct StopConfig {
     pub output_retries: Option<u32>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct SessionView {
     pub id: String,
     pub title: Option<String>,
@@ -222,7 +227,8 @@ fn yes() -> bool {
 /// (a turn is under way or queued, on a hub that runs a model), `failed` (its last run
 /// ended with an error), `waiting_on_machine` (waitpoints are armed: a job or a device
 /// will wake it), `idle` (nothing pending).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SessionState {
     Running,
@@ -262,7 +268,8 @@ impl SessionState {
 
 /// An agent session's configuration as fixed when it was made (the hub's defaults
 /// filled in): `GET /api/sessions/{sid}` `config`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionConfig {
     pub instructions: String,
@@ -289,14 +296,16 @@ pub struct SessionConfig {
 
 /// Where a spawned session came from: the monitor, its session and which of its wakes
 /// (counted from 1, as the monitor's `wakes` lists them).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct SpawnedFrom {
     pub waitpoint: String,
     pub session: String,
     pub wake: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum When {
     #[default]
@@ -304,7 +313,8 @@ pub enum When {
     Now,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PostMessage {
     pub text: String,
@@ -314,7 +324,8 @@ pub struct PostMessage {
     pub dedupe_key: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct MessagePosted {
     pub seq: u64,
     /// True when `dedupe_key` matched an earlier post; `seq` is then that post's.
@@ -331,7 +342,8 @@ pub struct MessagePosted {
 }
 
 /// One entry of a session's event log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Event {
     pub seq: u64,
     pub ts: u64,
@@ -339,7 +351,8 @@ pub struct Event {
     pub body: EventBody,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum EventBody {
     /// A message for the agent (`POST /api/sessions/{sid}/messages`).
@@ -473,7 +486,8 @@ pub enum EventBody {
 
 /// A `compaction` event: transcript positions `from..through` (and the summary before
 /// them, if any) summarized into `summary`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Compaction {
     /// `threshold` (the next request neared the model's context), `refused` (the server
@@ -501,7 +515,8 @@ pub struct Compaction {
 }
 
 /// What waits on a person.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct PendingRequest {
     /// The request's id, which the answer names.
     pub id: String,
@@ -524,7 +539,8 @@ pub struct PendingRequest {
 }
 
 /// One question of `ask_user`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Question {
     pub question: String,
@@ -535,7 +551,8 @@ pub struct Question {
 }
 
 /// `allow` or `deny`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Decision {
     Allow,
@@ -543,7 +560,8 @@ pub enum Decision {
 }
 
 /// An answer as the inbox holds it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct AnswerItem {
     pub request_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -562,7 +580,8 @@ pub struct AnswerItem {
 }
 
 /// `POST /api/sessions/{sid}/answers`.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PostAnswer {
     pub request_id: String,
@@ -578,7 +597,8 @@ pub struct PostAnswer {
 }
 
 /// `POST /api/sessions/{sid}/cancel`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PostCancel {
     #[serde(default)]
@@ -586,12 +606,14 @@ pub struct PostCancel {
 }
 
 /// `GET /api/approvals`: what waits on a person, across sessions, oldest first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct ApprovalList {
     pub approvals: Vec<PendingView>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct PendingView {
     pub session: String,
     #[serde(flatten)]
@@ -599,7 +621,8 @@ pub struct PendingView {
 }
 
 /// One inbox item a run took, as `run-start` names it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct RunInput {
     /// The inbox item's seq.
     pub seq: u64,
@@ -609,7 +632,8 @@ pub struct RunInput {
     pub text: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum DeltaChannel {
     Text,
@@ -617,7 +641,8 @@ pub enum DeltaChannel {
 }
 
 /// A tool call as the model made it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct ToolCallView {
     /// The call's id (the model's, or the hub's when the model gave none).
     pub id: String,
@@ -627,7 +652,8 @@ pub struct ToolCallView {
 }
 
 /// What a tool call came to, as the model sees it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Observation {
     pub call_id: String,
     pub name: String,
@@ -637,7 +663,8 @@ pub struct Observation {
 }
 
 /// How a run ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct RunResult {
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -648,7 +675,8 @@ pub struct RunResult {
 
 /// A run's answer: prose for a person (`response`), data for a program (`data`), and the
 /// model's own short reason (`reasoning`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Envelope {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response: Option<String>,
@@ -661,7 +689,8 @@ pub struct Envelope {
 /// Why a run failed: `code` is `model_call_failed`, `output_invalid`, `stopped` (with
 /// `stop`: `steps`, `tokens`, `duration`, `output_retries`, `repeated_calls`), `aborted`
 /// or `unknown`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct RunError {
     pub code: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -670,7 +699,8 @@ pub struct RunError {
 }
 
 /// What a run used and how it went, authored by the hub (never by the model).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RunMeta {
     pub usage: Usage,
@@ -686,7 +716,8 @@ pub struct RunMeta {
 }
 
 /// Tokens, as the model server reported them (zero where it reported none).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
@@ -694,21 +725,24 @@ pub struct Usage {
 }
 
 /// `GET /api/sessions/{sid}/result`: the last run's result and meta.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct SessionResult {
     pub run_id: String,
     pub result: RunResult,
     pub meta: RunMeta,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct WaitpointRef {
     pub id: String,
     pub label: String,
     pub intent: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum WakeReason {
     /// The waitpoint resolved (quorum met, all ok).
@@ -739,7 +773,8 @@ impl WakeReason {
 }
 
 /// The `wake` event: what the agent reads when a waitpoint wakes it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Wake {
     pub waitpoint: WaitpointRef,
     pub reason: WakeReason,
@@ -752,26 +787,30 @@ pub struct Wake {
     pub text: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct EventsPage {
     pub events: Vec<Event>,
 }
 
 /// `GET /api/events`: a page of the hub's own events (streamed by the hub, read by clients).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct HubEventsPage {
     pub events: Vec<HubEvent>,
 }
 
 /// `DELETE /api/sessions/{sid}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct SessionDeleted {
     pub id: String,
     pub deleted: bool,
 }
 
 /// `POST /api/sessions/{sid}/cancel`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct CancelPosted {
     /// The cancel's seq in the session's log.
     pub seq: u64,
@@ -781,7 +820,8 @@ pub struct CancelPosted {
 }
 
 /// `POST /api/sessions/{sid}/compact`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct CompactPosted {
     /// The ask's seq in the session's log; a `compaction` event after it answers it.
     pub seq: u64,
@@ -790,7 +830,8 @@ pub struct CompactPosted {
 // ---------------------------------------------------------------- waitpoints
 
 /// `quorum`: a number, or `"all"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum Quorum {
     Count(u32),
@@ -798,7 +839,8 @@ pub enum Quorum {
 }
 
 /// The literal string `"all"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum AllMarker {
     All,
@@ -808,7 +850,8 @@ impl Quorum {
     pub const ALL: Quorum = Quorum::All(AllMarker::All);
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateWaitpoint {
     pub label: String,
@@ -839,7 +882,8 @@ pub struct CreateWaitpoint {
 
 /// A monitor's `spawn`: each wake creates a new session with these instructions (the
 /// spawning session's runner settings otherwise) and the wake's text as its first message.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SpawnConfig {
     pub instructions: String,
@@ -849,7 +893,8 @@ pub struct SpawnConfig {
 }
 
 /// Ready-to-paste lines for signalling a waitpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct HowToSignal {
     pub env: String,
     pub cli: String,
@@ -862,7 +907,8 @@ pub struct HowToSignal {
 
 /// What every answer about one waitpoint starts with: what it was armed with and its
 /// state (`WaitpointCreated`, `WaitpointView`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct WaitpointHead {
     pub id: String,
     pub session: String,
@@ -890,7 +936,8 @@ pub struct WaitpointHead {
 }
 
 /// Answer to `POST /api/sessions/{sid}/waitpoints`: the only time the secret is shown.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct WaitpointCreated {
     #[serde(flatten)]
     pub head: WaitpointHead,
@@ -900,7 +947,8 @@ pub struct WaitpointCreated {
     pub member_note: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct SignalView {
     pub status: SignalStatus,
     pub message: Option<String>,
@@ -912,7 +960,8 @@ pub struct SignalView {
     pub at: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct WakeView {
     pub reason: WakeReason,
     /// When it was delivered, or when it is due if not yet delivered.
@@ -923,7 +972,8 @@ pub struct WakeView {
     pub spawned: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Badges {
     /// The hourly cap is holding a wake back.
     pub wake_limit_reached: bool,
@@ -960,7 +1010,8 @@ pub fn check_consumer_name(name: &str) -> Result<(), String> {
 /// `GET|PUT /api/waitpoints/{id}/consumers/{name}`: where a named consumer stands in the
 /// waitpoint's wakes. `after` is the session event seq of the last wake it took (0: none
 /// yet); its next wake is the first after it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct ConsumerPosition {
     pub waitpoint: String,
     pub consumer: String,
@@ -969,13 +1020,15 @@ pub struct ConsumerPosition {
 
 /// `PUT /api/waitpoints/{id}/consumers/{name}`: the consumer took the wake at `after`. A
 /// position only moves forward: an older `after` leaves it where it is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct ConsumerAdvance {
     pub after: u64,
 }
 
 /// `DELETE /api/waitpoints/{id}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct WaitpointCancelled {
     pub id: String,
     /// `cancelled`, or the state it had already ended in (`resolved`, `expired`).
@@ -985,7 +1038,8 @@ pub struct WaitpointCancelled {
 }
 
 /// `GET /api/waitpoints/{id}` and each entry of wait_check; never the secret.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct WaitpointView {
     #[serde(flatten)]
     pub head: WaitpointHead,
@@ -1007,7 +1061,8 @@ pub struct WaitpointView {
 }
 
 /// A waitpoint's progress, as every view shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Progress {
     /// Toward the quorum, at most `quorum`: members with a terminal signal (each once) when
     /// it names members, else terminal signals. A monitor counts its current round.
@@ -1027,7 +1082,8 @@ pub struct Progress {
     pub summary: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct WaitpointList {
     pub waitpoints: Vec<WaitpointView>,
 }
@@ -1124,14 +1180,16 @@ mod tests {
 
 // ---------------------------------------------------------------- devices
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateDevice {
     pub name: String,
 }
 
 /// Answer to `POST /api/devices`: the only time the token is shown.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct DeviceCreated {
     pub name: String,
     pub token: String,
@@ -1140,13 +1198,15 @@ pub struct DeviceCreated {
 }
 
 /// `GET /healthz`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Health {
     pub ok: bool,
 }
 
 /// `DELETE /api/devices/{name}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct DeviceRevoked {
     pub name: String,
     pub revoked: bool,
@@ -1155,20 +1215,23 @@ pub struct DeviceRevoked {
 }
 
 /// `DELETE /api/devices/{name}/revoked`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct DeviceRemoved {
     pub name: String,
     pub removed: bool,
 }
 
 /// `GET /api/devices/{name}/files`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct DeviceFiles {
     pub files: Vec<FileNote>,
 }
 
 /// One spool file of a device and what the hub answered it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct FileNote {
     /// When the hub answered.
     pub at: u64,
@@ -1183,9 +1246,10 @@ pub struct FileNote {
 // The API's flat form of `mesh::FileOutcome`: a refusal's or a retry's reason is
 // `FileNote::reason`. Named `FileOutcome` in the OpenAPI document.
 /// What the hub answered a device's spool file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
-#[schema(as = FileOutcome)]
+#[cfg_attr(feature = "schema", schema(as = FileOutcome))]
 pub enum FileAnswer {
     /// Recorded.
     Accepted,
@@ -1200,7 +1264,8 @@ pub enum FileAnswer {
 }
 
 /// One device in `GET /api/devices` (and `cortex devices`), or `GET /api/devices/{name}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct DeviceView {
     pub name: String,
     /// `online`, `offline` or `revoked` (its token no longer admitted; listed until the
@@ -1295,6 +1360,7 @@ impl<'de> Deserialize<'de> for CreateDeviceWait {
 // The schema is the condition's object with the wait's own fields added: one flat object
 // that refuses what it does not name, as the body does (a derived flatten would be an
 // `allOf` whose parts each refuse the other's fields).
+#[cfg(feature = "schema")]
 impl utoipa::PartialSchema for CreateDeviceWait {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         use utoipa::openapi::RefOr;
@@ -1333,7 +1399,8 @@ impl utoipa::PartialSchema for CreateDeviceWait {
     }
 }
 
-impl ToSchema for CreateDeviceWait {
+#[cfg(feature = "schema")]
+impl utoipa::ToSchema for CreateDeviceWait {
     fn schemas(
         schemas: &mut Vec<(
             String,
@@ -1343,10 +1410,10 @@ impl ToSchema for CreateDeviceWait {
         use crate::waits::WaitCondition;
         // An `any`'s conditions refer to the condition by name.
         schemas.push((
-            WaitCondition::name().into_owned(),
+            <WaitCondition as utoipa::ToSchema>::name().into_owned(),
             <WaitCondition as utoipa::PartialSchema>::schema(),
         ));
-        <WaitCondition as ToSchema>::schemas(schemas);
+        <WaitCondition as utoipa::ToSchema>::schemas(schemas);
     }
 }
 
@@ -1363,7 +1430,8 @@ const CONDITION_FIELDS: [&str; 8] = [
 ];
 
 /// One remote wait, as the devices API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct DeviceWaitView {
     /// The waitpoint's id, which is also the wait's identity on the device.
     pub id: String,
@@ -1398,7 +1466,8 @@ pub struct DeviceWaitView {
 
 /// Answer to `POST /api/devices/{name}/waits`: the waitpoint (as its creation answers,
 /// secret included this once) and the wait.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct DeviceWaitCreated {
     #[serde(flatten)]
     pub waitpoint: WaitpointCreated,
@@ -1406,7 +1475,8 @@ pub struct DeviceWaitCreated {
 }
 
 /// An event of the hub itself (`GET /api/events`): devices going online and offline.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct HubEvent {
     pub seq: u64,
     pub ts: u64,
@@ -1414,7 +1484,8 @@ pub struct HubEvent {
     pub body: HubEventBody,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum HubEventBody {
     DeviceOnline {

@@ -7,7 +7,6 @@
 //! closes the link with a reason; it never crashes either side.
 
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 /// The mesh protocol version this build speaks.
 pub const MESH_VERSION: u32 = 1;
@@ -48,7 +47,8 @@ pub const CAP_EXEC: &str = "exec";
 pub const HUB_CAP_WAITS: &str = "waits";
 
 /// What a host tells the hub about itself.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct HostFacts {
     pub hostname: String,
     pub kernel: String,
@@ -78,7 +78,8 @@ pub struct Hello {
     pub waits: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct SpoolCounts {
     pub pending: u32,
     pub bad: u32,

@@ -2,7 +2,6 @@
 //! body's bytes, the message's and the data's characters, the names' characters).
 
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 /// A request body or spool file larger than this is refused (413 / parked).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -14,7 +13,8 @@ pub const MAX_DATA_CHARS: usize = 16_000;
 pub const MAX_NAME_CHARS: usize = 200;
 
 /// What a signal says about the job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum SignalStatus {
     /// Terminal success.
@@ -51,7 +51,8 @@ impl SignalStatus {
 
 /// `{id, secret, status?, message?, member?, data?, key?}`: the signal route's body and
 /// the content of a spool file. Unknown fields are refused so a typo is loud.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SignalRequest {
     pub id: String,
@@ -135,7 +136,8 @@ impl SignalRequest {
 }
 
 /// The `result` of a 202 answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum SignalResult {
     Accepted,
@@ -143,7 +145,8 @@ pub enum SignalResult {
 }
 
 /// Body of a 202 answer from the signal route.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct SignalAccepted {
     pub result: SignalResult,
     pub waitpoint: String,
@@ -152,7 +155,8 @@ pub struct SignalAccepted {
 }
 
 /// Body of every error answer (signal route and API).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// Stable machine-readable code, e.g. `unknown_waitpoint`.
     pub error: String,

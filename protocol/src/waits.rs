@@ -18,7 +18,6 @@
 //! regex crate's own words; the wait library compiles it again to use it.
 
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 pub use crate::duration::{BadDuration, format_duration_ms, parse_duration};
 use crate::mesh::WaitSpec;
@@ -55,7 +54,8 @@ fn bad(m: impl Into<String>) -> ConditionError {
 
 /// A duration as the API takes it: a number of seconds (`1200`, `0.5`) or a string
 /// (`"20m"`, `"1.5h"`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum DurationValue {
     Seconds(f64),
@@ -83,7 +83,8 @@ impl DurationValue {
 
 /// A condition as the API and the model's tools write it (`POST /api/devices/{name}/waits`,
 /// `device_wait_log`, each of `device_wait_any`'s `conditions`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct WaitCondition {
     /// `pid`, `file`, `flock`, `log` or `any`.
@@ -110,7 +111,7 @@ pub struct WaitCondition {
     /// An `any`'s conditions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // The schema refers to itself here; its references are collected once.
-    #[schema(no_recursion)]
+    #[cfg_attr(feature = "schema", schema(no_recursion))]
     pub conditions: Option<Vec<WaitCondition>>,
 }
 

@@ -11,7 +11,8 @@
 //! - the CLI, protocol, cortex-host, cortex-daemon and the device agent: no loop between
 //!   files (a child's use of what its parent module holds aside); protocol does no I/O;
 //! - the crates: protocol depends on no workspace crate, cortex-host only on protocol, and
-//!   the CLI's crates name no WebSocket stack, no log subscriber and no daemon crate.
+//!   the CLI's build (as cargo resolves it, features and all) holds no WebSocket stack, no
+//!   log subscriber, no OpenAPI schema derive and no daemon crate.
 //!
 //! `cargo test -p cortex-tests --test it layering:: -- --nocapture` prints the graphs.
 
@@ -540,24 +541,6 @@ const CRATES: &[(&str, &str)] = &[
     ("cortex-cli", "cli"),
 ];
 
-/// Every package `dir`'s crate links through the workspace's own crates: its dependencies,
-/// and theirs for each workspace crate among them.
-fn reach(dir: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut todo = vec![dir.to_string()];
-    while let Some(d) = todo.pop() {
-        for dep in dependencies(&d) {
-            if let Some((_, sub)) = CRATES.iter().find(|(name, _)| *name == dep)
-                && !out.contains(&dep)
-            {
-                todo.push(sub.to_string());
-            }
-            out.insert(dep);
-        }
-    }
-    out
-}
-
 #[test]
 fn the_crates_depend_as_drawn() {
     let workspace = |deps: &BTreeSet<String>| -> Vec<String> {
@@ -576,19 +559,47 @@ fn the_crates_depend_as_drawn() {
         ["cortex-protocol"],
         "cortex-host"
     );
-    let cli = reach("cli");
+    let cli = built("cortex-cli");
     let never = [
         "cortex-daemon",
         "cortex-hub",
         "cortex-device-agent",
         "tokio-tungstenite",
         "tracing-subscriber",
+        "utoipa",
     ];
     let linked: Vec<_> = never.iter().filter(|n| cli.contains(**n)).collect();
     assert!(
         linked.is_empty(),
         "the CLI links {linked:?} (through {cli:?})"
     );
+    // The hub does build the schemas: the check above reads a real resolution.
+    assert!(
+        built("cortex-hub").contains("utoipa"),
+        "the hub builds no utoipa"
+    );
+}
+
+/// The packages `package`'s normal build compiles, as cargo resolves them (its enabled
+/// features decide which optional dependencies are in).
+fn built(package: &str) -> BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["tree", "--offline", "-e", "normal", "--prefix", "none"])
+        .args(["--format", "{p}", "-p", package])
+        .current_dir(root())
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
 }
 
 #[test]
