@@ -92,12 +92,11 @@ pub(super) fn advance(
                 return Ok(Progress::Parked);
             }
         }
-        let p = prepared.remove(&first.call.id);
-        let prep = match &p {
+        let prep = match prepared.remove(&first.call.id) {
             None => Prep::Missing,
-            Some(tools::Prepared::Ask { .. }) => Prep::Ask,
+            Some(tools::Prepared::Ask { questions }) => Prep::Ask(questions),
             Some(tools::Prepared::External) => Prep::External,
-            Some(_) => Prep::Store,
+            Some(p) => Prep::Store(p),
         };
         // A job to be waited on arms a waitpoint: capped before it starts (once started,
         // it is made again as it was).
@@ -116,11 +115,7 @@ pub(super) fn advance(
                 needs_human(t, sid, rec, &name, "a question for the person", now)?;
                 return Ok(Progress::Ended);
             }
-            Run::AskPerson => {
-                let questions = match p {
-                    Some(tools::Prepared::Ask { questions }) => questions,
-                    _ => Vec::new(),
-                };
+            Run::AskPerson(questions) => {
                 let reason = "the model asks the person".to_string();
                 park(t, sid, rec, "question", reason, questions, None, now)?;
                 return Ok(Progress::Parked);
@@ -134,10 +129,7 @@ pub(super) fn advance(
                 rec.open[0].started = true;
                 return Ok(Progress::External(first.call, again));
             }
-            Run::Store => {
-                let Some(p) = p else {
-                    continue;
-                };
+            Run::Store(p) => {
                 let a = tools::execute(t, sid, rec, p, env.signal_url, now)?;
                 if a.secret.is_some() {
                     unredacted.push((rec.transcript_len, a.result.to_string()));
