@@ -7,8 +7,11 @@ use std::collections::HashMap;
 use cortex_protocol::api::{AnswerItem, CreateSession, EventBody, RunInput, Usage};
 
 use crate::model::ChatMessage;
+use crate::runner::compact;
 use crate::runner::decide::{self, Seen, Settle, Then};
-use crate::runner::{compact, prefix, rules, tools};
+use crate::runner::prefix;
+use crate::runner::rules;
+use crate::runner::tools;
 use crate::store::agent::{AgentConfig, AgentRecord, RunStatus, Summary, Turn};
 use crate::store::{StoreError, Tx};
 

@@ -12,7 +12,8 @@ use serde_json::json;
 use crate::model::{ChatMessage, ToolCall};
 use crate::runner::decide::{self, Admit, Prep, Run};
 use crate::runner::gate;
-use crate::runner::{rules, tools};
+use crate::runner::rules;
+use crate::runner::tools;
 use crate::store::agent::{AgentConfig, AgentRecord};
 use crate::store::{StoreError, Tx};
 

@@ -8,7 +8,8 @@ use cortex_protocol::api::{DeltaChannel, EventBody, RunError, RunResult};
 
 use crate::model::{ChatMessage, StepOutput, ToolCall};
 use crate::runner::output::{Transport, Verdict, correct, last_output};
-use crate::runner::{rules, tools};
+use crate::runner::rules;
+use crate::runner::tools;
 use crate::store::agent::{AgentRecord, OpenCall};
 use crate::store::{StoreError, Tx};
 
