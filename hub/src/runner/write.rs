@@ -1,6 +1,6 @@
 //! The driver's store writes: one of the runner's writes (`turn`) run with the
-//! transcript's new messages read in the same write ([`write`]), and one the store
-//! refuses for good replaced by its refusal ([`write_or`]).
+//! transcript's new messages read in the same write ([`write`](fn@write)), and one the
+//! store refuses for good replaced by its refusal ([`write_or`]).
 
 use std::sync::Arc;
 
