@@ -1,5 +1,5 @@
 //! What a step boundary does next, decided from what it sees: pure functions of the
-//! session's state, table-tested here; `turn.rs` reads the state and applies each
+//! session's state, table-tested here; `turn/` reads the state and applies each
 //! decision inside the boundary's write.
 
 use crate::caps::RunGate;
@@ -144,54 +144,56 @@ pub fn admit(
     }
 }
 
-/// How an admitted call, as it was prepared, is run.
+/// How an admitted call, as it was prepared, is run; what was prepared is carried to
+/// the [`Run`] that uses it (`Q`: the questions for the person, `S`: the call to run in
+/// the store).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Prep {
+pub enum Prep<Q, S> {
     /// Not prepared yet.
     Missing,
     /// A question for the person (`ask_user`).
-    Ask,
+    Ask(Q),
     /// Work outside the hub (`device_exec`).
     External,
     /// Run in the store.
-    Store,
+    Store(S),
 }
 
 /// What the boundary does with an admitted call.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Run {
+pub enum Run<Q, S> {
     /// Hand the open calls to the driver to prepare.
     Prepare,
     /// The question needs a person and nobody is there: the run ends `needs_human`.
     NeedsHuman,
     /// Park on the person's answers.
-    AskPerson,
+    AskPerson(Q),
     /// Refused by the session's caps before it starts: answered with the reason.
     Capped(String),
     /// Hand it to the driver; `again`: it was handed out before.
     External { again: bool },
     /// Run it in the store and answer it.
-    Store,
+    Store(S),
 }
 
 /// `started`: handed out before; `capped`: the cap's refusal of a new job (asked only for
 /// work outside the hub not begun).
-pub fn run<E>(
-    prep: Prep,
+pub fn run<Q, S, E>(
+    prep: Prep<Q, S>,
     unattended: bool,
     started: bool,
     capped: impl FnOnce() -> Result<Option<String>, E>,
-) -> Result<Run, E> {
+) -> Result<Run<Q, S>, E> {
     Ok(match prep {
         Prep::Missing => Run::Prepare,
-        Prep::Ask if unattended => Run::NeedsHuman,
-        Prep::Ask => Run::AskPerson,
+        Prep::Ask(_) if unattended => Run::NeedsHuman,
+        Prep::Ask(q) => Run::AskPerson(q),
         Prep::External if !started => match capped()? {
             Some(why) => Run::Capped(why),
             None => Run::External { again: false },
         },
         Prep::External => Run::External { again: true },
-        Prep::Store => Run::Store,
+        Prep::Store(s) => Run::Store(s),
     })
 }
 
@@ -386,10 +388,13 @@ mod tests {
         let cap = || Ok(Some("cap".to_string()));
         let free = || Ok(None);
         type C = fn() -> Result<Option<String>, ()>;
-        let cases: &[(Prep, bool, bool, C, Run)] = &[
+        // Nothing prepared rides along here: the payloads are `()`.
+        type P = Prep<(), ()>;
+        type R = Run<(), ()>;
+        let cases: &[(P, bool, bool, C, R)] = &[
             (Prep::Missing, false, false, free, Run::Prepare),
-            (Prep::Ask, false, false, free, Run::AskPerson),
-            (Prep::Ask, true, false, free, Run::NeedsHuman),
+            (Prep::Ask(()), false, false, free, Run::AskPerson(())),
+            (Prep::Ask(()), true, false, free, Run::NeedsHuman),
             (
                 Prep::External,
                 false,
@@ -405,7 +410,7 @@ mod tests {
                 cap,
                 Run::External { again: true },
             ),
-            (Prep::Store, true, false, cap, Run::Store),
+            (Prep::Store(()), true, false, cap, Run::Store(())),
         ];
         for (prep, unattended, started, capped, want) in cases {
             let got = run(*prep, *unattended, *started, capped).expect("no store here");
