@@ -44,7 +44,10 @@
 //! The operations here are short blocking syscalls on a local directory; call them from
 //! `spawn_blocking` if the spool may sit on a slow network filesystem.
 
+mod dir;
+mod error;
 mod lock;
+mod names;
 mod watch;
 mod writers;
 
@@ -52,19 +55,23 @@ mod writers;
 mod tests;
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{CStr, OsStr};
-use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::ffi::OsStr;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use cortex_protocol::signal::MAX_BODY_BYTES;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 
+pub use error::{Refusal, SpoolError};
 pub use lock::{Collector, LOCK_FILE};
+pub use names::{escape_name, is_candidate};
 pub use watch::{RescanReason, SpoolEvent, SpoolWatcher};
+
+use dir::{Handles, for_each_entry, is_directory, normalize, open_and_read, open_handles};
+use names::{Odd, check_name, cut_name, file_kind, is_temporary};
 
 /// The subdirectory of the spool where refused files are parked with a `.reason` beside them.
 pub const BAD_DIR: &str = "bad";
@@ -84,125 +91,6 @@ const MAX_ODD_NAMES: usize = 4096;
 /// A parked name longer than this (escaped bytes of a name that is not UTF-8) is cut; the
 /// `.reason` holds the whole escaped name. Room is left for `.N` and `.reason`.
 const MAX_PARKED_NAME: usize = 200;
-
-/// Why the spool cannot be used. Each message says what to do about it.
-#[derive(Debug, thiserror::Error)]
-pub enum SpoolError {
-    #[error(
-        "spool {} is a symbolic link, and cortex never follows links there; replace it with a real directory (rm it, then mkdir -m 700 it)",
-        .path.display()
-    )]
-    Symlink { path: PathBuf },
-
-    #[error(
-        "spool {} exists but is not a directory; move it away so cortex can create the directory",
-        .path.display()
-    )]
-    NotDirectory { path: PathBuf },
-
-    #[error(
-        "spool {} is writable by group or others (mode {mode:04o}), so another user could plant or swap files in it; run chmod 700 on it",
-        .path.display()
-    )]
-    Insecure { path: PathBuf, mode: u32 },
-
-    #[error(
-        "spool {} belongs to uid {owner}, but cortex runs as uid {euid} and could not remove or park files there; chown it to uid {euid}, or remove it so cortex creates its own",
-        .path.display()
-    )]
-    NotOwner {
-        path: PathBuf,
-        owner: u32,
-        euid: u32,
-    },
-
-    #[error("{name:?} is not a plain file name in the spool")]
-    BadName { name: String },
-
-    #[error(
-        "spool {} is already collected by {holder}; stop it, or give this one another --home / spool",
-        .path.display()
-    )]
-    Held { path: PathBuf, holder: String },
-
-    #[error(
-        "spool {} was recreated and is now collected by {holder}; this process stopped collecting it (restart it with another --home, or stop the other one and restart this one)",
-        .path.display()
-    )]
-    LockLost { path: PathBuf, holder: String },
-
-    #[error("cannot watch spool {}: {source}{hint}", .path.display())]
-    Watch {
-        path: PathBuf,
-        source: io::Error,
-        /// Advice for the limits a user can hit, empty otherwise.
-        hint: &'static str,
-    },
-
-    #[error("cannot {action} {}: {source}", .path.display())]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        source: io::Error,
-    },
-}
-
-/// Why one spool file was not read. Everything but [`Refusal::Gone`] and a transient
-/// [`Refusal::Io`] is permanent: see [`Refusal::should_park`].
-///
-/// The messages are written for the `.reason` file beside a parked file, so they tell the
-/// writer what to do differently.
-#[derive(Debug, thiserror::Error)]
-pub enum Refusal {
-    /// The name no longer exists: another reader took it, or the writer removed it. Not an
-    /// error for callers.
-    #[error("the file is gone (already taken)")]
-    Gone,
-
-    #[error(
-        "refused: a symbolic link; a spool file must be a regular file (write NAME.tmp, then mv it to NAME.json)"
-    )]
-    Symlink,
-
-    #[error("refused: not a regular file ({kind}); a spool file must be a regular file")]
-    NotRegular { kind: &'static str },
-
-    #[error(
-        "refused: owned by uid {uid}, but the spool belongs to uid {owner}; only the spool's owner may drop signals"
-    )]
-    WrongOwner { uid: u32, owner: u32 },
-
-    #[error(
-        "refused: the file has {nlink} links; a spool file must have exactly one (write a fresh file and mv it in, never ln)"
-    )]
-    HardLinked { nlink: u64 },
-
-    #[error("refused: {bytes} bytes is over the {MAX_BODY_BYTES}-byte cap for a signal body")]
-    TooLarge { bytes: u64 },
-
-    #[error("cannot read: {0}")]
-    Io(#[source] io::Error),
-}
-
-impl Refusal {
-    /// Whether the file should be parked under `bad/`: true when reading it again can never
-    /// succeed. `Gone` has nothing to park; an I/O error such as EIO or EMFILE may pass, so the
-    /// file stays for the next rescan. Permission errors do not pass by themselves.
-    pub fn should_park(&self) -> bool {
-        match self {
-            Refusal::Gone => false,
-            Refusal::Io(e) => matches!(
-                Errno::from_io_error(e),
-                Some(Errno::ACCESS | Errno::PERM | Errno::NXIO | Errno::NODEV)
-            ),
-            Refusal::Symlink
-            | Refusal::NotRegular { .. }
-            | Refusal::WrongOwner { .. }
-            | Refusal::HardLinked { .. }
-            | Refusal::TooLarge { .. } => true,
-        }
-    }
-}
 
 /// How many files wait in the spool and how many were parked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -269,16 +157,6 @@ impl Look {
             );
         written.elapsed().unwrap_or_default()
     }
-}
-
-#[derive(Debug)]
-struct Handles {
-    dir: OwnedFd,
-    bad: OwnedFd,
-    /// The spool directory's owner: the only uid whose files are accepted.
-    owner: u32,
-    dev: u64,
-    ino: u64,
 }
 
 impl Spool {
@@ -725,307 +603,13 @@ impl Spool {
     }
 }
 
-/// Open, check with `fstat`, and read at most `MAX_BODY_BYTES + 1` bytes. Separate from
-/// [`Spool::read`]'s look-before-open so tests can prove the open alone never blocks on a FIFO.
-fn open_and_read(h: &Handles, name: &str) -> Result<Vec<u8>, Refusal> {
-    let fd = match rustix::fs::openat(
-        &h.dir,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
-        Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        Err(Errno::NOENT) => return Err(Refusal::Gone),
-        // O_NOFOLLOW on a final symlink fails with ELOOP: the link is never followed.
-        Err(Errno::LOOP) => return Err(Refusal::Symlink),
-        Err(e) => return Err(Refusal::Io(e.into())),
-    };
-    let st = rustix::fs::fstat(&fd).map_err(|e| Refusal::Io(e.into()))?;
-    match FileType::from_raw_mode(st.st_mode) {
-        FileType::RegularFile => {}
-        other => {
-            return Err(Refusal::NotRegular {
-                kind: file_kind(other),
-            });
-        }
-    }
-    if st.st_uid != h.owner {
-        return Err(Refusal::WrongOwner {
-            uid: st.st_uid,
-            owner: h.owner,
-        });
-    }
-    if st.st_nlink != 1 {
-        return Err(Refusal::HardLinked { nlink: st.st_nlink });
-    }
-    let size = u64::try_from(st.st_size).unwrap_or(0);
-    if size > MAX_BODY_BYTES as u64 {
-        return Err(Refusal::TooLarge { bytes: size });
-    }
-    // The file can grow after fstat (a writer still appending): cap the read itself too.
-    let cap = MAX_BODY_BYTES as u64 + 1;
-    let mut body = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-    std::fs::File::from(fd)
-        .take(cap)
-        .read_to_end(&mut body)
-        .map_err(Refusal::Io)?;
-    if body.len() > MAX_BODY_BYTES {
-        return Err(Refusal::TooLarge {
-            bytes: body.len() as u64,
-        });
-    }
-    Ok(body)
-}
-
-/// Create (0700) and open the spool and its `bad/`, refusing links, non-directories and
-/// group/other-writable directories.
-fn open_handles(path: &Path) -> Result<Handles, SpoolError> {
-    let io_err = |action, source: io::Error| SpoolError::Io {
-        action,
-        path: path.to_owned(),
-        source,
-    };
-    // Look first so the common mistakes get their own message; the O_NOFOLLOW open below is
-    // what actually guarantees it.
-    match std::fs::symlink_metadata(path) {
-        Ok(md) if md.file_type().is_symlink() => {
-            return Err(SpoolError::Symlink {
-                path: path.to_owned(),
-            });
-        }
-        Ok(md) if !md.is_dir() => {
-            return Err(SpoolError::NotDirectory {
-                path: path.to_owned(),
-            });
-        }
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(path)
-                .map_err(|e| io_err("create the spool directory", e))?;
-        }
-        Err(e) => return Err(io_err("inspect the spool directory", e)),
-    }
-    let dir = open_dir(rustix::fs::CWD, path, path)?;
-    let st =
-        rustix::fs::fstat(&dir).map_err(|e| io_err("inspect the spool directory", e.into()))?;
-    check_mode(path, st.st_mode)?;
-    check_owner(path, st.st_uid, rustix::process::geteuid().as_raw())?;
-
-    let bad_path = path.join(BAD_DIR);
-    match rustix::fs::mkdirat(&dir, BAD_DIR, Mode::from_raw_mode(0o700)) {
-        Ok(()) | Err(Errno::EXIST) => {}
-        Err(e) => return Err(io_err("create the bad/ directory in", e.into())),
-    }
-    let bad = open_dir(dir.as_fd(), BAD_DIR, &bad_path)?;
-    let bad_st = rustix::fs::fstat(&bad).map_err(|e| io_err("inspect bad/ in", e.into()))?;
-    check_mode(&bad_path, bad_st.st_mode)?;
-
-    Ok(Handles {
-        dir,
-        bad,
-        owner: st.st_uid,
-        dev: st.st_dev,
-        ino: st.st_ino,
-    })
-}
-
-fn open_dir<Fd: AsFd + Copy, P: rustix::path::Arg + Copy>(
-    at: Fd,
-    name: P,
-    shown: &Path,
-) -> Result<OwnedFd, SpoolError> {
-    match rustix::fs::openat(
-        at,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
-        Ok(fd) => Ok(fd),
-        Err(Errno::LOOP) => Err(SpoolError::Symlink {
-            path: shown.to_owned(),
-        }),
-        // With O_DIRECTORY, Linux reports a final symlink as ENOTDIR rather than ELOOP:
-        // look at the entry itself to give the right advice.
-        Err(Errno::NOTDIR) => match rustix::fs::statat(at, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
-                Err(SpoolError::Symlink {
-                    path: shown.to_owned(),
-                })
-            }
-            _ => Err(SpoolError::NotDirectory {
-                path: shown.to_owned(),
-            }),
-        },
-        Err(e) => Err(SpoolError::Io {
-            action: "open",
-            path: shown.to_owned(),
-            source: e.into(),
-        }),
-    }
-}
-
-/// The daemon must own its spool, or it could read files but never delete or park them.
-/// Root may serve a user's spool (a system unit running for that user).
-fn check_owner(path: &Path, owner: u32, euid: u32) -> Result<(), SpoolError> {
-    if euid != 0 && owner != euid {
-        return Err(SpoolError::NotOwner {
-            path: path.to_owned(),
-            owner,
-            euid,
-        });
-    }
-    Ok(())
-}
-
-fn check_mode(path: &Path, st_mode: u32) -> Result<(), SpoolError> {
-    if st_mode & 0o022 != 0 {
-        return Err(SpoolError::Insecure {
-            path: path.to_owned(),
-            mode: st_mode & 0o7777,
-        });
-    }
-    Ok(())
-}
-
-/// Make the path absolute (the watcher re-adds its watch by path, possibly after the working
-/// directory changed) and drop a trailing slash, which would make the kernel follow a final
-/// symlink that O_NOFOLLOW is meant to refuse.
-fn normalize(dir: &Path) -> Result<PathBuf, SpoolError> {
-    let abs = std::path::absolute(dir).map_err(|e| SpoolError::Io {
-        action: "resolve the spool path",
-        path: dir.to_owned(),
-        source: e,
-    })?;
-    Ok(abs.components().collect())
-}
-
-/// Walk a directory through its handle; `f` gets each name (without `.` and `..`) and the
-/// type readdir reported, which may be `Unknown` on some filesystems.
-fn for_each_entry(
-    dir: &OwnedFd,
-    shown: &Path,
-    mut f: impl FnMut(&CStr, FileType) -> Result<(), SpoolError>,
-) -> Result<(), SpoolError> {
-    let io_err = |e: Errno| SpoolError::Io {
-        action: "list",
-        path: shown.to_owned(),
-        source: e.into(),
-    };
-    // read_from opens its own "." so each listing starts at the beginning.
-    let entries = rustix::fs::Dir::read_from(dir).map_err(io_err)?;
-    for entry in entries {
-        let entry = entry.map_err(io_err)?;
-        let name = entry.file_name();
-        if name == c"." || name == c".." {
-            continue;
-        }
-        f(name, entry.file_type())?;
-    }
-    Ok(())
-}
-
 /// A listing: the candidates, sorted, and the odd entries' raw names.
 type Listing = (Vec<String>, Vec<(Vec<u8>, Odd)>);
-
-/// An odd spool entry: see the module docs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Odd {
-    /// A name without `.json` (and not a temporary): logged once.
-    NotJson,
-    /// A directory named `*.json`: parked.
-    Directory,
-    /// A name that is not UTF-8: parked under its escape.
-    NotUtf8,
-}
-
-/// A writer's temporary: a dotfile (the collector lock among them) or `NAME.tmp`.
-fn is_temporary(name: &[u8]) -> bool {
-    name.starts_with(b".") || name.ends_with(b".tmp")
-}
-
-/// A name as text, losslessly: UTF-8 is kept, a backslash doubled, every other byte
-/// written `\xNN`.
-pub fn escape_name(name: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(name.len());
-    for chunk in name.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            if c == '\\' {
-                out.push_str("\\\\");
-            } else {
-                out.push(c);
-            }
-        }
-        for b in chunk.invalid() {
-            let _ = write!(out, "\\x{b:02x}");
-        }
-    }
-    out
-}
-
-/// At most [`MAX_PARKED_NAME`] bytes of `name`, cut on a character boundary.
-fn cut_name(name: &str) -> String {
-    if name.len() <= MAX_PARKED_NAME {
-        return name.to_owned();
-    }
-    let mut end = MAX_PARKED_NAME;
-    while !name.is_char_boundary(end) {
-        end -= 1;
-    }
-    name[..end].to_owned()
-}
 
 /// A mutex's value even if a panic elsewhere poisoned it: every value kept here stays
 /// whole across a panic (a map or set, an option).
 fn lock_or_inner<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn is_directory(dir: &OwnedFd, name: &str, ft: FileType) -> bool {
-    match ft {
-        FileType::Directory => true,
-        FileType::Unknown => rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
-            .map(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory)
-            .unwrap_or(false),
-        _ => false,
-    }
-}
-
-/// A signal file's name: ends in `.json`, not a dotfile (writers' temporaries), not a path.
-pub fn is_candidate(name: &str) -> bool {
-    name.len() > CANDIDATE_SUFFIX.len()
-        && name.ends_with(CANDIDATE_SUFFIX)
-        && !name.starts_with('.')
-        && !name.contains('/')
-}
-
-/// Names come from readdir and inotify, which never give these; a caller passing one would
-/// otherwise make `openat` walk out of the spool.
-fn check_name(name: &str) -> io::Result<()> {
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{name:?} is not a plain file name"),
-        ));
-    }
-    Ok(())
-}
-
-fn file_kind(ft: FileType) -> &'static str {
-    match ft {
-        FileType::RegularFile => "a regular file",
-        FileType::Directory => "a directory",
-        FileType::Symlink => "a symbolic link",
-        FileType::Fifo => "a FIFO",
-        FileType::Socket => "a socket",
-        FileType::CharacterDevice => "a character device",
-        FileType::BlockDevice => "a block device",
-        FileType::Unknown => "an unknown kind of file",
-    }
 }
 
 /// Names a caller is handling right now (forwarded, ack not yet back), so that the same name

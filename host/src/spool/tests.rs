@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime};
 use cortex_protocol::signal::MAX_BODY_BYTES;
 use inotify::EventMask;
 
+use super::dir::check_owner;
 use super::watch::{Action, classify, classify_parent};
 use super::*;
 
