@@ -1,6 +1,8 @@
 //! Tests of `cortex`'s commands against canned hubs on port 0: flags to request bodies,
 //! tables, `--json`, and exit codes.
 
+use std::time::Duration;
+
 use clap::{CommandFactory, Parser};
 use cortex_protocol::api::{HowToSignal, SessionView, WaitpointCreated, WaitpointHead};
 use serde_json::{Value, json};
