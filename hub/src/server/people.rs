@@ -10,7 +10,7 @@ use cortex_protocol::api::{self, ApprovalList, Decision, PendingView, PostAnswer
 
 use super::error::{ApiError, parse_json};
 use crate::state::AppState;
-use crate::store::agent::{AnswerOutcome, CancelPosted};
+use crate::store::posts::{AnswerOutcome, CancelPosted};
 use crate::time::now_ms;
 
 /// Pending requests listed at most.

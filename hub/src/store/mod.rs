@@ -23,6 +23,7 @@ pub mod kernel;
 pub mod logged;
 pub mod notices;
 pub mod ops;
+pub mod posts;
 pub mod tables;
 pub mod timers;
 

@@ -2,7 +2,8 @@
 
 use super::*;
 use crate::engine::State;
-use crate::store::agent::{AgentRecord, AnswerOutcome, CancelPosted};
+use crate::store::agent::AgentRecord;
+use crate::store::posts::{AnswerOutcome, CancelPosted};
 use cortex_protocol::api::{Decision, PendingRequest, PostAnswer};
 
 /// A session parked on a request of `kind` (as the runner parks one), and the request.
