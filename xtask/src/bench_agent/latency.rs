@@ -177,7 +177,9 @@ impl Session {
             client,
             "POST",
             "/api/sessions",
-            Some(json!({ "title": title })),
+            // An agent session: without a runner setting a session is a mailbox, and no
+            // wake of it would reach the model.
+            Some(json!({ "title": title, "runs": true })),
             201,
         )?;
         let sid = id(&s, "session")?;
