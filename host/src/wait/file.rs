@@ -159,34 +159,13 @@ pub(crate) fn arm(
     path: &Path,
     cursor: Option<FileCursor>,
 ) -> Result<FileWait, WaitError> {
-    let bad = |why: &'static str| WaitError::BadPath {
-        path: path.to_owned(),
-        why,
-    };
-    let (name, mut sub) = watch_name(watches, path, PARENT_MASK, PARENT)?;
-    let meta = match fs::metadata(path) {
-        Ok(m) => Some(m),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => {
-            return Err(WaitError::Path {
-                path: path.to_owned(),
-                action: "look at",
-                source: e,
-            });
-        }
-    };
-    if meta.as_ref().is_some_and(fs::Metadata::is_dir) {
-        return Err(bad("is a directory; wait for a file in it instead"));
-    }
-    // The file's own watch is a bonus (writes through other names): without read access
-    // to it, or if it vanished in between, the parent's watch still covers the name.
-    let watching_file = meta.is_some() && sub.add(path, FILE_MASK, FILE).is_ok();
-    // Looked at only now that both watches are in place.
-    let now = read_cursor(path).map_err(|source| WaitError::Path {
-        path: path.to_owned(),
-        action: "look at",
-        source,
-    })?;
+    let Watched {
+        name,
+        sub,
+        watching_file,
+        now,
+        ..
+    } = watch_file(watches, path, (PARENT_MASK, PARENT), (FILE_MASK, FILE))?;
     let ready = cursor.filter(|since| now.changed_since(since)).map(|_| {
         fire(
             path,
@@ -206,6 +185,58 @@ pub(crate) fn arm(
         name,
         sub,
         ready,
+    })
+}
+
+/// A file a wait follows the content of, its watches in place and looked at once.
+pub(crate) struct Watched {
+    pub name: OsString,
+    pub sub: Subscription,
+    /// The file as found (`None`: not there yet).
+    pub meta: Option<fs::Metadata>,
+    /// The file's own watch is set (besides its directory's).
+    pub watching_file: bool,
+    /// The look, taken once both watches are in place.
+    pub now: FileCursor,
+}
+
+/// The arm-time work of a wait on a file's content (a file or a silence wait): the name's
+/// directory watch (`dir`: its mask and key), a directory at `path` refused, the file's own
+/// watch (`file`), then one look. The file's watch comes after the directory's, so a file
+/// created in between is seen by the directory's; it is a bonus (writes through other
+/// names): without read access to the file, or if it vanished in between, the directory's
+/// watch still covers the name.
+pub(crate) fn watch_file(
+    watches: &FileWatches,
+    path: &Path,
+    dir: (WatchMask, u32),
+    file: (WatchMask, u32),
+) -> Result<Watched, WaitError> {
+    let (name, mut sub) = watch_name(watches, path, dir.0, dir.1)?;
+    let look_err = |source: io::Error| WaitError::Path {
+        path: path.to_owned(),
+        action: "look at",
+        source,
+    };
+    let meta = match fs::metadata(path) {
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(look_err(e)),
+    };
+    if meta.as_ref().is_some_and(fs::Metadata::is_dir) {
+        return Err(WaitError::BadPath {
+            path: path.to_owned(),
+            why: "is a directory; wait for a file in it instead",
+        });
+    }
+    let watching_file = meta.is_some() && sub.add(path, file.0, file.1).is_ok();
+    let now = read_cursor(path).map_err(look_err)?;
+    Ok(Watched {
+        name,
+        sub,
+        meta,
+        watching_file,
+        now,
     })
 }
 

@@ -19,8 +19,6 @@
 //! It reads no file contents and creates nothing.
 
 use std::ffi::OsString;
-use std::fs;
-use std::io;
 use std::path::Path;
 use std::time::Duration;
 
@@ -29,10 +27,10 @@ use inotify::WatchMask;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::file::{FileCaptured, read_cursor};
+use super::file::{FileCaptured, Watched, read_cursor, watch_file};
 use super::log::{instant_of, ms};
 use super::watches::{Delivery, FileWatches, Subscription};
-use super::{Cursor, DIR_GONE, Fire, WaitError, lost_dir, watch_name};
+use super::{Cursor, DIR_GONE, Fire, WaitError, lost_dir};
 
 /// Which watch an event came from.
 const DIR: u32 = 0;
@@ -81,28 +79,13 @@ pub(crate) fn arm(
     cursor: Option<FileCursor>,
     silence_ms: u64,
 ) -> Result<SilenceWait, WaitError> {
-    let bad = |why: &'static str| WaitError::BadPath {
-        path: path.to_owned(),
-        why,
-    };
-    let (name, mut sub) = watch_name(watches, path, DIR_MASK, DIR)?;
-    let look_err = |source: io::Error| WaitError::Path {
-        path: path.to_owned(),
-        action: "look at",
-        source,
-    };
-    let meta = match fs::metadata(path) {
-        Ok(m) => Some(m),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(look_err(e)),
-    };
-    if meta.as_ref().is_some_and(fs::Metadata::is_dir) {
-        return Err(bad("is a directory; wait for a file in it instead"));
-    }
-    // The file's own watch after the directory's: a file created in between is seen by
-    // the directory's, and then watched.
-    let watching_file = meta.is_some() && sub.add(path, FILE_MASK, FILE).is_ok();
-    let now = read_cursor(path).map_err(look_err)?;
+    let Watched {
+        name,
+        sub,
+        meta,
+        watching_file,
+        now,
+    } = watch_file(watches, path, (DIR_MASK, DIR), (FILE_MASK, FILE))?;
     let last_growth = match (&cursor, &meta) {
         (Some(_), Some(m)) => instant_of(m),
         _ => Instant::now(),
