@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod hostile_model;
+pub mod postgres;
 pub mod scripted_model;
 pub mod sim;
 pub mod webdriver;

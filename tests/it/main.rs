@@ -29,6 +29,7 @@ mod openapi;
 mod packaging;
 mod page;
 mod people;
+mod postgres;
 mod powerloss;
 mod remote_waits;
 mod runner;

@@ -1,0 +1,260 @@
+//! A throwaway PostgreSQL for the tests: Debian's server (`/usr/lib/postgresql/N/bin`, the
+//! newest N, or `$CORTEX_PG_BIN`), a cluster made by `initdb` in a temp dir, its socket in
+//! that dir, listening on a free loopback port, `fsync` and `synchronous_commit` on (as a
+//! real deployment runs), stopped and removed when dropped. A test takes a database of its
+//! own ([`Postgres::create_database`]).
+//!
+//! `initdb` refuses root: run as root (CI), the cluster belongs to the `postgres` user and
+//! every server program runs as it; otherwise as the caller.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a fresh cluster may take to accept connections.
+const START_LIMIT: Duration = Duration::from_secs(60);
+
+/// A running cluster; see the module docs.
+pub struct Postgres {
+    bin: PathBuf,
+    /// Holds the data directory (`data/`), the socket and the server's log.
+    dir: tempfile::TempDir,
+    port: u16,
+    /// The server's owner when the tests run as root.
+    owner: Option<(u32, u32)>,
+    server: Child,
+}
+
+impl Postgres {
+    /// Makes and starts a cluster; panics with the server's log when it does not start.
+    pub fn start() -> Postgres {
+        let bin = server_bin();
+        let owner = if rustix::process::geteuid().is_root() {
+            Some(user_ids("postgres"))
+        } else {
+            None
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("cortex-pg-")
+            .tempdir()
+            .expect("a temp dir for the cluster");
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown the dir");
+        }
+        let data = dir.path().join("data");
+        let out = as_owner(Command::new(bin.join("initdb")), owner)
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--no-instructions",
+                "-D",
+            ])
+            .arg(&data)
+            .output()
+            .expect("run initdb");
+        assert!(out.status.success(), "initdb: {}", text(&out));
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("the server log");
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(dir.path().join("server.log"), Some(uid), Some(gid))
+                .expect("chown the log");
+        }
+        let server = as_owner(Command::new(bin.join("postgres")), owner)
+            .arg("-D")
+            .arg(&data)
+            .arg("-k")
+            .arg(dir.path())
+            .args(["-p", &port.to_string()])
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .args(["-c", "fsync=on", "-c", "synchronous_commit=on"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("the log again"))
+            .stderr(log)
+            .spawn()
+            .expect("start postgres");
+        let mut pg = Postgres {
+            bin,
+            dir,
+            port,
+            owner,
+            server,
+        };
+        pg.wait_ready();
+        pg
+    }
+
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The directory of its socket (`host=` for a client that takes a socket).
+    pub fn socket_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A connection URL for database `db` over TCP.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// Creates database `name` (a test's own).
+    pub fn create_database(&self, name: &str) {
+        let out = self.psql("postgres", &format!("CREATE DATABASE \"{name}\""));
+        assert!(
+            out.status.success(),
+            "create database {name}: {}",
+            text(&out)
+        );
+    }
+
+    /// Runs `sql` in database `db` through `psql` (unaligned, tuples only, stop on error).
+    pub fn psql(&self, db: &str, sql: &str) -> Output {
+        as_owner(Command::new(self.bin.join("psql")), self.owner)
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h"])
+            .arg(self.dir.path())
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                db,
+                "-c",
+                sql,
+            ])
+            .output()
+            .expect("run psql")
+    }
+
+    /// `sql`'s output in database `db`, trimmed; panics when it fails.
+    pub fn query(&self, db: &str, sql: &str) -> String {
+        let out = self.psql(db, sql);
+        assert!(out.status.success(), "{sql}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// The server's process id (the postmaster).
+    pub fn pid(&self) -> u32 {
+        self.server.id()
+    }
+
+    fn wait_ready(&mut self) {
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.server.try_wait() {
+                panic!(
+                    "postgres exited ({status}) before it was ready: {}",
+                    self.log()
+                );
+            }
+            let ready = as_owner(Command::new(self.bin.join("pg_isready")), self.owner)
+                .arg("-h")
+                .arg(self.dir.path())
+                .args(["-p", &self.port.to_string(), "-q"])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return;
+            }
+            assert!(
+                start.elapsed() < START_LIMIT,
+                "postgres not ready after {START_LIMIT:?}: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        // SIGINT: the fast shutdown (sessions ended, a checkpoint written), then wait.
+        let pid = rustix::process::Pid::from_child(&self.server);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+        let until = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = self.server.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+/// Debian's newest server binaries, or `$CORTEX_PG_BIN`.
+fn server_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("CORTEX_PG_BIN") {
+        return PathBuf::from(p);
+    }
+    let root = Path::new("/usr/lib/postgresql");
+    let newest = std::fs::read_dir(root)
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let v: u32 = e.file_name().to_str()?.parse().ok()?;
+            Some((v, e.path().join("bin")))
+        })
+        .filter(|(_, bin)| bin.join("initdb").exists())
+        .max_by_key(|(v, _)| *v);
+    match newest {
+        Some((_, bin)) => bin,
+        None => panic!(
+            "no PostgreSQL server under {}: apt-get install postgresql (or set CORTEX_PG_BIN)",
+            root.display()
+        ),
+    }
+}
+
+/// `user`'s uid and gid, from `id`.
+fn user_ids(user: &str) -> (u32, u32) {
+    let id = |flag: &str| -> u32 {
+        let out = Command::new("id")
+            .args([flag, user])
+            .output()
+            .expect("run id");
+        assert!(out.status.success(), "no user {user}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("a numeric id")
+    };
+    (id("-u"), id("-g"))
+}
+
+/// `cmd` run as the cluster's owner (when the tests run as root).
+fn as_owner(mut cmd: Command, owner: Option<(u32, u32)>) -> Command {
+    if let Some((uid, gid)) = owner {
+        cmd.uid(uid).gid(gid);
+    }
+    // A directory every user may enter (initdb and postgres look at their working one).
+    cmd.current_dir("/");
+    cmd
+}
+
+/// A loopback port nobody listens on now.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    l.local_addr().expect("its address").port()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
