@@ -1,8 +1,9 @@
 //! A throwaway PostgreSQL for the tests: Debian's server (`/usr/lib/postgresql/N/bin`, the
 //! newest N, or `$CORTEX_PG_BIN`), a cluster made by `initdb` in a temp dir, its socket in
 //! that dir, listening on a free loopback port, `fsync` and `synchronous_commit` on (as a
-//! real deployment runs), stopped and removed when dropped. A test takes a database of its
-//! own ([`Postgres::create_database`]).
+//! real deployment runs), stopped and removed when dropped or when the test process ends.
+//! A test takes a database of its own ([`Postgres::database`]), on its own cluster
+//! ([`Postgres::start`]) or the binary's ([`Postgres::shared`]).
 //!
 //! `initdb` refuses root: run as root (CI), the cluster belongs to the `postgres` user and
 //! every server program runs as it; otherwise as the caller.
@@ -14,6 +15,17 @@ use std::time::{Duration, Instant};
 
 /// How long a fresh cluster may take to accept connections.
 const START_LIMIT: Duration = Duration::from_secs(60);
+
+/// The server runs under this keeper, which stops it with the fast shutdown (SIGINT) once
+/// its stdin closes: when the [`Postgres`] is dropped, or when the test process ends however
+/// it ends (the kernel closes its end of the pipe). Once the server is gone, for that or any
+/// reason, the keeper removes the cluster's directory and exits. So no test leaves a server
+/// running. (An asynchronous list's stdin is `/dev/null`, hence the pipe kept as fd 3.)
+const KEEPER: &str = r#"exec 3<&0
+"$@" & pid=$!
+{ read -r _ <&3; kill -INT "$pid" 2>/dev/null; } &
+wait "$pid"
+rm -rf "$CLUSTER_DIR""#;
 
 /// A running cluster; see the module docs.
 pub struct Postgres {
@@ -64,7 +76,9 @@ impl Postgres {
             std::os::unix::fs::chown(dir.path().join("server.log"), Some(uid), Some(gid))
                 .expect("chown the log");
         }
-        let server = as_owner(Command::new(bin.join("postgres")), owner)
+        let server = as_owner(Command::new("/bin/sh"), owner)
+            .args(["-c", KEEPER, "keeper"])
+            .arg(bin.join("postgres"))
             .arg("-D")
             .arg(&data)
             .arg("-k")
@@ -72,7 +86,8 @@ impl Postgres {
             .args(["-p", &port.to_string()])
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "fsync=on", "-c", "synchronous_commit=on"])
-            .stdin(Stdio::null())
+            .env("CLUSTER_DIR", dir.path())
+            .stdin(Stdio::piped())
             .stdout(log.try_clone().expect("the log again"))
             .stderr(log)
             .spawn()
@@ -139,9 +154,29 @@ impl Postgres {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
-    /// The server's process id (the postmaster).
+    /// The server's process id (the postmaster's, from `postmaster.pid`).
     pub fn pid(&self) -> u32 {
-        self.server.id()
+        let file = self.dir.path().join("data").join("postmaster.pid");
+        std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("no pid in {}", file.display()))
+    }
+
+    /// One cluster for the whole test binary, started on first use; its keeper stops and
+    /// removes it when the binary exits.
+    pub fn shared() -> &'static Postgres {
+        static SHARED: std::sync::OnceLock<Postgres> = std::sync::OnceLock::new();
+        SHARED.get_or_init(Postgres::start)
+    }
+
+    /// A new database of its own for one test (`test_1`, `test_2`, …), its name returned.
+    pub fn database(&self) -> String {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("test_{n}");
+        self.create_database(&name);
+        name
     }
 
     fn wait_ready(&mut self) {
@@ -178,9 +213,8 @@ impl Postgres {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        // SIGINT: the fast shutdown (sessions ended, a checkpoint written), then wait.
-        let pid = rustix::process::Pid::from_child(&self.server);
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+        // Closing the keeper's stdin stops the server (see `KEEPER`); then wait for it.
+        drop(self.server.stdin.take());
         let until = Instant::now() + Duration::from_secs(30);
         while Instant::now() < until {
             if let Ok(Some(_)) = self.server.try_wait() {

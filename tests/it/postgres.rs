@@ -44,3 +44,31 @@ fn a_throwaway_cluster_is_durable_keeps_databases_apart_and_stops_when_dropped()
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
     assert!(!dir.exists(), "{} left behind", dir.display());
 }
+
+#[test]
+fn the_binarys_shared_cluster_serves_every_test_and_a_server_that_dies_is_not_waited_on() {
+    // One cluster for the binary: the same one each time, a database per test.
+    let pg = Postgres::shared();
+    assert_eq!(Postgres::shared().port(), pg.port());
+    let db = pg.database();
+    assert_eq!(pg.query(&db, "SELECT current_database()"), db);
+    // A server killed under its keeper: the keeper cleans up and exits by itself, so the
+    // drop does not wait out its bound.
+    let own = Postgres::start();
+    let (pid, dir) = (own.pid(), own.socket_dir().to_path_buf());
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).expect("a pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the postmaster");
+    let start = std::time::Instant::now();
+    while dir.exists() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "the keeper left {} behind",
+            dir.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(own);
+}
