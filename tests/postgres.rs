@@ -19,19 +19,23 @@ const START_LIMIT: Duration = Duration::from_secs(60);
 /// The server runs under this keeper, which stops it with the fast shutdown (SIGINT) once
 /// its stdin closes: when the [`Postgres`] is dropped, or when the test process ends however
 /// it ends (the kernel closes its end of the pipe). Once the server is gone, for that or any
-/// reason, the keeper removes the cluster's directory and exits. So no test leaves a server
-/// running. (An asynchronous list's stdin is `/dev/null`, hence the pipe kept as fd 3.)
+/// reason, the keeper removes the cluster's directory and exits; the log's goes when stdin
+/// closes, so a server that would not start can still be explained. So no test leaves a
+/// server or a directory behind. (An asynchronous list's stdin is `/dev/null`, hence the
+/// pipe kept as fd 3.)
 const KEEPER: &str = r#"exec 3<&0
 "$@" & pid=$!
-{ read -r _ <&3; kill -INT "$pid" 2>/dev/null; } &
+{ read -r _ <&3; kill -INT "$pid" 2>/dev/null; rm -rf "$LOG_DIR"; } &
 wait "$pid"
 rm -rf "$CLUSTER_DIR""#;
 
 /// A running cluster; see the module docs.
 pub struct Postgres {
     bin: PathBuf,
-    /// Holds the data directory (`data/`), the socket and the server's log.
+    /// Holds the data directory (`data/`) and the socket.
     dir: tempfile::TempDir,
+    /// Holds the server's log (`server.log`).
+    logs: tempfile::TempDir,
     port: u16,
     /// The server's owner when the tests run as root.
     owner: Option<(u32, u32)>,
@@ -71,11 +75,16 @@ impl Postgres {
             .expect("run initdb");
         assert!(out.status.success(), "initdb: {}", text(&out));
         let port = free_port();
-        let log = std::fs::File::create(dir.path().join("server.log")).expect("the server log");
+        // Beside the cluster, not in it: the keeper removes the cluster when the server
+        // ends, and a server that would not start is explained by its log.
+        let logs = tempfile::Builder::new()
+            .prefix("cortex-pg-log-")
+            .tempdir()
+            .expect("a temp dir for the log");
         if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(dir.path().join("server.log"), Some(uid), Some(gid))
-                .expect("chown the log");
+            std::os::unix::fs::chown(logs.path(), Some(uid), Some(gid)).expect("chown the log dir");
         }
+        let log = std::fs::File::create(logs.path().join("server.log")).expect("the server log");
         let server = as_owner(Command::new("/bin/sh"), owner)
             .args(["-c", KEEPER, "keeper"])
             .arg(bin.join("postgres"))
@@ -87,6 +96,7 @@ impl Postgres {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "fsync=on", "-c", "synchronous_commit=on"])
             .env("CLUSTER_DIR", dir.path())
+            .env("LOG_DIR", logs.path())
             .stdin(Stdio::piped())
             .stdout(log.try_clone().expect("the log again"))
             .stderr(log)
@@ -95,6 +105,7 @@ impl Postgres {
         let mut pg = Postgres {
             bin,
             dir,
+            logs,
             port,
             owner,
             server,
@@ -207,7 +218,7 @@ impl Postgres {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+        std::fs::read_to_string(self.logs.path().join("server.log")).unwrap_or_default()
     }
 }
 
