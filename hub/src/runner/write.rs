@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::config::AgentDefaults;
 use crate::model::ChatMessage;
 use crate::state::AppState;
 use crate::store::{StoreError, Tx};
@@ -17,19 +18,35 @@ pub(super) enum DriveError {
     Store(#[from] Arc<crate::store::StoreError>),
 }
 
-/// `next`, with the transcript's messages from `known` on when it is a step: read in the
-/// write that produced them, so a step needs no second trip to the store.
-pub(super) fn with_tail(
-    t: &Tx<'_>,
+/// One of the runner's writes inside the store's job: `f`, given the write's
+/// [`turn::Env`] (the clock read in the write), then the transcript's messages from `known`
+/// on when what comes next is a step, read in the write that produced them so a step needs
+/// no second trip to the store.
+pub(super) fn in_write<F>(
+    t: &mut Tx<'_>,
+    defaults: &AgentDefaults,
+    signal_url: &str,
     sid: &str,
-    next: Next,
     known: u64,
-) -> Result<(Next, Vec<ChatMessage>), StoreError> {
+    f: F,
+) -> Result<Wrote, StoreError>
+where
+    F: for<'e> FnOnce(
+        &mut Tx<'_>,
+        &turn::Env<'e>,
+    ) -> Result<(Next, Vec<turn::Unredacted>), StoreError>,
+{
+    let env = turn::Env {
+        defaults,
+        signal_url,
+        now: now_ms(),
+    };
+    let (next, secrets) = f(t, &env)?;
     let tail = match next {
         Next::Step { .. } | Next::Compact { .. } => t.transcript_from(sid, known)?,
         _ => Vec::new(),
     };
-    Ok((next, tail))
+    Ok((next, tail, secrets))
 }
 
 /// What one of the runner's writes hands back: what to do next, the transcript's new
@@ -59,16 +76,7 @@ where
     );
     Ok(state
         .store
-        .exec(move |t| {
-            let env = turn::Env {
-                defaults: &defaults,
-                signal_url: &url,
-                now: now_ms(),
-            };
-            let (next, secrets) = f(t, &env)?;
-            let (next, tail) = with_tail(t, &sid, next, known)?;
-            Ok((next, tail, secrets))
-        })
+        .exec(move |t| in_write(t, &defaults, &url, &sid, known, f))
         .await?)
 }
 
