@@ -618,8 +618,14 @@ impl Model {
         let path = self.dir_path(dir)?.join(name);
         m.apply(Durable::Mkdir { path: &path, perm })
             .map_err(|_| Errno::IO)?;
+        self.add_dir(dir, name, Meta::new(perm, uid, gid))
+    }
+
+    /// A new directory `name` in `dir`, its name durable and current at once (a mkdir is
+    /// written through; a loaded one was found durable).
+    fn add_dir(&mut self, dir: Ino, name: &OsStr, meta: Meta) -> Result<Ino, Errno> {
         let ino = self.alloc(
-            Meta::new(perm, uid, gid),
+            meta,
             Body::Dir(DirNode {
                 parent: dir,
                 name: name.to_owned(),

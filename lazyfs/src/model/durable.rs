@@ -7,8 +7,8 @@ use std::ffi::OsStr;
 use std::path::PathBuf;
 
 use super::{
-    Body, Cut, CutReport, DirNode, Durable, Errno, FileNode, Ino, Kind, Meta, Mirror, Model,
-    NameOp, Names, ROOT, Rng,
+    Body, Cut, CutReport, Durable, Errno, FileNode, Ino, Kind, Meta, Mirror, Model, NameOp, Names,
+    ROOT, Rng,
 };
 
 impl Model {
@@ -274,18 +274,7 @@ impl Model {
         name: &OsStr,
         meta: (u16, u32, u32),
     ) -> Result<Ino, Errno> {
-        let ino = self.alloc(
-            Meta::new(meta.0, meta.1, meta.2),
-            Body::Dir(DirNode {
-                parent: dir,
-                name: name.to_owned(),
-                ..DirNode::default()
-            }),
-        );
-        let d = self.dir_mut(dir)?;
-        d.current.insert(name.to_owned(), ino);
-        d.durable.insert(name.to_owned(), ino);
-        Ok(ino)
+        self.add_dir(dir, name, Meta::new(meta.0, meta.1, meta.2))
     }
 
     /// Adds a file found in the backing tree; `same` is an inode already loaded for
