@@ -71,6 +71,30 @@ pub fn wait_until<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<
     }
 }
 
+/// Whether the hubs of this test binary run their store on PostgreSQL
+/// (`CORTEX_TEST_STORE=postgres`, a second pass of `cargo xtask test`) rather than on redb
+/// under their home.
+pub fn on_postgres() -> bool {
+    std::env::var("CORTEX_TEST_STORE").is_ok_and(|v| v == "postgres")
+}
+
+/// On PostgreSQL, the database of the hubs on `home`: one per home, so a hub started
+/// again (or anew) on the same home finds what it stored, as it would in its redb file.
+pub fn store_url(home: &Path) -> Option<String> {
+    if !on_postgres() {
+        return None;
+    }
+    static DBS: std::sync::Mutex<Vec<(PathBuf, String)>> = std::sync::Mutex::new(Vec::new());
+    let mut dbs = DBS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, url)) = dbs.iter().find(|(h, _)| h == home) {
+        return Some(url.clone());
+    }
+    let pg = postgres::Postgres::shared();
+    let url = pg.url(&pg.database());
+    dbs.push((home.to_path_buf(), url.clone()));
+    Some(url)
+}
+
 /// A running hub with its own temp home.
 pub struct Hub {
     pub home: PathBuf,
@@ -178,6 +202,11 @@ impl Hub {
             .stderr(log);
         if !self.args.iter().any(|a| a == "--mesh-listen") {
             cmd.args(["--mesh-listen", "127.0.0.1:0"]);
+        }
+        if !self.args.iter().any(|a| a == "--store")
+            && let Some(url) = store_url(&self.home)
+        {
+            cmd.arg("--store").arg(url);
         }
         for (k, v) in &self.env {
             cmd.env(k, v);

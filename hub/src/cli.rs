@@ -83,6 +83,11 @@ pub struct Args {
     /// add`'s install line. Without it, a TLS mesh prints a name its certificate holds.
     #[arg(long, value_name = "URL", env = "CORTEX_PUBLIC_URL")]
     pub public_url: Option<String>,
+    /// The PostgreSQL database the store is in (postgres://USER@HOST:PORT/DATABASE); wins
+    /// over settings.json `store` and CORTEX_STORE_URL. Without any, the store is redb
+    /// under DIR/hub/. Several hubs may share one database.
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
     /// Recover a store whose journal is damaged (the hub refuses to start on one, and says
     /// so): apply every journal record that can still be read, report what was lost,
     /// start the journal over, and exit. The hub must not be running.

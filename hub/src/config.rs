@@ -62,6 +62,9 @@ pub struct HubSettings {
     pub notify: Vec<crate::notify::Target>,
     /// `limits`: what one model, client or session may cost the hub.
     pub limits: Limits,
+    /// `store` (else `CORTEX_STORE_URL`; `--store` wins over both): the PostgreSQL
+    /// database the store is in (`postgres://…`); `None`: redb under the home.
+    pub store: Option<String>,
 }
 
 /// settings.json `limits: {…}`: the bounds no model or client can break. Each has a
@@ -339,6 +342,20 @@ pub fn load_settings_with(
             l
         }
     };
+    let store = match json.get("store") {
+        None | Some(serde_json::Value::Null) => match lookup("CORTEX_STORE_URL") {
+            Some(u) if !u.trim().is_empty() => Some(store_url("CORTEX_STORE_URL", u.trim())?),
+            _ => None,
+        },
+        Some(serde_json::Value::String(u)) => Some(store_url("store", u)?),
+        Some(v) => {
+            return Err(ConfigError::BadSection {
+                key: "store".into(),
+                value: v.to_string(),
+                why_owned: "expected a PostgreSQL URL as a string, like \"postgres://cortex@db.example:5432/cortex\"".into(),
+            });
+        }
+    };
     Ok(HubSettings {
         engine,
         sweep_ms,
@@ -348,6 +365,20 @@ pub fn load_settings_with(
         allowed_hosts,
         notify,
         limits,
+        store,
+    })
+}
+
+/// A store URL as given under `key`: PostgreSQL's (`postgres://` or `postgresql://`). The
+/// value is never repeated in an error: it may hold a password.
+pub fn store_url(key: &str, url: &str) -> Result<String, ConfigError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(url.to_string());
+    }
+    Err(ConfigError::BadValue {
+        key: key.to_string(),
+        value: url.split(':').next().unwrap_or_default().to_string() + ":…",
+        why: "the store is redb under the home unless this names a PostgreSQL database: postgres://USER@HOST:PORT/DATABASE (or ?host=/socket/dir)",
     })
 }
 

@@ -54,8 +54,15 @@ fn real_main(args: Args) -> anyhow::Result<()> {
     let home = args.home.unwrap_or_else(config::default_home);
     // One hub per home, checked before anything is bound or printed; held until exit.
     let _home_lock = cortex_hub::home_lock::HomeLock::take(&home)?;
-    let settings = config::load_settings(&home)?;
+    let mut settings = config::load_settings(&home)?;
+    if let Some(url) = &args.store {
+        settings.store = Some(config::store_url("--store", url)?);
+    }
     if args.recover_journal {
+        anyhow::ensure!(
+            settings.store.is_none(),
+            "the store is on PostgreSQL, which keeps no journal of the hub's: --recover-journal is for the redb store under the home"
+        );
         return recover_journal(&home, settings);
     }
     let listen = match args.listen {

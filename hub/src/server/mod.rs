@@ -148,15 +148,25 @@ pub fn open(config: &Config) -> anyhow::Result<Opened> {
     create_private_dir(&hub_dir)?;
     let spool_dir = config.home.join("tmp").join("signals");
     let spool = spool::open(&spool_dir)?;
-    let db_path = hub_dir.join("hub.redb");
     let started = std::time::Instant::now();
-    tracing::info!(path = %db_path.display(), "opening the store");
-    let (store, writer) = Store::open_limited(
-        &db_path,
-        config.settings.engine.clone(),
-        config.settings.limits.clone(),
-    )
-    .with_context(|| format!("opening the store {}", db_path.display()))?;
+    let (store, writer) = match &config.settings.store {
+        Some(url) => Store::open_postgres(
+            url,
+            config.settings.engine.clone(),
+            config.settings.limits.clone(),
+        )
+        .context("opening the store on PostgreSQL")?,
+        None => {
+            let db_path = hub_dir.join("hub.redb");
+            tracing::info!(path = %db_path.display(), "opening the store");
+            Store::open_limited(
+                &db_path,
+                config.settings.engine.clone(),
+                config.settings.limits.clone(),
+            )
+            .with_context(|| format!("opening the store {}", db_path.display()))?
+        }
+    };
     tracing::info!(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "the store is open"

@@ -24,6 +24,7 @@ pub mod logged;
 pub mod notices;
 pub mod ops;
 pub mod posts;
+pub mod schema;
 pub mod tables;
 pub mod timers;
 
@@ -42,6 +43,7 @@ use redb::{Database, ReadableDatabase};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use kernel::journal::Journal;
+use kernel::pg::Pg;
 use kernel::table::{Overlay, Snapshot};
 use kernel::{Completion, Job, Writer, WriterParts};
 use tables::{Ctx, REGISTRY, TOPIC_HUB};
@@ -50,10 +52,25 @@ use crate::config::Limits;
 use crate::engine::Settings;
 use crate::time;
 
+/// Where the store keeps its state.
+#[derive(Clone)]
+enum Backend {
+    /// redb under the home, behind the journal.
+    Redb {
+        db: Arc<Database>,
+        /// The newest journal record acknowledged to a caller.
+        acked: Arc<AtomicU64>,
+        /// The newest journal record a checkpoint holds.
+        landed: watch::Receiver<u64>,
+    },
+    /// A PostgreSQL database.
+    Pg(Arc<Pg>),
+}
+
 /// Handle to the store; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    db: Arc<Database>,
+    backend: Backend,
     jobs: mpsc::Sender<Job<Ctx>>,
     pub notifier: Arc<Notifier>,
     /// The earliest due time in the timer queue (`u64::MAX`: none).
@@ -61,10 +78,6 @@ pub struct Store {
     pub settings: Arc<Settings>,
     /// settings.json `limits`, which the store's writes hold.
     pub limits: Arc<Limits>,
-    /// The newest journal record acknowledged to a caller.
-    acked: Arc<AtomicU64>,
-    /// The newest journal record a checkpoint holds.
-    landed: watch::Receiver<u64>,
     /// Why the store cannot go on in this process (the hub must stop), once it cannot.
     pub fatal: watch::Receiver<Option<String>>,
     /// Test only: how many next journal flushes fail (both files).
@@ -236,17 +249,62 @@ impl Store {
             .map_err(|e| StoreError::Decode(format!("cannot start the writer thread: {e}")))?;
         Ok((
             Store {
-                db,
+                backend: Backend::Redb { db, acked, landed },
                 jobs,
                 notifier,
                 next_timer,
                 settings,
                 limits,
-                acked,
-                landed,
                 fatal,
                 #[cfg(test)]
                 journal_fail,
+            },
+            WriterGuard {
+                thread: Some(thread),
+            },
+        ))
+    }
+
+    /// Opens the store on the PostgreSQL database at `url`: brings its schema to this
+    /// hub's version (or refuses a newer one), and starts the writer thread, whose every
+    /// batch is one transaction answered once committed.
+    pub fn open_postgres(
+        url: &str,
+        settings: Settings,
+        limits: Limits,
+    ) -> Result<(Store, WriterGuard), StoreError> {
+        let limits = Arc::new(limits);
+        let settings = Arc::new(settings);
+        let ctx = ctx_of(&settings, &limits);
+        // PostgreSQL's blocking client runs a runtime of its own, which may not start on
+        // a thread of the hub's: the opening runs on a thread of its own.
+        let opened = std::thread::scope(|s| {
+            s.spawn(|| open_pg(url, ctx))
+                .join()
+                .unwrap_or_else(|_| Err(StoreError::Broken("opening the store panicked".into())))
+        });
+        let (pg, w, first, hub_seq, notifier, jobs) = opened?;
+        let next_timer = notifier.watch(kernel::timers::TOPIC, "", first.unwrap_or(u64::MAX));
+        let hub_rx = notifier.watch(TOPIC_HUB, "", hub_seq);
+        let (fatal_tx, fatal) = watch::channel(None);
+        let thread = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || {
+                let _kept = (hub_rx, fatal_tx);
+                w.run()
+            })
+            .map_err(|e| StoreError::Decode(format!("cannot start the writer thread: {e}")))?;
+        Ok((
+            Store {
+                backend: Backend::Pg(pg),
+                jobs,
+                notifier,
+                next_timer,
+                settings,
+                limits,
+                fatal,
+                #[cfg(test)]
+                journal_fail: Default::default(),
             },
             WriterGuard {
                 thread: Some(thread),
@@ -361,10 +419,20 @@ impl Store {
         R: Send + 'static,
         F: for<'a> FnOnce(&ReadTx<'a>) -> Result<R, StoreError> + Send + 'static,
     {
-        let want = self.acked.load(Ordering::Acquire);
-        if *self.landed.borrow() >= want {
-            let ctx = ctx_of(&self.settings, &self.limits);
-            return read_now(&self.db, &ctx, f);
+        let ctx = ctx_of(&self.settings, &self.limits);
+        match &self.backend {
+            Backend::Redb { db, acked, landed } => {
+                let want = acked.load(Ordering::Acquire);
+                if *landed.borrow() >= want {
+                    return read_now(db, &ctx, f);
+                }
+            }
+            Backend::Pg(pg) => {
+                let pg = pg.clone();
+                return tokio::task::spawn_blocking(move || pg.read(&REGISTRY, &ctx, f))
+                    .await
+                    .map_err(|e| StoreError::Broken(format!("a read of the store failed: {e}")))?;
+            }
         }
         self.exec(move |t| f(t))
             .await
@@ -385,10 +453,31 @@ impl Store {
     /// Test only: checkpoints everything acknowledged so far, and waits until it landed.
     #[cfg(test)]
     pub(crate) async fn checkpoint(&self) {
-        let want = self.acked.load(Ordering::Acquire);
+        let Backend::Redb { acked, landed, .. } = &self.backend else {
+            return;
+        };
+        let want = acked.load(Ordering::Acquire);
         let _ = self.jobs.send(Job::Freeze).await;
-        let mut landed = self.landed.clone();
+        let mut landed = landed.clone();
         let _ = landed.wait_for(|l| *l >= want).await;
+    }
+
+    /// Test only: the newest journal record a checkpoint holds, on redb.
+    #[cfg(test)]
+    pub(crate) fn landed(&self) -> watch::Receiver<u64> {
+        match &self.backend {
+            Backend::Redb { landed, .. } => landed.clone(),
+            Backend::Pg(_) => panic!("the store is on PostgreSQL"),
+        }
+    }
+
+    /// Test only: the redb database under a store opened on redb.
+    #[cfg(test)]
+    pub(crate) fn redb(&self) -> &Database {
+        match &self.backend {
+            Backend::Redb { db, .. } => db,
+            Backend::Pg(_) => panic!("the store is on PostgreSQL"),
+        }
     }
 
     /// Test only: the writer stops at once, as if the process died: nothing after its
@@ -508,6 +597,47 @@ fn sync_dirs(db: &Path) -> Result<(), StoreError> {
             })?;
     }
     Ok(())
+}
+
+/// What [`Store::open_postgres`] opens on a thread of its own: the pool, the writer, the
+/// first timer and the newest hub event.
+type PgOpened = (
+    Arc<Pg>,
+    kernel::pg::writer::PgWriter<Ctx>,
+    Option<u64>,
+    u64,
+    Arc<Notifier>,
+    mpsc::Sender<Job<Ctx>>,
+);
+
+fn open_pg(url: &str, ctx: Ctx) -> Result<PgOpened, StoreError> {
+    let pg = Pg::connect(url)?;
+    let migrated = {
+        let mut c = pg.take()?;
+        let m = kernel::pg::migrate::migrate(&mut c, schema::MIGRATIONS, &REGISTRY);
+        pg.put_back(c);
+        m?
+    };
+    tracing::info!(
+        database = %pg.shown,
+        schema = migrated.to,
+        was = migrated.from,
+        "the store is on PostgreSQL"
+    );
+    let (first, hub_seq, states) = pg.read(&REGISTRY, &ctx, |t| {
+        Ok((t.first_timer()?, t.last_hub_seq()?, t.waitpoint_counts()?))
+    })?;
+    crate::metrics::metrics().set_waitpoints(&states);
+    let notifier = Arc::new(Notifier::default());
+    let (jobs, rx) = mpsc::channel::<Job<Ctx>>(16 * 1024);
+    let w = kernel::pg::writer::PgWriter::new(kernel::pg::writer::PgParts {
+        pg: pg.clone(),
+        registry: &REGISTRY,
+        ctx,
+        rx,
+        notifier: notifier.clone(),
+    })?;
+    Ok((pg, w, first, hub_seq, notifier, jobs))
 }
 
 fn ctx_of(settings: &Arc<Settings>, limits: &Arc<Limits>) -> Ctx {

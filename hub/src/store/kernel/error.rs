@@ -33,6 +33,28 @@ pub enum StoreError {
         path: String,
         source: redb::DatabaseError,
     },
+    /// A statement PostgreSQL refused or could not answer.
+    #[error("PostgreSQL: {0}")]
+    Pg(String),
+    /// PostgreSQL cannot be reached (down, restarting, a wrong host).
+    #[error("{0}")]
+    Unreachable(String),
+    /// The store's configuration or schema cannot be used as it is.
+    #[error("{0}")]
+    Config(String),
+}
+
+impl StoreError {
+    /// A PostgreSQL client's error, with the server's message when it sent one.
+    pub fn pg(e: postgres::Error) -> StoreError {
+        if e.is_closed() {
+            return StoreError::Unreachable(format!("the connection to PostgreSQL is lost: {e}"));
+        }
+        match e.as_db_error() {
+            Some(db) => StoreError::Pg(format!("{} ({})", db.message(), db.code().code())),
+            None => StoreError::Pg(e.to_string()),
+        }
+    }
 }
 
 impl StoreError {

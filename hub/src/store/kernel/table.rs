@@ -19,6 +19,7 @@ use std::ops::{Bound, RangeBounds};
 use redb::{Key, ReadTransaction, ReadableTableMetadata, TableDefinition, Value};
 
 use super::error::StoreError;
+use super::ordered::Ordered;
 
 /// A table of the hub: its redb definition and its position in the registry.
 pub struct TableSpec<K: Key + 'static, V: Value + 'static> {
@@ -43,6 +44,9 @@ pub trait AnyTable: Sync {
     fn index(&self) -> usize;
     fn name(&self) -> &'static str;
     fn compare(&self) -> fn(&[u8], &[u8]) -> Ordering;
+    /// A key's bytes in an encoding whose byte order is [`AnyTable::compare`]'s order
+    /// (what a backend comparing bytes stores: [`super::ordered`]).
+    fn order(&self) -> fn(&[u8]) -> Vec<u8>;
     /// Creates the table if it is missing.
     fn create(&self, wtx: &redb::WriteTransaction) -> Result<(), StoreError>;
     /// Opens it in a read snapshot.
@@ -54,7 +58,7 @@ pub trait AnyTable: Sync {
     fn valid(&self, key: &[u8], value: Option<&[u8]>) -> bool;
 }
 
-impl<K: Key + Send + Sync + 'static, V: Value + Send + Sync + 'static> AnyTable
+impl<K: Ordered + Send + Sync + 'static, V: Value + Send + Sync + 'static> AnyTable
     for TableSpec<K, V>
 {
     fn index(&self) -> usize {
@@ -67,6 +71,10 @@ impl<K: Key + Send + Sync + 'static, V: Value + Send + Sync + 'static> AnyTable
 
     fn compare(&self) -> fn(&[u8], &[u8]) -> Ordering {
         K::compare
+    }
+
+    fn order(&self) -> fn(&[u8]) -> Vec<u8> {
+        super::ordered::encode::<K>
     }
 
     fn create(&self, wtx: &redb::WriteTransaction) -> Result<(), StoreError> {
@@ -167,10 +175,10 @@ impl Overlay {
     }
 }
 
-type RawItem = Result<(Vec<u8>, Vec<u8>), StoreError>;
-type RawIter = Box<dyn Iterator<Item = RawItem>>;
+pub(super) type RawItem = Result<(Vec<u8>, Vec<u8>), StoreError>;
+pub(super) type RawIter = Box<dyn Iterator<Item = RawItem>>;
 
-/// A table in a redb read snapshot, by bytes.
+/// A table as its backend stores it (a redb read snapshot, PostgreSQL), by bytes.
 pub trait SnapTable: Send {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
     /// The entries within the bounds, forwards or backwards.

@@ -31,7 +31,7 @@ use super::table::{AnyTable, Overlay, Snapshot, Undo, rollback};
 use super::tx::{Deferred, Tx, outside_writer};
 
 /// How many jobs one batch takes at most.
-const MAX_BATCH: usize = 1024;
+pub(crate) const MAX_BATCH: usize = 1024;
 /// Changes are checkpointed once no batch came for this long: nobody waits on the disk
 /// then, so the checkpoint's writes delay no acknowledgement ...
 const CHECKPOINT_IDLE: Duration = Duration::from_millis(200);
@@ -193,87 +193,40 @@ impl<C> Writer<C> {
                     Err(_) => break,
                 }
             }
-            let Some((completions, mut undo, notices, after)) = self.run_jobs(&mut batch) else {
+            let Some(mut ran) = self.run_jobs(&mut batch) else {
                 return; // a test's crash
             };
-            let outcome = self.journal(&mut undo);
+            let outcome = self.journal(&mut ran.undo);
             let durable = matches!(outcome, BatchOutcome::Durable);
-            let ok = !matches!(outcome, BatchOutcome::Failed(_));
-            self.answer(completions, notices, outcome);
+            let result = match outcome {
+                BatchOutcome::Unchanged | BatchOutcome::Durable => Ok(()),
+                BatchOutcome::Failed(e) => Err(e),
+            };
             if durable {
                 crate::metrics::metrics().commit(started.elapsed().as_secs_f64());
             }
-            if ok {
-                for f in after {
-                    f();
-                }
-            }
+            answer(&self.notifier, ran, result);
             self.checkpoint();
         }
     }
 
     /// Phase 1: runs every job of the batch. Returns the answers, the batch's changes (to
     /// journal, or undo), its notices and what it deferred; `None` on a test's crash.
-    #[allow(clippy::type_complexity)]
-    fn run_jobs(
-        &mut self,
-        batch: &mut Vec<Job<C>>,
-    ) -> Option<(Vec<Completion>, Vec<Undo>, Notices, Vec<Deferred>)> {
-        let mut completions = Vec::with_capacity(batch.len());
-        let mut undo: Vec<Undo> = Vec::new();
-        let mut notices = Notices::new();
-        let mut after: Vec<Deferred> = Vec::new();
-        for job in batch.drain(..) {
-            match job {
-                Job::Run(f) => {
-                    let mark = undo.len();
-                    let deferred = after.len();
-                    let before = notices.clone();
-                    let frozen = self.frozen.as_ref().map(|(f, _)| f.as_ref());
-                    let mut tx = Tx::new(
-                        self.registry,
-                        &self.snap,
-                        frozen,
-                        &mut self.cur,
-                        &mut undo,
-                        &mut notices,
-                        &mut after,
-                        &self.ctx,
-                    );
-                    let (done, failed) = f(Some(&mut tx));
-                    // A job whose changes alone are more than a record may hold is
-                    // refused alone: the jobs batched with it go on.
-                    let alone = (!failed)
-                        .then(|| delta::encoded_len(self.registry, &self.cur, &undo[mark..]))
-                        .filter(|&n| n > super::journal::MAX_RECORD);
-                    if failed || alone.is_some() {
-                        rollback(&mut self.cur, &mut undo, mark);
-                        notices = before;
-                        after.truncate(deferred);
-                    }
-                    match alone {
-                        Some(bytes) => {
-                            tracing::warn!(
-                                bytes,
-                                limit = super::journal::MAX_RECORD,
-                                "a write was refused: its changes are more than one journal record may hold"
-                            );
-                            done(Err(Arc::new(StoreError::TooLarge {
-                                bytes,
-                                limit: super::journal::MAX_RECORD,
-                            })));
-                        }
-                        None => completions.push(done),
-                    }
-                }
-                Job::Tick | Job::Landed => {}
-                #[cfg(test)]
-                Job::Crash => return None,
-                #[cfg(test)]
-                Job::Freeze => self.force_freeze = true,
-            }
+    fn run_jobs(&mut self, batch: &mut Vec<Job<C>>) -> Option<Ran> {
+        let frozen = self.frozen.as_ref().map(|(f, _)| f.as_ref());
+        let ran = run_batch(
+            self.registry,
+            &self.snap,
+            frozen,
+            &mut self.cur,
+            &self.ctx,
+            batch,
+        )?;
+        #[cfg(test)]
+        {
+            self.force_freeze |= ran.freeze;
         }
-        Some((completions, undo, notices, after))
+        Some(ran)
     }
 
     /// Phase 2: the batch's changes as one journal record, appended and synced. On
@@ -341,20 +294,6 @@ impl<C> Writer<C> {
         };
         rollback(&mut self.cur, undo, 0);
         BatchOutcome::Failed(Arc::new(failed.unwrap_or(StoreError::Closed)))
-    }
-
-    /// Phase 3: notices first (so a caller sees its own change everywhere), then answers.
-    fn answer(&mut self, completions: Vec<Completion>, notices: Notices, outcome: BatchOutcome) {
-        let result = match outcome {
-            BatchOutcome::Unchanged | BatchOutcome::Durable => {
-                self.notifier.publish(notices);
-                Ok(())
-            }
-            BatchOutcome::Failed(e) => Err(e),
-        };
-        for c in completions {
-            c(result.clone());
-        }
     }
 
     /// Phase 4: takes in a finished checkpoint, and starts the next once it is due.
@@ -484,6 +423,108 @@ impl<C> Drop for Writer<C> {
     fn drop(&mut self) {
         self.ticker.stop();
         self.checkpointer.stop();
+    }
+}
+
+/// What phase 1 made of a batch: the answers, its changes (to make durable, or undo), its
+/// notices and what it deferred.
+pub(crate) struct Ran {
+    pub completions: Vec<Completion>,
+    pub undo: Vec<Undo>,
+    pub notices: Notices,
+    pub after: Vec<Deferred>,
+    /// Test only: a job asked for a checkpoint now.
+    #[cfg(test)]
+    pub freeze: bool,
+}
+
+/// Phase 1, whatever the backend: every job of `batch` runs against `snap` under the
+/// layers; a job that fails, or whose changes alone are more than a journal record may
+/// hold, has its own changes undone and its caller told, the others go on. `None` on a
+/// test's crash.
+pub(crate) fn run_batch<C>(
+    registry: &'static [&'static dyn AnyTable],
+    snap: &Snapshot,
+    frozen: Option<&Overlay>,
+    cur: &mut Overlay,
+    ctx: &C,
+    batch: &mut Vec<Job<C>>,
+) -> Option<Ran> {
+    let mut ran = Ran {
+        completions: Vec::with_capacity(batch.len()),
+        undo: Vec::new(),
+        notices: Notices::new(),
+        after: Vec::new(),
+        #[cfg(test)]
+        freeze: false,
+    };
+    for job in batch.drain(..) {
+        match job {
+            Job::Run(f) => {
+                let mark = ran.undo.len();
+                let deferred = ran.after.len();
+                let before = ran.notices.clone();
+                let mut tx = Tx::new(
+                    registry,
+                    snap,
+                    frozen,
+                    cur,
+                    &mut ran.undo,
+                    &mut ran.notices,
+                    &mut ran.after,
+                    ctx,
+                );
+                let (done, failed) = f(Some(&mut tx));
+                // A job whose changes alone are more than a record may hold is refused
+                // alone: the jobs batched with it go on.
+                let alone = (!failed)
+                    .then(|| delta::encoded_len(registry, cur, &ran.undo[mark..]))
+                    .filter(|&n| n > super::journal::MAX_RECORD);
+                if failed || alone.is_some() {
+                    rollback(cur, &mut ran.undo, mark);
+                    ran.notices = before;
+                    ran.after.truncate(deferred);
+                }
+                match alone {
+                    Some(bytes) => {
+                        tracing::warn!(
+                            bytes,
+                            limit = super::journal::MAX_RECORD,
+                            "a write was refused: its changes are more than one journal record may hold"
+                        );
+                        done(Err(Arc::new(StoreError::TooLarge {
+                            bytes,
+                            limit: super::journal::MAX_RECORD,
+                        })));
+                    }
+                    None => ran.completions.push(done),
+                }
+            }
+            Job::Tick | Job::Landed => {}
+            #[cfg(test)]
+            Job::Crash => return None,
+            #[cfg(test)]
+            Job::Freeze => ran.freeze = true,
+        }
+    }
+    Some(ran)
+}
+
+/// Phase 3, whatever the backend: notices first (so a caller sees its own change
+/// everywhere), then the answers, then (only if the batch is durable) what its jobs
+/// deferred until it was.
+pub(crate) fn answer(notifier: &Notifier, ran: Ran, result: Result<(), Arc<StoreError>>) {
+    let ok = result.is_ok();
+    if ok {
+        notifier.publish(ran.notices);
+    }
+    for c in ran.completions {
+        c(result.clone());
+    }
+    if ok {
+        for f in ran.after {
+            f();
+        }
     }
 }
 

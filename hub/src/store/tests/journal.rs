@@ -63,7 +63,7 @@ async fn journaled_signals_survive_a_crash_once_each() {
     }
     session(&store).await;
     store.checkpoint().await;
-    let committed = read_now(&store.db, &ctx(), |r| r.journal_seq()).expect("meta");
+    let committed = read_now(store.redb(), &ctx(), |r| r.journal_seq()).expect("meta");
     assert!(
         committed >= 3,
         "the checkpoint holds the first three records"
@@ -167,7 +167,7 @@ async fn a_full_journal_step_is_committed_without_a_reader_asking() {
         s.req.data = Some("x".repeat(15_000));
         send(&store, s, T0 + 1).await;
     }
-    let mut landed = store.landed.clone();
+    let mut landed = store.landed();
     tokio::time::timeout(
         std::time::Duration::from_secs(30),
         landed.wait_for(|l| *l > 0),
@@ -175,7 +175,7 @@ async fn a_full_journal_step_is_committed_without_a_reader_asking() {
     .await
     .expect("a checkpoint within 30 s")
     .expect("the writer runs");
-    let committed = read_now(&store.db, &ctx(), |r| {
+    let committed = read_now(store.redb(), &ctx(), |r| {
         r.waitpoint(&id, T0, &Settings::default())
     })
     .expect("read")

@@ -1,0 +1,150 @@
+//! A registered table read through to PostgreSQL, within whatever transaction the
+//! connection has open (the writer's batch, a read's snapshot): the kernel's layers sit
+//! on it exactly as on a redb snapshot. A range is read a page at a time, so a walk
+//! that stops at its first entry (the next timer, the oldest ready session) reads one
+//! page, not the table.
+
+use std::collections::VecDeque;
+use std::ops::Bound;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::super::error::StoreError;
+use super::super::table::{AnyTable, RawItem, RawIter, SnapTable, Snapshot};
+use super::{Conn, qualified};
+
+/// A connection the snapshot's tables share.
+pub type Shared = Arc<Mutex<Conn>>;
+
+pub(crate) fn lock(c: &Shared) -> Result<MutexGuard<'_, Conn>, StoreError> {
+    c.lock()
+        .map_err(|_| StoreError::Pg("the store's connection was poisoned by a panic".into()))
+}
+
+/// Every table of `registry` on `conn`.
+pub fn snapshot(conn: &Shared, registry: &[&'static dyn AnyTable]) -> Snapshot {
+    let tables = registry
+        .iter()
+        .map(|t| {
+            Box::new(PgTable {
+                conn: conn.clone(),
+                table: qualified(t.name()),
+                order: t.order(),
+            }) as Box<dyn SnapTable>
+        })
+        .collect();
+    Snapshot { tables }
+}
+
+struct PgTable {
+    conn: Shared,
+    table: String,
+    order: fn(&[u8]) -> Vec<u8>,
+}
+
+/// The first page a range reads; each next one is twice as long, up to [`PAGE_MAX`].
+const PAGE_FIRST: i64 = 16;
+const PAGE_MAX: i64 = 1024;
+
+impl SnapTable for PgTable {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let k = (self.order)(key);
+        let mut c = lock(&self.conn)?;
+        let st = c.stmt(&format!("SELECT v FROM {} WHERE k = $1", self.table))?;
+        let row = c.client.query_opt(&st, &[&k]).map_err(StoreError::pg)?;
+        Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
+    }
+
+    fn range(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>, rev: bool) -> Result<RawIter, StoreError> {
+        let enc = |b: Bound<&[u8]>| b.map(|k| (self.order)(k));
+        Ok(Box::new(Pages {
+            conn: self.conn.clone(),
+            table: self.table.clone(),
+            lo: enc(lo),
+            hi: enc(hi),
+            rev,
+            buf: VecDeque::new(),
+            page: PAGE_FIRST,
+            done: false,
+        }))
+    }
+
+    fn count(&self) -> Result<u64, StoreError> {
+        let mut c = lock(&self.conn)?;
+        let st = c.stmt(&format!("SELECT count(*) FROM {}", self.table))?;
+        let n: i64 = c.client.query_one(&st, &[]).map_err(StoreError::pg)?.get(0);
+        Ok(n.max(0) as u64)
+    }
+}
+
+/// A range walked a page at a time; each page starts past the last key of the one before.
+struct Pages {
+    conn: Shared,
+    table: String,
+    lo: Bound<Vec<u8>>,
+    hi: Bound<Vec<u8>>,
+    rev: bool,
+    /// Read, not yet handed out: (ordered key, raw key, value).
+    buf: VecDeque<(Vec<u8>, Vec<u8>, Vec<u8>)>,
+    page: i64,
+    done: bool,
+}
+
+impl Pages {
+    fn fetch(&mut self) -> Result<(), StoreError> {
+        let mut conds = Vec::new();
+        let mut args: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
+        for (b, incl, excl) in [(&self.lo, ">=", ">"), (&self.hi, "<=", "<")] {
+            let (op, k) = match b {
+                Bound::Included(k) => (incl, k),
+                Bound::Excluded(k) => (excl, k),
+                Bound::Unbounded => continue,
+            };
+            args.push(k);
+            conds.push(format!("k {op} ${}", args.len()));
+        }
+        args.push(&self.page);
+        let sql = format!(
+            "SELECT k, raw, v FROM {} {}{} ORDER BY k {} LIMIT ${}",
+            self.table,
+            if conds.is_empty() { "" } else { "WHERE " },
+            conds.join(" AND "),
+            if self.rev { "DESC" } else { "ASC" },
+            args.len()
+        );
+        let mut c = lock(&self.conn)?;
+        let st = c.stmt(&sql)?;
+        let rows = c.client.query(&st, &args).map_err(StoreError::pg)?;
+        drop(c);
+        if (rows.len() as i64) < self.page {
+            self.done = true;
+        }
+        self.page = (self.page * 2).min(PAGE_MAX);
+        for r in rows {
+            self.buf.push_back((r.get(0), r.get(1), r.get(2)));
+        }
+        if let Some((k, _, _)) = self.buf.back() {
+            let past = Bound::Excluded(k.clone());
+            if self.rev {
+                self.hi = past;
+            } else {
+                self.lo = past;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for Pages {
+    type Item = RawItem;
+
+    fn next(&mut self) -> Option<RawItem> {
+        if self.buf.is_empty()
+            && !self.done
+            && let Err(e) = self.fetch()
+        {
+            self.done = true;
+            return Some(Err(e));
+        }
+        self.buf.pop_front().map(|(_, raw, v)| Ok((raw, v)))
+    }
+}

@@ -1,0 +1,34 @@
+//! The store's schema on PostgreSQL, version by version ([`MIGRATIONS`], applied by
+//! `kernel::pg::migrate`). A table added to `tables::REGISTRY` needs a migration that
+//! creates it: the store refuses to open on PostgreSQL otherwise, and says which table.
+
+use super::kernel::pg::migrate::{Migration, Step};
+
+pub(crate) static MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    what: "the store's tables",
+    steps: &[Step::Tables(&[
+        "meta",
+        "timer_queue",
+        "waitpoints_v2",
+        "signal_keys",
+        "deadlines",
+        "sessions",
+        "session_waitpoints",
+        "events",
+        "message_keys",
+        "devices",
+        "hub_events",
+        "device_waits",
+        "timers",
+        "device_wait_due",
+        "agents",
+        "transcript",
+        "ready",
+        "pending",
+        "revoked_devices",
+        "wait_consumers",
+        "notices",
+        "notice_keys",
+    ])],
+}];
