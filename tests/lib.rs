@@ -78,6 +78,17 @@ pub fn on_postgres() -> bool {
     std::env::var("CORTEX_TEST_STORE").is_ok_and(|v| v == "postgres")
 }
 
+/// Whether to skip a test that is about redb's own files (its journal on a full disk, its
+/// file's permissions): true on PostgreSQL, where the hub keeps no store under its home,
+/// and the test says so on its output.
+pub fn redb_only(what: &str) -> bool {
+    let skip = on_postgres();
+    if skip {
+        println!("skipped on PostgreSQL: {what}");
+    }
+    skip
+}
+
 /// On PostgreSQL, the database of the hubs on `home`: one per home, so a hub started
 /// again (or anew) on the same home finds what it stored, as it would in its redb file.
 pub fn store_url(home: &Path) -> Option<String> {

@@ -490,6 +490,9 @@ fn the_hub_layers_point_one_way() {
     );
     let redb = naming(&mods, |m| top(m) != "store", &["redb"]);
     assert!(redb.is_empty(), "redb outside store/: {redb:?}");
+    // PostgreSQL's client is the kernel's own: the domain works through `Tx` alone.
+    let pg = naming(&mods, |m| !within(m, "store::kernel"), &["postgres"]);
+    assert!(pg.is_empty(), "postgres outside store/kernel/: {pg:?}");
     let sockets = naming(
         &mods,
         |m| top(m) != "mesh",

@@ -803,8 +803,9 @@ fn a_connection_cut_without_a_close_reads_as_lost() {
         assert!(matches!(welcome, Message::Binary(_)));
         // Dropped without a close frame: the TCP connection just ends.
     });
-    let d = wait_until(T, "the cut device to be offline", || {
-        device(&hub, "cut").filter(|d| d["state"] == "offline")
+    // Offline at once (the link is gone), and its reason once the store recorded it.
+    let d = wait_until(T, "the cut device to be offline, with its reason", || {
+        device(&hub, "cut").filter(|d| d["state"] == "offline" && d["offline_reason"].is_string())
     });
     let r = d["offline_reason"].as_str().unwrap_or_default();
     assert!(r.starts_with("connection lost"), "{r}");

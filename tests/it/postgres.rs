@@ -1,8 +1,13 @@
 //! The throwaway PostgreSQL the store's second backend is tested on
 //! (`cortex_tests::postgres`): a real cluster, durable settings, a database per test, and
-//! nothing left running once it is dropped.
+//! nothing left running once it is dropped; and what is particular to a hub whose store
+//! is on it (its state in the database, the schema's versions, its URL's errors).
 
 use cortex_tests::postgres::Postgres;
+use std::time::Duration;
+
+use cortex_tests::{Hub, body, wait_until};
+use serde_json::json;
 
 #[test]
 fn a_throwaway_cluster_is_durable_keeps_databases_apart_and_stops_when_dropped() {
@@ -71,4 +76,139 @@ fn the_binarys_shared_cluster_serves_every_test_and_a_server_that_dies_is_not_wa
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     drop(own);
+}
+
+/// `cortex-hub` on a fresh home with `args`, run until it exits by itself (a start it
+/// refuses): its exit code and what it said.
+fn refused_start(args: &[&str]) -> (i32, String) {
+    let home = tempfile::tempdir().expect("home");
+    let mut cmd = cortex_tests::command(
+        "cortex-hub",
+        &[
+            &["--home", &home.path().display().to_string()],
+            &["--listen", "127.0.0.1:0", "--mesh-listen", "off"][..],
+            args,
+        ]
+        .concat(),
+        &[],
+    );
+    let out = cmd.output().expect("run cortex-hub");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_hub_on_postgres_keeps_its_state_in_the_database_not_its_home() {
+    let pg = Postgres::shared();
+    let db = pg.database();
+    let url = pg.url(&db);
+    let mut hub = Hub::start_with_args(&[], &["--store", &url]);
+    assert!(
+        hub.log().contains("the store is on PostgreSQL"),
+        "{}",
+        hub.log()
+    );
+    let sid = hub.session();
+    let wp = hub.waitpoint(&sid, json!({"label": "on pg", "intent": "one signal"}));
+    let id = wp["id"].as_str().expect("id").to_string();
+    let (code, _) = hub.signal(&body(&wp, json!({"message": "done", "key": "k1"})));
+    assert_eq!(code, 202);
+    // Answered after COMMIT: the signal's dedupe key is a row another connection sees.
+    assert_eq!(
+        pg.query(&db, "SELECT count(*) FROM cortex.signal_keys"),
+        "1"
+    );
+    // The same key again is recorded once (the key is the table's primary key).
+    let (code, again) = hub.signal(&body(&wp, json!({"message": "done", "key": "k1"})));
+    assert!(code == 200 || code == 202 || code == 410, "{code} {again}");
+    assert_eq!(
+        pg.query(&db, "SELECT count(*) FROM cortex.signal_keys"),
+        "1"
+    );
+    // Nothing of the store is under the home: a hub on another home and the same
+    // database finds the waitpoint and its signal.
+    hub.kill();
+    assert!(!hub.home.join("hub/hub.redb").exists());
+    let other = Hub::start_with_args(&[], &["--store", &url]);
+    let seen = other.get_waitpoint(&id);
+    assert_eq!(seen["id"], id.as_str(), "{seen}");
+    assert_ne!(seen["state"], "armed", "{seen}");
+    assert_eq!(
+        pg.query(&db, "SELECT count(*) FROM cortex.schema_version"),
+        "1",
+        "the schema was applied once"
+    );
+}
+
+#[test]
+fn a_schema_newer_than_the_hub_is_refused_and_a_bad_url_is_explained_without_its_password() {
+    let pg = Postgres::shared();
+    let db = pg.database();
+    let url = pg.url(&db);
+    // A hub applies version 1, and the next start finds it applied.
+    let mut hub = Hub::start_with_args(&[], &["--store", &url]);
+    hub.stop();
+    pg.query(
+        &db,
+        "INSERT INTO cortex.schema_version (version, what) VALUES (99, 'a later hub')",
+    );
+    let (code, said) = refused_start(&["--store", &url]);
+    assert_ne!(code, 0, "{said}");
+    assert!(
+        said.contains("version 99, newer than this hub knows (version 1)"),
+        "{said}"
+    );
+    // Not a PostgreSQL URL: said, and the value (it may hold a password) not repeated.
+    let (code, said) = refused_start(&["--store", "mysql://u:hunter2@db/x"]);
+    assert_ne!(code, 0, "{said}");
+    assert!(
+        said.contains("postgres://USER@HOST:PORT/DATABASE"),
+        "{said}"
+    );
+    assert!(!said.contains("hunter2"), "{said}");
+    // A database nobody listens for: said with where it was looked for, no password.
+    let dead = cortex_tests::dead_port();
+    let (code, said) = refused_start(&[
+        "--store",
+        &format!("postgres://u:hunter2@127.0.0.1:{dead}/x"),
+    ]);
+    assert_ne!(code, 0, "{said}");
+    assert!(
+        said.contains(&format!(
+            "cannot connect to PostgreSQL at postgres://u@127.0.0.1:{dead}/x"
+        )),
+        "{said}"
+    );
+    assert!(!said.contains("hunter2"), "{said}");
+}
+
+#[test]
+fn a_second_hub_on_a_database_in_use_is_refused_until_the_first_is_gone() {
+    let pg = Postgres::shared();
+    let url = pg.url(&pg.database());
+    let mut first = Hub::start_with_args(&[], &["--store", &url]);
+    // One writer per database until sessions are claimed: a second is refused, and says
+    // which connection holds it.
+    let (code, said) = refused_start(&["--store", &url]);
+    assert_ne!(code, 0, "{said}");
+    assert!(
+        said.contains("another cortex-hub writes to the store's database"),
+        "{said}"
+    );
+    assert!(said.contains("backend pid"), "{said}");
+    // Killed, its connection ends and its lock with it: the next hub starts.
+    first.kill();
+    let second = wait_until(
+        Duration::from_secs(30),
+        "a hub once the first is gone",
+        || std::panic::catch_unwind(|| Hub::start_with_args(&[], &["--store", &url])).ok(),
+    );
+    assert_eq!(
+        second
+            .api(cortex_cli::http::Method::Get, "/api/sessions", None)
+            .0,
+        200
+    );
 }

@@ -415,10 +415,20 @@ fn a_hub_killed_mid_stream_finishes_the_turn_after_a_restart() {
 
 #[test]
 fn a_hub_killed_mid_tool_arms_one_waitpoint() {
-    let args = r#"{"label":"build","intent":"ship it"}"#;
+    // A model that calls the tool until it sees its result: a step killed before it was
+    // recorded is asked again and calls again, as a real model would.
     let model = ScriptedModel::start_with_default(
-        vec![Reply::tool_call("wait_create", args)],
-        Reply::text("armed"),
+        vec![],
+        Reply::from_fn(|req| {
+            let answered = req["messages"]
+                .as_array()
+                .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+            if answered {
+                Reply::text("armed")
+            } else {
+                Reply::tool_call("wait_create", r#"{"label":"build","intent":"ship it"}"#)
+            }
+        }),
     );
     let (mut hub, _tmp) = hub(&model);
     let sid = new_session(&hub, json!({}));

@@ -1,7 +1,8 @@
 //! `cargo xtask test`: the project's one test command (README; `.ci/run` calls it).
 //! Checks formatting, lints every crate and target with clippy (the workspace lints; any
 //! warning fails), builds every binary (the end-to-end tests in `tests/` start the real
-//! ones), then runs every test of the workspace. Extra arguments go to `cargo test`.
+//! ones), then runs every test of the workspace, and the end-to-end tests a second time
+//! with every hub's store on PostgreSQL. Extra arguments go to `cargo test`.
 
 use anyhow::{Context, bail};
 use std::io::{BufRead, BufReader};
@@ -34,11 +35,34 @@ pub fn run(extra: &[&str]) -> anyhow::Result<()> {
     cargo(&["build", "--workspace", "--bins"])?;
     let mut args = vec!["test", "--workspace"];
     args.extend_from_slice(extra);
-    eprintln!("xtask: cargo {}", args.join(" "));
-    // cargo's own last line is the last crate's doc tests (often "0 passed"): pass its
-    // output through and close with the sum over every test binary.
+    let redb = cargo_test(&args, &[])?;
+    // The whole-system tests again, every hub's store on PostgreSQL (a throwaway cluster
+    // of Debian's server, a database per hub home): the contract is the same on both.
+    let mut args = vec!["test", "-p", "cortex-tests", "--test", "it"];
+    args.extend_from_slice(extra);
+    let pg = cargo_test(&args, &[("CORTEX_TEST_STORE", "postgres")])?;
+    println!(
+        "tests: {} passed, {} failed, {} skipped (of which on PostgreSQL: {} passed, {} skipped)",
+        redb.passed + pg.passed,
+        redb.failed + pg.failed,
+        redb.ignored + pg.ignored,
+        pg.passed,
+        pg.ignored
+    );
+    if redb.passed == 0 || pg.passed == 0 {
+        bail!("cargo test ran no test");
+    }
+    Ok(())
+}
+
+/// Runs `cargo ARGS` with `env`, its output passed through, and sums its results (cargo's
+/// own last line is the last crate's doc tests, often "0 passed").
+fn cargo_test(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Totals> {
+    let vars: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    eprintln!("xtask: {vars}cargo {}", args.join(" "));
     let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(&args)
+        .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .spawn()
         .context("running cargo test")?;
@@ -50,17 +74,10 @@ pub fn run(extra: &[&str]) -> anyhow::Result<()> {
         total.add(&line);
     }
     let st = child.wait().context("waiting for cargo test")?;
-    println!(
-        "tests: {} passed, {} failed, {} skipped",
-        total.passed, total.failed, total.ignored
-    );
     if !st.success() {
-        bail!("cargo test failed ({st})");
+        bail!("{vars}cargo test failed ({st})");
     }
-    if total.passed == 0 {
-        bail!("cargo test ran no test");
-    }
-    Ok(())
+    Ok(total)
 }
 
 /// Sums of cargo's `test result:` lines.

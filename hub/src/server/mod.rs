@@ -150,12 +150,15 @@ pub fn open(config: &Config) -> anyhow::Result<Opened> {
     let spool = spool::open(&spool_dir)?;
     let started = std::time::Instant::now();
     let (store, writer) = match &config.settings.store {
-        Some(url) => Store::open_postgres(
-            url,
-            config.settings.engine.clone(),
-            config.settings.limits.clone(),
-        )
-        .context("opening the store on PostgreSQL")?,
+        Some(url) => {
+            tracing::info!("opening the store on PostgreSQL");
+            Store::open_postgres(
+                url,
+                config.settings.engine.clone(),
+                config.settings.limits.clone(),
+            )
+            .context("opening the store on PostgreSQL")?
+        }
         None => {
             let db_path = hub_dir.join("hub.redb");
             tracing::info!(path = %db_path.display(), "opening the store");

@@ -3,9 +3,9 @@
 //! others find it applied. A database whose schema is newer than this hub knows is refused:
 //! an older hub must not write rows it does not understand.
 
-use super::super::error::StoreError;
-use super::super::table::AnyTable;
-use super::{Conn, SCHEMA, qualified};
+use super::conn::{Conn, SCHEMA, qualified};
+use crate::store::kernel::error::StoreError;
+use crate::store::kernel::table::AnyTable;
 
 /// One step of a migration.
 pub enum Step {

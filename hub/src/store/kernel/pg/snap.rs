@@ -8,9 +8,9 @@ use std::collections::VecDeque;
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::super::error::StoreError;
-use super::super::table::{AnyTable, RawItem, RawIter, SnapTable, Snapshot};
-use super::{Conn, qualified};
+use super::conn::{Conn, qualified};
+use crate::store::kernel::error::StoreError;
+use crate::store::kernel::table::{AnyTable, RawItem, RawIter, SnapTable, Snapshot};
 
 /// A connection the snapshot's tables share.
 pub type Shared = Arc<Mutex<Conn>>;

@@ -13,12 +13,12 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::super::error::StoreError;
-use super::super::notice::Notifier;
-use super::super::table::{AnyTable, Overlay, Snapshot};
-use super::super::writer::{Job, MAX_BATCH, answer, run_batch};
+use super::conn::{Conn, Pg, qualified};
 use super::snap::{Shared, lock, snapshot};
-use super::{Conn, Pg, qualified};
+use crate::store::kernel::error::StoreError;
+use crate::store::kernel::notice::Notifier;
+use crate::store::kernel::table::{AnyTable, Overlay, Snapshot};
+use crate::store::kernel::writer::{Job, MAX_BATCH, answer, run_batch};
 
 /// What the writer is built from.
 pub(crate) struct PgParts<C> {
@@ -40,9 +40,45 @@ pub(crate) struct PgWriter<C> {
     notifier: Arc<Notifier>,
 }
 
+/// The session advisory lock the writer's connection holds while the hub runs: one
+/// writer per database, until sessions are claimed with leases and fenced by epochs (the
+/// operations' read-then-write counters rest on it).
+const WRITER_LOCK: i64 = 0x0063_6f72_7465_7877; // "cortexw"
+
+/// Takes [`WRITER_LOCK`] on `c`, or says who holds it.
+fn take_lock(c: &mut Conn, shown: &str) -> Result<(), StoreError> {
+    let st = c.stmt("SELECT pg_try_advisory_lock($1)")?;
+    let got: bool = c
+        .client
+        .query_one(&st, &[&WRITER_LOCK])
+        .map_err(StoreError::pg)?
+        .get(0);
+    if got {
+        return Ok(());
+    }
+    let holder: Option<String> = c
+        .client
+        .query_opt(
+            "SELECT coalesce(a.client_addr::text, 'a local socket') || ', backend pid ' || a.pid
+               FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+              WHERE l.locktype = 'advisory' AND l.granted
+                AND ((l.classid::bigint << 32) | l.objid::bigint) = $1",
+            &[&WRITER_LOCK],
+        )
+        .ok()
+        .flatten()
+        .map(|r| r.get(0));
+    Err(StoreError::Config(format!(
+        "another cortex-hub writes to the store's database {shown} (its connection: {}); this version runs one hub per database: stop that one, or give this one a database of its own",
+        holder.as_deref().unwrap_or("unknown")
+    )))
+}
+
 impl<C> PgWriter<C> {
     pub(crate) fn new(p: PgParts<C>) -> Result<Self, StoreError> {
-        let conn: Shared = Arc::new(Mutex::new(p.pg.conn()?));
+        let mut first = p.pg.conn()?;
+        take_lock(&mut first, &p.pg.shown)?;
+        let conn: Shared = Arc::new(Mutex::new(first));
         let snap = snapshot(&conn, p.registry);
         Ok(PgWriter {
             pg: p.pg,
@@ -107,7 +143,10 @@ impl<C> PgWriter<C> {
     fn begin(&mut self) -> Result<(), StoreError> {
         let mut c = lock(&self.conn)?;
         if c.client.is_closed() {
-            *c = self.pg.conn()?;
+            let mut again = self.pg.conn()?;
+            // The lock went with the lost connection: another hub may have taken it since.
+            take_lock(&mut again, &self.pg.shown)?;
+            *c = again;
             tracing::info!(database = %self.pg.shown, "the store connected to PostgreSQL again");
         }
         c.simple("BEGIN")

@@ -1,0 +1,136 @@
+//! Connections to the store's database: where it is ([`Pg`], shown without its password),
+//! a small pool, and the statements each connection prepared once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use postgres::{Client, NoTls, Statement};
+
+use crate::store::kernel::error::StoreError;
+
+/// The schema every table of the store lives in.
+pub const SCHEMA: &str = "cortex";
+
+/// A connection and the statements prepared on it.
+pub struct Conn {
+    pub(crate) client: Client,
+    stmts: HashMap<String, Statement>,
+}
+
+impl Conn {
+    /// `sql`, prepared once per connection.
+    pub(crate) fn stmt(&mut self, sql: &str) -> Result<Statement, StoreError> {
+        if let Some(s) = self.stmts.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = self.client.prepare(sql).map_err(StoreError::pg)?;
+        self.stmts.insert(sql.to_string(), s.clone());
+        Ok(s)
+    }
+
+    pub(crate) fn simple(&mut self, sql: &str) -> Result<(), StoreError> {
+        self.client.batch_execute(sql).map_err(StoreError::pg)
+    }
+}
+
+/// Where the store's database is, and a pool of connections to it.
+pub struct Pg {
+    config: postgres::Config,
+    /// What the logs and errors say of the database: no password.
+    pub shown: String,
+    idle: Mutex<Vec<Conn>>,
+}
+
+/// How many idle connections the pool keeps.
+const POOL_IDLE: usize = 8;
+
+impl Pg {
+    /// Parses `url` (`postgres://user@host:port/db`, `?host=/socket/dir` for a Unix socket)
+    /// and connects once, so a wrong URL or a database that is down is said at start.
+    pub fn connect(url: &str) -> Result<Arc<Pg>, StoreError> {
+        let config: postgres::Config = url.parse().map_err(|e: postgres::Error| {
+            StoreError::Config(format!(
+                "the store's URL is not a PostgreSQL URL ({e}); write it as postgres://USER@HOST:PORT/DATABASE"
+            ))
+        })?;
+        let pg = Arc::new(Pg {
+            shown: shown(&config),
+            config,
+            idle: Mutex::new(Vec::new()),
+        });
+        let c = pg.conn()?;
+        pg.put_back(c);
+        Ok(pg)
+    }
+
+    /// A new connection of its own (the writer's, a listener's).
+    pub fn conn(&self) -> Result<Conn, StoreError> {
+        let client = self.config.connect(NoTls).map_err(|e| {
+            StoreError::Unreachable(format!(
+                "cannot connect to PostgreSQL at {}: {e}",
+                self.shown
+            ))
+        })?;
+        Ok(Conn {
+            client,
+            stmts: HashMap::new(),
+        })
+    }
+
+    /// An idle pooled connection, or a new one.
+    pub fn take(&self) -> Result<Conn, StoreError> {
+        let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
+        match idle {
+            Some(c) if !c.client.is_closed() => Ok(c),
+            _ => self.conn(),
+        }
+    }
+
+    /// Returns `c` to the pool (dropped if the pool is full or it is closed).
+    pub fn put_back(&self, c: Conn) {
+        if c.client.is_closed() {
+            return;
+        }
+        if let Ok(mut v) = self.idle.lock()
+            && v.len() < POOL_IDLE
+        {
+            v.push(c);
+        }
+    }
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        // A blocking client closes on a runtime of its own, which may not run on a thread
+        // of the hub's runtime (where the last handle may be dropped).
+        let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if !idle.is_empty() {
+            let _ = std::thread::Builder::new()
+                .name("store-pg-close".into())
+                .spawn(move || drop(idle));
+        }
+    }
+}
+
+/// `config` as `postgres://USER@HOST:PORT/DB`, without its password.
+fn shown(config: &postgres::Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            postgres::config::Host::Tcp(h) => h.clone(),
+            postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".into());
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "postgres://{}@{host}:{port}/{}",
+        config.get_user().unwrap_or(""),
+        config.get_dbname().unwrap_or("")
+    )
+}
+
+/// A table's name in the store's schema, quoted.
+pub fn qualified(name: &str) -> String {
+    format!("\"{SCHEMA}\".\"{name}\"")
+}
