@@ -23,6 +23,8 @@ Environment:
   CORTEX_WAITPOINT_TTL_MS, CORTEX_WAITPOINT_SWEEP_MS, CORTEX_WAITPOINT_MAX_WAKES_PER_HOUR,
   CORTEX_DEVICE_LOSS_GRACE_MS
                          read only when settings.json lacks the key
+  CORTEX_STORE_URL       the PostgreSQL database of the store (postgres://…) when neither
+                         --store nor settings.json store names one; else redb under the home
   CORTEX_MESH_PING_MS    the keepalive interval told to device agents (default 20 s)
   CORTEX_MESH_LISTEN, CORTEX_TLS_CERT, CORTEX_TLS_KEY, CORTEX_PUBLIC_URL
                          --mesh-listen, --tls-cert, --tls-key, --public-url (the system
@@ -37,7 +39,8 @@ Files:
   $CORTEX_HOME/settings.json   waitpointTtlMs, waitpointSweepMs, waitpointMaxWakesPerHour,
                                deviceLossGraceMs, llm {…}, agent {…}: each key wins over its
                                environment variable
-  $CORTEX_HOME/hub/            the store, its journal and the operator token (0700, files 0600)
+  $CORTEX_HOME/hub/            the store (redb), its journal and the operator token (0700,
+                               files 0600); with --store, only the token
   $CORTEX_HOME/tmp/signals/    the local spool the hub collects
 
 SIGTERM or SIGINT stops it gracefully (what is in flight finishes, the store is flushed).";

@@ -212,3 +212,38 @@ fn a_second_hub_on_a_database_in_use_is_refused_until_the_first_is_gone() {
         200
     );
 }
+
+#[test]
+fn connections_postgres_ends_are_made_again_and_nothing_is_lost() {
+    let pg = Postgres::shared();
+    let db = pg.database();
+    let hub = Hub::start_with_args(&[], &["--store", &pg.url(&db)]);
+    let sid = hub.session();
+    let wp = hub.waitpoint(
+        &sid,
+        json!({"label": "cut", "intent": "three signals", "members": ["a", "b", "c"]}),
+    );
+    assert_eq!(hub.signal(&body(&wp, json!({"member": "a"}))).0, 202);
+    // Every connection of the hub's ended by the server (an administrator, a restart, a
+    // proxy's timeout): the writer's, with its lock, and the pooled readers'.
+    let ended = pg.query(
+        &db,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    );
+    assert_ne!(ended, "0", "the hub holds connections");
+    // The next write and read find their connections gone, connect again and succeed.
+    assert_eq!(hub.signal(&body(&wp, json!({"member": "b"}))).0, 202);
+    let seen = hub.get_waitpoint(wp["id"].as_str().expect("id"));
+    assert_eq!(seen["signals"].as_array().map(Vec::len), Some(2), "{seen}");
+    assert!(
+        hub.log()
+            .contains("the store connected to PostgreSQL again"),
+        "{}",
+        hub.log()
+    );
+    // Its lock is its own again: a second hub is still refused.
+    let (code, said) = refused_start(&["--store", &pg.url(&db)]);
+    assert_ne!(code, 0, "{said}");
+    assert!(said.contains("another cortex-hub writes"), "{said}");
+    assert_eq!(hub.signal(&body(&wp, json!({"member": "c"}))).0, 202);
+}

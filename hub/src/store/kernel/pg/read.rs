@@ -33,9 +33,17 @@ impl Pg {
         ctx: &C,
         f: impl for<'a> FnOnce(&mut Tx<'a, C>, ()) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
-        let conn: snap::Shared = Arc::new(Mutex::new(self.take()?));
+        let mut c = self.take()?;
+        if let Err(e) = c.simple(begin) {
+            // A pooled connection lost while idle: nothing was done on it.
+            if !c.client.is_closed() {
+                return Err(e);
+            }
+            c = self.conn()?;
+            c.simple(begin)?;
+        }
+        let conn: snap::Shared = Arc::new(Mutex::new(c));
         let lock = snap::lock;
-        lock(&conn)?.simple(begin)?;
         let snap = snap::snapshot(&conn, registry);
         let mut cur = Overlay::new(registry.len());
         let r = outside_writer(registry, &snap, &mut cur, ctx, |t| f(t, ()));

@@ -142,13 +142,20 @@ impl<C> PgWriter<C> {
     /// Opens the batch's transaction, on a new connection if the last one was lost.
     fn begin(&mut self) -> Result<(), StoreError> {
         let mut c = lock(&self.conn)?;
-        if c.client.is_closed() {
-            let mut again = self.pg.conn()?;
-            // The lock went with the lost connection: another hub may have taken it since.
-            take_lock(&mut again, &self.pg.shown)?;
-            *c = again;
-            tracing::info!(database = %self.pg.shown, "the store connected to PostgreSQL again");
+        if !c.client.is_closed() {
+            match c.simple("BEGIN") {
+                Ok(()) => return Ok(()),
+                // Lost while idle (the server restarted, a proxy cut it): nothing was done
+                // on it, so the batch begins again on a new one.
+                Err(_) if c.client.is_closed() => {}
+                Err(e) => return Err(e),
+            }
         }
+        let mut again = self.pg.conn()?;
+        // The lock went with the lost connection: another hub may have taken it since.
+        take_lock(&mut again, &self.pg.shown)?;
+        *c = again;
+        tracing::info!(database = %self.pg.shown, "the store connected to PostgreSQL again");
         c.simple("BEGIN")
     }
 
