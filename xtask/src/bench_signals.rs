@@ -6,7 +6,7 @@
 //! leaves nothing running. Method and figures: docs/benchmarks.md.
 
 mod servers;
-mod tools;
+pub(crate) mod tools;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -2,6 +2,7 @@
 //! shell script. This file only dispatches; each task lives in its own module beside it.
 
 mod bench_agent;
+mod bench_cluster;
 mod bench_compaction;
 mod bench_hostile;
 mod bench_kit;
@@ -45,6 +46,10 @@ tasks:
       the durable signal route against adnanh/webhook 2.8 (wrk), the disk's raw
       fdatasync rate, and one cortex-signal against one curl (hyperfine);
       see docs/benchmarks.md
+  bench cluster [--duration SECS] [--rounds N] [--monitors N] [--no-build]
+      the store on PostgreSQL: pgbench's one-row insert and commit (the floor), the hub's
+      durable signal on redb and on PostgreSQL, 50 connections each (wrk), interleaved
+      rounds on one throwaway cluster; see docs/benchmarks.md
   bench mesh [--idle SECS] [--drops N] [--burst N] [--devices N] [--hold SECS]
              [--quiet-wait SECS] [--no-build]
       the device mesh: spool drop to hub-accepted latency (~100 B to ~64 KB), a burst's
@@ -96,6 +101,7 @@ fn main() -> ExitCode {
         ["powerloss", rest @ ..] => powerloss::run(rest),
         ["fuzz", rest @ ..] => fuzz::run(rest),
         ["bench", "signals", rest @ ..] => bench_signals::run(rest),
+        ["bench", "cluster", rest @ ..] => bench_cluster::run(rest),
         ["bench", "mesh", rest @ ..] => bench_mesh::run(rest),
         ["bench", "waits", rest @ ..] => bench_waits::run(rest),
         ["bench", "agent", rest @ ..] => bench_agent::run(rest),

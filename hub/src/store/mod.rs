@@ -63,9 +63,17 @@ enum Backend {
         /// The newest journal record a checkpoint holds.
         landed: watch::Receiver<u64>,
     },
-    /// A PostgreSQL database.
-    Pg(Arc<Pg>),
+    /// A PostgreSQL database, and the reads that may run on it at once (each on a
+    /// connection of the pool, on a blocking thread).
+    Pg {
+        pg: Arc<Pg>,
+        reads: Arc<tokio::sync::Semaphore>,
+    },
 }
+
+/// How many reads run on PostgreSQL at once: a burst of long polls waking together waits
+/// for a connection rather than opening one each (past the server's `max_connections`).
+const PG_READS: usize = 16;
 
 /// Handle to the store; cheap to clone.
 #[derive(Clone)]
@@ -296,7 +304,10 @@ impl Store {
             .map_err(|e| StoreError::Decode(format!("cannot start the writer thread: {e}")))?;
         Ok((
             Store {
-                backend: Backend::Pg(pg),
+                backend: Backend::Pg {
+                    pg,
+                    reads: Arc::new(tokio::sync::Semaphore::new(PG_READS)),
+                },
                 jobs,
                 notifier,
                 next_timer,
@@ -427,11 +438,19 @@ impl Store {
                     return read_now(db, &ctx, f);
                 }
             }
-            Backend::Pg(pg) => {
+            Backend::Pg { pg, reads } => {
                 let pg = pg.clone();
-                return tokio::task::spawn_blocking(move || pg.read(&REGISTRY, &ctx, f))
+                let permit = reads
+                    .clone()
+                    .acquire_owned()
                     .await
-                    .map_err(|e| StoreError::Broken(format!("a read of the store failed: {e}")))?;
+                    .map_err(|_| StoreError::Closed)?;
+                return tokio::task::spawn_blocking(move || {
+                    let _permit = permit;
+                    pg.read(&REGISTRY, &ctx, f)
+                })
+                .await
+                .map_err(|e| StoreError::Broken(format!("a read of the store failed: {e}")))?;
             }
         }
         self.exec(move |t| f(t))
@@ -467,7 +486,7 @@ impl Store {
     pub(crate) fn landed(&self) -> watch::Receiver<u64> {
         match &self.backend {
             Backend::Redb { landed, .. } => landed.clone(),
-            Backend::Pg(_) => panic!("the store is on PostgreSQL"),
+            Backend::Pg { .. } => panic!("the store is on PostgreSQL"),
         }
     }
 
@@ -476,7 +495,7 @@ impl Store {
     pub(crate) fn redb(&self) -> &Database {
         match &self.backend {
             Backend::Redb { db, .. } => db,
-            Backend::Pg(_) => panic!("the store is on PostgreSQL"),
+            Backend::Pg { .. } => panic!("the store is on PostgreSQL"),
         }
     }
 

@@ -42,7 +42,7 @@ pub struct Pg {
 }
 
 /// How many idle connections the pool keeps.
-const POOL_IDLE: usize = 8;
+const POOL_IDLE: usize = 16;
 
 impl Pg {
     /// Parses `url` (`postgres://user@host:port/db`, `?host=/socket/dir` for a Unix socket)
