@@ -165,6 +165,31 @@ impl Postgres {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
+    /// A client tool of the server's (`psql`, `pgbench`) aimed at it over loopback TCP as
+    /// `postgres`, run as the cluster's owner.
+    pub fn tool(&self, name: &str) -> Command {
+        let mut c = as_owner(Command::new(self.bin.join(name)), self.owner);
+        c.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+        ]);
+        c
+    }
+
+    /// A new directory beside the cluster that its owner may write (a tool's logs).
+    pub fn owned_dir(&self, name: &str) -> PathBuf {
+        let d = self.dir.path().join(name);
+        std::fs::create_dir_all(&d).expect("a directory beside the cluster");
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::chown(&d, Some(uid), Some(gid)).expect("chown it");
+        }
+        d
+    }
+
     /// The server's process id (the postmaster's, from `postmaster.pid`).
     pub fn pid(&self) -> u32 {
         let file = self.dir.path().join("data").join("postmaster.pid");

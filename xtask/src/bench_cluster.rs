@@ -9,10 +9,8 @@
 //! This is the single-hub stage of several hubs on one database: the figures with three
 //! hubs, wake latency over NOTIFY and failover come with the stages that build them.
 
-mod pg;
-
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Output, Stdio};
 
 use anyhow::{Context, bail, ensure};
 
@@ -21,7 +19,7 @@ use crate::bench_kit::procs::{Procs, ScratchDir};
 use crate::bench_kit::report::{machine, thousands, us, utc_now};
 use crate::bench_kit::{cargo_build, target_dir, workspace_root};
 use crate::bench_signals::tools::{self, Load, WrkRun};
-use pg::{Cluster, text};
+use cortex_tests::postgres::Postgres;
 
 /// The target: one hub on PostgreSQL at least this share of the floor's transactions/s.
 const TARGET_PG_FLOOR_X: f64 = 0.5;
@@ -82,16 +80,18 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
     let scratch = ScratchDir::new("cluster")?;
     let mut procs = Procs::default();
     eprintln!("bench: starting a PostgreSQL cluster");
-    let cluster = Cluster::start(scratch.path(), &mut procs)?;
-    let version = cluster.psql("postgres", "SHOW server_version")?;
+    // The tests' throwaway cluster: fsync and synchronous_commit on, loopback only,
+    // stopped and removed when dropped.
+    let cluster = Postgres::start();
+    let version = cluster.query("postgres", "SHOW server_version");
     for db in ["floor", "hub"] {
-        cluster.psql("postgres", &format!("CREATE DATABASE {db}"))?;
+        cluster.create_database(db);
     }
-    cluster.psql(
+    cluster.query(
         "floor",
         "CREATE TABLE floor (id bigserial PRIMARY KEY, v bytea NOT NULL)",
-    )?;
-    let floor_sql = scratch.path().join("pg").join("floor.sql");
+    );
+    let floor_sql = cluster.owned_dir("floor").join("floor.sql");
     std::fs::write(
         &floor_sql,
         "INSERT INTO floor (v) VALUES ('\\x7369676e616c');\n",
@@ -128,7 +128,6 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
             opts.seconds
         );
         floor.push(pgbench(&cluster, &floor_sql, opts.seconds)?);
-        procs.check_alive(cluster.index)?;
         for (i, (hub, monitors, script)) in hubs.iter().enumerate() {
             let label = if i == 0 { "redb" } else { "PostgreSQL" };
             eprintln!(
@@ -156,7 +155,10 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
             }
         }
     }
-    let size = cluster.size("hub")?;
+    let size: u64 = cluster
+        .query("hub", "SELECT pg_database_size(current_database())")
+        .parse()
+        .context("pg_database_size")?;
     let monitors = opts.monitors;
 
     let (f, r, p) = (median(&floor), median(&on_redb), median(&on_pg));
@@ -239,13 +241,10 @@ fn measured(
 
 /// pgbench's one-row insert at [`CONNS`] clients for `seconds`, latencies from its
 /// per-transaction log.
-fn pgbench(c: &Cluster, script: &Path, seconds: u64) -> anyhow::Result<Figures> {
-    let logs = c.dir.join("pgbench-log");
-    let _ = std::fs::remove_dir_all(&logs);
-    std::fs::create_dir_all(&logs)?;
-    if let Ok(meta) = std::fs::metadata(&c.dir) {
-        use std::os::unix::fs::MetadataExt;
-        std::os::unix::fs::chown(&logs, Some(meta.uid()), Some(meta.gid()))?;
+fn pgbench(c: &Postgres, script: &Path, seconds: u64) -> anyhow::Result<Figures> {
+    let logs = c.owned_dir("pgbench-log");
+    for e in std::fs::read_dir(&logs)? {
+        std::fs::remove_file(e?.path())?;
     }
     let out = c
         .tool("pgbench")
@@ -299,4 +298,12 @@ fn median(runs: &[Figures]) -> Figures {
     let mut v = runs.to_vec();
     v.sort_by(|a, b| a.per_s.total_cmp(&b.per_s));
     v[v.len() / 2]
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }

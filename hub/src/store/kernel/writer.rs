@@ -187,12 +187,7 @@ impl<C> Writer<C> {
             }
             batch.push(first);
             let started = Instant::now();
-            while batch.len() < MAX_BATCH {
-                match self.rx.try_recv() {
-                    Ok(j) => batch.push(j),
-                    Err(_) => break,
-                }
-            }
+            take_pending(&mut self.rx, &mut batch);
             let Some(mut ran) = self.run_jobs(&mut batch) else {
                 return; // a test's crash
             };
@@ -423,6 +418,16 @@ impl<C> Drop for Writer<C> {
     fn drop(&mut self) {
         self.ticker.stop();
         self.checkpointer.stop();
+    }
+}
+
+/// Adds to `batch` (group commit) whatever else is queued, up to [`MAX_BATCH`] jobs.
+pub(crate) fn take_pending<C>(rx: &mut mpsc::Receiver<Job<C>>, batch: &mut Vec<Job<C>>) {
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(j) => batch.push(j),
+            Err(_) => break,
+        }
     }
 }
 

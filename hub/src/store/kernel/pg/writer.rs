@@ -18,7 +18,7 @@ use super::snap::{Shared, lock, snapshot};
 use crate::store::kernel::error::StoreError;
 use crate::store::kernel::notice::Notifier;
 use crate::store::kernel::table::{AnyTable, Overlay, Snapshot};
-use crate::store::kernel::writer::{Job, MAX_BATCH, answer, run_batch};
+use crate::store::kernel::writer::{Job, MAX_BATCH, answer, run_batch, take_pending};
 
 /// What the writer is built from.
 pub(crate) struct PgParts<C> {
@@ -100,12 +100,7 @@ impl<C> PgWriter<C> {
             };
             batch.push(first);
             let started = Instant::now();
-            while batch.len() < MAX_BATCH {
-                match self.rx.try_recv() {
-                    Ok(j) => batch.push(j),
-                    Err(_) => break,
-                }
-            }
+            take_pending(&mut self.rx, &mut batch);
             if let Err(e) = self.begin() {
                 tracing::error!(error = %e, "the store cannot begin a transaction; this batch's callers get an error");
                 let e = Arc::new(e);
