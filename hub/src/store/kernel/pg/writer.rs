@@ -56,21 +56,27 @@ fn take_lock(c: &mut Conn, shown: &str) -> Result<(), StoreError> {
     if got {
         return Ok(());
     }
-    let holder: Option<String> = c
+    // Advisory locks are per database: the holder is looked for in this one (a cluster
+    // may hold other hubs' databases, each with its own writer).
+    let holder = c
         .client
         .query_opt(
             "SELECT coalesce(a.client_addr::text, 'a local socket') || ', backend pid ' || a.pid
                FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
               WHERE l.locktype = 'advisory' AND l.granted
+                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                 AND ((l.classid::bigint << 32) | l.objid::bigint) = $1",
             &[&WRITER_LOCK],
         )
-        .ok()
-        .flatten()
-        .map(|r| r.get(0));
+        .map_err(StoreError::pg)
+        .map(|r| r.map(|r| r.get::<_, String>(0)));
+    let holder = match holder {
+        Ok(Some(h)) => h,
+        Ok(None) => "gone since".into(),
+        Err(e) => format!("unknown: {e}"),
+    };
     Err(StoreError::Config(format!(
-        "another cortex-hub writes to the store's database {shown} (its connection: {}); this version runs one hub per database: stop that one, or give this one a database of its own",
-        holder.as_deref().unwrap_or("unknown")
+        "another cortex-hub writes to the store's database {shown} (its connection: {holder}); this version runs one hub per database: stop that one, or give this one a database of its own"
     )))
 }
 
