@@ -4,32 +4,108 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use postgres::{Client, NoTls, Statement};
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Row, Statement, ToStatement};
 
 use crate::store::kernel::error::StoreError;
 
 /// The schema every table of the store lives in.
 pub const SCHEMA: &str = "cortex";
 
-/// A connection and the statements prepared on it.
+/// A connection and the statements prepared on it. Every statement goes through it, so
+/// it knows when one failed since the transaction began: PostgreSQL then answers the
+/// transaction's `COMMIT` with a rollback and no error, and the writer must not take
+/// that for a commit.
 pub struct Conn {
-    pub(crate) client: Client,
+    client: Client,
     stmts: HashMap<String, Statement>,
+    /// A statement failed since the last `BEGIN`.
+    failed: bool,
 }
 
+type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
 impl Conn {
+    fn new(client: Client) -> Conn {
+        Conn {
+            client,
+            stmts: HashMap::new(),
+            failed: false,
+        }
+    }
+
+    fn seen<T>(&mut self, r: Result<T, postgres::Error>) -> Result<T, StoreError> {
+        r.map_err(|e| {
+            self.failed = true;
+            StoreError::pg(e)
+        })
+    }
+
     /// `sql`, prepared once per connection.
     pub(crate) fn stmt(&mut self, sql: &str) -> Result<Statement, StoreError> {
         if let Some(s) = self.stmts.get(sql) {
             return Ok(s.clone());
         }
-        let s = self.client.prepare(sql).map_err(StoreError::pg)?;
+        let r = self.client.prepare(sql);
+        let s = self.seen(r)?;
         self.stmts.insert(sql.to_string(), s.clone());
         Ok(s)
     }
 
+    /// Statements without parameters (`BEGIN`, `COMMIT`, DDL); a `BEGIN` that succeeds
+    /// starts with no failure seen.
     pub(crate) fn simple(&mut self, sql: &str) -> Result<(), StoreError> {
-        self.client.batch_execute(sql).map_err(StoreError::pg)
+        let r = self.client.batch_execute(sql);
+        self.seen(r)?;
+        if sql.starts_with("BEGIN") {
+            self.failed = false;
+        }
+        Ok(())
+    }
+
+    /// Whether a statement failed since the last `BEGIN` (the transaction is aborted).
+    pub(crate) fn failed(&self) -> bool {
+        self.failed
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    pub(crate) fn query<T: ?Sized + ToStatement>(
+        &mut self,
+        st: &T,
+        params: Params<'_>,
+    ) -> Result<Vec<Row>, StoreError> {
+        let r = self.client.query(st, params);
+        self.seen(r)
+    }
+
+    pub(crate) fn query_one<T: ?Sized + ToStatement>(
+        &mut self,
+        st: &T,
+        params: Params<'_>,
+    ) -> Result<Row, StoreError> {
+        let r = self.client.query_one(st, params);
+        self.seen(r)
+    }
+
+    pub(crate) fn query_opt<T: ?Sized + ToStatement>(
+        &mut self,
+        st: &T,
+        params: Params<'_>,
+    ) -> Result<Option<Row>, StoreError> {
+        let r = self.client.query_opt(st, params);
+        self.seen(r)
+    }
+
+    pub(crate) fn execute<T: ?Sized + ToStatement>(
+        &mut self,
+        st: &T,
+        params: Params<'_>,
+    ) -> Result<u64, StoreError> {
+        let r = self.client.execute(st, params);
+        self.seen(r)
     }
 }
 
@@ -71,24 +147,21 @@ impl Pg {
                 self.shown
             ))
         })?;
-        Ok(Conn {
-            client,
-            stmts: HashMap::new(),
-        })
+        Ok(Conn::new(client))
     }
 
     /// An idle pooled connection, or a new one.
     pub fn take(&self) -> Result<Conn, StoreError> {
         let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
         match idle {
-            Some(c) if !c.client.is_closed() => Ok(c),
+            Some(c) if !c.is_closed() => Ok(c),
             _ => self.conn(),
         }
     }
 
     /// Returns `c` to the pool (dropped if the pool is full or it is closed).
     pub fn put_back(&self, c: Conn) {
-        if c.client.is_closed() {
+        if c.is_closed() {
             return;
         }
         if let Ok(mut v) = self.idle.lock()

@@ -73,12 +73,10 @@ fn apply(
          );"
     ))?;
     let from: i32 = c
-        .client
         .query_one(
             &format!("SELECT coalesce(max(version), 0) FROM {versions}"),
             &[],
-        )
-        .map_err(StoreError::pg)?
+        )?
         .get(0);
     if from > known {
         return Err(StoreError::Config(format!(
@@ -99,12 +97,10 @@ fn apply(
                 Step::Sql(sql) => c.simple(sql)?,
             }
         }
-        c.client
-            .execute(
-                &format!("INSERT INTO {versions} (version, what) VALUES ($1, $2)"),
-                &[&m.version, &m.what],
-            )
-            .map_err(StoreError::pg)?;
+        c.execute(
+            &format!("INSERT INTO {versions} (version, what) VALUES ($1, $2)"),
+            &[&m.version, &m.what],
+        )?;
         tracing::info!(
             version = m.version,
             what = m.what,
@@ -114,9 +110,7 @@ fn apply(
     for t in registry {
         let name = format!("{SCHEMA}.{}", t.name());
         let found: bool = c
-            .client
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
-            .map_err(StoreError::pg)?
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])?
             .get(0);
         if !found {
             return Err(StoreError::Config(format!(

@@ -36,7 +36,7 @@ impl Pg {
         let mut c = self.take()?;
         if let Err(e) = c.simple(begin) {
             // A pooled connection lost while idle: nothing was done on it.
-            if !c.client.is_closed() {
+            if !c.is_closed() {
                 return Err(e);
             }
             c = self.conn()?;
@@ -51,6 +51,11 @@ impl Pg {
         let end = {
             let mut c = lock(&conn)?;
             match &r {
+                // A statement failed and the work went on: its transaction is aborted, and
+                // what it read or would write is not to be trusted.
+                Ok(_) if c.failed() => c.simple("ROLLBACK").and(Err(StoreError::Pg(
+                    "a statement failed, so the transaction was aborted".into(),
+                ))),
                 Ok(_) => writer::write(&mut c, registry, &cur).and_then(|()| c.simple("COMMIT")),
                 Err(_) => c.simple("ROLLBACK"),
             }

@@ -50,7 +50,7 @@ impl SnapTable for PgTable {
         let k = (self.order)(key);
         let mut c = lock(&self.conn)?;
         let st = c.stmt(&format!("SELECT v FROM {} WHERE k = $1", self.table))?;
-        let row = c.client.query_opt(&st, &[&k]).map_err(StoreError::pg)?;
+        let row = c.query_opt(&st, &[&k])?;
         Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
     }
 
@@ -71,7 +71,7 @@ impl SnapTable for PgTable {
     fn count(&self) -> Result<u64, StoreError> {
         let mut c = lock(&self.conn)?;
         let st = c.stmt(&format!("SELECT count(*) FROM {}", self.table))?;
-        let n: i64 = c.client.query_one(&st, &[]).map_err(StoreError::pg)?.get(0);
+        let n: i64 = c.query_one(&st, &[])?.get(0);
         Ok(n.max(0) as u64)
     }
 }
@@ -113,7 +113,7 @@ impl Pages {
         );
         let mut c = lock(&self.conn)?;
         let st = c.stmt(&sql)?;
-        let rows = c.client.query(&st, &args).map_err(StoreError::pg)?;
+        let rows = c.query(&st, &args)?;
         drop(c);
         if (rows.len() as i64) < self.page {
             self.done = true;

@@ -48,18 +48,13 @@ const WRITER_LOCK: i64 = 0x0063_6f72_7465_7877; // "cortexw"
 /// Takes [`WRITER_LOCK`] on `c`, or says who holds it.
 fn take_lock(c: &mut Conn, shown: &str) -> Result<(), StoreError> {
     let st = c.stmt("SELECT pg_try_advisory_lock($1)")?;
-    let got: bool = c
-        .client
-        .query_one(&st, &[&WRITER_LOCK])
-        .map_err(StoreError::pg)?
-        .get(0);
+    let got: bool = c.query_one(&st, &[&WRITER_LOCK])?.get(0);
     if got {
         return Ok(());
     }
     // Advisory locks are per database: the holder is looked for in this one (a cluster
     // may hold other hubs' databases, each with its own writer).
     let holder = c
-        .client
         .query_opt(
             "SELECT coalesce(a.client_addr::text, 'a local socket') || ', backend pid ' || a.pid
                FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
@@ -68,7 +63,6 @@ fn take_lock(c: &mut Conn, shown: &str) -> Result<(), StoreError> {
                 AND ((l.classid::bigint << 32) | l.objid::bigint) = $1",
             &[&WRITER_LOCK],
         )
-        .map_err(StoreError::pg)
         .map(|r| r.map(|r| r.get::<_, String>(0)));
     let holder = match holder {
         Ok(Some(h)) => h,
@@ -143,12 +137,12 @@ impl<C> PgWriter<C> {
     /// Opens the batch's transaction, on a new connection if the last one was lost.
     fn begin(&mut self) -> Result<(), StoreError> {
         let mut c = lock(&self.conn)?;
-        if !c.client.is_closed() {
+        if !c.is_closed() {
             match c.simple("BEGIN") {
                 Ok(()) => return Ok(()),
                 // Lost while idle (the server restarted, a proxy cut it): nothing was done
                 // on it, so the batch begins again on a new one.
-                Err(_) if c.client.is_closed() => {}
+                Err(_) if c.is_closed() => {}
                 Err(e) => return Err(e),
             }
         }
@@ -163,7 +157,12 @@ impl<C> PgWriter<C> {
     /// Phase 2: the batch's changes, then `COMMIT`; a failure rolls it all back.
     fn commit(&mut self, changed: bool) -> Result<(), StoreError> {
         let mut c = lock(&self.conn)?;
-        let r = if changed {
+        let r = if c.failed() {
+            // PostgreSQL would answer this COMMIT with a rollback, and no error.
+            Err(StoreError::Pg(
+                "a statement of the batch failed, so its transaction was aborted; nothing of it was stored".into(),
+            ))
+        } else if changed {
             write(&mut c, self.registry, &self.cur)
         } else {
             Ok(())
@@ -171,7 +170,7 @@ impl<C> PgWriter<C> {
         match r.and_then(|()| c.simple("COMMIT")) {
             Ok(()) => Ok(()),
             Err(e) => {
-                if !c.client.is_closed() {
+                if !c.is_closed() {
                     let _ = c.simple("ROLLBACK");
                 }
                 Err(e)
@@ -208,13 +207,11 @@ pub(crate) fn write(
             let st = c.stmt(&format!(
                 "INSERT INTO {name} (k, raw, v) SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) ON CONFLICT (k) DO UPDATE SET raw = EXCLUDED.raw, v = EXCLUDED.v"
             ))?;
-            c.client
-                .execute(&st, &[&ks, &raws, &vs])
-                .map_err(StoreError::pg)?;
+            c.execute(&st, &[&ks, &raws, &vs])?;
         }
         if !gone.is_empty() {
             let st = c.stmt(&format!("DELETE FROM {name} WHERE k = ANY($1::bytea[])"))?;
-            c.client.execute(&st, &[&gone]).map_err(StoreError::pg)?;
+            c.execute(&st, &[&gone])?;
         }
     }
     Ok(())
