@@ -134,20 +134,17 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
                 "bench: round {round}: the hub on {label}, {CONNS} connections, {} s",
                 opts.seconds
             );
-            let (run, recorded) = measured(hub, monitors, script, opts.seconds)
+            let (run, recorded, load) = measured(hub, monitors, script, opts.seconds)
                 .with_context(|| format!("hub log tail:\n{}", hub.log_tail()))?;
             procs.check_alive(hub.index)?;
-            let text = format!(
-                "round {round}, the hub on {label}: {} answered 202, {} recorded, {} not 2xx, {} socket errors",
-                thousands(run.ok() as f64),
-                thousands(recorded as f64),
-                run.non_2xx,
-                run.socket_errors()
+            let check = crate::bench_signals::count_check(
+                &format!("round {round}, the hub on {label}"),
+                load,
+                &run,
+                recorded,
             );
-            if recorded != run.ok() || run.non_2xx > 0 || run.socket_errors() > 0 {
-                failures.push(format!("{text}  <-- NOT CLEAN"));
-            }
-            checks.push(text);
+            failures.extend(check.failure);
+            checks.push(check.text);
             if i == 0 {
                 on_redb.push(Figures::from(&run));
             } else {
@@ -220,23 +217,25 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
 }
 
 /// A second of warm-up at the same load, then the measured run; the signals the hub
-/// recorded during it.
+/// recorded during it (each count read once the hub settled).
 fn measured(
     hub: &Hub,
     monitors: &[Monitor],
     script: &Path,
     seconds: u64,
-) -> anyhow::Result<(WrkRun, u64)> {
+) -> anyhow::Result<(WrkRun, u64, Load)> {
     let load = |seconds| Load {
         threads: 1,
         connections: CONNS,
         seconds,
     };
     tools::wrk(script, &hub.signal_url(), load(1))?;
+    crate::bench_signals::settle();
     let before = hub.recorded(monitors)?;
     let run = tools::wrk(script, &hub.signal_url(), load(seconds))?;
+    crate::bench_signals::settle();
     let recorded = hub.recorded(monitors)? - before;
-    Ok((run, recorded))
+    Ok((run, recorded, load(seconds)))
 }
 
 /// pgbench's one-row insert at [`CONNS`] clients for `seconds`, latencies from its

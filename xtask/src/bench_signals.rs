@@ -287,9 +287,9 @@ struct Row {
     noise: cpu::Noise,
 }
 
-struct Check {
-    text: String,
-    failure: Option<String>,
+pub(crate) struct Check {
+    pub text: String,
+    pub failure: Option<String>,
 }
 
 /// A warm-up at the same load (unmeasured), `quiesce`, then the measured run, with the CPU
@@ -339,7 +339,7 @@ fn checkpoints(timing: &std::path::Path) -> usize {
         .count()
 }
 
-fn count_check(label: &str, l: Load, r: &WrkRun, recorded: u64) -> Check {
+pub(crate) fn count_check(label: &str, l: Load, r: &WrkRun, recorded: u64) -> Check {
     // wrk counts only answers it read before it stopped; the requests still in flight
     // then (at most one per connection, plus any it gave up on) may be recorded too.
     let in_flight_max = u64::from(l.connections) + r.timeouts + r.read_errors + r.write_errors;
@@ -384,7 +384,7 @@ fn count_check(label: &str, l: Load, r: &WrkRun, recorded: u64) -> Check {
 }
 
 /// Lets what was in flight when wrk stopped reach the store before counting.
-fn settle() {
+pub(crate) fn settle() {
     std::thread::sleep(Duration::from_millis(500));
 }
 

@@ -3,8 +3,13 @@
 //! on it exactly as on a redb snapshot. A range is read a page at a time, so a walk
 //! that stops at its first entry (the next timer, the oldest ready session) reads one
 //! page, not the table.
+//!
+//! What a batch read is kept until [`SnapTable::forget`] (the writer calls it once the
+//! batch committed or rolled back): the batch's own changes are in the layers above,
+//! and the database does not change under its one writer, so the jobs of a batch that
+//! all read one session's last event (or one waitpoint's head) ask the server once.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -29,16 +34,30 @@ pub fn snapshot(conn: &Shared, registry: &[&'static dyn AnyTable]) -> Snapshot {
                 conn: conn.clone(),
                 table: qualified(t.name()),
                 order: t.order(),
+                kept: Arc::default(),
             }) as Box<dyn SnapTable>
         })
         .collect();
     Snapshot { tables }
 }
 
+/// A page of a range: (ordered key, raw key, value) rows.
+type Page = Vec<(Vec<u8>, Vec<u8>, Vec<u8>)>;
+/// A page's query: its bounds (ordered), direction and length.
+type PageQuery = (Bound<Vec<u8>>, Bound<Vec<u8>>, bool, i64);
+
+/// What the current batch read from one table.
+#[derive(Default)]
+struct Kept {
+    gets: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    pages: HashMap<PageQuery, Page>,
+}
+
 struct PgTable {
     conn: Shared,
     table: String,
     order: fn(&[u8]) -> Vec<u8>,
+    kept: Arc<Mutex<Kept>>,
 }
 
 /// The first page a range reads; each next one is twice as long, up to [`PAGE_MAX`].
@@ -48,10 +67,18 @@ const PAGE_MAX: i64 = 1024;
 impl SnapTable for PgTable {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let k = (self.order)(key);
+        if let Some(v) = self.kept.lock().ok().and_then(|m| m.gets.get(&k).cloned()) {
+            return Ok(v);
+        }
         let mut c = lock(&self.conn)?;
         let st = c.stmt(&format!("SELECT v FROM {} WHERE k = $1", self.table))?;
         let row = c.query_opt(&st, &[&k])?;
-        Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
+        drop(c);
+        let v = row.map(|r| r.get::<_, Vec<u8>>(0));
+        if let Ok(mut m) = self.kept.lock() {
+            m.gets.insert(k, v.clone());
+        }
+        Ok(v)
     }
 
     fn range(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>, rev: bool) -> Result<RawIter, StoreError> {
@@ -59,6 +86,7 @@ impl SnapTable for PgTable {
         Ok(Box::new(Pages {
             conn: self.conn.clone(),
             table: self.table.clone(),
+            kept: self.kept.clone(),
             lo: enc(lo),
             hi: enc(hi),
             rev,
@@ -74,12 +102,19 @@ impl SnapTable for PgTable {
         let n: i64 = c.query_one(&st, &[])?.get(0);
         Ok(n.max(0) as u64)
     }
+
+    fn forget(&self) {
+        if let Ok(mut m) = self.kept.lock() {
+            *m = Kept::default();
+        }
+    }
 }
 
 /// A range walked a page at a time; each page starts past the last key of the one before.
 struct Pages {
     conn: Shared,
     table: String,
+    kept: Arc<Mutex<Kept>>,
     lo: Bound<Vec<u8>>,
     hi: Bound<Vec<u8>>,
     rev: bool,
@@ -91,6 +126,42 @@ struct Pages {
 
 impl Pages {
     fn fetch(&mut self) -> Result<(), StoreError> {
+        let query: PageQuery = (self.lo.clone(), self.hi.clone(), self.rev, self.page);
+        let kept = self
+            .kept
+            .lock()
+            .ok()
+            .and_then(|m| m.pages.get(&query).cloned());
+        let rows = match kept {
+            Some(rows) => rows,
+            None => {
+                let rows = self.query()?;
+                if let Ok(mut m) = self.kept.lock() {
+                    m.pages.insert(query, rows.clone());
+                }
+                rows
+            }
+        };
+        if (rows.len() as i64) < self.page {
+            self.done = true;
+        }
+        self.page = (self.page * 2).min(PAGE_MAX);
+        self.buf.extend(rows);
+        if let Some((k, _, _)) = self.buf.back() {
+            let past = Bound::Excluded(k.clone());
+            if self.rev {
+                self.hi = past;
+            } else {
+                self.lo = past;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Pages {
+    /// The next page from the server.
+    fn query(&self) -> Result<Page, StoreError> {
         let mut conds = Vec::new();
         let mut args: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
         for (b, incl, excl) in [(&self.lo, ">=", ">"), (&self.hi, "<=", "<")] {
@@ -114,23 +185,10 @@ impl Pages {
         let mut c = lock(&self.conn)?;
         let st = c.stmt(&sql)?;
         let rows = c.query(&st, &args)?;
-        drop(c);
-        if (rows.len() as i64) < self.page {
-            self.done = true;
-        }
-        self.page = (self.page * 2).min(PAGE_MAX);
-        for r in rows {
-            self.buf.push_back((r.get(0), r.get(1), r.get(2)));
-        }
-        if let Some((k, _, _)) = self.buf.back() {
-            let past = Bound::Excluded(k.clone());
-            if self.rev {
-                self.hi = past;
-            } else {
-                self.lo = past;
-            }
-        }
-        Ok(())
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect())
     }
 }
 

@@ -125,6 +125,9 @@ impl<C> PgWriter<C> {
             let result = self.commit(changed);
             // Committed or rolled back, the database now says what is true.
             self.cur = Overlay::new(self.registry.len());
+            for t in &self.snap.tables {
+                t.forget();
+            }
             if let Err(e) = &result {
                 tracing::error!(error = %e, "the store could not commit a batch; its callers get an error and nothing of it is stored");
             } else if changed {
