@@ -472,6 +472,32 @@ mod tests {
     }
 
     #[test]
+    fn a_hub_that_dies_is_passed_over_by_the_next_request() {
+        use std::io::Write;
+        // The first hub answers once and is gone: what a follow or `wait for` asks next
+        // (their reconnect) goes to the second.
+        let first = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let first_url = format!("http://{}", first.local_addr().expect("addr"));
+        let serve_once = std::thread::spawn(move || {
+            let (mut conn, _) = first.accept().expect("accept");
+            crate::testserver::read_request(&mut conn).expect("request");
+            conn.write_all(&json(200, r#"["first"]"#)).expect("answer");
+        });
+        let second = TestServer::canned(vec![json(200, r#"["second"]"#)]);
+        let hub = Hub::new(&format!("{first_url},{}", second.url("")), "t").expect("hub");
+        assert_eq!(
+            hub.get("/api/sessions").expect("first").text(),
+            r#"["first"]"#
+        );
+        serve_once.join().expect("served");
+        assert_eq!(
+            hub.get("/api/sessions").expect("second").text(),
+            r#"["second"]"#
+        );
+        assert_eq!(hub.base(), second.url(""));
+    }
+
+    #[test]
     fn an_answer_is_the_result_even_an_error() {
         let first = TestServer::canned(vec![json(500, r#"{"error":"internal","message":"boom"}"#)]);
         let second = TestServer::canned(vec![json(200, "[]")]);

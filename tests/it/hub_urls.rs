@@ -138,3 +138,25 @@ fn cortex_signal_with_no_hub_answering_spools_naming_each_url() {
         "one spool file, whatever the number of URLs"
     );
 }
+
+#[test]
+fn cortex_run_hands_its_command_every_hub_the_one_that_answered_first() {
+    let hub = Hub::start();
+    let dead = dead();
+    let (code, out, err) = run(
+        "cortex",
+        &[
+            "--hub",
+            &format!("{dead},{}", hub.url("")),
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$CORTEX_HUB\"",
+        ],
+        &[("CORTEX_WEBHOOK_TOKEN", &hub.token), ("USER", "ada")],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), format!("{},{dead}", hub.url("")));
+    assert!(err.contains("cortex: reported exit=0"), "{err}");
+}
