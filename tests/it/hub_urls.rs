@@ -160,3 +160,70 @@ fn cortex_run_hands_its_command_every_hub_the_one_that_answered_first() {
     assert_eq!(out.trim(), format!("{},{dead}", hub.url("")));
     assert!(err.contains("cortex: reported exit=0"), "{err}");
 }
+
+/// A hub that records the signal but whose answer is lost: `cortex-signal` sends the same
+/// key to the next URL, and the store counts it once.
+#[test]
+fn a_signal_whose_answer_was_lost_counts_once_at_the_next_hub() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let hub = Hub::start();
+    let sid = hub.session();
+    let wp = hub.waitpoint(&sid, json!({"label": "job", "intent": "look"}));
+    let id = wp["id"].as_str().expect("id");
+    // In front of the hub: passes the signal on, then hangs up without answering.
+    let front = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let front_url = format!(
+        "http://{}/webhook/signal",
+        front.local_addr().expect("addr")
+    );
+    let addr = hub.addr.clone();
+    let forwarder = std::thread::spawn(move || {
+        let (conn, _) = front.accept().expect("accept");
+        let mut conn = BufReader::new(conn);
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            conn.read_line(&mut line).expect("head");
+            if line.trim().is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                length = v.trim().parse().expect("length");
+            }
+        }
+        let mut body = vec![0; length];
+        conn.read_exact(&mut body).expect("body");
+        let mut up = std::net::TcpStream::connect(&addr).expect("the hub");
+        write!(
+            up,
+            "POST /webhook/signal HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send");
+        up.write_all(&body).expect("send body");
+        let mut answer = String::new();
+        up.read_to_string(&mut answer).expect("answer");
+        assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+        // `conn` is dropped here: the answer never reaches cortex-signal.
+    });
+    let home = tempfile::tempdir().expect("tmp");
+    let list = format!("{front_url},{}", hub.url("/webhook/signal"));
+    let (code, _, err) = run(
+        "cortex-signal",
+        &["--exit-code", "0", "--url", &list],
+        &[
+            ("CORTEX_SIGNAL_ID", id),
+            (
+                "CORTEX_SIGNAL_SECRET",
+                wp["secret"].as_str().expect("secret"),
+            ),
+            ("CORTEX_HOME", home.path().to_str().expect("utf8")),
+        ],
+    );
+    forwarder.join().expect("forwarded");
+    assert_eq!(code, 0, "{err}");
+    let v = hub.get_waitpoint(id);
+    assert_eq!(v["signals"].as_array().map(Vec::len), Some(1), "{v}");
+    assert!(!home.path().join("tmp/signals").exists(), "nothing spooled");
+}
