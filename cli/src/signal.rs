@@ -571,13 +571,15 @@ pub fn conclude(
             return Outcome::AlreadyResolved;
         }
         Ok(r) if r.status < 500 => return refused(r, url, prepared, stderr),
-        _ if worth_spooling(&sent) => {}
+        // Not taken, though it might have been: kept in the spool (`worth_spooling`).
+        Ok(_)
+        | Err(HttpError::Unreachable { .. } | HttpError::Tls { .. } | HttpError::Protocol { .. }) =>
+            {}
         // The URL was checked in `prepare`; anything else here is a usage error too.
         Err(e) => {
             let _ = writeln!(stderr, "cortex-signal: {e}");
             return Outcome::Usage;
         }
-        Ok(_) => {}
     }
     let mut all = missed_at.to_vec();
     all.push(missed(&sent, url, &prepared.request.secret));
