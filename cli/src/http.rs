@@ -34,9 +34,15 @@ pub enum HttpError {
     #[error("bad request: {reason}")]
     InvalidRequest { reason: String },
     /// Nothing answered: name resolution, connect, or the connection ended (or went
-    /// silent) before a status line arrived. The request may or may not have been seen.
+    /// silent) before a status line arrived. The request may or may not have been seen,
+    /// unless `unsent`: it failed before anything was written (the name did not resolve,
+    /// the connection was refused or timed out), so the server certainly did not see it.
     #[error("cannot reach {addr}: {reason}")]
-    Unreachable { addr: String, reason: String },
+    Unreachable {
+        addr: String,
+        reason: String,
+        unsent: bool,
+    },
     /// The TLS handshake failed (most often: this machine does not trust the server's
     /// certificate, or the server does not speak TLS). Nothing was sent.
     #[error("TLS with {addr} failed: {reason}")]
@@ -49,6 +55,11 @@ pub enum HttpError {
 impl HttpError {
     pub fn is_unreachable(&self) -> bool {
         matches!(self, HttpError::Unreachable { .. })
+    }
+
+    /// Nothing reached the server: it could not be resolved or connected to.
+    pub fn never_sent(&self) -> bool {
+        matches!(self, HttpError::Unreachable { unsent: true, .. })
     }
 }
 
@@ -363,6 +374,12 @@ impl<'a> Request<'a> {
         let unreachable = |reason: String| HttpError::Unreachable {
             addr: addr.clone(),
             reason,
+            unsent: false,
+        };
+        let unsent = |reason: String| HttpError::Unreachable {
+            addr: addr.clone(),
+            reason,
+            unsent: true,
         };
         let protocol = |reason: String| match phase {
             Phase::Exchange => HttpError::Protocol {
@@ -379,12 +396,12 @@ impl<'a> Request<'a> {
             Phase::Body => protocol(reason),
         };
         match e {
-            ureq::Error::HostNotFound => unreachable(format!(
+            ureq::Error::HostNotFound => unsent(format!(
                 "cannot resolve {}",
                 url.uri.host().unwrap_or_default()
             )),
-            ureq::Error::ConnectionFailed => unreachable("connection failed".to_string()),
-            ureq::Error::Timeout(Timeout::Connect) => unreachable(format!(
+            ureq::Error::ConnectionFailed => unsent("connection failed".to_string()),
+            ureq::Error::Timeout(Timeout::Connect) => unsent(format!(
                 "connect timed out after {}",
                 human_duration(self.connect_timeout)
             )),
@@ -396,6 +413,18 @@ impl<'a> Request<'a> {
                     addr,
                     reason: describe_tls(tls),
                 },
+                // Said only by name resolution or `connect`: nothing was written. The
+                // resolver's failure has no kind of its own, only std's words for it.
+                None if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionRefused
+                        | io::ErrorKind::HostUnreachable
+                        | io::ErrorKind::NetworkUnreachable
+                        | io::ErrorKind::AddrNotAvailable
+                ) || e.to_string().starts_with("failed to lookup address") =>
+                {
+                    unsent(describe(&e))
+                }
                 None if e.kind() == io::ErrorKind::UnexpectedEof => {
                     waited("the connection closed before an answer".to_string())
                 }

@@ -4,6 +4,8 @@
 
 use std::io::Read;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use cortex_protocol::signal::ErrorBody;
@@ -11,14 +13,20 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::home::{self, HomeError};
-use crate::http::{self, HttpError, Method, Request, Url};
+use crate::http::{self, HttpError, Method, Request};
+use crate::urls::{self, ListError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
+    /// No hub answered: each URL tried, with why, in the order tried. `unsent`: nothing
+    /// reached the last one (see [`HttpError::never_sent`]).
     #[error(
-        "cannot reach the hub at {base} ({reason}); start cortex-hub, or point --hub / CORTEX_HUB at it"
+        "{}; start cortex-hub, or point --hub / CORTEX_HUB at it",
+        unreachable_text(tried)
     )]
-    Unreachable { base: String, reason: String },
+    Unreachable { tried: Vec<Tried>, unsent: bool },
+    #[error("{0}")]
+    Urls(ListError),
     #[error(
         "the hub at {base} gave an unreadable answer ({reason}); is --hub / CORTEX_HUB really a cortex hub?"
     )]
@@ -40,6 +48,26 @@ pub enum HubError {
     Decode { what: String, reason: String },
     #[error("{0}")]
     Request(HttpError),
+}
+
+/// One hub that did not answer, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tried {
+    pub base: String,
+    pub reason: String,
+}
+
+fn unreachable_text(tried: &[Tried]) -> String {
+    match tried {
+        [one] => format!("cannot reach the hub at {} ({})", one.base, one.reason),
+        _ => {
+            let each: Vec<String> = tried
+                .iter()
+                .map(|t| format!("{} ({})", t.base, t.reason))
+                .collect();
+            format!("cannot reach any hub: {}", each.join(", "))
+        }
+    }
 }
 
 fn hint_for(status: u16) -> &'static str {
@@ -64,6 +92,14 @@ impl HubError {
     pub fn status(&self) -> Option<u16> {
         match self {
             HubError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The hub's error code (`store_unavailable`, `not_found`…), when it gave one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            HubError::Api { error, .. } => error.as_deref(),
             _ => None,
         }
     }
@@ -121,25 +157,94 @@ impl Reply {
     }
 }
 
-/// The hub's API at a base URL, with the operator token.
+/// The hub's API at one base URL or several (tried in order), with the operator token.
 #[derive(Debug, Clone)]
 pub struct Hub {
-    base: String,
+    bases: Arc<[String]>,
+    /// Where in `bases` the next request starts: the hub that answered last. Clones share it,
+    /// so the whole process keeps to the hub that answered.
+    current: Arc<AtomicUsize>,
     auth: String,
 }
 
 impl Hub {
-    pub fn new(base: &str, token: &str) -> Result<Hub, HubError> {
-        let base = base.trim().trim_end_matches('/').to_string();
-        Url::parse(&base).map_err(HubError::Request)?;
+    /// `list`: one base URL, or several separated by commas ([`urls::parse`]).
+    pub fn new(list: &str, token: &str) -> Result<Hub, HubError> {
+        let bases: Vec<String> = urls::parse(list)
+            .map_err(|e| match e {
+                ListError::Url(e) => HubError::Request(e),
+                e => HubError::Urls(e),
+            })?
+            .into_iter()
+            .map(|b| b.trim_end_matches('/').to_string())
+            .collect();
         Ok(Hub {
-            base,
+            bases: bases.into(),
+            current: Arc::new(AtomicUsize::new(0)),
             auth: format!("Bearer {token}"),
         })
     }
 
+    /// The base URL requests go to first: the hub that answered last.
     pub fn base(&self) -> &str {
-        &self.base
+        &self.bases[self.start()]
+    }
+
+    /// Every base URL, in the order the next request tries them.
+    pub fn bases(&self) -> Vec<String> {
+        let n = self.bases.len();
+        (0..n)
+            .map(|k| self.bases[(self.start() + k) % n].clone())
+            .collect()
+    }
+
+    fn start(&self) -> usize {
+        self.current.load(Ordering::Relaxed) % self.bases.len()
+    }
+
+    /// Asks each hub in turn with `ask`, from the one that answered last, until one answers.
+    /// It moves on only when nothing reached a hub (its name did not resolve, the
+    /// connection was refused or timed out), or when the hub answered 503
+    /// `store_unavailable`, which says nothing was recorded: a request is never seen twice.
+    /// Any other answer or failure is the result. When none answers, the error names each
+    /// URL tried and why.
+    fn each<T>(&self, mut ask: impl FnMut(&str) -> Result<T, HubError>) -> Result<T, HubError> {
+        let (n, start) = (self.bases.len(), self.start());
+        let mut tried = Vec::new();
+        for k in 0..n {
+            let i = (start + k) % n;
+            let base = &self.bases[i];
+            match ask(base) {
+                Err(HubError::Unreachable {
+                    tried: mut this,
+                    unsent,
+                }) => {
+                    tried.append(&mut this);
+                    if !unsent || k + 1 == n {
+                        return Err(HubError::Unreachable { tried, unsent });
+                    }
+                }
+                Err(e @ HubError::Api { status: 503, .. })
+                    if k + 1 < n && e.code() == Some("store_unavailable") =>
+                {
+                    tried.push(Tried {
+                        base: base.clone(),
+                        reason: "HTTP 503 store_unavailable".to_string(),
+                    });
+                }
+                answered => {
+                    if matches!(answered, Ok(_) | Err(HubError::Api { .. })) {
+                        self.current.store(i, Ordering::Relaxed);
+                    }
+                    return answered;
+                }
+            }
+        }
+        // `bases` is never empty, so the loop always returns; this keeps it free of panics.
+        Err(HubError::Unreachable {
+            tried,
+            unsent: true,
+        })
     }
 
     pub fn get(&self, path: &str) -> Result<Reply, HubError> {
@@ -178,58 +283,66 @@ impl Hub {
         body: Option<&[u8]>,
         timeout: Duration,
     ) -> Result<Reply, HubError> {
-        let url = format!("{}{path}", self.base);
-        let mut req = Request::new(method, &url)
-            .header("Authorization", &self.auth)
-            .timeout(timeout);
-        if let Some(body) = body {
-            req = req.json(body);
-        }
-        let resp = req.send().map_err(|e| self.request_error(e))?;
-        if resp.is_success() {
-            return Ok(Reply {
-                status: resp.status,
-                body: resp.body,
-            });
-        }
-        Err(api_error(resp.status, &resp.body, method, path))
+        self.each(|base| {
+            let url = format!("{base}{path}");
+            let mut req = Request::new(method, &url)
+                .header("Authorization", &self.auth)
+                .timeout(timeout);
+            if let Some(body) = body {
+                req = req.json(body);
+            }
+            let resp = req.send().map_err(|e| request_error(base, e))?;
+            if resp.is_success() {
+                return Ok(Reply {
+                    status: resp.status,
+                    body: resp.body,
+                });
+            }
+            Err(api_error(resp.status, &resp.body, method, path))
+        })
     }
 
     /// `GET path` as a server-sent event stream (`Accept: text/event-stream`): returns
     /// once the hub answered 2xx, with the body still arriving. An error status is read
-    /// (its small body) and returned as [`HubError::Api`].
+    /// (its small body) and returned as [`HubError::Api`]. Opening it moves from hub to hub
+    /// as every request does; a stream that ends is not moved, the caller opens it again.
     pub fn stream(&self, path: &str) -> Result<Box<dyn Read + Send>, HubError> {
-        let url = format!("{}{path}", self.base);
-        let open = Request::new(Method::Get, &url)
-            .header("Authorization", &self.auth)
-            .timeout(http::DEFAULT_TIMEOUT)
-            .open("text/event-stream")
-            .map_err(|e| self.request_error(e))?;
-        if (200..300).contains(&open.status) {
-            return Ok(open.body);
-        }
-        let mut body = Vec::new();
-        // An error's body is one small JSON object; a broken one is still an error.
-        let _ = open.body.take(64 * 1024).read_to_end(&mut body);
-        Err(api_error(open.status, &body, Method::Get, path))
+        self.each(|base| {
+            let url = format!("{base}{path}");
+            let open = Request::new(Method::Get, &url)
+                .header("Authorization", &self.auth)
+                .timeout(http::DEFAULT_TIMEOUT)
+                .open("text/event-stream")
+                .map_err(|e| request_error(base, e))?;
+            if (200..300).contains(&open.status) {
+                return Ok(open.body);
+            }
+            let mut body = Vec::new();
+            // An error's body is one small JSON object; a broken one is still an error.
+            let _ = open.body.take(64 * 1024).read_to_end(&mut body);
+            Err(api_error(open.status, &body, Method::Get, path))
+        })
     }
+}
 
-    fn request_error(&self, e: HttpError) -> HubError {
-        match e {
-            HttpError::Unreachable { reason, .. } => HubError::Unreachable {
-                base: self.base.clone(),
+fn request_error(base: &str, e: HttpError) -> HubError {
+    match e {
+        HttpError::Unreachable { reason, unsent, .. } => HubError::Unreachable {
+            tried: vec![Tried {
+                base: base.to_string(),
                 reason,
-            },
-            HttpError::Protocol { reason, .. } => HubError::Protocol {
-                base: self.base.clone(),
-                reason,
-            },
-            HttpError::Tls { reason, .. } => HubError::Tls {
-                base: self.base.clone(),
-                reason,
-            },
-            e => HubError::Request(e),
-        }
+            }],
+            unsent,
+        },
+        HttpError::Protocol { reason, .. } => HubError::Protocol {
+            base: base.to_string(),
+            reason,
+        },
+        HttpError::Tls { reason, .. } => HubError::Tls {
+            base: base.to_string(),
+            reason,
+        },
+        e => HubError::Request(e),
     }
 }
 
@@ -341,6 +454,108 @@ mod tests {
         assert!(e.to_string().contains("start cortex-hub"), "{e}");
         assert!(Hub::new("https://hub.example:3001", "t").is_ok());
         assert!(Hub::new("ftp://x", "t").is_err());
+    }
+
+    #[test]
+    fn a_refused_hub_is_passed_over_and_the_one_that_answered_kept() {
+        let live = TestServer::canned(vec![json(200, "[]"), json(200, "[1]")]);
+        let dead = format!("http://{}", refused_addr());
+        let hub = Hub::new(&format!("{dead}, {}/", live.url("")), "tok").expect("hub");
+        assert_eq!(hub.get("/api/sessions").expect("second").text(), "[]");
+        assert_eq!(hub.base(), live.url(""), "the one that answered is kept");
+        assert_eq!(hub.bases(), [live.url(""), dead.clone()]);
+        assert_eq!(
+            hub.clone().get("/api/sessions").expect("again").text(),
+            "[1]"
+        );
+        assert_eq!(live.requests().len(), 2);
+    }
+
+    #[test]
+    fn a_hub_that_dies_is_passed_over_by_the_next_request() {
+        use std::io::Write;
+        // The first hub answers once and is gone: what a follow or `wait for` asks next
+        // (their reconnect) goes to the second.
+        let first = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let first_url = format!("http://{}", first.local_addr().expect("addr"));
+        let serve_once = std::thread::spawn(move || {
+            let (mut conn, _) = first.accept().expect("accept");
+            crate::testserver::read_request(&mut conn).expect("request");
+            conn.write_all(&json(200, r#"["first"]"#)).expect("answer");
+        });
+        let second = TestServer::canned(vec![json(200, r#"["second"]"#)]);
+        let hub = Hub::new(&format!("{first_url},{}", second.url("")), "t").expect("hub");
+        assert_eq!(
+            hub.get("/api/sessions").expect("first").text(),
+            r#"["first"]"#
+        );
+        serve_once.join().expect("served");
+        assert_eq!(
+            hub.get("/api/sessions").expect("second").text(),
+            r#"["second"]"#
+        );
+        assert_eq!(hub.base(), second.url(""));
+    }
+
+    #[test]
+    fn an_answer_is_the_result_even_an_error() {
+        let first = TestServer::canned(vec![json(500, r#"{"error":"internal","message":"boom"}"#)]);
+        let second = TestServer::canned(vec![json(200, "[]")]);
+        let hub = Hub::new(&format!("{},{}", first.url(""), second.url("")), "t").expect("hub");
+        let e = hub.post("/api/sessions", &"x").expect_err("500");
+        assert_eq!(e.status(), Some(500));
+        assert!(
+            second.requests().is_empty(),
+            "a hub that answered is not passed over"
+        );
+    }
+
+    #[test]
+    fn a_store_unavailable_503_moves_on_and_nothing_else_does() {
+        let down = TestServer::canned(vec![json(
+            503,
+            r#"{"error":"store_unavailable","message":"nothing was recorded"}"#,
+        )]);
+        let up = TestServer::canned(vec![json(200, "[]")]);
+        let hub = Hub::new(&format!("{},{}", down.url(""), up.url("")), "t").expect("hub");
+        assert_eq!(hub.get("/api/sessions").expect("second").text(), "[]");
+        assert_eq!(hub.base(), up.url(""));
+    }
+
+    #[test]
+    fn none_answering_names_each_url_and_why() {
+        let (a, b) = (
+            format!("http://{}", refused_addr()),
+            format!("http://{}", refused_addr()),
+        );
+        let hub = Hub::new(&format!("{a},{b}"), "t").expect("hub");
+        let e = hub.get("/api/sessions").expect_err("none");
+        assert!(
+            matches!(&e, HubError::Unreachable { tried, .. } if tried.len() == 2),
+            "{e}"
+        );
+        let msg = e.to_string();
+        assert!(msg.starts_with("cannot reach any hub: "), "{msg}");
+        assert!(
+            msg.contains(&format!(
+                "{a} (connection refused), {b} (connection refused)"
+            )),
+            "{msg}"
+        );
+        assert!(e.is_transient());
+        let e = hub.stream("/api/sessions/s/events").err().expect("none");
+        assert!(
+            matches!(&e, HubError::Unreachable { tried, .. } if tried.len() == 2),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_bad_list_is_refused_naming_the_element() {
+        let e = Hub::new("http://a:1,,http://b:2", "t").expect_err("empty");
+        assert!(e.to_string().contains("URL number 2 is empty"), "{e}");
+        let e = Hub::new("http://a:1,b:2", "t").expect_err("no scheme");
+        assert!(e.to_string().contains("\"b:2\""), "{e}");
     }
 
     #[test]

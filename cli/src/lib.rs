@@ -2,7 +2,7 @@
 //!
 //! Layout: [`http`] is the blocking HTTP client both binaries use (ureq, rustls); [`signal`] is all of
 //! `cortex-signal` (flags, caps, sending) and [`spool`] writes the file it falls back to;
-//! [`home`] knows where cortex's files are. [`cmd`] is all of `cortex` (one module per
+//! [`home`] knows where cortex's files are, [`urls`] reads a list of hub URLs. [`cmd`] is all of `cortex` (one module per
 //! command family) over [`hub`], the operator API client; [`timefmt`] turns times into text.
 //! Wire types come from `cortex_protocol` and are never redefined here.
 
@@ -15,6 +15,7 @@ pub mod signal;
 pub mod spool;
 pub use cortex_host::sse;
 pub mod timefmt;
+pub mod urls;
 
 #[cfg(test)]
 mod testserver;

@@ -14,7 +14,8 @@ use cortex_protocol::signal::{
 };
 
 use crate::home::{self, HomeError};
-use crate::http::{HttpError, Method, Request, Response, Url};
+use crate::http::{HttpError, Method, Request, Response};
+use crate::urls;
 
 /// How long to wait for the hub's TCP connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -28,9 +29,11 @@ Examples:
   cortex-signal --exit-code $? --member arm2 --data @train.log
   cortex-signal --status progress --message \"still alive at step 12000\"
 
-If the hub cannot be reached (or answers 5xx, or TLS fails), the signal is written to
-$CORTEX_HOME/tmp/signals/ (CORTEX_HOME defaults to ~/.cortex) and the hub delivers it
-when it drains the spool; each signal carries a fresh key, so it counts once.
+--url (and CORTEX_HUB) may name several hubs, comma-separated: when one cannot be
+reached (or answers 5xx, or TLS fails), the next is tried. If none takes it, the signal
+is written to $CORTEX_HOME/tmp/signals/ (CORTEX_HOME defaults to ~/.cortex) and the hub
+delivers it when it drains the spool; each signal carries a fresh key, sent on every
+attempt and kept in the spool, so it counts once.
 
 Exit status: 0 accepted, already resolved (or expired or cancelled: said on stderr), or
 spooled; 1 refused by the hub, or not delivered (hub unreachable with --no-spool, or the
@@ -70,10 +73,11 @@ pub struct SignalArgs {
     #[arg(long, value_name = "@file|-|text")]
     pub data: Option<String>,
 
-    /// Signal endpoint [default: $CORTEX_HUB/webhook/signal, else
+    /// Signal endpoint, or several comma-separated, tried in order [default:
+    /// $CORTEX_HUB/webhook/signal (each of its URLs), else
     /// http://127.0.0.1:$WEBHOOK_PORT/webhook/signal, else the address a hub on this machine
     /// wrote to $CORTEX_HOME/hub/url, else port 3001]
-    #[arg(long, value_name = "url")]
+    #[arg(long, value_name = "url[,url…]")]
     pub url: Option<String>,
 
     /// Fail (exit 1) instead of writing to the spool when the hub cannot be reached
@@ -110,7 +114,7 @@ pub struct SignalEnv {
     pub id: Option<String>,
     /// `CORTEX_SIGNAL_SECRET`
     pub secret: Option<String>,
-    /// `CORTEX_HUB`: the hub's base URL, as `cortex` takes it.
+    /// `CORTEX_HUB`: the hub's base URL (or several, comma-separated), as `cortex` takes it.
     pub hub: Option<String>,
     /// `WEBHOOK_PORT`
     pub webhook_port: Option<String>,
@@ -173,21 +177,29 @@ pub enum UsageError {
         "WEBHOOK_PORT={0:?} is not a port number; set it to the hub's port (default 3001) or pass --url"
     )]
     BadPort(String),
-    #[error("--url: {0}")]
+    /// A bad `--url` or `CORTEX_HUB`; the text names which, and the URL.
+    #[error("{0}")]
     BadUrl(String),
 }
 
-/// The signal route's URL: `--url`, else `$CORTEX_HUB/webhook/signal`, else loopback on
-/// `WEBHOOK_PORT`, else the address the hub on this machine wrote to
-/// `$CORTEX_HOME/hub/url`, else loopback on port 3001: the order `cortex` finds the hub in.
-pub fn signal_url(flag: Option<&str>, env: &SignalEnv) -> Result<String, UsageError> {
+/// The signal route's URLs, tried in order: `--url` (one URL or several, comma-separated),
+/// else each of `$CORTEX_HUB`'s with `/webhook/signal`, else loopback on `WEBHOOK_PORT`,
+/// else the address the hub on this machine wrote to `$CORTEX_HOME/hub/url`, else loopback
+/// on port 3001: the order `cortex` finds the hub in. Every URL is checked ([`urls::parse`]).
+pub fn signal_urls(flag: Option<&str>, env: &SignalEnv) -> Result<Vec<String>, UsageError> {
     let set = |v: Option<&str>| v.map(str::trim).filter(|s| !s.is_empty()).map(String::from);
+    let list = |from: &str, text: &str| {
+        urls::parse(text).map_err(|e| UsageError::BadUrl(format!("{from}: {e}")))
+    };
     if let Some(u) = set(flag) {
-        return Ok(u);
+        return list("--url", &u);
     }
     let route = |base: &str| format!("{}/webhook/signal", base.trim_end_matches('/'));
-    if let Some(base) = set(env.hub.as_deref()) {
-        return Ok(route(&base));
+    if let Some(bases) = set(env.hub.as_deref()) {
+        return Ok(list("CORTEX_HUB", &bases)?
+            .iter()
+            .map(|b| route(b))
+            .collect());
     }
     let port = match set(env.webhook_port.as_deref()) {
         None => {
@@ -197,7 +209,7 @@ pub fn signal_url(flag: Option<&str>, env: &SignalEnv) -> Result<String, UsageEr
                 .ok()
                 .and_then(|h| home::hub_url_from_file(h));
             if let Some(base) = from_file {
-                return Ok(route(&base));
+                return list("$CORTEX_HOME/hub/url", &route(&base));
             }
             cortex_protocol::DEFAULT_WEBHOOK_PORT
         }
@@ -206,13 +218,14 @@ pub fn signal_url(flag: Option<&str>, env: &SignalEnv) -> Result<String, UsageEr
             _ => return Err(UsageError::BadPort(p)),
         },
     };
-    Ok(format!("http://127.0.0.1:{port}/webhook/signal"))
+    Ok(vec![format!("http://127.0.0.1:{port}/webhook/signal")])
 }
 
-/// A signal ready to send: the body, the URL, and what to warn about.
+/// A signal ready to send: the body, the URLs, and what to warn about.
 #[derive(Debug, Clone)]
 pub struct Prepared {
-    pub url: String,
+    /// Tried in order; never empty.
+    pub urls: Vec<String>,
     pub request: SignalRequest,
     /// The JSON body, sent as is and, if need be, spooled as is (same key).
     pub body: Vec<u8>,
@@ -232,8 +245,7 @@ pub fn prepare(
     let secret = present(&args.secret)
         .or_else(|| present(&env.secret))
         .ok_or(UsageError::NoSecret)?;
-    let url = signal_url(args.url.as_deref(), env)?;
-    Url::parse(&url).map_err(|e| UsageError::BadUrl(e.to_string()))?;
+    let urls = signal_urls(args.url.as_deref(), env)?;
 
     let mut warnings = Vec::new();
     let status = match (args.status, args.exit_code) {
@@ -261,7 +273,7 @@ pub fn prepare(
     };
     let (request, body) = fit(request, tail.as_ref(), &mut warnings);
     Ok(Prepared {
-        url,
+        urls,
         request,
         body,
         warnings,
@@ -462,12 +474,43 @@ pub fn run(
     for w in &prepared.warnings {
         let _ = writeln!(stderr, "cortex-signal: warning: {w}");
     }
-    let sent = Request::new(Method::Post, &prepared.url)
-        .json(&prepared.body)
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(TIMEOUT)
-        .send();
-    conclude(sent, &prepared, args.no_spool, &env.cortex_home, stderr)
+    // The same body, and so the same key, at every URL: a hub that recorded the signal
+    // but whose answer was lost tells the next one (on the same store) it is a duplicate.
+    let mut missed_at = Vec::new();
+    for (i, url) in prepared.urls.iter().enumerate() {
+        let sent = Request::new(Method::Post, url)
+            .json(&prepared.body)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(TIMEOUT)
+            .send();
+        if i + 1 == prepared.urls.len() || !worth_spooling(&sent) {
+            return conclude(
+                sent,
+                url,
+                &missed_at,
+                &prepared,
+                args.no_spool,
+                &env.cortex_home,
+                stderr,
+            );
+        }
+        missed_at.push(missed(&sent, url, &prepared.request.secret));
+    }
+    // `urls` is never empty, so the loop always returns.
+    Outcome::Usage
+}
+
+/// The hub did not take the signal, though it might have: the next URL is tried, and after
+/// the last the signal is spooled (a TLS failure too: the signal is safer on disk than lost
+/// to a certificate problem).
+fn worth_spooling(sent: &Result<Response, HttpError>) -> bool {
+    match sent {
+        Ok(r) => r.status >= 500,
+        Err(e) => matches!(
+            e,
+            HttpError::Unreachable { .. } | HttpError::Tls { .. } | HttpError::Protocol { .. }
+        ),
+    }
 }
 
 /// Why the hub did not take the signal, though it might have: worth spooling.
@@ -494,9 +537,12 @@ fn missed(sent: &Result<Response, HttpError>, url: &str, secret: &str) -> String
     }
 }
 
-/// Maps what happened to the request onto an outcome, spooling when the hub did not take it.
+/// Maps what happened to the last request (the one to `url`) onto an outcome, spooling
+/// when the hub did not take it; `missed_at` says why each URL before it did not.
 pub fn conclude(
     sent: Result<Response, HttpError>,
+    url: &str,
+    missed_at: &[String],
     prepared: &Prepared,
     no_spool: bool,
     cortex_home: &Result<PathBuf, HomeError>,
@@ -524,9 +570,8 @@ pub fn conclude(
             };
             return Outcome::AlreadyResolved;
         }
-        Ok(r) if r.status < 500 => return refused(r, prepared, stderr),
-        // Not taken, though it might have been: kept in the spool (a TLS failure too: the
-        // signal is safer on disk than lost to a certificate problem).
+        Ok(r) if r.status < 500 => return refused(r, url, prepared, stderr),
+        // Not taken, though it might have been: kept in the spool (`worth_spooling`).
         Ok(_)
         | Err(HttpError::Unreachable { .. } | HttpError::Tls { .. } | HttpError::Protocol { .. }) =>
             {}
@@ -536,7 +581,9 @@ pub fn conclude(
             return Outcome::Usage;
         }
     }
-    let what = missed(&sent, &prepared.url, &prepared.request.secret);
+    let mut all = missed_at.to_vec();
+    all.push(missed(&sent, url, &prepared.request.secret));
+    let what = all.join(", ");
     if no_spool {
         let _ = writeln!(
             stderr,
@@ -569,14 +616,14 @@ pub fn conclude(
     }
 }
 
-fn refused(r: &Response, prepared: &Prepared, stderr: &mut dyn Write) -> Outcome {
+fn refused(r: &Response, url: &str, prepared: &Prepared, stderr: &mut dyn Write) -> Outcome {
     let id = &prepared.request.id;
     let redact = |s: &str| redact(s, &prepared.request.secret);
     if !(400..500).contains(&r.status) {
         let _ = writeln!(
             stderr,
             "cortex-signal: unexpected answer HTTP {} from {}; check --url (it should end in /webhook/signal)",
-            r.status, prepared.url
+            r.status, url
         );
         return Outcome::Refused(r.status);
     }
@@ -591,7 +638,7 @@ fn refused(r: &Response, prepared: &Prepared, stderr: &mut dyn Write) -> Outcome
         422 => "this waitpoint names its members; pass one with --member NAME".to_string(),
         429 => "too many unknown ids or wrong secrets in the last minute; fix the id and secret, then retry in a minute"
             .to_string(),
-        _ => format!("check --url ({}) and the flags", prepared.url),
+        _ => format!("check --url ({url}) and the flags"),
     };
     let (code, message) = match &body {
         Some(b) => (format!(" {}", b.error), redact(&b.message)),

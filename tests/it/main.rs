@@ -14,6 +14,7 @@ mod full_disk;
 mod guards;
 mod hostile;
 mod hostile_model;
+mod hub_urls;
 mod layering;
 mod local_waits;
 mod log_secrets;

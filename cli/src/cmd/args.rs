@@ -14,7 +14,10 @@ Examples:
   cortex wait pid 4242 --device gpu1
 
 The hub's address: --hub URL, else $CORTEX_HUB, else http://127.0.0.1:$WEBHOOK_PORT, else the
-address a running hub wrote to $CORTEX_HOME/hub/url, else http://127.0.0.1:3001.
+address a running hub wrote to $CORTEX_HOME/hub/url, else http://127.0.0.1:3001. --hub and
+$CORTEX_HUB may list several hubs, comma-separated (--hub http://a:3001,http://b:3001): a
+request goes to the next when nothing reaches one (or it answers 503 store_unavailable),
+and stays with the one that answered.
 The operator token: $CORTEX_WEBHOOK_TOKEN, else the file $CORTEX_HOME/hub/token (CORTEX_HOME
 defaults to ~/.cortex).
 
@@ -61,8 +64,9 @@ it stays armed).";
 #[derive(Debug, Parser)]
 #[command(name = "cortex", version, after_help = AFTER_HELP)]
 pub struct Cli {
-    /// The hub's address [default: http://127.0.0.1:$WEBHOOK_PORT]
-    #[arg(long, global = true, env = "CORTEX_HUB", value_name = "URL")]
+    /// The hub's address, or several comma-separated, tried in order [default:
+    /// http://127.0.0.1:$WEBHOOK_PORT]
+    #[arg(long, global = true, env = "CORTEX_HUB", value_name = "URL[,URL…]")]
     pub hub: Option<String>,
 
     /// Print the hub's JSON instead of a table

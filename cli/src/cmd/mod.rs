@@ -269,9 +269,9 @@ fn execute(
     Ok(0)
 }
 
-/// The hub's base URL: the flag (or `CORTEX_HUB`), else loopback on `WEBHOOK_PORT`, else
-/// the address the running hub wrote to `$CORTEX_HOME/hub/url` (`from_file`), else
-/// loopback on port 3001.
+/// The hub's base URL: the flag (or `CORTEX_HUB`, either one URL or several separated by
+/// commas, tried in order: [`Hub::new`]), else loopback on `WEBHOOK_PORT`, else the address
+/// the running hub wrote to `$CORTEX_HOME/hub/url` (`from_file`), else loopback on port 3001.
 pub fn hub_url(
     flag: Option<&str>,
     webhook_port: Option<&str>,

@@ -159,8 +159,15 @@ fn arm(hub: &Hub, args: &RunArgs, user: Option<&str>) -> anyhow::Result<Armed> {
         id: created.head.id,
         secret: created.secret,
         session: created.head.session,
-        signal_url: format!("{}/webhook/signal", hub.base()),
-        hub: hub.base().to_string(),
+        // Every hub, the one that answered first: the end is signalled to the next if
+        // that one is gone by then.
+        signal_url: hub
+            .bases()
+            .iter()
+            .map(|b| format!("{b}/webhook/signal"))
+            .collect::<Vec<_>>()
+            .join(","),
+        hub: hub.bases().join(","),
     })
 }
 

@@ -165,6 +165,7 @@ fn connection_refused_is_unreachable() {
     let e = get(&url).expect_err("refused");
     assert!(e.is_unreachable(), "{e}");
     assert!(e.to_string().contains("connection refused"), "{e}");
+    assert!(e.never_sent(), "a refused connection saw nothing: {e}");
 }
 
 #[test]
@@ -172,6 +173,7 @@ fn an_unknown_host_is_unreachable() {
     // `.invalid` never resolves (RFC 2606).
     let e = get("http://cortex-hub.invalid:3001/").expect_err("no such host");
     assert!(e.is_unreachable(), "{e}");
+    assert!(e.never_sent(), "{e}");
 }
 
 #[test]
@@ -179,6 +181,7 @@ fn close_before_a_status_line_is_unreachable() {
     let server = TestServer::canned(vec![Vec::new()]);
     let e = get(&server.url("/")).expect_err("closed");
     assert!(e.is_unreachable(), "{e}");
+    assert!(!e.never_sent(), "the server may have seen it: {e}");
 }
 
 #[test]
@@ -190,6 +193,7 @@ fn silence_before_a_status_line_is_unreachable() {
         .expect_err("silent");
     assert!(e.is_unreachable(), "{e}");
     assert!(e.to_string().contains("no answer within 100ms"), "{e}");
+    assert!(!e.never_sent(), "the server may have seen it: {e}");
 }
 
 #[test]

@@ -117,7 +117,7 @@ fn the_body_is_the_protocol_signal_with_a_fresh_key() {
     assert_eq!(key.len(), 32);
     assert!(key.bytes().all(|b| b.is_ascii_hexdigit()));
     assert_ne!(prep(&[]).request.key, prep(&[]).request.key);
-    assert_eq!(p.url, "http://127.0.0.1:3001/webhook/signal");
+    assert_eq!(p.urls, ["http://127.0.0.1:3001/webhook/signal"]);
     assert!(p.warnings.is_empty());
 }
 
@@ -170,7 +170,8 @@ fn url_from_cortex_hub_and_the_hubs_url_file() {
     let url = |e: &SignalEnv| {
         prepare(&args(&[]), e, &mut io::empty())
             .expect("prepare")
-            .url
+            .urls
+            .join(",")
     };
     assert_eq!(
         url(&e),
@@ -202,7 +203,7 @@ fn url_from_cortex_hub_and_the_hubs_url_file() {
         &mut io::empty(),
     )
     .expect("prepare");
-    assert_eq!(p.url, "http://127.0.0.1:1/webhook/signal", "--url wins");
+    assert_eq!(p.urls, ["http://127.0.0.1:1/webhook/signal"], "--url wins");
 }
 
 #[test]
@@ -210,7 +211,7 @@ fn url_from_webhook_port_or_flag() {
     let mut e = env();
     e.webhook_port = Some("4555".into());
     let p = prepare(&args(&[]), &e, &mut io::empty()).expect("prepare");
-    assert_eq!(p.url, "http://127.0.0.1:4555/webhook/signal");
+    assert_eq!(p.urls, ["http://127.0.0.1:4555/webhook/signal"]);
     e.webhook_port = Some("http".into());
     assert_eq!(
         prepare(&args(&[]), &e, &mut io::empty()).err(),
@@ -222,7 +223,7 @@ fn url_from_webhook_port_or_flag() {
         &mut io::empty(),
     )
     .expect("https is a URL like any other");
-    assert_eq!(p.url, "https://hub.example/webhook/signal");
+    assert_eq!(p.urls, ["https://hub.example/webhook/signal"]);
     for bad in ["ftp://hub/webhook/signal", "hub:3001/webhook/signal"] {
         let err = prepare(&args(&["--url", bad]), &env(), &mut io::empty()).expect_err(bad);
         assert!(matches!(err, UsageError::BadUrl(_)), "{err}");
@@ -608,4 +609,88 @@ fn status_overrides_the_exit_code_either_way() {
     );
     let p = prep(&["--exit-code", "0", "--status", "fail"]);
     assert_eq!(p.request.status, Some(SignalStatus::Fail));
+}
+
+#[test]
+fn each_url_is_tried_with_the_same_key_until_one_takes_it() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let failing = TestServer::canned(vec![json(
+        503,
+        r#"{"error":"store_unavailable","message":"nothing was recorded"}"#,
+    )]);
+    let taking = TestServer::canned(vec![json(
+        202,
+        r#"{"result":"duplicate","waitpoint":"wp_env","state":"armed"}"#,
+    )]);
+    let dead = format!("http://{}/webhook/signal", refused_addr());
+    let list = format!(
+        "{dead},{},{}",
+        failing.url("/webhook/signal"),
+        taking.url("/webhook/signal")
+    );
+    let (outcome, err) = run_at(&list, &[], home.path());
+    assert_eq!((outcome, err.as_str()), (Outcome::Accepted, ""));
+    let (first, second) = (failing.next_request().json(), taking.next_request().json());
+    assert_eq!(first["key"], second["key"], "one key on every attempt");
+    assert!(spooled_files(home.path()).is_empty());
+}
+
+#[test]
+fn a_refusal_is_the_answer_and_the_next_url_is_not_asked() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let refusing = TestServer::canned(vec![json(
+        401,
+        r#"{"error":"unauthorized","message":"wrong secret"}"#,
+    )]);
+    let other = TestServer::canned(vec![json(202, "{}")]);
+    let list = format!(
+        "{},{}",
+        refusing.url("/webhook/signal"),
+        other.url("/webhook/signal")
+    );
+    let (outcome, _) = run_at(&list, &[], home.path());
+    assert_eq!(outcome, Outcome::Refused(401));
+    assert!(other.requests().is_empty());
+}
+
+#[test]
+fn none_taking_it_spools_once_naming_every_url() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (
+        format!("http://{}/webhook/signal", refused_addr()),
+        format!("http://{}/webhook/signal", refused_addr()),
+    );
+    let (outcome, err) = run_at(&format!("{a},{b}"), &[], home.path());
+    assert!(matches!(outcome, Outcome::Spooled(_)), "{outcome:?}");
+    assert_eq!(outcome.exit_code(), 0);
+    assert_eq!(spooled_files(home.path()).len(), 1);
+    assert!(
+        err.contains(&format!(
+            "hub unreachable at {a} (connection refused), hub unreachable at {b} (connection refused); spooled the signal"
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bad_list_is_a_usage_error_naming_the_element_and_where_it_came_from() {
+    let e = prepare(
+        &args(&["--url", "http://a/webhook/signal,,http://b/webhook/signal"]),
+        &env(),
+        &mut io::empty(),
+    )
+    .expect_err("empty");
+    assert!(e.to_string().starts_with("--url: "), "{e}");
+    assert!(e.to_string().contains("URL number 2 is empty"), "{e}");
+    let mut with_hub = env();
+    with_hub.hub = Some("http://a:1, b:2".into());
+    let e = prepare(&args(&[]), &with_hub, &mut io::empty()).expect_err("no scheme");
+    assert!(e.to_string().starts_with("CORTEX_HUB: "), "{e}");
+    assert!(e.to_string().contains("\"b:2\""), "{e}");
+    with_hub.hub = Some("http://a:1/, https://b:2".into());
+    let p = prepare(&args(&[]), &with_hub, &mut io::empty()).expect("two");
+    assert_eq!(
+        p.urls,
+        ["http://a:1/webhook/signal", "https://b:2/webhook/signal"]
+    );
 }
