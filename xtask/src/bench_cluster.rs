@@ -152,6 +152,20 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
             }
         }
     }
+    // Where the hub's time on PostgreSQL goes: its reads by table (index scans: a point
+    // read or a range page each), and its transactions (one per batch).
+    let signals = onpg.recorded(&hubs[1].1)?;
+    let scans = cluster.query(
+        "hub",
+        "SELECT string_agg(relname || ' ' || idx_scan, ', ' ORDER BY idx_scan DESC) FROM pg_stat_user_tables WHERE schemaname = 'cortex' AND idx_scan > 0",
+    );
+    let commits: u64 = cluster
+        .query(
+            "hub",
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .parse()
+        .context("xact_commit")?;
     let size: u64 = cluster
         .query("hub", "SELECT pg_database_size(current_database())")
         .parse()
@@ -202,6 +216,12 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
     println!(
         "the hub's database after the runs: {:.1} MiB",
         size as f64 / (1 << 20) as f64
+    );
+    println!(
+        "the hub on PostgreSQL: {} signals in {} transactions (about {:.0} a batch); reads by table (index scans): {scans}",
+        thousands(signals as f64),
+        thousands(commits as f64),
+        signals as f64 / commits.max(1) as f64
     );
     println!();
     for c in &checks {

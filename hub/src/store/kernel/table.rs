@@ -184,9 +184,9 @@ pub trait SnapTable: Send {
     /// The entries within the bounds, forwards or backwards.
     fn range(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>, rev: bool) -> Result<RawIter, StoreError>;
     fn count(&self) -> Result<u64, StoreError>;
-    /// Forgets what was read so far (a backend that keeps a batch's reads: once the batch
-    /// committed or rolled back).
-    fn forget(&self) {}
+    /// After a batch: `Some(changes)` it committed, `None` it failed (or the backend's
+    /// connection was made again). A backend that keeps what it read updates or forgets it.
+    fn settle(&self, _committed: Option<&Changes>) {}
 }
 
 struct Snap<K: Key + 'static, V: Value + 'static>(redb::ReadOnlyTable<K, V>);

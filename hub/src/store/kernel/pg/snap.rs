@@ -4,10 +4,14 @@
 //! that stops at its first entry (the next timer, the oldest ready session) reads one
 //! page, not the table.
 //!
-//! What a batch read is kept until [`SnapTable::forget`] (the writer calls it once the
-//! batch committed or rolled back): the batch's own changes are in the layers above,
-//! and the database does not change under its one writer, so the jobs of a batch that
-//! all read one session's last event (or one waitpoint's head) ask the server once.
+//! What is read is kept: the database changes only through its one writer (the writer's
+//! advisory lock), so a key read once holds until this writer changes it. A batch's own
+//! changes sit in the layers above; once it committed, [`SnapTable::settle`] writes them
+//! into what is kept, and a batch that failed (or a connection made again, after which
+//! another writer may have run) forgets it all. Range pages are kept only for the batch
+//! (a write anywhere in a page's bounds would change it), so the jobs of a batch that all
+//! read one session's last events ask the server once. Point reads are kept up to
+//! [`KEPT_MAX`] keys a table.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Bound;
@@ -15,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::conn::{Conn, qualified};
 use crate::store::kernel::error::StoreError;
-use crate::store::kernel::table::{AnyTable, RawItem, RawIter, SnapTable, Snapshot};
+use crate::store::kernel::table::{AnyTable, Changes, RawItem, RawIter, SnapTable, Snapshot};
 
 /// A connection the snapshot's tables share.
 pub type Shared = Arc<Mutex<Conn>>;
@@ -40,6 +44,9 @@ pub fn snapshot(conn: &Shared, registry: &[&'static dyn AnyTable]) -> Snapshot {
         .collect();
     Snapshot { tables }
 }
+
+/// How many point reads a table keeps before it forgets them all and starts over.
+const KEPT_MAX: usize = 65_536;
 
 /// A page of a range: (ordered key, raw key, value) rows.
 type Page = Vec<(Vec<u8>, Vec<u8>, Vec<u8>)>;
@@ -103,9 +110,16 @@ impl SnapTable for PgTable {
         Ok(n.max(0) as u64)
     }
 
-    fn forget(&self) {
-        if let Ok(mut m) = self.kept.lock() {
-            *m = Kept::default();
+    fn settle(&self, committed: Option<&Changes>) {
+        let Ok(mut m) = self.kept.lock() else { return };
+        m.pages.clear();
+        match committed {
+            Some(changes) if m.gets.len() + changes.len() <= KEPT_MAX => {
+                for (k, v) in changes {
+                    m.gets.insert((self.order)(&k.bytes), v.clone());
+                }
+            }
+            _ => m.gets.clear(),
         }
     }
 }

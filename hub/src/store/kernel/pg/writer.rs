@@ -124,10 +124,10 @@ impl<C> PgWriter<C> {
             let changed = !ran.undo.is_empty();
             let result = self.commit(changed);
             // Committed or rolled back, the database now says what is true.
-            self.cur = Overlay::new(self.registry.len());
-            for t in &self.snap.tables {
-                t.forget();
+            for (t, changes) in self.snap.tables.iter().zip(&self.cur.tables) {
+                t.settle(result.is_ok().then_some(changes));
             }
+            self.cur = Overlay::new(self.registry.len());
             if let Err(e) = &result {
                 tracing::error!(error = %e, "the store could not commit a batch; its callers get an error and nothing of it is stored");
             } else if changed {
@@ -150,9 +150,13 @@ impl<C> PgWriter<C> {
             }
         }
         let mut again = self.pg.conn()?;
-        // The lock went with the lost connection: another hub may have taken it since.
+        // The lock went with the lost connection: another hub may have taken it since,
+        // and written; what was read before is forgotten.
         take_lock(&mut again, &self.pg.shown)?;
         *c = again;
+        for t in &self.snap.tables {
+            t.settle(None);
+        }
         tracing::info!(database = %self.pg.shown, "the store connected to PostgreSQL again");
         c.simple("BEGIN")
     }
