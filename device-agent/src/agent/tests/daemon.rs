@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::fake_hub::{FakeHub, LIMIT};
 use super::forward::{drop_file, signal};
-use crate::agent::{self, AgentError, Config, HubUrl, Timing, Token};
+use crate::agent::{self, AgentError, Config, HubUrl, HubUrls, Timing, Token};
 
 const TOKEN: &str = "tok_s3cret_for_tests";
 
@@ -33,7 +33,7 @@ fn timing() -> Timing {
 
 pub(super) fn config(home: &Path, url: &str) -> Config {
     Config {
-        hub: HubUrl::parse(url, false).expect("url"),
+        hubs: HubUrls::one(HubUrl::parse(url, false).expect("url")),
         name: "gpu1".into(),
         token: Token::new(TOKEN, "test").expect("token"),
         token_file: None,
