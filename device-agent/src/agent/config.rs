@@ -225,10 +225,10 @@ pub struct HubUrls(Vec<HubUrl>);
 
 impl HubUrls {
     /// Checks every URL in `list` ([`HubUrl::parse`]); an empty element (`a,,b`, a trailing
-    /// comma) or an empty list is an error, never skipped, so a typo is not a silent
-    /// missing standby. Duplicates are kept: each is tried in its turn.
+    /// comma) or an empty list (a lone empty one included) is an error, never skipped, so a
+    /// typo is not a silent missing standby. Duplicates are kept: each is tried in its turn.
     pub fn parse<S: AsRef<str>>(list: &[S], allow_insecure: bool) -> Result<HubUrls, ConfigError> {
-        if list.is_empty() {
+        if list.iter().all(|s| s.as_ref().trim().is_empty()) {
             return Err(ConfigError::NoHub);
         }
         let count = list.len();

@@ -160,6 +160,10 @@ fn several_hub_urls_are_each_checked_and_an_empty_one_is_an_error() {
         HubUrls::parse::<&str>(&[], false),
         Err(ConfigError::NoHub)
     ));
+    assert!(matches!(
+        HubUrls::parse(&[" "], false),
+        Err(ConfigError::NoHub)
+    ));
     // The bad one is named, whichever it is.
     let bad = HubUrls::parse(&["wss://a", "http://b:3002/mesh/v1"], false).unwrap_err();
     assert!(
