@@ -3,6 +3,9 @@
 #
 #   sudo ./install-agent.sh --hub wss://hub.example:3002/mesh/v1 --name gpu1 < token
 #
+# --hub may be repeated for hubs that share one store (a standby): the agent links to one
+# at a time, in order, and moves to the next when that one dies.
+#
 # It installs the binary (/usr/local/bin, named in the unit), the unit cortex-device-agent@.service
 # (/etc/systemd/system), /etc/cortex/device-agent.env (hub URL, device name, CA) and
 # /etc/cortex/device-agent.token (root, 0600; systemd hands it to the agent as a
@@ -17,7 +20,8 @@ usage() {
     cat <<'EOF'
 usage: install-agent.sh --hub URL --name NAME [options] < TOKEN
 
-  --hub URL          the hub's mesh URL, wss://HOST:3002/mesh/v1 (ws:// only to this machine)
+  --hub URL          the hub's mesh URL, wss://HOST:3002/mesh/v1 (ws:// only to this machine);
+                     repeat it for several hubs on one store, tried in order
   --name NAME        this device's name, as given to `cortex device add NAME` on the hub
   --user USER        whose spool to forward and as whom to run (default: $SUDO_USER)
   --token-file FILE  read the token from FILE instead of stdin
@@ -38,7 +42,7 @@ die() {
 hub="" name="" user="${SUDO_USER:-}" token_file="" binary="" ca="" root=""
 while [ $# -gt 0 ]; do
     case "$1" in
-        --hub) hub="${2:?--hub needs a URL}"; shift 2 ;;
+        --hub) hub="${hub:+$hub,}${2:?--hub needs a URL}"; shift 2 ;;
         --name) name="${2:?--name needs a name}"; shift 2 ;;
         --user) user="${2:?--user needs a user}"; shift 2 ;;
         --token-file) token_file="${2:?--token-file needs a file}"; shift 2 ;;
@@ -53,10 +57,19 @@ done
 [ -n "$hub" ] || { usage >&2; die "--hub is required"; }
 [ -n "$name" ] || { usage >&2; die "--name is required"; }
 [ -n "$user" ] || die "no user: pass --user USER (the one whose ~/.cortex/tmp/signals to forward)"
+# Several hubs become CORTEX_HUB_URL's comma-separated list; each must be a WebSocket URL.
 case "$hub" in
-    ws://*|wss://*) ;;
-    *) die "--hub must be a ws:// or wss:// URL, like wss://hub.example:3002/mesh/v1" ;;
+    ,*|*,|*,,*) die "--hub got an empty URL (a stray comma in '$hub')" ;;
 esac
+old_ifs=$IFS
+IFS=,
+for h in $hub; do
+    case "$h" in
+        ws://*|wss://*) ;;
+        *) die "--hub must be a ws:// or wss:// URL, like wss://hub.example:3002/mesh/v1 (got '$h')" ;;
+    esac
+done
+IFS=$old_ifs
 if [ -z "$root" ] && [ "$(id -u)" != 0 ]; then
     die "run as root (sudo): it writes /etc and enables a system service"
 fi

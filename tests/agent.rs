@@ -17,7 +17,8 @@ pub struct Agent {
     _tmp: tempfile::TempDir,
     child: Option<Child>,
     pub name: String,
-    mesh_url: String,
+    /// The `--hub` flags, in order (none: the agent takes `CORTEX_HUB_URL` from `env`).
+    hub_urls: Vec<String>,
     token_file: PathBuf,
     /// Extra environment, set after the defaults (so `RUST_LOG` here wins over `info`).
     env: Vec<(String, String)>,
@@ -48,7 +49,7 @@ impl Agent {
             _tmp: tmp,
             child: None,
             name: name.to_string(),
-            mesh_url: hub.mesh_url.clone(),
+            hub_urls: vec![hub.mesh_url.clone()],
             token_file,
             env: Vec::new(),
         }
@@ -64,7 +65,22 @@ impl Agent {
 
     /// Dials `url` instead of the hub's printed mesh URL at every later start.
     pub fn set_hub_url(&mut self, url: &str) {
-        self.mesh_url = url.to_string();
+        self.set_hub_urls(&[url]);
+    }
+
+    /// Passes `--hub` once for each of `urls`, in order, at every later start (several
+    /// hubs); none leaves the hubs to `CORTEX_HUB_URL` (set it with [`Agent::set_env`]).
+    pub fn set_hub_urls(&mut self, urls: &[&str]) {
+        self.hub_urls = urls.iter().map(|u| u.to_string()).collect();
+    }
+
+    /// Starts an agent for device `name` of `hub` that is given `urls` as its hubs
+    /// (`--hub` once each, in order) instead of `hub`'s mesh URL.
+    pub fn start_with_hubs(hub: &Hub, urls: &[&str], name: &str, token: &str) -> Agent {
+        let mut a = Agent::new(hub, name, token);
+        a.set_hub_urls(urls);
+        a.spawn();
+        a
     }
 
     /// Sets `key=value` in the environment of every later start (e.g. `RUST_LOG`).
@@ -101,7 +117,11 @@ impl Agent {
     /// The command line [`Agent::spawn`] runs, for a test that runs it itself.
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(bin("cortex-device-agent"));
-        cmd.args(["--hub", &self.mesh_url, "--name", &self.name])
+        for url in &self.hub_urls {
+            cmd.args(["--hub", url]);
+        }
+        cmd.args(["--name", &self.name])
+            .env_remove("CORTEX_HUB_URL")
             .arg("--token-file")
             .arg(&self.token_file)
             .arg("--home")

@@ -10,6 +10,8 @@ const AFTER_HELP: &str = "\
 Examples:
   cortex-device-agent --hub wss://hub.example:3002/mesh/v1 --name gpu1 --token-file ~/.cortex/device-token
   CORTEX_DEVICE_TOKEN=… cortex-device-agent --hub ws://127.0.0.1:3002/mesh/v1 --name gpu1
+  cortex-device-agent --hub wss://a.example/mesh/v1 --hub wss://b.example/mesh/v1 --name gpu1
+  CORTEX_HUB_URL=wss://a.example/mesh/v1,wss://b.example/mesh/v1 cortex-device-agent --name gpu1
   RUST_LOG=debug cortex-device-agent --hub wss://hub.example:3002/mesh/v1 --name gpu1 --allow-exec --exec-allow python3
 
 Environment (besides each flag's own, shown with it):
@@ -27,7 +29,8 @@ Files:
 SIGTERM or SIGINT stops it; files not yet acknowledged stay in the spool for the next start.";
 
 /// The cortex device agent: forwards this machine's signal spool (~/.cortex/tmp/signals/) to
-/// the hub over one WebSocket, deleting each file only once the hub has it.
+/// the hub over one WebSocket, deleting each file only once the hub has it. Given several
+/// hubs (--hub twice), it links to one and moves to the next when that one dies.
 ///
 /// Files wait on disk while the hub is unreachable, and refused or malformed ones are
 /// parked under bad/ with a .reason file beside them. The device token comes from
@@ -37,9 +40,18 @@ SIGTERM or SIGINT stops it; files not yet acknowledged stay in the spool for the
 #[command(name = "cortex-device-agent", version, after_help = AFTER_HELP)]
 pub struct Args {
     /// The hub's mesh URL: ws://HOST:3002/mesh/v1, or wss://HOST/mesh/v1 when the hub serves
-    /// TLS. Plaintext ws:// only to this machine (loopback) unless --mesh-insecure
-    #[arg(long, env = "CORTEX_HUB_URL", value_name = "URL")]
-    pub hub: String,
+    /// TLS. Plaintext ws:// only to this machine (loopback) unless --mesh-insecure.
+    /// Repeatable for hubs that share one store (a standby): the agent links to one at a
+    /// time, in order, and moves to the next when a dial fails or the link dies; the
+    /// environment form is comma-separated
+    #[arg(
+        long,
+        env = "CORTEX_HUB_URL",
+        value_name = "URL",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub hub: Vec<String>,
 
     /// This device's name, as enrolled on the hub with `cortex device add NAME`
     #[arg(long, env = "CORTEX_DEVICE_NAME", value_name = "NAME")]

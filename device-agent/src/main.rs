@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
-use cortex_device_agent::agent::{self, Config, HubUrl, Timing, config};
+use cortex_device_agent::agent::{self, Config, HubUrls, Timing, config};
 use cortex_device_agent::cli::Args;
 
 fn main() -> std::process::ExitCode {
@@ -18,7 +18,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn real_main(args: Args) -> anyhow::Result<()> {
-    let hub = HubUrl::parse(&args.hub, args.mesh_insecure)?;
+    let hubs = HubUrls::parse(&args.hub, args.mesh_insecure)?;
     config::check_name(&args.name)?;
     let env_token = std::env::var("CORTEX_DEVICE_TOKEN").ok();
     let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
@@ -29,7 +29,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
     )?;
     let home = config::home_or_default(args.home, std::env::var_os("HOME").map(PathBuf::from))?;
     let config = Config {
-        hub,
+        hubs,
         name: args.name,
         token,
         token_file: source.file().map(Path::to_path_buf),
@@ -48,7 +48,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         device = %config.name,
-        hub = %config.hub,
+        hubs = %config.hubs,
         spool = %config.spool_dir().display(),
         token_from = %source,
         "cortex-device-agent starting"

@@ -1,6 +1,7 @@
 //! Whole-system tests: one integration binary, real `cortex-hub`, `cortex-signal` and
 //! `cortex` processes on loopback ports chosen at run time, temp homes, bounded waits.
 
+mod agent_hubs;
 mod caps;
 mod cli_model;
 mod cli_ux;

@@ -387,6 +387,55 @@ fn the_install_script_writes_what_the_unit_reads() {
     assert!(ok && lines.is_empty(), "{lines:#?}");
 }
 
+/// `--hub` twice: the env file the unit reads gets `CORTEX_HUB_URL` comma-separated, in
+/// order (the agent's own form for several hubs); a URL that is not ws:// or wss:// is
+/// refused by name before anything is written.
+#[test]
+fn the_install_script_takes_several_hubs() {
+    let user = std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "root".into());
+    let install = |hubs: &[&str]| {
+        let root = tempfile::tempdir().expect("tmp");
+        let token = root.path().join("token-in");
+        std::fs::write(&token, "tok\n").expect("token");
+        let mut cmd = Command::new("sh");
+        cmd.arg(packaging().join("install-agent.sh"))
+            .args(["--root".as_ref(), root.path().as_os_str()]);
+        for h in hubs {
+            cmd.args(["--hub", h]);
+        }
+        let out = cmd
+            .args(["--name", "gpu1", "--user", &user])
+            .arg("--token-file")
+            .arg(&token)
+            .arg("--binary")
+            .arg(cortex_tests::bin("cortex-device-agent"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("install-agent.sh");
+        let env = std::fs::read_to_string(root.path().join("etc/cortex/device-agent.env"));
+        (out, env.ok())
+    };
+    let (out, env) = install(&["wss://a.example/mesh/v1", "wss://b.example/mesh/v1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let env = env.expect("env file");
+    assert!(
+        env.contains("CORTEX_HUB_URL=wss://a.example/mesh/v1,wss://b.example/mesh/v1\n"),
+        "{env}"
+    );
+    let (out, env) = install(&["wss://a.example/mesh/v1", "https://b.example/mesh/v1"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("https://b.example/mesh/v1"), "{err}");
+    assert!(env.is_none(), "nothing written: {env:?}");
+}
+
 /// The hub's `Type=notify` unit: `READY=1` (with a status line) once it serves,
 /// `WATCHDOG=1` while its store commits, `STOPPING=1` on SIGTERM, through a real notify
 /// socket as systemd passes it.

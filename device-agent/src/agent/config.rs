@@ -1,4 +1,4 @@
-//! The agent's configuration: the hub's URL and the rule for plaintext, the device's name,
+//! The agent's configuration: the hubs' URLs and the rule for plaintext, the device's name,
 //! its token and where that came from, the home whose spool it watches, and the link's
 //! timings. `main` builds it from flags and the environment; tests build it directly.
 //!
@@ -15,7 +15,9 @@ use tokio_tungstenite::tungstenite::http::Uri;
 /// Everything [`super::run`] needs.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub hub: HubUrl,
+    /// The hubs to link to, in the order they are tried (`--hub` repeated, or
+    /// `CORTEX_HUB_URL` comma-separated); one link at a time.
+    pub hubs: HubUrls,
     /// The device's name, as enrolled on the hub (`cortex device add NAME`).
     pub name: String,
     pub token: Token,
@@ -100,6 +102,16 @@ impl Default for Timing {
 pub enum ConfigError {
     #[error("hub URL {url:?}: {why}")]
     BadUrl { url: String, why: String },
+
+    #[error(
+        "no hub URL: pass --hub URL (repeat it for several hubs) or set CORTEX_HUB_URL (comma-separated for several)"
+    )]
+    NoHub,
+
+    #[error(
+        "hub URL number {position} of {count} is empty: remove the extra comma in CORTEX_HUB_URL (or the empty --hub)"
+    )]
+    EmptyUrl { position: usize, count: usize },
 
     #[error(
         "hub URL {url:?} is plaintext ws:// to a host that is not this machine, which would send the device token in the clear; use wss:// (start the hub with --tls-cert/--tls-key), or pass --mesh-insecure on a network you trust"
@@ -203,6 +215,77 @@ impl fmt::Debug for HubUrl {
 impl fmt::Display for HubUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.url)
+    }
+}
+
+/// The hubs this agent links to, in order: never empty, each one a checked [`HubUrl`].
+/// The agent holds one link at a time, to the URL [`super::rotation::Rotation`] names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HubUrls(Vec<HubUrl>);
+
+impl HubUrls {
+    /// Checks every URL in `list` ([`HubUrl::parse`]); an empty element (`a,,b`, a trailing
+    /// comma) or an empty list (a lone empty one included) is an error, never skipped, so a
+    /// typo is not a silent missing standby. Duplicates are kept: each is tried in its turn.
+    pub fn parse<S: AsRef<str>>(list: &[S], allow_insecure: bool) -> Result<HubUrls, ConfigError> {
+        if list.iter().all(|s| s.as_ref().trim().is_empty()) {
+            return Err(ConfigError::NoHub);
+        }
+        let count = list.len();
+        list.iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let s = s.as_ref().trim();
+                if s.is_empty() {
+                    return Err(ConfigError::EmptyUrl {
+                        position: i + 1,
+                        count,
+                    });
+                }
+                HubUrl::parse(s, allow_insecure)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(HubUrls)
+    }
+
+    /// Just `url`.
+    pub fn one(url: HubUrl) -> HubUrls {
+        HubUrls(vec![url])
+    }
+
+    /// The `i`-th URL, wrapping (so any index names one).
+    pub fn get(&self, i: usize) -> &HubUrl {
+        &self.0[i % self.0.len()]
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never true; here for clippy's `len_without_is_empty`.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether any URL is `wss://` (the TLS client config is then built at start).
+    pub fn any_tls(&self) -> bool {
+        self.0.iter().any(HubUrl::is_tls)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &HubUrl> {
+        self.0.iter()
+    }
+}
+
+impl fmt::Display for HubUrls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, u) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(u.as_str())?;
+        }
+        Ok(())
     }
 }
 

@@ -2,8 +2,9 @@
 //! (`cortex_protocol::mesh`), through `cortex_daemon::connection` (its limits and its
 //! frame-speaking [`Connection`]).
 //!
-//! [`Dialer::dial`] does the connect (TCP, TLS, upgrade with the bearer token and the device
-//! header, all under one timeout), sends the hello and waits, bounded, for the welcome.
+//! [`Dialer::dial`] does the connect to the hub URL it is given (the daemon picks it,
+//! `rotation`): TCP, TLS, upgrade with the bearer token and the device header, all under
+//! one timeout; then it sends the hello and waits, bounded, for the welcome.
 //! [`Link::start`] then splits the socket between two tasks:
 //! - the **reader** polls at all times (tungstenite answers the hub's pings only while
 //!   something reads), turns binary messages into [`HubFrame`]s for the daemon loop, and
@@ -299,9 +300,9 @@ pub enum Outgoing {
     Close(CloseReason),
 }
 
-/// Everything needed to dial the hub, built once at start.
+/// Everything needed to dial a hub but its URL (the daemon names the hub per dial), built
+/// once at start.
 pub struct Dialer {
-    url: HubUrl,
     device: String,
     /// Replaced when the token file holds a new one ([`Dialer::set_token`]).
     token: std::sync::Mutex<Token>,
@@ -313,7 +314,6 @@ pub struct Dialer {
 impl fmt::Debug for Dialer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Dialer")
-            .field("url", &self.url)
             .field("device", &self.device)
             .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
@@ -335,9 +335,8 @@ impl fmt::Debug for Connected {
 }
 
 impl Dialer {
-    /// `tls`: the client config for a `wss://` URL (ignored for `ws://`).
+    /// `tls`: the client config for `wss://` URLs (ignored for `ws://`).
     pub fn new(
-        url: HubUrl,
         device: String,
         token: Token,
         tls: Option<Arc<ClientConfig>>,
@@ -345,7 +344,6 @@ impl Dialer {
         welcome_timeout: Duration,
     ) -> Dialer {
         Dialer {
-            url,
             device,
             token: std::sync::Mutex::new(token),
             tls,
@@ -364,10 +362,14 @@ impl Dialer {
         *self.token.lock().unwrap_or_else(|e| e.into_inner()) = token;
     }
 
-    /// Connect, send `hello`, and wait for the welcome.
-    pub async fn dial(self: Arc<Self>, hello: Hello) -> Result<Connected, ConnectError> {
-        let request = self.request()?;
-        let connector = match (&self.tls, self.url.is_tls()) {
+    /// Connect to `url`, send `hello`, and wait for the welcome.
+    pub async fn dial(
+        self: Arc<Self>,
+        url: HubUrl,
+        hello: Hello,
+    ) -> Result<Connected, ConnectError> {
+        let request = self.request(&url)?;
+        let connector = match (&self.tls, url.is_tls()) {
             (Some(cfg), true) => Some(Connector::Rustls(cfg.clone())),
             _ => Some(Connector::Plain),
         };
@@ -379,7 +381,7 @@ impl Dialer {
         );
         let mut conn = match tokio::time::timeout(self.connect_timeout, connect).await {
             Err(_) => return Err(ConnectError::Timeout(self.connect_timeout)),
-            Ok(Err(e)) => return Err(self.classify(e)),
+            Ok(Err(e)) => return Err(classify(&url, e)),
             Ok(Ok((ws, _response))) => Connection::new(ws),
         };
         let hello = AgentFrame::Hello(hello);
@@ -390,9 +392,11 @@ impl Dialer {
         }
     }
 
-    fn request(&self) -> Result<tungstenite::handshake::client::Request, ConnectError> {
-        let mut request = self
-            .url
+    fn request(
+        &self,
+        url: &HubUrl,
+    ) -> Result<tungstenite::handshake::client::Request, ConnectError> {
+        let mut request = url
             .as_str()
             .into_client_request()
             .map_err(|e| ConnectError::Io(format!("bad hub URL: {e}")))?;
@@ -412,46 +416,45 @@ impl Dialer {
         );
         Ok(request)
     }
+}
 
-    fn classify(&self, e: tungstenite::Error) -> ConnectError {
-        match e {
-            tungstenite::Error::Http(response) => {
-                let status = response.status().as_u16();
-                let reason = response
-                    .body()
-                    .as_deref()
-                    .and_then(|b| serde_json::from_slice::<CloseReason>(b).ok());
-                if status == 401 || status == 403 {
-                    return ConnectError::Unauthorized { status, reason };
-                }
-                let retry_after = response
-                    .headers()
-                    .get(header::RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map(Duration::from_secs);
-                ConnectError::Http {
-                    status,
-                    reason,
-                    retry_after,
-                }
+/// What a failed connect to `url` means, with advice for the TLS mix-ups people meet.
+fn classify(url: &HubUrl, e: tungstenite::Error) -> ConnectError {
+    match e {
+        tungstenite::Error::Http(response) => {
+            let status = response.status().as_u16();
+            let reason = response
+                .body()
+                .as_deref()
+                .and_then(|b| serde_json::from_slice::<CloseReason>(b).ok());
+            if status == 401 || status == 403 {
+                return ConnectError::Unauthorized { status, reason };
             }
-            other => {
-                let mut text = other.to_string();
-                if self.url.is_tls() {
-                    text.push_str(tls_hint(&text));
-                } else if matches!(
-                    other,
-                    tungstenite::Error::Protocol(tungstenite::error::ProtocolError::HttparseError(
-                        _
-                    ))
-                ) {
-                    // A TLS listener answers a plaintext upgrade with a TLS alert, which
-                    // reads as a broken HTTP answer.
-                    text.push_str(PLAIN_TO_TLS_HINT);
-                }
-                ConnectError::Io(text)
+            let retry_after = response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            ConnectError::Http {
+                status,
+                reason,
+                retry_after,
             }
+        }
+        other => {
+            let mut text = other.to_string();
+            if url.is_tls() {
+                text.push_str(tls_hint(&text));
+            } else if matches!(
+                other,
+                tungstenite::Error::Protocol(tungstenite::error::ProtocolError::HttparseError(_))
+            ) {
+                // A TLS listener answers a plaintext upgrade with a TLS alert, which
+                // reads as a broken HTTP answer.
+                text.push_str(PLAIN_TO_TLS_HINT);
+            }
+            ConnectError::Io(text)
         }
     }
 }

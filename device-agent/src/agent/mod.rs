@@ -23,11 +23,18 @@
 //! ([`backoff`]); a refused token or a protocol mismatch waits near the cap; a
 //! `retry_after_ms` from the hub is a floor.
 //!
+//! Several hubs (`Config::hubs`): one link at a time. A failed dial or a lost link moves
+//! to the next URL in order, wrapping, and dials it at once; the backoff (and its cap and
+//! floor) applies once per round of as many failures as there are URLs ([`rotation`]). A
+//! hub that refuses the token counts as a failure like any other (the next hub may know
+//! the device, e.g. a standby with a newer store); the wait is near the cap only when
+//! every hub of the round needed an operator. With one URL this is the rule above.
+//!
 //! A refused token (or the device revoked) makes the agent read its token file again
-//! (`Config::token_file`): a new token there is dialed at once, whatever the backoff or
-//! the hub's floor (they were about the old one); the same one is said plainly (enrol
-//! again, write the new token there, no restart needed), and the file is read again each
-//! [`TOKEN_POLL`] until it changes. A token from the environment cannot change: the agent
+//! (`Config::token_file`): a new token there is dialed at once, to the hub that refused
+//! the old one, whatever the backoff or the hub's floor (they were about the old one); the
+//! same one is said plainly (enrol again, write the new token there, no restart needed),
+//! and the file is read again each [`TOKEN_POLL`] until it changes. A token from the environment cannot change: the agent
 //! says to restart it. The token itself is never logged. The backoff resets on the first ack of a link,
 //! or once a link stayed up for `stable_after` (an idle device gets no acks).
 //!
@@ -49,6 +56,7 @@ pub mod forward;
 pub mod host;
 pub mod link;
 pub mod notify;
+pub mod rotation;
 pub mod tls;
 pub mod waits;
 
@@ -70,6 +78,7 @@ use cortex_host::spool::{Spool, SpoolError, SpoolEvent, SpoolWatcher};
 use forward::{Forwarder, Outbox};
 use link::{ConnectError, Connected, Dialer, Down, Link, LinkMsg, LinkMsgKind, Outgoing};
 use notify::SystemdNotifier;
+use rotation::{Rotation, Step};
 use waits::{RemoteWaits, WaitsStore};
 
 /// Where a frame for the hub goes (the link's outbox); false when it cannot take one now.
@@ -85,7 +94,7 @@ pub(crate) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-pub use config::{Config, ConfigError, HubUrl, Timing, Token, TokenSource};
+pub use config::{Config, ConfigError, HubUrl, HubUrls, Timing, Token, TokenSource};
 
 /// What every agent can do, as the hello says; one run with `--allow-exec` adds
 /// [`mesh::CAP_EXEC`].
@@ -144,7 +153,7 @@ pub enum Event {
 /// return. Files not yet acknowledged stay in the spool.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
     tls::install_provider();
-    let tls = if config.hub.is_tls() {
+    let tls = if config.hubs.any_tls() {
         Some(tls::client_config(config.ca_cert.as_deref())?)
     } else {
         None
@@ -160,7 +169,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let mut watcher = SpoolWatcher::new(spool.clone(), Some(config.timing.rescan))?;
     let mut notifier = SystemdNotifier::from_env();
     notifier.ready();
-    notifier.status(&format!("connecting to {}", config.hub));
+    notifier.status(&format!("connecting to {}", config.hubs.get(0)));
     // Children are reaped on SIGCHLD; without the stream (it cannot fail on Linux short
     // of running out of descriptors) they are reaped on each tick instead.
     let sigchld = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) {
@@ -201,7 +210,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         "host facts"
     );
     let dialer = Arc::new(Dialer::new(
-        config.hub.clone(),
         config.name.clone(),
         config.token.clone(),
         tls,
@@ -227,6 +235,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         notifier,
         dialer,
         host,
+        rotation: Rotation::new(config.hubs.len()),
         link: LinkState::Waiting { at: now },
         generation: 0,
         link_tx,
@@ -236,7 +245,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         execs,
         sigchld,
         frame_at: now,
-        link_line: format!("connecting to {}", config.hub),
+        link_line: format!("connecting to {}", config.hubs.get(0)),
         counts: None,
         counts_sent: None,
         last_counts_at: None,
@@ -273,6 +282,8 @@ struct Daemon {
     dialer: Arc<Dialer>,
     host: HostFacts,
     backoff: Backoff,
+    /// Which of `config.hubs` the link dials, and when a round of them ends.
+    rotation: Rotation,
     link: LinkState,
     /// Increments per link, so messages of a replaced link are recognised.
     generation: u64,
@@ -406,6 +417,7 @@ impl Daemon {
                     // The hub's first ack: the link is proven, not just connected.
                     *stable = true;
                     self.backoff.reset();
+                    self.rotation.new_round();
                 }
             }
             HubFrame::Rescan => self.forward.rescan(),
@@ -441,8 +453,38 @@ impl Daemon {
             spool: self.counts_sent.unwrap_or_default(),
             waits: self.remote.ids(),
         };
-        tracing::debug!(hub = %self.config.hub, "dialing the hub");
-        self.link = LinkState::Dialing(Box::pin(self.dialer.clone().dial(hello)));
+        let hub = self.hub().clone();
+        tracing::debug!(hub = %hub, "dialing the hub");
+        self.link = LinkState::Dialing(Box::pin(self.dialer.clone().dial(hub, hello)));
+    }
+
+    /// The hub the next dial goes to, or the current link is to.
+    fn hub(&self) -> &HubUrl {
+        self.config.hubs.get(self.rotation.current())
+    }
+
+    /// After a failed dial or a lost link: moves on to the next hub and returns how long to
+    /// wait before dialing it (nothing within a round; at a round's end the backoff, near
+    /// its cap when every hub of the round `needs_operator`, and at least `retry_after`).
+    fn after_failure(&mut self, needs_operator: bool, retry_after: Option<Duration>) -> Duration {
+        match self.rotation.failed(needs_operator) {
+            Step::Now => Duration::ZERO,
+            Step::Backoff { at_cap } => {
+                let delay = if at_cap {
+                    self.backoff.fail_at_cap()
+                } else {
+                    self.backoff.fail()
+                };
+                delay.max(retry_after.unwrap_or_default())
+            }
+        }
+    }
+
+    /// Says which hub is next, when there are several (one hub: nothing to say).
+    fn log_next(&self, delay: Duration) {
+        if self.config.hubs.len() > 1 {
+            tracing::info!(hub = %self.hub(), delay = %secs(delay), "trying the next hub");
+        }
     }
 
     /// The hello's capabilities: [`CAPABILITIES`], and `exec` with `--allow-exec`.
@@ -455,28 +497,43 @@ impl Daemon {
     }
 
     fn dial_failed(&mut self, e: ConnectError, now: Instant) {
+        let hub = self.hub().clone();
         if matches!(e, ConnectError::Unauthorized { .. }) {
             self.refused = true;
             if self.reload_token(now) {
                 return;
             }
         }
-        let delay = if e.needs_operator() {
-            self.backoff.fail_at_cap()
-        } else {
-            self.backoff.fail()
-        };
-        let delay = delay.max(e.retry_after().unwrap_or_default());
+        let delay = self.after_failure(e.needs_operator(), e.retry_after());
         if matches!(e, ConnectError::Unauthorized { .. }) {
             let todo = self.refused_todo();
-            tracing::error!(hub = %self.config.hub, device = %self.config.name, error = %e, retry_in = %secs(delay), "cannot join the hub: {todo}");
+            tracing::error!(hub = %hub, device = %self.config.name, error = %e, retry_in = %secs(delay), "cannot join the hub: {todo}");
         } else if e.needs_operator() {
-            tracing::error!(hub = %self.config.hub, device = %self.config.name, error = %e, retry_in = %secs(delay), "cannot join the hub");
+            tracing::error!(hub = %hub, device = %self.config.name, error = %e, retry_in = %secs(delay), "cannot join the hub");
         } else {
-            tracing::warn!(hub = %self.config.hub, error = %e, retry_in = %secs(delay), failures = self.backoff.failures(), "cannot reach the hub");
+            tracing::warn!(hub = %hub, error = %e, retry_in = %secs(delay), failures = self.backoff.failures(), "cannot reach the hub");
         }
-        self.set_link_line(format!("hub unreachable: {e}, retrying in {}", secs(delay)));
+        self.log_next(delay);
+        self.set_link_line(self.unreachable_line(&hub, &e, delay));
         self.link = LinkState::Waiting { at: now + delay };
+    }
+
+    /// The systemd status while no link is up: the hub, why, and what comes next.
+    fn unreachable_line(
+        &self,
+        hub: &HubUrl,
+        why: &dyn std::fmt::Display,
+        delay: Duration,
+    ) -> String {
+        if self.config.hubs.len() > 1 {
+            format!(
+                "hub {hub} unreachable: {why}, trying {} in {}",
+                self.hub(),
+                secs(delay)
+            )
+        } else {
+            format!("hub unreachable: {why}, retrying in {}", secs(delay))
+        }
     }
 
     /// Reads the token file again; a token there other than the one refused is used from
@@ -497,8 +554,9 @@ impl Daemon {
         }
         self.dialer.set_token(token);
         tracing::info!(file = %path.display(), "the token file holds a new token; dialing the hub with it");
-        self.set_link_line(format!("dialing {} with the new token", self.config.hub));
+        self.set_link_line(format!("dialing {} with the new token", self.hub()));
         self.backoff.reset();
+        self.rotation.new_round();
         self.link = LinkState::Waiting { at: now };
         true
     }
@@ -528,12 +586,12 @@ impl Daemon {
         self.remote.link_up();
         self.execs.link_changed();
         tracing::info!(
-            hub = %self.config.hub,
+            hub = %self.hub(),
             ping = ?params.ping_interval,
             window = params.window,
             "connected to the hub"
         );
-        self.set_link_line(format!("connected to {}", self.config.hub));
+        self.set_link_line(format!("connected to {}", self.hub()));
         self.link = LinkState::Up {
             link,
             since: now,
@@ -558,20 +616,16 @@ impl Daemon {
                 return;
             }
         }
-        let delay = self
-            .backoff
-            .fail()
-            .max(down.retry_after().unwrap_or_default());
+        let hub = self.hub().clone();
+        let delay = self.after_failure(false, down.retry_after());
         if revoked {
             let todo = self.refused_todo();
-            tracing::error!(hub = %self.config.hub, reason = %down, unacked, retry_in = %secs(delay), "this device was revoked on the hub: {todo}");
+            tracing::error!(hub = %hub, reason = %down, unacked, retry_in = %secs(delay), "this device was revoked on the hub: {todo}");
         } else {
-            tracing::warn!(hub = %self.config.hub, reason = %down, unacked, retry_in = %secs(delay), "lost the link to the hub; unacknowledged files stay in the spool");
+            tracing::warn!(hub = %hub, reason = %down, unacked, retry_in = %secs(delay), "lost the link to the hub; unacknowledged files stay in the spool");
         }
-        self.set_link_line(format!(
-            "hub unreachable: {down}, retrying in {}",
-            secs(delay)
-        ));
+        self.log_next(delay);
+        self.set_link_line(self.unreachable_line(&hub, &down, delay));
         self.link = LinkState::Waiting { at: now + delay };
     }
 
@@ -595,6 +649,7 @@ impl Daemon {
         {
             *stable = true;
             self.backoff.reset();
+            self.rotation.new_round();
         }
         if matches!(self.link, LinkState::Up { .. })
             && let Some(age) = self.forward.oldest_unacked(now)

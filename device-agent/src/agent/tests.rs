@@ -13,12 +13,13 @@ mod exec;
 mod fake_hub;
 mod forward;
 mod remote;
+mod rotation;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::backoff::Backoff;
-use super::config::{self, ConfigError, HubUrl, Token, TokenSource};
+use super::config::{self, ConfigError, HubUrl, HubUrls, Token, TokenSource};
 use super::host;
 use super::link;
 use super::notify;
@@ -119,6 +120,59 @@ fn hub_urls_follow_the_plaintext_rule() {
             "{bad}"
         );
     }
+}
+
+#[test]
+fn several_hub_urls_are_each_checked_and_an_empty_one_is_an_error() {
+    let urls = HubUrls::parse(&["ws://127.0.0.1:1/mesh/v1", " wss://hub.example "], false).unwrap();
+    assert_eq!(urls.len(), 2);
+    assert_eq!(urls.get(0).as_str(), "ws://127.0.0.1:1/mesh/v1");
+    assert_eq!(urls.get(1).as_str(), "wss://hub.example/mesh/v1");
+    assert_eq!(urls.get(2), urls.get(0), "wraps");
+    assert!(urls.any_tls());
+    assert_eq!(
+        urls.to_string(),
+        "ws://127.0.0.1:1/mesh/v1,wss://hub.example/mesh/v1"
+    );
+    let one = HubUrls::parse(&["ws://127.0.0.1:1"], false).unwrap();
+    assert_eq!(
+        one,
+        HubUrls::one(HubUrl::parse("ws://127.0.0.1:1", false).unwrap())
+    );
+    assert!(!one.any_tls());
+
+    let empty = HubUrls::parse(&["ws://127.0.0.1:1", "", "wss://b"], false).unwrap_err();
+    assert!(
+        matches!(
+            empty,
+            ConfigError::EmptyUrl {
+                position: 2,
+                count: 3
+            }
+        ),
+        "{empty:?}"
+    );
+    assert!(
+        empty.to_string().contains("number 2 of 3 is empty"),
+        "{empty}"
+    );
+    assert!(matches!(
+        HubUrls::parse::<&str>(&[], false),
+        Err(ConfigError::NoHub)
+    ));
+    assert!(matches!(
+        HubUrls::parse(&[" "], false),
+        Err(ConfigError::NoHub)
+    ));
+    // The bad one is named, whichever it is.
+    let bad = HubUrls::parse(&["wss://a", "http://b:3002/mesh/v1"], false).unwrap_err();
+    assert!(
+        bad.to_string().contains("\"http://b:3002/mesh/v1\""),
+        "{bad}"
+    );
+    assert!(bad.to_string().contains("ws:// or wss://"), "{bad}");
+    let plain = HubUrls::parse(&["wss://a", "ws://10.0.0.5:3002"], false).unwrap_err();
+    assert!(matches!(plain, ConfigError::Insecure { ref url } if url == "ws://10.0.0.5:3002"));
 }
 
 #[test]

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::fake_hub::{FakeHub, LIMIT};
 use super::forward::{drop_file, signal};
-use crate::agent::{self, AgentError, Config, HubUrl, Timing, Token};
+use crate::agent::{self, AgentError, Config, HubUrl, HubUrls, Timing, Token};
 
 const TOKEN: &str = "tok_s3cret_for_tests";
 
@@ -33,7 +33,7 @@ fn timing() -> Timing {
 
 pub(super) fn config(home: &Path, url: &str) -> Config {
     Config {
-        hub: HubUrl::parse(url, false).expect("url"),
+        hubs: HubUrls::one(HubUrl::parse(url, false).expect("url")),
         name: "gpu1".into(),
         token: Token::new(TOKEN, "test").expect("token"),
         token_file: None,
@@ -381,6 +381,52 @@ async fn a_refused_token_is_retried_slowly_and_after_the_hubs_retry_after() {
         waited >= Duration::from_millis(550),
         "redialed after {waited:?}"
     );
+    agent.stop().await;
+}
+
+/// Two hubs: a refusal by the first (with a minute-long floor) sends the agent to the
+/// second at once; once that link proved stable (an ack), its loss, floor and all, sends
+/// the agent straight back to the first. The floors and the backoff wait only at the end of
+/// a round (`rotation.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_hubs_a_refusal_or_a_lost_link_moves_to_the_other_at_once() {
+    let home = tempfile::tempdir().expect("tmp");
+    let spool = spool_in(home.path());
+    let a = FakeHub::bind().await;
+    let b = FakeHub::bind().await;
+    let mut c = config(home.path(), &a.url());
+    c.hubs = HubUrls::parse(&[a.url(), b.url()], false).expect("urls");
+    let agent = Agent::start(c);
+    let minute = |code: &str| CloseReason {
+        code: code.into(),
+        message: "later".into(),
+        retry_after_ms: Some(60_000),
+    };
+
+    let body = serde_json::to_string(&minute("unauthorized")).expect("json");
+    a.refuse(401, &body).await;
+    let refused_at = Instant::now();
+    let mut conn = b.accept().await;
+    assert!(
+        refused_at.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        refused_at.elapsed()
+    );
+    conn.welcome_default().await;
+    drop_file(&spool, "1000.json", &signal(1));
+    let (name, _) = conn.file().await;
+    conn.ack(&name, FileOutcome::Accepted).await;
+    eventually("the acked file removed", || !agent.exists(&name)).await;
+
+    conn.close_with(&minute("shutting_down")).await;
+    let closed_at = Instant::now();
+    let mut back = a.accept().await;
+    assert!(
+        closed_at.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        closed_at.elapsed()
+    );
+    back.welcome_default().await;
     agent.stop().await;
 }
 
