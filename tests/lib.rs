@@ -252,10 +252,14 @@ impl Hub {
             .filter(|m| *m != "off")
             .unwrap_or_default()
             .to_string();
-        self.token = std::fs::read_to_string(self.home.join("hub/token"))
-            .expect("token")
-            .trim()
-            .to_string();
+        // The operator token: the one given to the hub, else the file it made.
+        self.token = match self.env.iter().find(|(k, _)| k == "CORTEX_WEBHOOK_TOKEN") {
+            Some((_, t)) => t.trim().to_string(),
+            None => std::fs::read_to_string(self.home.join("hub/token"))
+                .expect("token")
+                .trim()
+                .to_string(),
+        };
     }
 
     pub fn log(&self) -> String {

@@ -34,10 +34,14 @@ pub fn hash(secret: &str) -> [u8; 32] {
 
 /// Constant-time comparison of `secret`'s hash with a stored one.
 pub fn matches(secret: &str, stored: &[u8; 32]) -> bool {
-    let h = hash(secret);
-    let mut diff = 0u8;
-    for (a, b) in h.iter().zip(stored.iter()) {
-        diff |= a ^ b;
+    same_hash(&hash(secret), stored)
+}
+
+/// Whether two stored hashes are the same, in constant time.
+pub fn same_hash(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = u8::from(a.len() != b.len());
+    for (x, y) in a.iter().zip(b.iter()) {
+        diff |= x ^ y;
     }
     diff == 0
 }

@@ -30,9 +30,11 @@ fn mesh_url(port: u16) -> String {
 }
 
 /// A hub on the PostgreSQL database `store`, its mesh on `port`, with a home of its own.
+/// A hub on `store` with its mesh on `port`; every hub here answers to one operator
+/// token, as hubs sharing a database must.
 fn hub_on(store: &str, port: u16) -> Hub {
     Hub::start_with_args(
-        &[],
+        &[("CORTEX_WEBHOOK_TOKEN", "agent-hubs-shared-operator-token")],
         &[
             "--store",
             store,

@@ -131,13 +131,22 @@ fn a_hub_on_postgres_keeps_its_state_in_the_database_not_its_home() {
     // database finds the waitpoint and its signal.
     hub.kill();
     assert!(!hub.home.join("hub/hub.redb").exists());
-    let other = Hub::start_with_args(&[], &["--store", &url]);
+    // Hubs on one database answer to one operator token: one with another is refused
+    // (once the killed hub's connection, and its writer lock, are gone).
+    let (code, said) = wait_until(Duration::from_secs(30), "the token refusal", || {
+        let (code, said) = refused_start(&["--store", &url]);
+        (!said.contains("another cortex-hub writes")).then_some((code, said))
+    });
+    assert_ne!(code, 0, "{said}");
+    assert!(said.contains("share one operator token"), "{said}");
+    assert!(!said.contains(&hub.token), "{said}");
+    let other = Hub::start_with_args(&[("CORTEX_WEBHOOK_TOKEN", &hub.token)], &["--store", &url]);
     let seen = other.get_waitpoint(&id);
     assert_eq!(seen["id"], id.as_str(), "{seen}");
     assert_ne!(seen["state"], "armed", "{seen}");
     assert_eq!(
         pg.query(&db, "SELECT count(*) FROM cortex.schema_version"),
-        "1",
+        "2",
         "the schema was applied once"
     );
 }
@@ -147,7 +156,7 @@ fn a_schema_newer_than_the_hub_is_refused_and_a_bad_url_is_explained_without_its
     let pg = Postgres::shared();
     let db = pg.database();
     let url = pg.url(&db);
-    // A hub applies version 1, and the next start finds it applied.
+    // A hub applies versions 1 and 2, and the next start finds them applied.
     let mut hub = Hub::start_with_args(&[], &["--store", &url]);
     hub.stop();
     pg.query(
@@ -157,7 +166,7 @@ fn a_schema_newer_than_the_hub_is_refused_and_a_bad_url_is_explained_without_its
     let (code, said) = refused_start(&["--store", &url]);
     assert_ne!(code, 0, "{said}");
     assert!(
-        said.contains("version 99, newer than this hub knows (version 1)"),
+        said.contains("version 99, newer than this hub knows (version 2)"),
         "{said}"
     );
     // Not a PostgreSQL URL: said, and the value (it may hold a password) not repeated.
@@ -189,6 +198,7 @@ fn a_second_hub_on_a_database_in_use_is_refused_until_the_first_is_gone() {
     let pg = Postgres::shared();
     let url = pg.url(&pg.database());
     let mut first = Hub::start_with_args(&[], &["--store", &url]);
+    let token = first.token.clone();
     // One writer per database until sessions are claimed: a second is refused, and says
     // which connection holds it.
     let (code, said) = refused_start(&["--store", &url]);
@@ -203,7 +213,12 @@ fn a_second_hub_on_a_database_in_use_is_refused_until_the_first_is_gone() {
     let second = wait_until(
         Duration::from_secs(30),
         "a hub once the first is gone",
-        || std::panic::catch_unwind(|| Hub::start_with_args(&[], &["--store", &url])).ok(),
+        || {
+            std::panic::catch_unwind(|| {
+                Hub::start_with_args(&[("CORTEX_WEBHOOK_TOKEN", &token)], &["--store", &url])
+            })
+            .ok()
+        },
     );
     assert_eq!(
         second

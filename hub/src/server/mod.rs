@@ -156,6 +156,7 @@ pub fn open(config: &Config) -> anyhow::Result<Opened> {
                 url,
                 config.settings.engine.clone(),
                 config.settings.limits.clone(),
+                crate::secret::hash(&config.token),
             )
             .context("opening the store on PostgreSQL")?
         }

@@ -276,10 +276,13 @@ impl Store {
     /// Opens the store on the PostgreSQL database at `url`: brings its schema to this
     /// hub's version (or refuses a newer one), and starts the writer thread, whose every
     /// batch is one transaction answered once committed.
+    /// `token_hash` is the operator token this hub answers to: the first hub on the
+    /// database keeps it, and one with another is refused (hubs on a database share one).
     pub fn open_postgres(
         url: &str,
         settings: Settings,
         limits: Limits,
+        token_hash: [u8; 32],
     ) -> Result<(Store, WriterGuard), StoreError> {
         let limits = Arc::new(limits);
         let settings = Arc::new(settings);
@@ -287,7 +290,7 @@ impl Store {
         // PostgreSQL's blocking client runs a runtime of its own, which may not start on
         // a thread of the hub's: the opening runs on a thread of its own.
         let opened = std::thread::scope(|s| {
-            s.spawn(|| open_pg(url, ctx))
+            s.spawn(|| open_pg(url, ctx, &token_hash))
                 .join()
                 .unwrap_or_else(|_| Err(StoreError::Broken("opening the store panicked".into())))
         });
@@ -629,7 +632,7 @@ type PgOpened = (
     mpsc::Sender<Job<Ctx>>,
 );
 
-fn open_pg(url: &str, ctx: Ctx) -> Result<PgOpened, StoreError> {
+fn open_pg(url: &str, ctx: Ctx, token_hash: &[u8; 32]) -> Result<PgOpened, StoreError> {
     let pg = Pg::connect(url)?;
     let migrated = {
         let mut c = pg.take()?;
@@ -643,19 +646,22 @@ fn open_pg(url: &str, ctx: Ctx) -> Result<PgOpened, StoreError> {
         was = migrated.from,
         "the store is on PostgreSQL"
     );
-    let (first, hub_seq, states) = pg.read(&REGISTRY, &ctx, |t| {
-        Ok((t.first_timer()?, t.last_hub_seq()?, t.waitpoint_counts()?))
-    })?;
-    crate::metrics::metrics().set_waitpoints(&states);
+    // The writer first: it takes the database's writer lock, so a second hub is told
+    // that before anything else, and nothing below writes beside another hub.
     let notifier = Arc::new(Notifier::default());
     let (jobs, rx) = mpsc::channel::<Job<Ctx>>(16 * 1024);
     let w = kernel::pg::writer::PgWriter::new(kernel::pg::writer::PgParts {
         pg: pg.clone(),
         registry: &REGISTRY,
-        ctx,
+        ctx: ctx_of(&ctx.settings, &ctx.limits),
         rx,
         notifier: notifier.clone(),
     })?;
+    pg.write_once(&REGISTRY, &ctx, |t| t.share_operator_token(token_hash))?;
+    let (first, hub_seq, states) = pg.read(&REGISTRY, &ctx, |t| {
+        Ok((t.first_timer()?, t.last_hub_seq()?, t.waitpoint_counts()?))
+    })?;
+    crate::metrics::metrics().set_waitpoints(&states);
     Ok((pg, w, first, hub_seq, notifier, jobs))
 }
 

@@ -73,9 +73,12 @@ pub(crate) const CONSUMERS: TableSpec<(&str, &str), u64> = TableSpec::new(19, "w
 pub(crate) const NOTICES: TableSpec<u64, &[u8]> = TableSpec::new(20, "notices");
 /// The event's key → its notice's seq: an event is queued once.
 pub(crate) const NOTICE_KEYS: TableSpec<&str, u64> = TableSpec::new(21, "notice_keys");
+/// What the hubs sharing a store share (`operator_token`: the SHA-256 of the operator
+/// token, on PostgreSQL).
+pub(crate) const HUB_SECRETS: TableSpec<&str, &[u8]> = TableSpec::new(22, "hub_secrets");
 
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 22] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 23] = [
     &META,
     &TIMER_QUEUE,
     &WAITPOINTS,
@@ -98,6 +101,7 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 22] = [
     &CONSUMERS,
     &NOTICES,
     &NOTICE_KEYS,
+    &HUB_SECRETS,
 ];
 
 /// The timer kinds of the hub's domains (see [`super::kernel::timers`]): a decided wake
@@ -245,6 +249,26 @@ impl Tx<'_> {
         self.meta()
             .insert(super::kernel::checkpoint::CLEAN_STOP, u64::from(clean))?;
         Ok(())
+    }
+
+    /// The operator token every hub on this store answers to: the first hub's (its
+    /// SHA-256, `hash`) is kept; a later hub with another is refused, with what to do.
+    pub(crate) fn share_operator_token(&mut self, hash: &[u8; 32]) -> Result<(), StoreError> {
+        const KEY: &str = "operator_token";
+        let stored = self
+            .table(&HUB_SECRETS)
+            .get(KEY)?
+            .map(|v| v.value().to_vec());
+        match stored {
+            None => {
+                self.table_mut(&HUB_SECRETS).insert(KEY, hash.as_slice())?;
+                Ok(())
+            }
+            Some(h) if crate::secret::same_hash(&h, hash) => Ok(()),
+            Some(_) => Err(StoreError::Config(
+                "the hubs on this database share one operator token, and this hub's is another: start it with the others' (CORTEX_WEBHOOK_TOKEN, or the first hub's $CORTEX_HOME/hub/token). To change the token of every hub: stop them all, run `DELETE FROM cortex.hub_secrets;` in psql, and start them with the new one".into(),
+            )),
+        }
     }
 
     /// Keeps `s` as the settings the running hub applies.

@@ -1,15 +1,42 @@
-//! A read outside the writer: one `REPEATABLE READ READ ONLY` transaction on a pooled
-//! connection, the kernel's layers on it as on a redb snapshot.
+//! Outside the writer: a read, one `REPEATABLE READ READ ONLY` transaction on a pooled
+//! connection with the kernel's layers on it as on a redb snapshot; and a write at start,
+//! before the writer runs.
 
 use std::sync::{Arc, Mutex};
 
 use super::conn::Pg;
-use super::snap;
+use super::{snap, writer};
 use crate::store::kernel::error::StoreError;
 use crate::store::kernel::table::{AnyTable, Overlay};
 use crate::store::kernel::tx::{Tx, outside_writer};
 
 const BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+
+impl Pg {
+    /// Runs `f` and commits what it changed, on the caller's thread (at start).
+    pub fn write_once<C>(
+        &self,
+        registry: &[&'static dyn AnyTable],
+        ctx: &C,
+        f: impl for<'a> FnOnce(&mut Tx<'a, C>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let conn: snap::Shared = Arc::new(Mutex::new(self.conn()?));
+        snap::lock(&conn)?.simple("BEGIN")?;
+        let snap = snap::snapshot(&conn, registry);
+        let mut cur = Overlay::new(registry.len());
+        let r = outside_writer(registry, &snap, &mut cur, ctx, f);
+        drop(snap);
+        let mut c = snap::lock(&conn)?;
+        if r.is_err() || c.failed() {
+            let _ = c.simple("ROLLBACK");
+            return r.and(Err(StoreError::Pg(
+                "a statement failed, so the write's transaction was aborted".into(),
+            )));
+        }
+        writer::write(&mut c, registry, &cur)?;
+        c.simple("COMMIT")
+    }
+}
 
 impl Pg {
     /// Runs `f` against one consistent view of the database, on the caller's thread:
