@@ -571,15 +571,13 @@ pub fn conclude(
             return Outcome::AlreadyResolved;
         }
         Ok(r) if r.status < 500 => return refused(r, url, prepared, stderr),
-        // Not taken, though it might have been: kept in the spool (`worth_spooling`).
-        Ok(_)
-        | Err(HttpError::Unreachable { .. } | HttpError::Tls { .. } | HttpError::Protocol { .. }) =>
-            {}
-        // The URL was checked in `prepare`; anything else here is a usage error too.
-        Err(e) => {
+        // The URL was checked in `prepare`; an error not worth spooling is a usage error.
+        Err(e) if !worth_spooling(&sent) => {
             let _ = writeln!(stderr, "cortex-signal: {e}");
             return Outcome::Usage;
         }
+        // Not taken, though it might have been (a 5xx, unreachable, TLS): kept in the spool.
+        _ => {}
     }
     let mut all = missed_at.to_vec();
     all.push(missed(&sent, url, &prepared.request.secret));

@@ -225,9 +225,6 @@ impl Store {
         })?;
         crate::metrics::metrics().set_waitpoints(&states);
         let notifier = Arc::new(Notifier::default());
-        let next_timer = notifier.watch(kernel::timers::TOPIC, "", first.unwrap_or(u64::MAX));
-        // Kept open by the notifier's first subscriber for the hub's life.
-        let hub_rx = notifier.watch(TOPIC_HUB, "", hub_seq);
         let seq = journals[0].last_seq();
         #[cfg(test)]
         let journal_fail = [journals[0].fail_handle(), journals[1].fail_handle()];
@@ -248,29 +245,21 @@ impl Store {
             landed: landed_tx,
             fatal: fatal_tx,
         })?;
-        let thread = std::thread::Builder::new()
-            .name("store-writer".into())
-            .spawn(move || {
-                let _hub_rx = hub_rx;
-                w.run()
-            })
-            .map_err(|e| StoreError::Decode(format!("cannot start the writer thread: {e}")))?;
-        Ok((
-            Store {
+        start(
+            Opened {
                 backend: Backend::Redb { db, acked, landed },
                 jobs,
                 notifier,
-                next_timer,
-                settings,
-                limits,
+                first,
+                hub_seq,
                 fatal,
+                run: Box::new(move || w.run()),
                 #[cfg(test)]
                 journal_fail,
             },
-            WriterGuard {
-                thread: Some(thread),
-            },
-        ))
+            settings,
+            limits,
+        )
     }
 
     /// Opens the store on the PostgreSQL database at `url`: brings its schema to this
@@ -295,35 +284,30 @@ impl Store {
                 .unwrap_or_else(|_| Err(StoreError::Broken("opening the store panicked".into())))
         });
         let (pg, w, first, hub_seq, notifier, jobs) = opened?;
-        let next_timer = notifier.watch(kernel::timers::TOPIC, "", first.unwrap_or(u64::MAX));
-        let hub_rx = notifier.watch(TOPIC_HUB, "", hub_seq);
+        // Nothing here stops the hub for good (a lost database is answered 503): the
+        // channel is only kept open.
         let (fatal_tx, fatal) = watch::channel(None);
-        let thread = std::thread::Builder::new()
-            .name("store-writer".into())
-            .spawn(move || {
-                let _kept = (hub_rx, fatal_tx);
-                w.run()
-            })
-            .map_err(|e| StoreError::Decode(format!("cannot start the writer thread: {e}")))?;
-        Ok((
-            Store {
+        start(
+            Opened {
                 backend: Backend::Pg {
                     pg,
                     reads: Arc::new(tokio::sync::Semaphore::new(PG_READS)),
                 },
                 jobs,
                 notifier,
-                next_timer,
-                settings,
-                limits,
+                first,
+                hub_seq,
                 fatal,
+                run: Box::new(move || {
+                    let _fatal = fatal_tx;
+                    w.run()
+                }),
                 #[cfg(test)]
                 journal_fail: Default::default(),
             },
-            WriterGuard {
-                thread: Some(thread),
-            },
-        ))
+            settings,
+            limits,
+        )
     }
 
     /// Runs `f` on the writer and returns its result once its changes are durable (in
@@ -621,6 +605,57 @@ fn sync_dirs(db: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// What either backend hands over once open: the handle's parts, the first timer and the
+/// newest hub event (where the notices start), and the writer to run.
+struct Opened {
+    backend: Backend,
+    jobs: mpsc::Sender<Job<Ctx>>,
+    notifier: Arc<Notifier>,
+    first: Option<u64>,
+    hub_seq: u64,
+    fatal: watch::Receiver<Option<String>>,
+    run: Box<dyn FnOnce() + Send>,
+    #[cfg(test)]
+    journal_fail: [Arc<std::sync::atomic::AtomicU32>; 2],
+}
+
+/// The handle, and the writer on a thread of its own.
+fn start(
+    o: Opened,
+    settings: Arc<Settings>,
+    limits: Arc<Limits>,
+) -> Result<(Store, WriterGuard), StoreError> {
+    let next_timer = o
+        .notifier
+        .watch(kernel::timers::TOPIC, "", o.first.unwrap_or(u64::MAX));
+    // Kept open by the notifier's first subscriber for the hub's life.
+    let hub_rx = o.notifier.watch(TOPIC_HUB, "", o.hub_seq);
+    let run = o.run;
+    let thread = std::thread::Builder::new()
+        .name("store-writer".into())
+        .spawn(move || {
+            let _hub_rx = hub_rx;
+            run()
+        })
+        .map_err(|e| StoreError::Decode(format!("cannot start the writer thread: {e}")))?;
+    Ok((
+        Store {
+            backend: o.backend,
+            jobs: o.jobs,
+            notifier: o.notifier,
+            next_timer,
+            settings,
+            limits,
+            fatal: o.fatal,
+            #[cfg(test)]
+            journal_fail: o.journal_fail,
+        },
+        WriterGuard {
+            thread: Some(thread),
+        },
+    ))
+}
+
 /// What [`Store::open_postgres`] opens on a thread of its own: the pool, the writer, the
 /// first timer and the newest hub event.
 type PgOpened = (
@@ -653,7 +688,7 @@ fn open_pg(url: &str, ctx: Ctx, token_hash: &[u8; 32]) -> Result<PgOpened, Store
     let w = kernel::pg::writer::PgWriter::new(kernel::pg::writer::PgParts {
         pg: pg.clone(),
         registry: &REGISTRY,
-        ctx: ctx_of(&ctx.settings, &ctx.limits),
+        ctx: ctx.clone(),
         rx,
         notifier: notifier.clone(),
     })?;

@@ -130,6 +130,7 @@ const SETTING_KEYS: [&str; 6] = [
 
 /// What the hub's operations need besides the tables: the engine's rules and the
 /// bounds of settings.json `limits` a write holds (armed waitpoints, spawns, runs).
+#[derive(Clone)]
 pub struct Ctx {
     pub settings: Arc<Settings>,
     pub limits: Arc<crate::config::Limits>,

@@ -55,9 +55,7 @@ impl StoreError {
             None => StoreError::Pg(e.to_string()),
         }
     }
-}
 
-impl StoreError {
     /// Whether the same write would be refused again, however long one waited: a caller
     /// must not make it again as it is.
     pub fn is_deterministic(&self) -> bool {

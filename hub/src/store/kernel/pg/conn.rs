@@ -4,8 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use postgres::types::ToSql;
-use postgres::{Client, NoTls, Row, Statement, ToStatement};
+use postgres::{Client, NoTls, Statement};
 
 use crate::store::kernel::error::StoreError;
 
@@ -22,8 +21,6 @@ pub struct Conn {
     /// A statement failed since the last `BEGIN`.
     failed: bool,
 }
-
-type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 impl Conn {
     fn new(client: Client) -> Conn {
@@ -72,39 +69,12 @@ impl Conn {
         self.client.is_closed()
     }
 
-    pub(crate) fn query<T: ?Sized + ToStatement>(
+    /// Runs a statement on the client; its failure is noted (see [`Conn::failed`]).
+    pub(crate) fn run<T>(
         &mut self,
-        st: &T,
-        params: Params<'_>,
-    ) -> Result<Vec<Row>, StoreError> {
-        let r = self.client.query(st, params);
-        self.seen(r)
-    }
-
-    pub(crate) fn query_one<T: ?Sized + ToStatement>(
-        &mut self,
-        st: &T,
-        params: Params<'_>,
-    ) -> Result<Row, StoreError> {
-        let r = self.client.query_one(st, params);
-        self.seen(r)
-    }
-
-    pub(crate) fn query_opt<T: ?Sized + ToStatement>(
-        &mut self,
-        st: &T,
-        params: Params<'_>,
-    ) -> Result<Option<Row>, StoreError> {
-        let r = self.client.query_opt(st, params);
-        self.seen(r)
-    }
-
-    pub(crate) fn execute<T: ?Sized + ToStatement>(
-        &mut self,
-        st: &T,
-        params: Params<'_>,
-    ) -> Result<u64, StoreError> {
-        let r = self.client.execute(st, params);
+        f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, StoreError> {
+        let r = f(&mut self.client);
         self.seen(r)
     }
 }

@@ -72,12 +72,8 @@ fn apply(
              applied_at timestamptz NOT NULL DEFAULT now()
          );"
     ))?;
-    let from: i32 = c
-        .query_one(
-            &format!("SELECT coalesce(max(version), 0) FROM {versions}"),
-            &[],
-        )?
-        .get(0);
+    let max = format!("SELECT coalesce(max(version), 0) FROM {versions}");
+    let from: i32 = c.run(|cl| cl.query_one(&max, &[]))?.get(0);
     if from > known {
         return Err(StoreError::Config(format!(
             "the database's schema is version {from}, newer than this hub knows (version {known}): a newer hub wrote it; run that version (or newer) of cortex-hub"
@@ -97,10 +93,8 @@ fn apply(
                 Step::Sql(sql) => c.simple(sql)?,
             }
         }
-        c.execute(
-            &format!("INSERT INTO {versions} (version, what) VALUES ($1, $2)"),
-            &[&m.version, &m.what],
-        )?;
+        let insert = format!("INSERT INTO {versions} (version, what) VALUES ($1, $2)");
+        c.run(|cl| cl.execute(&insert, &[&m.version, &m.what]))?;
         tracing::info!(
             version = m.version,
             what = m.what,
@@ -110,7 +104,7 @@ fn apply(
     for t in registry {
         let name = format!("{SCHEMA}.{}", t.name());
         let found: bool = c
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])?
+            .run(|cl| cl.query_one("SELECT to_regclass($1) IS NOT NULL", &[&name]))?
             .get(0);
         if !found {
             return Err(StoreError::Config(format!(

@@ -11,7 +11,9 @@
 //! - a read outside the writer is one `REPEATABLE READ READ ONLY` transaction on a pooled
 //!   connection: a consistent view holding every acknowledged change;
 //! - the schema is versioned ([`migrate`]): applied at start under an advisory lock, so
-//!   one hub of several applies it, and a hub refuses a schema newer than it knows.
+//!   one hub of several applies it, and a hub refuses a schema newer than it knows;
+//! - one writer per database: its connection holds an advisory lock ([`writer`]), which
+//!   is what lets it keep what it read ([`snap`]).
 
 pub mod conn;
 pub mod migrate;
@@ -19,4 +21,4 @@ pub mod read;
 pub mod snap;
 pub mod writer;
 
-pub use conn::{Conn, Pg, SCHEMA, qualified};
+pub use conn::Pg;

@@ -26,19 +26,14 @@ impl Pg {
         let mut cur = Overlay::new(registry.len());
         let r = outside_writer(registry, &snap, &mut cur, ctx, f);
         drop(snap);
-        let mut c = snap::lock(&conn)?;
-        if r.is_err() || c.failed() {
-            let _ = c.simple("ROLLBACK");
-            return r.and(Err(StoreError::Pg(
-                "a statement failed, so the write's transaction was aborted".into(),
-            )));
-        }
-        writer::write(&mut c, registry, &cur)?;
-        c.simple("COMMIT")
+        let ended = writer::end(
+            &mut *snap::lock(&conn)?,
+            registry,
+            r.is_ok().then_some(&cur),
+        );
+        r.and(ended)
     }
-}
 
-impl Pg {
     /// Runs `f` against one consistent view of the database, on the caller's thread:
     /// every change committed before the call is in it.
     pub fn read<C, R>(
@@ -58,31 +53,15 @@ impl Pg {
         }
         let conn: snap::Shared = Arc::new(Mutex::new(c));
         let snap = snap::snapshot(&conn, registry);
-        let r = outside_writer(
-            registry,
-            &snap,
-            &mut Overlay::new(registry.len()),
-            ctx,
-            |t| f(t),
-        );
+        let mut nothing = Overlay::new(registry.len());
+        let r = outside_writer(registry, &snap, &mut nothing, ctx, |t| f(t));
         drop(snap);
-        let end = {
-            let mut c = snap::lock(&conn)?;
-            // A statement that failed while `f` went on aborted the transaction: what it
-            // read then is not to be trusted.
-            let failed = c.failed();
-            c.simple(if r.is_ok() && !failed {
-                "COMMIT"
-            } else {
-                "ROLLBACK"
-            })
-            .and_then(|()| match failed {
-                true => Err(StoreError::Pg(
-                    "a statement failed, so the read's transaction was aborted".into(),
-                )),
-                false => Ok(()),
-            })
-        };
+        // A read changes nothing: `end` commits (or rolls back) an empty transaction.
+        let end = writer::end(
+            &mut *snap::lock(&conn)?,
+            registry,
+            r.is_ok().then_some(&nothing),
+        );
         if end.is_ok()
             && let Ok(m) = Arc::try_unwrap(conn)
             && let Ok(c) = m.into_inner()

@@ -79,7 +79,7 @@ impl SnapTable for PgTable {
         }
         let mut c = lock(&self.conn)?;
         let st = c.stmt(&format!("SELECT v FROM {} WHERE k = $1", self.table))?;
-        let row = c.query_opt(&st, &[&k])?;
+        let row = c.run(|cl| cl.query_opt(&st, &[&k]))?;
         drop(c);
         let v = row.map(|r| r.get::<_, Vec<u8>>(0));
         if let Ok(mut m) = self.kept.lock() {
@@ -106,7 +106,7 @@ impl SnapTable for PgTable {
     fn count(&self) -> Result<u64, StoreError> {
         let mut c = lock(&self.conn)?;
         let st = c.stmt(&format!("SELECT count(*) FROM {}", self.table))?;
-        let n: i64 = c.query_one(&st, &[])?.get(0);
+        let n: i64 = c.run(|cl| cl.query_one(&st, &[]))?.get(0);
         Ok(n.max(0) as u64)
     }
 
@@ -171,9 +171,7 @@ impl Pages {
         }
         Ok(())
     }
-}
 
-impl Pages {
     /// The next page from the server.
     fn query(&self) -> Result<Page, StoreError> {
         let mut conds = Vec::new();
@@ -198,7 +196,7 @@ impl Pages {
         );
         let mut c = lock(&self.conn)?;
         let st = c.stmt(&sql)?;
-        let rows = c.query(&st, &args)?;
+        let rows = c.run(|cl| cl.query(&st, &args))?;
         Ok(rows
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))

@@ -48,14 +48,15 @@ const WRITER_LOCK: i64 = 0x0063_6f72_7465_7877; // "cortexw"
 /// Takes [`WRITER_LOCK`] on `c`, or says who holds it.
 fn take_lock(c: &mut Conn, shown: &str) -> Result<(), StoreError> {
     let st = c.stmt("SELECT pg_try_advisory_lock($1)")?;
-    let got: bool = c.query_one(&st, &[&WRITER_LOCK])?.get(0);
+    let got: bool = c.run(|cl| cl.query_one(&st, &[&WRITER_LOCK]))?.get(0);
     if got {
         return Ok(());
     }
     // Advisory locks are per database: the holder is looked for in this one (a cluster
     // may hold other hubs' databases, each with its own writer).
     let holder = c
-        .query_opt(
+        .run(|cl| {
+            cl.query_opt(
             "SELECT coalesce(a.client_addr::text, 'a local socket') || ', backend pid ' || a.pid
                FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
               WHERE l.locktype = 'advisory' AND l.granted
@@ -63,6 +64,7 @@ fn take_lock(c: &mut Conn, shown: &str) -> Result<(), StoreError> {
                 AND ((l.classid::bigint << 32) | l.objid::bigint) = $1",
             &[&WRITER_LOCK],
         )
+        })
         .map(|r| r.map(|r| r.get::<_, String>(0)));
     let holder = match holder {
         Ok(Some(h)) => h,
@@ -122,7 +124,7 @@ impl<C> PgWriter<C> {
                 return; // a test's crash
             };
             let changed = !ran.undo.is_empty();
-            let result = self.commit(changed);
+            let result = self.commit();
             // Committed or rolled back, the database now says what is true.
             for (t, changes) in self.snap.tables.iter().zip(&self.cur.tables) {
                 t.settle(result.is_ok().then_some(changes));
@@ -162,28 +164,33 @@ impl<C> PgWriter<C> {
     }
 
     /// Phase 2: the batch's changes, then `COMMIT`; a failure rolls it all back.
-    fn commit(&mut self, changed: bool) -> Result<(), StoreError> {
+    fn commit(&mut self) -> Result<(), StoreError> {
         let mut c = lock(&self.conn)?;
-        let r = if c.failed() {
-            // PostgreSQL would answer this COMMIT with a rollback, and no error.
-            Err(StoreError::Pg(
-                "a statement of the batch failed, so its transaction was aborted; nothing of it was stored".into(),
-            ))
-        } else if changed {
-            write(&mut c, self.registry, &self.cur)
-        } else {
-            Ok(())
-        };
-        match r.and_then(|()| c.simple("COMMIT")) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                if !c.is_closed() {
-                    let _ = c.simple("ROLLBACK");
-                }
-                Err(e)
-            }
-        }
+        end(&mut c, self.registry, Some(&self.cur))
     }
+}
+
+/// Ends the open transaction: with `changes` (the work succeeded) writes them and
+/// commits, without them rolls back. A statement that failed since `BEGIN` makes it an
+/// error either way: PostgreSQL answers an aborted transaction's `COMMIT` with a
+/// rollback, and no error.
+pub(crate) fn end(
+    c: &mut Conn,
+    registry: &[&'static dyn AnyTable],
+    changes: Option<&Overlay>,
+) -> Result<(), StoreError> {
+    let r = match changes {
+        _ if c.failed() => Err(StoreError::Pg(
+            "a statement failed, so its transaction was aborted; nothing of it was stored".into(),
+        )),
+        None => Ok(()),
+        Some(changes) => write(c, registry, changes).and_then(|()| c.simple("COMMIT")),
+    };
+    if (r.is_err() || changes.is_none()) && !c.is_closed() {
+        let rolled = c.simple("ROLLBACK");
+        return r.and(rolled);
+    }
+    r
 }
 
 /// Writes `changes` in the open transaction: per table, one upsert of what was set and
@@ -214,11 +221,11 @@ pub(crate) fn write(
             let st = c.stmt(&format!(
                 "INSERT INTO {name} (k, raw, v) SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) ON CONFLICT (k) DO UPDATE SET raw = EXCLUDED.raw, v = EXCLUDED.v"
             ))?;
-            c.execute(&st, &[&ks, &raws, &vs])?;
+            c.run(|cl| cl.execute(&st, &[&ks, &raws, &vs]))?;
         }
         if !gone.is_empty() {
             let st = c.stmt(&format!("DELETE FROM {name} WHERE k = ANY($1::bytea[])"))?;
-            c.execute(&st, &[&gone])?;
+            c.run(|cl| cl.execute(&st, &[&gone]))?;
         }
     }
     Ok(())
