@@ -162,6 +162,10 @@ pub struct AgentDefaults {
     /// Sessions are unattended unless they say otherwise.
     #[serde(default)]
     pub unattended: Option<bool>,
+    /// How long a hub's claim on a session it drives lasts unless renewed, in ms (default
+    /// 10 s, at least 1 s): after a hub dies, another takes its sessions once it passes.
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
 }
 
 /// The default of `deviceLossGraceMs`: two minutes, more than an agent's reconnect
@@ -170,9 +174,15 @@ pub const DEFAULT_DEVICE_LOSS_GRACE_MS: u64 = 120_000;
 
 impl AgentDefaults {
     pub const DEFAULT_CONCURRENCY: usize = 8;
+    /// The lease a claim on a session takes unless `leaseMs` says otherwise.
+    pub const DEFAULT_LEASE_MS: u64 = 10_000;
 
     pub fn concurrency(&self) -> usize {
         self.concurrency.unwrap_or(Self::DEFAULT_CONCURRENCY)
+    }
+
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms.unwrap_or(Self::DEFAULT_LEASE_MS)
     }
 }
 

@@ -20,6 +20,7 @@
 
 pub mod admission;
 pub mod caps;
+pub mod claims;
 pub mod cli;
 pub mod config;
 pub mod engine;

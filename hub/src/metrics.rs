@@ -75,6 +75,18 @@ pub struct Metrics {
     notices: Family<NoticeLabels, Counter>,
     commit: Histogram,
     fsync: Histogram,
+    cluster: Cluster,
+}
+
+/// What a hub sharing its store with others counts: its side of the bus and its claims.
+#[derive(Default)]
+struct Cluster {
+    logged: Counter,
+    heard: Counter,
+    polled: Counter,
+    claims: Gauge,
+    renewed: Counter,
+    lost: Counter,
 }
 
 /// The process's metrics.
@@ -107,6 +119,7 @@ impl Metrics {
             notices: Family::default(),
             commit: latency_buckets(),
             fsync: latency_buckets(),
+            cluster: Cluster::default(),
         };
         // Every state is shown from the start, 0 included.
         for state in WAITPOINT_STATES {
@@ -184,6 +197,32 @@ impl Metrics {
         self.fsync.observe(seconds);
     }
 
+    /// A batch of the store written to the batches log, its number sent as a `NOTIFY`.
+    pub fn batch_logged(&self) {
+        self.cluster.logged.inc();
+    }
+
+    /// Notifications of other hubs' batches heard.
+    pub fn bus_heard(&self, n: usize) {
+        self.cluster.heard.inc_by(n as u64);
+    }
+
+    /// Other hubs' batches found by the bus's poll, with no notification heard.
+    pub fn bus_polled(&self, n: usize) {
+        self.cluster.polled.inc_by(n as u64);
+    }
+
+    /// The sessions this hub holds a claim on now.
+    pub fn claims_held(&self, n: usize) {
+        self.cluster.claims.set(n as i64);
+    }
+
+    /// Claims renewed, and claims found lost (taken by another hub, or run out).
+    pub fn claims_renewed(&self, renewed: usize, lost: usize) {
+        self.cluster.renewed.inc_by(renewed as u64);
+        self.cluster.lost.inc_by(lost as u64);
+    }
+
     /// The exposition: the counters as they stand and `fleet` as read now.
     pub fn encode(&self, fleet: Fleet) -> Result<String, std::fmt::Error> {
         let mut reg = Registry::default();
@@ -251,6 +290,37 @@ impl Metrics {
             "One fdatasync of the store's journal",
             Unit::Seconds,
             self.fsync.clone(),
+        );
+        let c = &self.cluster;
+        reg.register(
+            "cortex_store_batches_logged",
+            "Batches written to the shared store's batches log, each sent as one NOTIFY",
+            c.logged.clone(),
+        );
+        reg.register(
+            "cortex_bus_notifications",
+            "Notifications of other hubs' batches heard",
+            c.heard.clone(),
+        );
+        reg.register(
+            "cortex_bus_polled_batches",
+            "Other hubs' batches found by the bus's poll with no notification heard",
+            c.polled.clone(),
+        );
+        reg.register(
+            "cortex_claims_held",
+            "Sessions this hub holds a claim on",
+            c.claims.clone(),
+        );
+        reg.register(
+            "cortex_claim_renewals",
+            "Claims on sessions renewed",
+            c.renewed.clone(),
+        );
+        reg.register(
+            "cortex_claims_lost",
+            "Claims on sessions found taken by another hub or run out",
+            c.lost.clone(),
         );
         let mut out = String::new();
         prometheus_text::encode(&mut out, &reg)?;

@@ -93,6 +93,8 @@ pub struct Inner {
     pub caps: crate::model::Caps,
     /// Stops for the turns being driven (a cancel rings them).
     pub stops: Arc<crate::stops::Stops>,
+    /// The sessions this hub holds a claim on, and its name among the hubs on the store.
+    pub claims: crate::claims::Claims,
     /// The names the listener answers to, besides loopback and `localhost`.
     pub hosts: crate::hosts::Hosts,
     /// The hub's settings as read at start; `limits` bounds what a client may cost.

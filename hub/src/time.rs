@@ -1,16 +1,44 @@
 //! Wall-clock helpers: milliseconds since the epoch, RFC 3339 and human durations.
 //! The engine never reads the clock; the server passes `now_ms()` in.
+//!
+//! On a shared store the clock is the store's: hubs on one PostgreSQL database decide
+//! leases and due timers by the database's clock, which each hub reads with every write
+//! and follows ([`follow`]); on redb it is this machine's.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ::time::OffsetDateTime;
 use ::time::macros::format_description;
 
+/// How far the store's clock is ahead of this machine's, in ms.
+static AHEAD_MS: AtomicI64 = AtomicI64::new(0);
+/// A difference smaller than this is the round trip's, not the clocks': it is not followed,
+/// so the clock does not jitter back and forth.
+const FOLLOW_PAST_MS: i64 = 5;
+
+/// The store's clock, in ms since the epoch.
 pub fn now_ms() -> u64 {
+    let local = local_ms();
+    let ahead = AHEAD_MS.load(Ordering::Relaxed);
+    local.saturating_add_signed(ahead)
+}
+
+fn local_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// The store's clock read `store_ms` just now: [`now_ms`] follows it from here on, when it
+/// differs from this machine's by more than a round trip.
+pub fn follow(store_ms: i64) {
+    let ahead = store_ms.saturating_sub(local_ms() as i64);
+    let was = AHEAD_MS.load(Ordering::Relaxed);
+    if (ahead - was).abs() >= FOLLOW_PAST_MS {
+        AHEAD_MS.store(ahead, Ordering::Relaxed);
+    }
 }
 
 /// Microseconds since the epoch (for timing lines in the log).

@@ -115,6 +115,7 @@ async fn scenario() {
         model_name: None,
         caps: Default::default(),
         stops: Default::default(),
+        claims: cortex_hub::claims::Claims::new("test-hub".into(), 10_000),
         hosts: Default::default(),
         settings: Default::default(),
     });

@@ -5,6 +5,7 @@ mod agent_hubs;
 mod caps;
 mod cli_model;
 mod cli_ux;
+mod cluster;
 mod compaction;
 mod cortex_cli;
 mod device_exec;

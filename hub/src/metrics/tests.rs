@@ -55,6 +55,12 @@ fn every_family_is_named_with_the_prefix_and_its_unit() {
         ("cortex_notices_total", "counter"),
         ("cortex_store_commit_seconds", "histogram"),
         ("cortex_store_fsync_seconds", "histogram"),
+        ("cortex_store_batches_logged_total", "counter"),
+        ("cortex_bus_notifications_total", "counter"),
+        ("cortex_bus_polled_batches_total", "counter"),
+        ("cortex_claims_held", "gauge"),
+        ("cortex_claim_renewals_total", "counter"),
+        ("cortex_claims_lost_total", "counter"),
     ];
     let want: Vec<(String, String)> = want
         .iter()

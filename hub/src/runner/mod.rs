@@ -22,8 +22,9 @@ pub mod tools;
 pub mod turn;
 mod write;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cortex_protocol::api::{Compaction, EventBody};
 use tokio::sync::{Semaphore, mpsc};
@@ -31,7 +32,9 @@ use tokio::sync::{Semaphore, mpsc};
 use crate::model::{ChatMessage, Model};
 use crate::state::AppState;
 use crate::store::agent::{RunStatus, TOPIC_READY};
+use crate::store::claims::Claimed;
 use crate::store::{Durable, StoreError, Tx};
+use crate::time::now_ms;
 use compactor::{Compactor, Summed, summarize_here, window_or_estimate};
 use step::{Shape, StepCall, Stepped, prepare, step_once};
 use turn::{Next, RetryNote, StepAt};
@@ -39,6 +42,43 @@ use write::{DriveError, Wrote, write};
 
 /// Ready sessions read per pass over the queue.
 const PASS: usize = 256;
+
+/// Renews the held claims three times per lease until the hub stops; the sessions found
+/// lost are forgotten and their drivers stopped.
+pub async fn renew_claims(state: AppState) {
+    let every = Duration::from_millis(state.claims.lease_ms / 3);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = state.shutdown.cancelled() => return,
+        }
+        let held = state.claims.held();
+        if held.is_empty() {
+            continue;
+        }
+        let (hub, lease) = (state.claims.hub.clone(), state.claims.lease_ms);
+        let asked = held.clone();
+        match state
+            .store
+            .exec(move |t| t.renew_claims(&hub, &asked, now_ms(), lease))
+            .await
+        {
+            Ok(lost) => {
+                crate::metrics::metrics().claims_renewed(held.len() - lost.len(), lost.len());
+                for sid in lost {
+                    if let Some((_, epoch)) = held.iter().find(|(s, _)| *s == sid) {
+                        state.claims.forget(&sid, *epoch);
+                    }
+                    tracing::warn!(session = %sid, "this hub's claim on a session is lost (taken by another hub, or its lease ran out); its driver stops");
+                    state.stops.ring(&sid);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot renew this hub's claims on sessions; they are tried again shortly")
+            }
+        }
+    }
+}
 
 /// Runs the runner until the hub stops.
 pub async fn run(state: AppState, model: Arc<dyn Model>) {
@@ -80,11 +120,14 @@ async fn queue(
 ) {
     let slots = Arc::new(Semaphore::new(state.agent_defaults.concurrency()));
     let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<String>();
+    // A driver's end: its session, and when another hub held it, until when.
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, Option<u64>)>();
     let mut ready = state.store.notifier.watch(TOPIC_READY, "", 0);
     // From the start of the queue: what a stopped hub left ready or running comes first.
     let mut cursor = 0u64;
     let mut recheck: Vec<String> = Vec::new();
+    // Sessions another hub holds, tried again once its lease would have ended.
+    let mut later: BTreeMap<u64, Vec<String>> = BTreeMap::new();
     loop {
         ready.borrow_and_update();
         let mut found: Vec<String> = std::mem::take(&mut recheck);
@@ -121,19 +164,28 @@ async fn queue(
             let (state, model, done) = (state.clone(), model.clone(), done_tx.clone());
             let compactor = compactor.clone();
             drivers.spawn(async move {
-                if let Err(e) = drive(&state, &model, &compactor, &sid).await {
-                    tracing::error!(session = %sid, error = %e, "the runner stopped driving a session; it goes on after the hub restarts");
-                }
+                let elsewhere = match claimed(&state, &model, &compactor, &sid).await {
+                    Ok(e) => e,
+                    Err(e) => {
+                        tracing::error!(session = %sid, error = %e, "the runner stopped driving a session; it goes on after the hub restarts");
+                        None
+                    }
+                };
                 drop(permit);
-                let _ = done.send(sid);
+                let _ = done.send((sid, elsewhere));
             });
         }
+        let next_later = later.keys().next().copied();
         tokio::select! {
             changed = ready.changed() => if changed.is_err() { return },
             // A finished driver's handle, reaped so the set does not grow with every run.
             Some(_) = drivers.join_next(), if !drivers.is_empty() => {}
-            Some(sid) = done_rx.recv() => {
+            Some((sid, elsewhere)) = done_rx.recv() => {
                 in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&sid);
+                if let Some(until) = elsewhere {
+                    later.entry(until).or_default().push(sid);
+                    continue;
+                }
                 // It may have become ready again while it was handed back (a post
                 // between the hand-back and now): its queue entry is then behind the
                 // cursor already.
@@ -144,9 +196,85 @@ async fn queue(
                     recheck.push(sid);
                 }
             }
+            () = until_ms(next_later) => {
+                let now = now_ms();
+                while let Some(e) = later.first_entry() {
+                    if *e.key() > now {
+                        break;
+                    }
+                    recheck.extend(e.remove());
+                }
+            }
             () = state.shutdown.cancelled() => return,
         }
     }
+}
+
+/// Sleeps until `at` (ms of the store's clock), or for ever without one.
+async fn until_ms(at: Option<u64>) {
+    match at {
+        Some(at) => {
+            tokio::time::sleep(Duration::from_millis(at.saturating_sub(now_ms()) + 1)).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Claims `sid` for this hub and drives it while the claim holds, then releases it;
+/// when another hub holds it, the end of that hub's lease (nothing is driven). A session
+/// handed back idle since it was queued is left as it is.
+async fn claimed(
+    state: &AppState,
+    model: &Arc<dyn Model>,
+    compactor: &Arc<Compactor>,
+    sid: &str,
+) -> Result<Option<u64>, DriveError> {
+    let (hub, lease, s) = (
+        state.claims.hub.clone(),
+        state.claims.lease_ms,
+        sid.to_string(),
+    );
+    let claimed = state
+        .store
+        .exec(move |t| {
+            if t.agent(&s)?.is_none_or(|r| r.status == RunStatus::Idle) {
+                return Ok(None);
+            }
+            t.claim_session(&s, &hub, now_ms(), lease).map(Some)
+        })
+        .await?;
+    let epoch = match claimed {
+        None => return Ok(None),
+        Some(Claimed::Held(epoch)) => epoch,
+        Some(Claimed::Elsewhere { hub, until }) => {
+            tracing::debug!(session = %sid, %hub, until, "another hub drives this session");
+            return Ok(Some(until));
+        }
+    };
+    state.claims.hold(sid, epoch);
+    let r = drive(state, model, compactor, sid).await;
+    state.claims.forget(sid, epoch);
+    if let Err(DriveError::Store(e)) = &r
+        && let StoreError::Fenced(why) = &**e
+    {
+        // Another hub holds it now (or will once it sees the lease ended): nothing of
+        // this driver's is written from here on, and nothing is released.
+        tracing::warn!(session = %sid, "{why}");
+        return Ok(None);
+    }
+    {
+        // Released, so another hub may take it at once (it is idle or parked, or this
+        // hub stops).
+        let (hub, s) = (state.claims.hub.clone(), sid.to_string());
+        if let Err(e) = state
+            .store
+            .exec(move |t| t.release_claim(&s, &hub, epoch))
+            .await
+        {
+            tracing::warn!(session = %sid, error = %e, "cannot release this hub's claim on a session; it ends with its lease");
+        }
+    }
+    r.map(|()| None)
 }
 
 /// Drives one session until it is handed back idle or parked (or the hub stops).

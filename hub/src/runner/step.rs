@@ -14,7 +14,7 @@ use crate::time::now_ms;
 use super::compactor::Compactor;
 use super::output::{self, Judged, Output, Transport};
 use super::turn::{self, Next, RetryNote, StepAt};
-use super::write::{DriveError, Wrote, in_write, write_or};
+use super::write::{DriveError, Fence, Wrote, in_write, write_or};
 use super::{compact, gate, prefix, rules, tools};
 
 /// How a model call came out.
@@ -278,11 +278,12 @@ pub(super) async fn step_once(
         });
     }
     let (defaults, url) = (state.agent_defaults.clone(), state.signal_url.clone());
+    let fence = Fence::of(state, sid)?;
     let record = |f: StepWrite| {
         let sid = sid.to_string();
         state
             .store
-            .exec_ahead(move |t| in_write(t, &defaults, &url, &sid, known, f))
+            .exec_ahead(move |t| in_write(t, &fence, &defaults, &url, &sid, known, f))
     };
     let (w, durable) = match outcome {
         Ok(out) => {

@@ -18,12 +18,35 @@ pub(super) enum DriveError {
     Store(#[from] Arc<crate::store::StoreError>),
 }
 
-/// One of the runner's writes inside the store's job: `f`, given the write's
+/// The claim a driver's writes hold to: this hub, and the epoch it holds the session under.
+pub(super) struct Fence {
+    hub: String,
+    epoch: u64,
+}
+
+impl Fence {
+    /// The claim this hub holds on `sid` now; none is an error (its writes are refused).
+    pub(super) fn of(state: &AppState, sid: &str) -> Result<Fence, DriveError> {
+        match state.claims.epoch(sid) {
+            Some(epoch) => Ok(Fence {
+                hub: state.claims.hub.clone(),
+                epoch,
+            }),
+            None => Err(DriveError::Store(Arc::new(StoreError::Fenced(format!(
+                "this hub no longer holds a claim on session {sid}; it writes nothing more for it"
+            ))))),
+        }
+    }
+}
+
+/// One of the runner's writes inside the store's job, refused unless `fence` still holds
+/// (checked in the same write): `f`, given the write's
 /// [`turn::Env`] (the clock read in the write), then the transcript's messages from `known`
 /// on when what comes next is a step, read in the write that produced them so a step needs
 /// no second trip to the store.
 pub(super) fn in_write<F>(
     t: &mut Tx<'_>,
+    fence: &Fence,
     defaults: &AgentDefaults,
     signal_url: &str,
     sid: &str,
@@ -41,6 +64,7 @@ where
         signal_url,
         now: now_ms(),
     };
+    t.fence(sid, &fence.hub, fence.epoch, env.now)?;
     let (next, secrets) = f(t, &env)?;
     let tail = match next {
         Next::Step { .. } | Next::Compact { .. } => t.transcript_from(sid, known)?,
@@ -69,6 +93,7 @@ where
         + Send
         + 'static,
 {
+    let fence = Fence::of(state, sid)?;
     let (defaults, url, sid) = (
         state.agent_defaults.clone(),
         state.signal_url.clone(),
@@ -76,7 +101,7 @@ where
     );
     Ok(state
         .store
-        .exec(move |t| in_write(t, &defaults, &url, &sid, known, f))
+        .exec(move |t| in_write(t, &fence, &defaults, &url, &sid, known, f))
         .await?)
 }
 

@@ -209,6 +209,10 @@ pub async fn run_opened(
         mesh_url: mesh.as_ref().map(|m| m.url.clone()),
         live: crate::live::Live::default(),
         stops: Arc::default(),
+        claims: crate::claims::Claims::new(
+            crate::claims::hub_name(&config.home)?,
+            config.settings.agent.lease_ms(),
+        ),
         agent_defaults: config.settings.agent.clone(),
         runs_model: config.model.is_some(),
         model_name: config.model.as_ref().and(config.model_name.clone()),
@@ -264,6 +268,7 @@ pub async fn run_opened(
     tasks.spawn(spool::collect(state.clone(), Arc::new(spool), rescan));
     if let Some(model) = config.model.clone() {
         tasks.spawn(crate::runner::run(state.clone(), model));
+        tasks.spawn(crate::runner::renew_claims(state.clone()));
     }
     if let Some(bound) = mesh {
         tasks.spawn(crate::mesh::serve(state.clone(), bound));

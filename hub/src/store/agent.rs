@@ -527,7 +527,7 @@ impl Tx<'_> {
         self.clear_parked(sid, &mut rec)?;
         self.clear_timers(sid, &mut rec)?;
         self.table_mut(&AGENTS).remove(sid)?;
-        Ok(())
+        self.forget_claim(sid)
     }
 
     /// Parks `sid` on `request`: listed as waiting on a person, and, with an expiry, a

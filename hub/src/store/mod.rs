@@ -16,6 +16,7 @@
 
 pub mod agent;
 pub mod budgets;
+pub mod claims;
 pub mod consumers;
 pub mod device_waits;
 pub mod devices;
@@ -656,6 +657,16 @@ fn start(
     ))
 }
 
+/// Every notice kind the store raises: what another hub's batches may carry.
+static TOPICS: &[&str] = &[
+    tables::TOPIC_SESSION,
+    TOPIC_HUB,
+    tables::TOPIC_DEVICE,
+    agent::TOPIC_READY,
+    notices::TOPIC_NOTICE,
+    kernel::timers::TOPIC,
+];
+
 /// What [`Store::open_postgres`] opens on a thread of its own: the pool, the writer, the
 /// first timer and the newest hub event.
 type PgOpened = (
@@ -681,8 +692,6 @@ fn open_pg(url: &str, ctx: Ctx, token_hash: &[u8; 32]) -> Result<PgOpened, Store
         was = migrated.from,
         "the store is on PostgreSQL"
     );
-    // The writer first: it takes the database's writer lock, so a second hub is told
-    // that before anything else, and nothing below writes beside another hub.
     let notifier = Arc::new(Notifier::default());
     let (jobs, rx) = mpsc::channel::<Job<Ctx>>(16 * 1024);
     let w = kernel::pg::writer::PgWriter::new(kernel::pg::writer::PgParts {
@@ -691,12 +700,23 @@ fn open_pg(url: &str, ctx: Ctx, token_hash: &[u8; 32]) -> Result<PgOpened, Store
         ctx: ctx.clone(),
         rx,
         notifier: notifier.clone(),
+        follow: crate::time::follow,
     })?;
     pg.write_once(&REGISTRY, &ctx, |t| t.share_operator_token(token_hash))?;
+    // The other hubs' batches from here on are heard; what came before is in what is
+    // read next.
+    let from = pg.newest_batch()?;
     let (first, hub_seq, states) = pg.read(&REGISTRY, &ctx, |t| {
         Ok((t.first_timer()?, t.last_hub_seq()?, t.waitpoint_counts()?))
     })?;
     crate::metrics::metrics().set_waitpoints(&states);
+    kernel::pg::bus::start(kernel::pg::bus::BusParts {
+        pg: pg.clone(),
+        notifier: Arc::downgrade(&notifier),
+        kinds: TOPICS,
+        from,
+    })
+    .map_err(|e| StoreError::Decode(format!("cannot start the store's bus thread: {e}")))?;
     Ok((pg, w, first, hub_seq, notifier, jobs))
 }
 

@@ -38,4 +38,19 @@ pub(crate) static MIGRATIONS: &[Migration] = &[
         what: "what the hubs on the database share (the operator token's hash)",
         steps: &[Step::Tables(&["hub_secrets"])],
     },
+    Migration {
+        version: 3,
+        what: "several hubs on the database: the batches log and the sessions' claims",
+        steps: &[
+            Step::Sql(
+                "CREATE TABLE cortex.batches (
+                     n bigserial PRIMARY KEY,
+                     writer bigint NOT NULL,
+                     notices bytea NOT NULL,
+                     at timestamptz NOT NULL DEFAULT now()
+                 )",
+            ),
+            Step::Tables(&["session_claims"]),
+        ],
+    },
 ];

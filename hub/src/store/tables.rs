@@ -76,9 +76,11 @@ pub(crate) const NOTICE_KEYS: TableSpec<&str, u64> = TableSpec::new(21, "notice_
 /// What the hubs sharing a store share (`operator_token`: the SHA-256 of the operator
 /// token, on PostgreSQL).
 pub(crate) const HUB_SECRETS: TableSpec<&str, &[u8]> = TableSpec::new(22, "hub_secrets");
+/// Session → its claim (`claims::Claim`): the hub driving it, the epoch, the lease's end.
+pub(crate) const SESSION_CLAIMS: TableSpec<&str, &[u8]> = TableSpec::new(23, "session_claims");
 
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 23] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 24] = [
     &META,
     &TIMER_QUEUE,
     &WAITPOINTS,
@@ -102,6 +104,7 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 23] = [
     &NOTICES,
     &NOTICE_KEYS,
     &HUB_SECRETS,
+    &SESSION_CLAIMS,
 ];
 
 /// The timer kinds of the hub's domains (see [`super::kernel::timers`]): a decided wake

@@ -44,6 +44,7 @@ fn hub() -> Hub {
         model_name: None,
         caps: Default::default(),
         stops: Default::default(),
+        claims: crate::claims::Claims::new("test-hub".into(), 10_000),
         hosts: Default::default(),
         settings: Default::default(),
     });

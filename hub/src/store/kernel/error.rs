@@ -39,6 +39,10 @@ pub enum StoreError {
     /// PostgreSQL cannot be reached (down, restarting, a wrong host).
     #[error("{0}")]
     Unreachable(String),
+    /// A write for a session this hub no longer holds (its claim was taken, released, or
+    /// its lease ran out): refused, nothing of it stored.
+    #[error("{0}")]
+    Fenced(String),
     /// The store's configuration or schema cannot be used as it is.
     #[error("{0}")]
     Config(String),

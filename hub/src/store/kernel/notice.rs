@@ -46,6 +46,15 @@ impl Notifier {
         }
     }
 
+    /// Wakes every watcher, its value unchanged: each reads the store again (notices may
+    /// have been missed).
+    pub fn wake_all(&self) {
+        let map = self.topics.lock().unwrap_or_else(|e| e.into_inner());
+        for tx in map.values() {
+            tx.send_modify(|_| {});
+        }
+    }
+
     /// How many watches readers hold now on the topics of `kind`.
     pub fn watchers(&self, kind: &str) -> usize {
         let map = self.topics.lock().unwrap_or_else(|e| e.into_inner());

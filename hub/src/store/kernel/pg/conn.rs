@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls, Statement};
 
 use crate::store::kernel::error::StoreError;
@@ -60,6 +61,52 @@ impl Conn {
         Ok(())
     }
 
+    /// Statements without parameters, sent in one round trip, and the rows they return
+    /// (as text, one `Vec` per row, in order); a batch that begins with `BEGIN` and
+    /// succeeds starts with no failure seen.
+    pub(crate) fn simple_rows(
+        &mut self,
+        sql: &str,
+    ) -> Result<Vec<Vec<Option<String>>>, StoreError> {
+        let r = self.client.simple_query(sql);
+        let msgs = self.seen(r)?;
+        if sql.starts_with("BEGIN") {
+            self.failed = false;
+        }
+        Ok(msgs
+            .iter()
+            .filter_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(r) => {
+                    Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Waits up to `timeout` for a notification on a channel this connection listens to;
+    /// how many came (those arriving together are taken together).
+    pub(crate) fn notifications(
+        &mut self,
+        timeout: std::time::Duration,
+    ) -> Result<usize, StoreError> {
+        let mut n = 0;
+        let r = (|| {
+            let mut got = self.client.notifications();
+            if got.timeout_iter(timeout).next()?.is_none() {
+                return Ok(());
+            }
+            n += 1;
+            // Whatever else already arrived, without waiting again.
+            let mut more = got.iter();
+            while more.next()?.is_some() {
+                n += 1;
+            }
+            Ok(())
+        })();
+        self.seen(r).map(|()| n)
+    }
+
     /// Whether a statement failed since the last `BEGIN` (the transaction is aborted).
     pub(crate) fn failed(&self) -> bool {
         self.failed
@@ -82,6 +129,9 @@ impl Conn {
 /// Where the store's database is, and a pool of connections to it.
 pub struct Pg {
     config: postgres::Config,
+    /// This process among the hubs on the database: the batches it writes carry it, so
+    /// it knows its own when it reads them back.
+    pub me: i64,
     /// What the logs and errors say of the database: no password.
     pub shown: String,
     idle: Mutex<Vec<Conn>>,
@@ -99,7 +149,10 @@ impl Pg {
                 "the store's URL is not a PostgreSQL URL ({e}); write it as postgres://USER@HOST:PORT/DATABASE"
             ))
         })?;
+        let me = getrandom::u64()
+            .map_err(|e| StoreError::Config(format!("no randomness for the hub's id: {e}")))?;
         let pg = Arc::new(Pg {
+            me: (me >> 1) as i64,
             shown: shown(&config),
             config,
             idle: Mutex::new(Vec::new()),

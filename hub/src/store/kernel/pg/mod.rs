@@ -12,9 +12,14 @@
 //!   connection: a consistent view holding every acknowledged change;
 //! - the schema is versioned ([`migrate`]): applied at start under an advisory lock, so
 //!   one hub of several applies it, and a hub refuses a schema newer than it knows;
-//! - one writer per database: its connection holds an advisory lock ([`writer`]), which
-//!   is what lets it keep what it read ([`snap`]).
+//! - several hubs may write to one database: each batch takes a lock held until its
+//!   transaction ends, so batches are made one at a time across the hubs, and adds a row
+//!   to the batches log ([`writer`]); what a writer keeps of its reads ([`snap`]) holds
+//!   while the log's newest row is its own;
+//! - the other hubs' notices come from that log ([`bus`]): `LISTEN` for the hint, a read
+//!   of the log at least every second for what a lost notification would have said.
 
+pub mod bus;
 pub mod conn;
 pub mod migrate;
 pub mod read;

@@ -1,12 +1,13 @@
 //! Outside the writer: a read, one `REPEATABLE READ READ ONLY` transaction on a pooled
 //! connection with the kernel's layers on it as on a redb snapshot; and a write at start,
-//! before the writer runs.
+//! before the writer runs (a transaction like a batch's: the write lock, a row in the log).
 
 use std::sync::{Arc, Mutex};
 
 use super::conn::Pg;
 use super::{snap, writer};
 use crate::store::kernel::error::StoreError;
+use crate::store::kernel::notice::Notices;
 use crate::store::kernel::table::{AnyTable, Overlay};
 use crate::store::kernel::tx::{Tx, outside_writer};
 
@@ -21,17 +22,30 @@ impl Pg {
         f: impl for<'a> FnOnce(&mut Tx<'a, C>) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let conn: snap::Shared = Arc::new(Mutex::new(self.conn()?));
-        snap::lock(&conn)?.simple("BEGIN")?;
+        writer::begin(&mut *snap::lock(&conn)?)?;
         let snap = snap::snapshot(&conn, registry);
         let mut cur = Overlay::new(registry.len());
         let r = outside_writer(registry, &snap, &mut cur, ctx, f);
         drop(snap);
+        let none = Notices::default();
         let ended = writer::end(
             &mut *snap::lock(&conn)?,
             registry,
-            r.is_ok().then_some(&cur),
+            r.is_ok().then_some((&cur, &none, self.me, false)),
         );
-        r.and(ended)
+        r.and(ended.map(|_| ()))
+    }
+
+    /// The newest batch number of the batches log (0: none yet).
+    pub fn newest_batch(&self) -> Result<i64, StoreError> {
+        let mut c = self.take()?;
+        let sql = format!(
+            "SELECT coalesce(max(n), 0) FROM {}",
+            super::conn::qualified(writer::BATCHES)
+        );
+        let n = c.run(|cl| cl.query_one(&sql, &[]))?.get(0);
+        self.put_back(c);
+        Ok(n)
     }
 
     /// Runs `f` against one consistent view of the database, on the caller's thread:
@@ -57,11 +71,13 @@ impl Pg {
         let r = outside_writer(registry, &snap, &mut nothing, ctx, |t| f(t));
         drop(snap);
         // A read changes nothing: `end` commits (or rolls back) an empty transaction.
+        let none = Notices::default();
         let end = writer::end(
             &mut *snap::lock(&conn)?,
             registry,
-            r.is_ok().then_some(&nothing),
-        );
+            r.is_ok().then_some((&nothing, &none, self.me, false)),
+        )
+        .map(|_| ());
         if end.is_ok()
             && let Ok(m) = Arc::try_unwrap(conn)
             && let Ok(c) = m.into_inner()

@@ -4,11 +4,11 @@
 //! that stops at its first entry (the next timer, the oldest ready session) reads one
 //! page, not the table.
 //!
-//! What is read is kept: the database changes only through its one writer (the writer's
-//! advisory lock), so a key read once holds until this writer changes it. A batch's own
+//! What is read is kept: the database changes one batch at a time (the writers' lock), so
+//! a key read once holds until this writer changes it or another writer commits (the
+//! writer then forgets it all, see [`super::writer`]). A batch's own
 //! changes sit in the layers above; once it committed, [`SnapTable::settle`] writes them
-//! into what is kept, and a batch that failed (or a connection made again, after which
-//! another writer may have run) forgets it all. Range pages are kept only for the batch
+//! into what is kept, and a batch that failed forgets it all. Range pages are kept only for the batch
 //! (a write anywhere in a page's bounds would change it), so the jobs of a batch that all
 //! read one session's last events ask the server once. Point reads are kept up to
 //! [`KEPT_MAX`] keys a table.

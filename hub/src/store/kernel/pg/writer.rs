@@ -1,9 +1,19 @@
 //! The writer on PostgreSQL: the redb writer's phases with one transaction per batch in
 //! place of the journal. Phase 1 runs the jobs ([`super::super::writer::run_batch`]) with
 //! their reads going to the database through the batch's changes; phase 2 writes the
-//! changes (one statement per table and kind) and commits; phase 3 answers
-//! ([`super::super::writer::answer`]) only after `COMMIT` returned. There is nothing to
-//! checkpoint: the database holds every change once it is committed.
+//! changes (one statement per table and kind), the batch's row in the batches log, and
+//! commits; phase 3 answers ([`super::super::writer::answer`]) only after `COMMIT`
+//! returned. There is nothing to checkpoint: the database holds every change once it is
+//! committed.
+//!
+//! Several hubs may write to one database: each batch first takes [`WRITE_LOCK`], a
+//! lock held until its transaction ends, so batches are made one at a time across the
+//! hubs and an operation's read-then-write (a counter read and set again, a row read and
+//! replaced) holds as on one hub. Every batch that changed something adds a row to the
+//! batches log ([`BATCHES`]: its number, the process that wrote it, the notices it raised)
+//! and sends its number on [`CHANNEL`]; the other hubs' [`super::bus`] reads the row and
+//! raises its notices there. What a writer keeps of its reads holds while the log's
+//! newest number is its own last.
 //!
 //! A connection lost between batches is made again before the next; a batch that cannot
 //! begin or commit has every caller told, and changes nothing.
@@ -16,7 +26,7 @@ use tokio::sync::mpsc;
 use super::conn::{Conn, Pg, qualified};
 use super::snap::{Shared, lock, snapshot};
 use crate::store::kernel::error::StoreError;
-use crate::store::kernel::notice::Notifier;
+use crate::store::kernel::notice::{Notices, Notifier};
 use crate::store::kernel::table::{AnyTable, Overlay, Snapshot};
 use crate::store::kernel::writer::{Job, MAX_BATCH, answer, run_batch, take_pending};
 
@@ -27,6 +37,8 @@ pub(crate) struct PgParts<C> {
     pub ctx: C,
     pub rx: mpsc::Receiver<Job<C>>,
     pub notifier: Arc<Notifier>,
+    /// Given the database's clock with every batch: the hub's clock follows it.
+    pub follow: fn(i64),
 }
 
 pub(crate) struct PgWriter<C> {
@@ -38,49 +50,49 @@ pub(crate) struct PgWriter<C> {
     rx: mpsc::Receiver<Job<C>>,
     cur: Overlay,
     notifier: Arc<Notifier>,
+    /// The newest batch of the log that what the tables keep has seen (0: none yet).
+    seen: i64,
+    /// Batches written by this writer, for pruning the log now and then.
+    written: u64,
+    follow: fn(i64),
 }
 
-/// The session advisory lock the writer's connection holds while the hub runs: one
-/// writer per database, until sessions are claimed with leases and fenced by epochs (the
-/// operations' read-then-write counters rest on it).
-const WRITER_LOCK: i64 = 0x0063_6f72_7465_7877; // "cortexw"
+/// The lock every write transaction takes first, whichever hub makes it: held until the
+/// transaction ends, so batches are made one at a time across the hubs on the database.
+const WRITE_LOCK: i64 = 0x0063_6f72_7465_7877; // "cortexw"
 
-/// Takes [`WRITER_LOCK`] on `c`, or says who holds it.
-fn take_lock(c: &mut Conn, shown: &str) -> Result<(), StoreError> {
-    let st = c.stmt("SELECT pg_try_advisory_lock($1)")?;
-    let got: bool = c.run(|cl| cl.query_one(&st, &[&WRITER_LOCK]))?.get(0);
-    if got {
-        return Ok(());
-    }
-    // Advisory locks are per database: the holder is looked for in this one (a cluster
-    // may hold other hubs' databases, each with its own writer).
-    let holder = c
-        .run(|cl| {
-            cl.query_opt(
-            "SELECT coalesce(a.client_addr::text, 'a local socket') || ', backend pid ' || a.pid
-               FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-              WHERE l.locktype = 'advisory' AND l.granted
-                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                AND ((l.classid::bigint << 32) | l.objid::bigint) = $1",
-            &[&WRITER_LOCK],
-        )
-        })
-        .map(|r| r.map(|r| r.get::<_, String>(0)));
-    let holder = match holder {
-        Ok(Some(h)) => h,
-        Ok(None) => "gone since".into(),
-        Err(e) => format!("unknown: {e}"),
+/// The batches log: one row per batch that changed something, numbered in commit order
+/// (numbers are taken under [`WRITE_LOCK`]).
+pub const BATCHES: &str = "batches";
+/// The channel a batch's number is sent on once it commits (a hint: the log is the truth).
+pub const CHANNEL: &str = "cortex_batches";
+/// How many batches of the log are kept: a hub whose listener was away for longer wakes
+/// every watcher once instead (see [`super::bus`]).
+pub const BATCHES_KEPT: i64 = 100_000;
+/// How often (in batches) a writer prunes the log.
+const PRUNE_EVERY: u64 = 1024;
+
+/// Opens a write transaction on `c`: `BEGIN`, [`WRITE_LOCK`], then (once it is held) the
+/// log's newest batch number and the database's clock (ms since the epoch). One round
+/// trip.
+pub(crate) fn begin(c: &mut Conn) -> Result<(i64, i64), StoreError> {
+    let rows = c.simple_rows(&format!(
+        "BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK}); \
+         SELECT coalesce(max(n), 0)::text, (extract(epoch from clock_timestamp()) * 1000)::int8::text FROM {}",
+        qualified(BATCHES)
+    ))?;
+    let got = |i: usize| -> Option<i64> { rows.last()?.get(i)?.as_deref()?.parse().ok() };
+    let (Some(newest), Some(clock)) = (got(0), got(1)) else {
+        return Err(StoreError::Pg(
+            "the batches log's newest number did not come back".into(),
+        ));
     };
-    Err(StoreError::Config(format!(
-        "another cortex-hub writes to the store's database {shown} (its connection: {holder}); this version runs one hub per database: stop that one, or give this one a database of its own"
-    )))
+    Ok((newest, clock))
 }
 
 impl<C> PgWriter<C> {
     pub(crate) fn new(p: PgParts<C>) -> Result<Self, StoreError> {
-        let mut first = p.pg.conn()?;
-        take_lock(&mut first, &p.pg.shown)?;
-        let conn: Shared = Arc::new(Mutex::new(first));
+        let conn: Shared = Arc::new(Mutex::new(p.pg.conn()?));
         let snap = snapshot(&conn, p.registry);
         Ok(PgWriter {
             pg: p.pg,
@@ -91,6 +103,9 @@ impl<C> PgWriter<C> {
             ctx: p.ctx,
             rx: p.rx,
             notifier: p.notifier,
+            seen: 0,
+            written: 0,
+            follow: p.follow,
         })
     }
 
@@ -124,7 +139,7 @@ impl<C> PgWriter<C> {
                 return; // a test's crash
             };
             let changed = !ran.undo.is_empty();
-            let result = self.commit();
+            let result = self.commit(&ran.notices);
             // Committed or rolled back, the database now says what is true.
             for (t, changes) in self.snap.tables.iter().zip(&self.cur.tables) {
                 t.settle(result.is_ok().then_some(changes));
@@ -139,36 +154,61 @@ impl<C> PgWriter<C> {
         }
     }
 
-    /// Opens the batch's transaction, on a new connection if the last one was lost.
+    /// Opens the batch's transaction, on a new connection if the last one was lost; what
+    /// the tables keep is forgotten when another writer committed since this one's last.
     fn begin(&mut self) -> Result<(), StoreError> {
         let mut c = lock(&self.conn)?;
-        if !c.is_closed() {
-            match c.simple("BEGIN") {
-                Ok(()) => return Ok(()),
+        let begun = if c.is_closed() {
+            None
+        } else {
+            match begin(&mut c) {
+                Ok(b) => Some(b),
                 // Lost while idle (the server restarted, a proxy cut it): nothing was done
                 // on it, so the batch begins again on a new one.
-                Err(_) if c.is_closed() => {}
+                Err(_) if c.is_closed() => None,
                 Err(e) => return Err(e),
             }
+        };
+        let (newest, clock) = match begun {
+            Some(b) => b,
+            None => {
+                *c = self.pg.conn()?;
+                tracing::info!(database = %self.pg.shown, "the store connected to PostgreSQL again");
+                begin(&mut c)?
+            }
+        };
+        (self.follow)(clock);
+        if newest != self.seen {
+            for t in &self.snap.tables {
+                t.settle(None);
+            }
+            self.seen = newest;
         }
-        let mut again = self.pg.conn()?;
-        // The lock went with the lost connection: another hub may have taken it since,
-        // and written; what was read before is forgotten.
-        take_lock(&mut again, &self.pg.shown)?;
-        *c = again;
-        for t in &self.snap.tables {
-            t.settle(None);
-        }
-        tracing::info!(database = %self.pg.shown, "the store connected to PostgreSQL again");
-        c.simple("BEGIN")
+        Ok(())
     }
 
-    /// Phase 2: the batch's changes, then `COMMIT`; a failure rolls it all back.
-    fn commit(&mut self) -> Result<(), StoreError> {
+    /// Phase 2: the batch's changes and its row in the log, then `COMMIT`; a failure
+    /// rolls it all back.
+    fn commit(&mut self, notices: &Notices) -> Result<(), StoreError> {
         let mut c = lock(&self.conn)?;
-        end(&mut c, self.registry, Some(&self.cur))
+        let prune = self.written % PRUNE_EVERY == PRUNE_EVERY - 1;
+        let n = end(
+            &mut c,
+            self.registry,
+            Some((&self.cur, notices, self.pg.me, prune)),
+        )?;
+        if let Some(n) = n {
+            self.seen = n;
+            self.written += 1;
+            crate::metrics::metrics().batch_logged();
+        }
+        Ok(())
     }
 }
+
+/// What a write transaction ends with when its work succeeded: its changes, the notices
+/// they raised, the process that wrote them, and whether to prune the log.
+pub(crate) type Ending<'a> = (&'a Overlay, &'a Notices, i64, bool);
 
 /// Ends the open transaction: with `changes` (the work succeeded) writes them and
 /// commits, without them rolls back. A statement that failed since `BEGIN` makes it an
@@ -177,20 +217,59 @@ impl<C> PgWriter<C> {
 pub(crate) fn end(
     c: &mut Conn,
     registry: &[&'static dyn AnyTable],
-    changes: Option<&Overlay>,
-) -> Result<(), StoreError> {
-    let r = match changes {
+    ending: Option<Ending<'_>>,
+) -> Result<Option<i64>, StoreError> {
+    let r = match ending {
         _ if c.failed() => Err(StoreError::Pg(
             "a statement failed, so its transaction was aborted; nothing of it was stored".into(),
         )),
-        None => Ok(()),
-        Some(changes) => write(c, registry, changes).and_then(|()| c.simple("COMMIT")),
+        None => Ok(None),
+        Some((changes, _, _, _)) if changes.is_empty() => c.simple("COMMIT").map(|()| None),
+        Some((changes, notices, me, prune)) => write(c, registry, changes)
+            .and_then(|()| commit_logged(c, notices, me, prune))
+            .map(Some),
     };
-    if (r.is_err() || changes.is_none()) && !c.is_closed() {
+    if (r.is_err() || ending.is_none()) && !c.is_closed() {
         let rolled = c.simple("ROLLBACK");
-        return r.and(rolled);
+        return r.and_then(|n| rolled.map(|()| n));
     }
     r
+}
+
+/// The batch's row in the log, its number sent on [`CHANNEL`], then `COMMIT`: one round
+/// trip. The notices are JSON (`[[kind, key, value], …]`) in hex, so nothing in them is
+/// read as SQL.
+fn commit_logged(c: &mut Conn, notices: &Notices, me: i64, prune: bool) -> Result<i64, StoreError> {
+    let list: Vec<(&str, &str, u64)> = notices
+        .iter()
+        .map(|((kind, key), v)| (*kind, key.as_str(), *v))
+        .collect();
+    let json = serde_json::to_vec(&list)
+        .map_err(|e| StoreError::Decode(format!("a batch's notices: {e}")))?;
+    let log = qualified(BATCHES);
+    let pruned = if prune {
+        format!("DELETE FROM {log} WHERE n < (SELECT max(n) FROM {log}) - {BATCHES_KEPT}; ")
+    } else {
+        String::new()
+    };
+    let rows = c.simple_rows(&format!(
+        "{pruned}WITH b AS (INSERT INTO {log} (writer, notices) VALUES ({me}, '\\x{}'::bytea) RETURNING n) \
+         SELECT n::text, pg_notify('{CHANNEL}', n::text) FROM b; COMMIT",
+        hex(&json)
+    ))?;
+    rows.first()
+        .and_then(|r| r.first()?.as_deref()?.parse().ok())
+        .ok_or_else(|| StoreError::Pg("the batch's number in the log did not come back".into()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 /// Writes `changes` in the open transaction: per table, one upsert of what was set and

@@ -1,0 +1,187 @@
+//! Claims on sessions: which hub drives a session now. A hub's runner claims a session
+//! before its first write for it and holds the claim while it drives it: a lease (until a
+//! time of the store's clock, renewed while the hub lives) and an epoch, raised by every
+//! new claim. Each of the runner's writes for the session checks the claim ([`Tx::fence`]),
+//! in the same write: a hub that was frozen past its lease, or whose claim another hub
+//! took since, writes nothing more for it. Writes are made one batch at a time across the
+//! hubs on a store, so a check and the write after it see the same claim.
+//!
+//! A claim is released when the session is handed back idle or parked; one left by a hub
+//! that died ends with its lease, and the hub's own next start takes it at once (the home
+//! lock says the old process is gone).
+
+use serde::{Deserialize, Serialize};
+
+use super::kernel::error::StoreError;
+use super::tables::{SESSION_CLAIMS, Tx, decode, encode};
+
+/// A session's claim: the hub holding it, the claim's epoch and the end of its lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    pub hub: String,
+    pub epoch: u64,
+    pub until: u64,
+}
+
+/// What a claim attempt found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// This hub holds the session under this epoch.
+    Held(u64),
+    /// Another hub holds it until then.
+    Elsewhere { hub: String, until: u64 },
+}
+
+impl Tx<'_> {
+    /// The claim on `sid`, if one was made and not released.
+    pub fn claim(&self, sid: &str) -> Result<Option<Claim>, StoreError> {
+        match self.table(&SESSION_CLAIMS).get(sid)? {
+            Some(v) => Ok(Some(decode(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Claims `sid` for `hub` until `now + lease`, under a new epoch: when nobody holds
+    /// it, its lease ran out, or `hub` itself held it (a claim of this hub's last run).
+    pub fn claim_session(
+        &mut self,
+        sid: &str,
+        hub: &str,
+        now: u64,
+        lease: u64,
+    ) -> Result<Claimed, StoreError> {
+        let old = self.claim(sid)?;
+        if let Some(c) = &old
+            && c.hub != hub
+            && c.until > now
+        {
+            return Ok(Claimed::Elsewhere {
+                hub: c.hub.clone(),
+                until: c.until,
+            });
+        }
+        let epoch = old.map_or(0, |c| c.epoch) + 1;
+        let claim = Claim {
+            hub: hub.to_string(),
+            epoch,
+            until: now.saturating_add(lease),
+        };
+        self.table_mut(&SESSION_CLAIMS)
+            .insert(sid, encode(&claim)?.as_slice())?;
+        Ok(Claimed::Held(epoch))
+    }
+
+    /// Refuses unless `hub` holds `sid` under `epoch` and its lease has not run out.
+    pub fn fence(&self, sid: &str, hub: &str, epoch: u64, now: u64) -> Result<(), StoreError> {
+        match self.claim(sid)? {
+            Some(c) if c.hub == hub && c.epoch == epoch && c.until > now => Ok(()),
+            Some(c) if c.hub == hub && c.epoch == epoch => Err(StoreError::Fenced(format!(
+                "this hub's lease on session {sid} ran out {} ms ago (the hub was stopped or cut off); it writes nothing more for it",
+                now - c.until
+            ))),
+            Some(c) => Err(StoreError::Fenced(format!(
+                "session {sid} is claimed by hub {} (epoch {}) since this hub's claim (epoch {epoch}); this hub writes nothing more for it",
+                c.hub, c.epoch
+            ))),
+            None => Err(StoreError::Fenced(format!(
+                "this hub's claim on session {sid} (epoch {epoch}) was released; it writes nothing more for it"
+            ))),
+        }
+    }
+
+    /// Extends each of `held` (session, epoch) that `hub` still holds with a lease left;
+    /// the sessions it no longer holds.
+    pub fn renew_claims(
+        &mut self,
+        hub: &str,
+        held: &[(String, u64)],
+        now: u64,
+        lease: u64,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut lost = Vec::new();
+        for (sid, epoch) in held {
+            match self.claim(sid)? {
+                Some(mut c) if c.hub == hub && c.epoch == *epoch && c.until > now => {
+                    c.until = now.saturating_add(lease);
+                    self.table_mut(&SESSION_CLAIMS)
+                        .insert(sid.as_str(), encode(&c)?.as_slice())?;
+                }
+                _ => lost.push(sid.clone()),
+            }
+        }
+        Ok(lost)
+    }
+
+    /// Releases `hub`'s claim on `sid` under `epoch` (a claim since taken is left alone).
+    pub fn release_claim(&mut self, sid: &str, hub: &str, epoch: u64) -> Result<(), StoreError> {
+        if self
+            .claim(sid)?
+            .is_some_and(|c| c.hub == hub && c.epoch == epoch)
+        {
+            self.table_mut(&SESSION_CLAIMS).remove(sid)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets the claim on a deleted session.
+    pub(crate) fn forget_claim(&mut self, sid: &str) -> Result<(), StoreError> {
+        self.table_mut(&SESSION_CLAIMS).remove(sid)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_claim_is_one_hubs_until_its_lease_ends_and_fences_every_other_epoch() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, _guard) = crate::store::tests::open(dir.path());
+        let r = store
+            .exec(|t| {
+                let mut got = Vec::new();
+                got.push(t.claim_session("s", "a", 1000, 100)?);
+                // Another hub is told who holds it and until when.
+                got.push(t.claim_session("s", "b", 1050, 100)?);
+                t.fence("s", "a", 1, 1099)?;
+                let expired = t.fence("s", "a", 1, 1100).is_err();
+                // The lease ran out: another hub takes it under a new epoch ...
+                got.push(t.claim_session("s", "b", 1100, 100)?);
+                // ... and the old holder is fenced, and cannot renew.
+                let fenced = t.fence("s", "a", 1, 1101).is_err();
+                let lost = t.renew_claims("a", &[("s".into(), 1)], 1101, 100)?;
+                let kept = t.renew_claims("b", &[("s".into(), 2)], 1150, 100)?;
+                t.fence("s", "b", 2, 1249)?;
+                // The same hub claiming again (its own restart) takes it at once.
+                got.push(t.claim_session("s", "b", 1160, 100)?);
+                // A release under an old epoch leaves the claim alone.
+                t.release_claim("s", "b", 2)?;
+                let still = t.claim("s")?.map(|c| c.epoch);
+                t.release_claim("s", "b", 3)?;
+                let gone = t.claim("s")?;
+                Ok((got, expired, fenced, lost, kept, still, gone))
+            })
+            .await
+            .expect("claims");
+        let (got, expired, fenced, lost, kept, still, gone) = r;
+        assert_eq!(
+            got,
+            vec![
+                Claimed::Held(1),
+                Claimed::Elsewhere {
+                    hub: "a".into(),
+                    until: 1100
+                },
+                Claimed::Held(2),
+                Claimed::Held(3),
+            ]
+        );
+        assert!(expired, "a lease that ran out fences its holder");
+        assert!(fenced, "a claim taken since fences the old epoch");
+        assert_eq!(lost, vec!["s".to_string()]);
+        assert!(kept.is_empty());
+        assert_eq!(still, Some(3));
+        assert_eq!(gone, None);
+    }
+}

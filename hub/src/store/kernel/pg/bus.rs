@@ -1,0 +1,158 @@
+//! The notices of the other hubs on the database: a thread with a connection of its own
+//! that `LISTEN`s on the batches log's channel and reads the log's new rows, raising the
+//! notices of every batch another process wrote in this hub's [`Notifier`] (its own are
+//! raised by its writer). A notification is only a hint: they are lost while the
+//! connection is down, so the log is read again at least every [`POLL`] whatever came,
+//! and at once after a reconnect. Rows read past a gap (the log pruned while this hub was
+//! away, or a number left unused) wake every watcher once: each reads the store again.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::conn::{Conn, Pg, qualified};
+use super::writer::{BATCHES, CHANNEL};
+use crate::store::kernel::error::StoreError;
+use crate::store::kernel::notice::{Notices, Notifier};
+
+/// The longest a batch of another hub waits to be heard of when its notification was lost.
+pub const POLL: Duration = Duration::from_secs(1);
+/// Rows read per query of the log.
+const PAGE: i64 = 1024;
+
+/// What the bus is built from.
+pub(crate) struct BusParts {
+    pub pg: Arc<Pg>,
+    pub notifier: Weak<Notifier>,
+    /// The notice kinds the hub knows: a row's kinds are matched against them.
+    pub kinds: &'static [&'static str],
+    /// The newest batch already reflected in what the hub read at start.
+    pub from: i64,
+}
+
+/// Starts the bus on a thread of its own; it ends once the notifier is dropped.
+pub(crate) fn start(p: BusParts) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("store-bus".into())
+        .spawn(move || run(p))
+}
+
+fn run(p: BusParts) {
+    let mut last = p.from;
+    let mut backoff = Duration::from_millis(100);
+    while p.notifier.strong_count() > 0 {
+        let r = listen(&p, &mut last);
+        if p.notifier.strong_count() == 0 {
+            return;
+        }
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "the store's notices from other hubs are interrupted; connecting again");
+        }
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// One connection's life: `LISTEN`, then read the log whenever told or [`POLL`] passed.
+fn listen(p: &BusParts, last: &mut i64) -> Result<(), StoreError> {
+    let mut c = p.pg.conn()?;
+    c.simple(&format!("LISTEN {CHANNEL}"))?;
+    // What came while no connection listened.
+    read_log(p, &mut c, last)?;
+    tracing::debug!("listening for the other hubs' batches");
+    loop {
+        let heard = c.notifications(POLL)?;
+        if p.notifier.strong_count() == 0 {
+            return Ok(());
+        }
+        let found = read_log(p, &mut c, last)?;
+        let m = crate::metrics::metrics();
+        if heard > 0 {
+            m.bus_heard(heard);
+        } else if found > 0 {
+            m.bus_polled(found);
+        }
+    }
+}
+
+/// Reads the log past `last`, raising the notices of the batches other processes wrote;
+/// how many such batches there were.
+fn read_log(p: &BusParts, c: &mut Conn, last: &mut i64) -> Result<usize, StoreError> {
+    let sql = format!(
+        "SELECT n, writer, notices FROM {} WHERE n > $1 ORDER BY n LIMIT {PAGE}",
+        qualified(BATCHES)
+    );
+    let mut found = 0;
+    loop {
+        let st = c.stmt(&sql)?;
+        let from = *last;
+        let rows = c.run(|cl| cl.query(&st, &[&from]))?;
+        let Some(notifier) = p.notifier.upgrade() else {
+            return Ok(found);
+        };
+        let mut notices = Notices::new();
+        // Numbers are taken in commit order, so rows past `last` are all there unless the
+        // log was pruned past it (or a transaction that took a number failed: rare, and a
+        // wake too many harms nothing).
+        let gap = rows.first().is_some_and(|r| r.get::<_, i64>(0) > *last + 1) && *last > 0;
+        for r in &rows {
+            let (n, writer, raw): (i64, i64, Vec<u8>) = (r.get(0), r.get(1), r.get(2));
+            *last = n;
+            if writer == p.pg.me {
+                continue;
+            }
+            found += 1;
+            merge(&mut notices, &raw, p.kinds);
+        }
+        if gap {
+            tracing::warn!(
+                "the store's notices from other hubs have a gap; every watcher reads again"
+            );
+            notifier.wake_all();
+        }
+        notifier.publish(notices);
+        if (rows.len() as i64) < PAGE {
+            return Ok(found);
+        }
+    }
+}
+
+/// A row's notices (`[[kind, key, value], …]`) into `into`, the newest value per topic;
+/// kinds this hub does not know are skipped.
+fn merge(into: &mut Notices, raw: &[u8], kinds: &'static [&'static str]) {
+    let Ok(list) = serde_json::from_slice::<Vec<(String, String, u64)>>(raw) else {
+        tracing::warn!("a batch in the store's log has notices this hub cannot read; skipped");
+        return;
+    };
+    for (kind, key, v) in list {
+        if let Some(k) = kinds.iter().find(|k| **k == kind) {
+            into.insert((k, key), v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notices_of_a_row_keep_known_kinds_and_the_newest_value() {
+        static KINDS: &[&str] = &["session", "timers"];
+        let mut into = Notices::new();
+        merge(
+            &mut into,
+            br#"[["session","a",3],["other","x",1],["timers","",9]]"#,
+            KINDS,
+        );
+        merge(&mut into, br#"[["session","a",5]]"#, KINDS);
+        merge(&mut into, b"not json", KINDS);
+        let mut got: Vec<_> = into.into_iter().collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                (("session", "a".to_string()), 5),
+                (("timers", String::new()), 9)
+            ]
+        );
+    }
+}

@@ -1,0 +1,220 @@
+//! Several hubs on one PostgreSQL database, each a real `cortex-hub` process: one store
+//! seen from every hub, a signal on one waking a waiter on another (the bus), a timer
+//! fired once, and the sessions' claims: a session driven by one hub at a time, taken
+//! over once its hub is SIGKILLed, and a hub SIGSTOPped past its lease writing nothing
+//! when it wakes. Each of these fails on a design where a hub owns its state implicitly.
+
+use std::time::Duration;
+
+use cortex_cli::http::Method;
+use cortex_tests::postgres::Postgres;
+use cortex_tests::scripted_model::{Reply, ScriptedModel};
+use cortex_tests::{Hub, body, wait_until};
+use serde_json::{Value, json};
+
+const LIMIT: Duration = Duration::from_secs(60);
+/// The lease the model-running hubs take: short, so a takeover comes soon.
+const LEASE_MS: u64 = 1500;
+
+fn id(v: &Value) -> &str {
+    v["id"].as_str().expect("id")
+}
+
+/// A series of `/metrics` (a counter's `_total`, a gauge as named), 0 when absent.
+fn metric(hub: &Hub, series: &str) -> f64 {
+    crate::metrics::scrape(hub)
+        .get(series)
+        .copied()
+        .unwrap_or(0.0)
+}
+
+fn counter(hub: &Hub, name: &str) -> f64 {
+    metric(hub, &format!("{name}_total"))
+}
+
+fn gauge(hub: &Hub, name: &str) -> f64 {
+    metric(hub, name)
+}
+
+/// Two plain hubs on one new database: the second given the first's token.
+fn two_hubs(extra: &[(&str, &str)]) -> (Hub, Hub) {
+    let pg = Postgres::shared();
+    let url = pg.url(&pg.database());
+    let a = Hub::start_with_args(extra, &["--store", &url]);
+    let mut env = extra.to_vec();
+    env.push(("CORTEX_WEBHOOK_TOKEN", &a.token));
+    let b = Hub::start_with_args(&env, &["--store", &url]);
+    (a, b)
+}
+
+#[test]
+fn hubs_on_one_database_share_the_store_and_a_signal_on_one_wakes_a_waiter_on_another() {
+    let (a, b) = two_hubs(&[]);
+    // Made on one, seen on the other.
+    let sid = a.session();
+    let (st, v) = b.api(Method::Get, &format!("/api/sessions/{sid}"), None);
+    assert_eq!(st, 200, "{v}");
+    let wp = a.waitpoint(&sid, json!({"label": "train", "intent": "read the loss"}));
+    // A waiter on a (`cortex wait for`: a long poll on the session's events there), the
+    // signal through b.
+    let (code, out, err) = std::thread::scope(|s| {
+        let waiter = s.spawn(|| a.cortex(&["wait", "for", id(&wp)]));
+        // The waiter is listening once a's session has a watcher.
+        wait_until(LIMIT, "the waiter's long poll on a", || {
+            (gauge(&a, "cortex_session_watchers") >= 1.0).then_some(())
+        });
+        let (st, v) = b.signal(&body(&wp, json!({"status": "ok", "message": "loss 0.1"})));
+        assert_eq!(st, 202, "{v}");
+        waiter.join().expect("waiter")
+    });
+    assert_eq!(code, 0, "{out}\n{err}\n{}", a.log());
+    assert!(out.contains("loss 0.1"), "{out}");
+    // a heard b's batch through the bus (a notification, or its poll when one was lost).
+    let heard = counter(&a, "cortex_bus_notifications") + counter(&a, "cortex_bus_polled_batches");
+    assert!(heard >= 1.0, "a heard nothing of b's batches");
+    assert!(counter(&b, "cortex_store_batches_logged") >= 1.0);
+    // The signal is recorded once, whichever hub is asked.
+    for h in [&a, &b] {
+        let seen = h.get_waitpoint(id(&wp));
+        assert_eq!(seen["state"], "resolved", "{seen}");
+        assert_eq!(seen["signals"].as_array().map(Vec::len), Some(1), "{seen}");
+    }
+}
+
+#[test]
+fn a_timer_fires_once_whichever_hubs_watch_it() {
+    let (a, b) = two_hubs(&[("CORTEX_WAITPOINT_SWEEP_MS", "100")]);
+    let sid = b.session();
+    // 0.0005 h = 1.8 s: both hubs' timer loops have it (b made it; a heard of it).
+    let wp = b.waitpoint(
+        &sid,
+        json!({"label": "silent", "intent": "x", "expires_in_hours": 0.0005}),
+    );
+    let wake = a.wait_wake(&sid, id(&wp), 1, LIMIT);
+    assert_eq!(wake["reason"], "expired", "{wake:#}");
+    // A second timer made later falls due well past the first: by its wake both hubs'
+    // loops have run past the first's due time.
+    let next = a.waitpoint(
+        &sid,
+        json!({"label": "later", "intent": "x", "expires_in_hours": 0.0005}),
+    );
+    b.wait_wake(&sid, id(&next), 1, LIMIT);
+    let expired: Vec<Value> = a
+        .wakes(&sid)
+        .into_iter()
+        .filter(|w| w["waitpoint"]["id"].as_str() == Some(id(&wp)))
+        .collect();
+    assert_eq!(expired.len(), 1, "{expired:#?}");
+}
+
+/// A hub that runs `model` on the database at `url`, with a short lease; `token` to share
+/// another hub's.
+fn model_hub(model: &ScriptedModel, url: &str, token: Option<&str>) -> (Hub, tempfile::TempDir) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    let settings = json!({"agent": {"leaseMs": LEASE_MS}});
+    std::fs::write(home.join("settings.json"), settings.to_string()).expect("settings");
+    let murl = model.url();
+    let mut env = vec![
+        ("CORTEX_LLM_BASE_URL", murl.as_str()),
+        ("CORTEX_LLM_MODEL", "scripted"),
+    ];
+    if let Some(t) = token {
+        env.push(("CORTEX_WEBHOOK_TOKEN", t));
+    }
+    let mut hub = Hub::at(&home, &tmp.path().join("hub.log"), &env, &["--store", url]);
+    hub.spawn();
+    (hub, tmp)
+}
+
+fn agent_session(hub: &Hub, text: &str) -> String {
+    let (st, v) = hub.api(Method::Post, "/api/sessions", Some(&json!({"runs": true})));
+    assert_eq!(st, 201, "{v}");
+    let sid = v["id"].as_str().expect("id").to_string();
+    let (st, v) = hub.api(
+        Method::Post,
+        &format!("/api/sessions/{sid}/messages"),
+        Some(&json!({"text": text})),
+    );
+    assert!(st == 200 || st == 201, "{st} {v}");
+    sid
+}
+
+fn signal(pid: &str, which: &str) {
+    let st = std::process::Command::new("kill")
+        .args([which, pid])
+        .status()
+        .expect("kill");
+    assert!(st.success(), "kill {which} {pid}");
+}
+
+fn count_kind(events: &[Value], kind: &str) -> usize {
+    events.iter().filter(|e| e["kind"] == kind).count()
+}
+
+#[test]
+fn a_session_a_killed_hub_drove_is_taken_over_by_another_and_run_once() {
+    let pg = Postgres::shared();
+    let url = pg.url(&pg.database());
+    // The first call hangs (the hub dies under it); the next is answered.
+    let model = ScriptedModel::start(vec![Reply::hang(), Reply::text("done on b")]);
+    let (mut a, _ta) = model_hub(&model, &url, None);
+    let sid = agent_session(&a, "train it");
+    model.wait_requests(1, LIMIT);
+    let token = a.token.clone();
+    a.kill();
+    let (b, _tb) = model_hub(&model, &url, Some(&token));
+    // b finds the session claimed by a, and takes it once a's lease ran out.
+    let end = b.wait_event(&sid, LIMIT, |e| e["kind"] == "run-end");
+    assert_eq!(end["result"]["ok"], true, "{end:#}");
+    let events = b.events(&sid, 0);
+    assert_eq!(count_kind(&events, "run-end"), 1, "{events:#?}");
+    assert_eq!(
+        model.request_count(),
+        2,
+        "one call each: a's lost, b's answered"
+    );
+    let text = serde_json::to_string(&events).expect("json");
+    assert!(text.contains("done on b"), "{text}");
+}
+
+#[test]
+fn a_hub_stopped_past_its_lease_writes_nothing_for_the_session_when_it_wakes() {
+    let pg = Postgres::shared();
+    let url = pg.url(&pg.database());
+    // a's call is answered while a is stopped; b's is the one that counts.
+    let model = ScriptedModel::start(vec![
+        Reply::text("written by a").head_delay(Duration::from_millis(500)),
+        Reply::text("written by b"),
+    ]);
+    let (a, _ta) = model_hub(&model, &url, None);
+    let sid = agent_session(&a, "train it");
+    model.wait_requests(1, LIMIT);
+    let pid = a.pid().expect("pid").to_string();
+    signal(&pid, "-STOP");
+    let (b, _tb) = model_hub(&model, &url, Some(&a.token));
+    let end = b.wait_event(&sid, LIMIT, |e| e["kind"] == "run-end");
+    assert_eq!(end["result"]["ok"], true, "{end:#}");
+    // a wakes with its answer in hand: its write for the session is refused.
+    signal(&pid, "-CONT");
+    wait_until(
+        LIMIT,
+        "a told it writes nothing more for the session",
+        || a.log().contains("writes nothing more for it").then_some(()),
+    );
+    // What a would have written is nowhere; b's run is there once.
+    let events = b.events(&sid, 0);
+    let text = serde_json::to_string(&events).expect("json");
+    assert!(!text.contains("written by a"), "{text}");
+    assert!(text.contains("written by b"), "{text}");
+    assert_eq!(count_kind(&events, "run-end"), 1, "{events:#?}");
+    // And a goes on serving: the session reads the same from it.
+    let (st, v) = a.api(
+        Method::Get,
+        &format!("/api/sessions/{sid}/events?after=0"),
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["events"].as_array().map(Vec::len), Some(events.len()));
+}
