@@ -4,7 +4,9 @@
 //! upgrade passes the proxy) and a remote wait asked through it fires; a hub SIGKILLed
 //! behind it costs a client nothing (the refused connection goes to the live hub) and is
 //! out of rotation once its health check fails; an agent dials `wss://` to HAProxy, which
-//! ends TLS before the hub's plain loopback mesh. Skipped, saying why, where haproxy is not
+//! ends TLS before the hub's plain loopback mesh; a standby started on the dead hub's
+//! store behind it is taken into rotation, and the dead hub's long poll, device and
+//! waitpoint carry on through the same URLs. Skipped, saying why, where haproxy is not
 //! installed (never under `CI=true`: `.ci/run` installs it).
 
 // Fields of JSON the hub just answered with; a panic is the test failing.
@@ -15,7 +17,7 @@ use std::time::Duration;
 
 use cortex_tests::agent::Agent;
 use cortex_tests::haproxy::{Backend, haproxy_or_skip, haproxy_or_skip_tls};
-use cortex_tests::{Hub, bin, run, wait_until};
+use cortex_tests::{Hub, bin, dead_port, run, wait_until};
 use serde_json::{Value, json};
 
 use super::remote_waits::Sleep;
@@ -24,17 +26,23 @@ const T: Duration = Duration::from_secs(30);
 
 /// `cortex --hub URL ARGS` with `hub`'s operator token, started (stdout and stderr piped).
 fn spawn_cortex(hub: &Hub, url: &str, args: &[&str]) -> Child {
-    Command::new(bin("cortex"))
-        .args(["--hub", url])
+    cortex_command(hub, url, args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cortex")
+}
+
+/// `cortex --hub URL ARGS` with `hub`'s operator token, stdout piped.
+fn cortex_command(hub: &Hub, url: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(bin("cortex"));
+    cmd.args(["--hub", url])
         .args(args)
         .env_remove("CORTEX_HUB")
         .env_remove("CORTEX_HOME")
         .env("CORTEX_WEBHOOK_TOKEN", &hub.token)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cortex")
+        .stdout(Stdio::piped());
+    cmd
 }
 
 /// Waits (bounded) for `child` to exit: (exit code, stdout, stderr).
@@ -268,6 +276,121 @@ fn an_agent_dials_wss_to_haproxy_which_ends_tls_before_the_hubs_plain_mesh() {
     wait_until(T, "the agent's spool emptied", || {
         (agent.pending() == 0).then_some(())
     });
+}
+
+/// A hub started by hand on fixed ports (HAProxy's config names them before it runs):
+/// the standby of a dead hub, on its home and its store. Killed when dropped.
+struct Standby {
+    child: Child,
+    _logs: tempfile::TempDir,
+}
+
+impl Standby {
+    fn start(of: &Hub, http: &str, mesh: &str) -> Standby {
+        let logs = tempfile::tempdir().expect("tmp");
+        let log = std::fs::File::create(logs.path().join("hub.log")).expect("log");
+        let mut cmd = Command::new(bin("cortex-hub"));
+        cmd.arg("--home")
+            .arg(&of.home)
+            .args(["--listen", http, "--mesh-listen", mesh])
+            .env("CORTEX_WEBHOOK_TOKEN", &of.token)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some(url) = cortex_tests::store_url(&of.home) {
+            cmd.arg("--store").arg(url);
+        }
+        Standby {
+            child: cmd.spawn().expect("spawn the standby"),
+            _logs: logs,
+        }
+    }
+}
+
+impl Drop for Standby {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `GET path` through `url` with the operator token: (status, JSON body).
+fn get_via(url: &str, token: &str, path: &str) -> (u16, Value) {
+    let resp =
+        cortex_cli::http::Request::new(cortex_cli::http::Method::Get, &format!("{url}{path}"))
+            .header("authorization", &format!("Bearer {token}"))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .expect("an answer from haproxy");
+    let v = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
+    (resp.status, v)
+}
+
+#[test]
+fn a_standby_started_behind_haproxy_takes_the_dead_hubs_clients_and_devices() {
+    let mut a = Hub::start_with(&[("CORTEX_WEBHOOK_TOKEN", "load-balancer-standby-token")]);
+    // The standby's place is in HAProxy's config before it runs, as an operator writes it.
+    let (http, mesh) = (
+        format!("127.0.0.1:{}", dead_port()),
+        format!("127.0.0.1:{}", dead_port()),
+    );
+    let standby = Backend {
+        name: "hub2".to_string(),
+        http: http.clone(),
+        mesh: Some(mesh.clone()),
+    };
+    let Some(lb) = haproxy_or_skip("load_balancer standby", &[Backend::of("hub1", &a), standby])
+    else {
+        return;
+    };
+    lb.wait_server("hubs", "hub1", "UP");
+    lb.wait_server("hubs", "hub2", "DOWN");
+
+    let token = a.add_device("gpu1");
+    let mut agent = Agent::new(&a, "gpu1", &token);
+    agent.set_hub_url(&lb.mesh_url());
+    agent.spawn();
+    a.wait_online("gpu1");
+    let sid = a.session();
+    let wp = a.waitpoint(&sid, json!({"label": "job", "intent": "look"}));
+    let id = wp["id"].as_str().unwrap().to_string();
+    // A long poll through the proxy, in flight on hub1 when it dies: past its announcement
+    // (after which a lost hub is waited for), its one connection open.
+    let said = tempfile::NamedTempFile::new().expect("tmp");
+    let waiter = cortex_command(&a, &lb.url(""), &["wait", "for", &id, "--timeout", "120s"])
+        .stderr(said.reopen().expect("the stderr file"))
+        .spawn()
+        .expect("spawn cortex wait for");
+    wait_until(T, "the waiter's long poll open on hub1", || {
+        let announced = std::fs::read_to_string(said.path())
+            .is_ok_and(|t| t.contains(&format!("cortex: waiting for {id}")));
+        (announced && lb.stat("hubs", "hub1", "scur").as_deref() == Some("1")).then_some(())
+    });
+
+    a.kill();
+    lb.wait_server("hubs", "hub1", "DOWN");
+    let _standby = Standby::start(&a, &http, &mesh);
+    // Taken in by its first good check; no client is told.
+    lb.wait_server("hubs", "hub2", "UP");
+    lb.wait_server("meshes", "hub2", "UP");
+    wait_until(T, "the device online again, through haproxy", || {
+        let (st, d) = get_via(&lb.url(""), &a.token, "/api/devices/gpu1");
+        (st == 200 && d["state"] == "online").then_some(())
+    });
+
+    let (code, err, _home) = signal_to(&lb.url("/webhook/signal"), &wp, "to the standby");
+    assert_eq!(code, 0, "{err}\nhaproxy:\n{}", lb.log());
+    assert_eq!(err, "", "delivered at once, nothing to say");
+    let (code, out, _) = finish(waiter, "cortex wait for across the failover");
+    let err = std::fs::read_to_string(said.path()).unwrap_or_default();
+    assert_eq!(code, 0, "{err}\nhaproxy:\n{}", lb.log());
+    let wake: Value = serde_json::from_str(out.trim()).expect("the wake on stdout");
+    assert_eq!(wake["reason"], "fired", "{wake}");
+    let (st, v) = get_via(&lb.url(""), &a.token, &format!("/api/waitpoints/{id}"));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["signals"][0]["message"], "to the standby", "{v}");
+    assert_eq!(lb.stat("meshes", "hub2", "scur").as_deref(), Some("1"));
 }
 
 /// The harness's config is the one the docs show: the same checks, timeouts and retries,
