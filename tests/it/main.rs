@@ -18,6 +18,7 @@ mod hostile;
 mod hostile_model;
 mod hub_urls;
 mod layering;
+mod load_balancer;
 mod local_waits;
 mod log_secrets;
 mod log_waits;
