@@ -1,8 +1,8 @@
 //! This hub's side of the claims on sessions (`store::claims`): its name among the hubs
 //! on a store, the lease it takes, the sessions it holds now and under which epoch, and
-//! the renewal (`runner::renew_claims`). A claim found lost (taken by another hub, or run out while
-//! this hub was stopped or cut off) is forgotten here and its driver is stopped: its next
-//! write is refused anyway.
+//! the renewal (`runner::renew_claims`). A claim found lost (another hub took it once its
+//! lease ran out: this hub was stopped, cut off or too slow) is forgotten here and its
+//! driver is stopped: its next write is refused anyway.
 
 use std::collections::HashMap;
 use std::path::Path;

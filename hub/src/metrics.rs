@@ -217,7 +217,7 @@ impl Metrics {
         self.cluster.claims.set(n as i64);
     }
 
-    /// Claims renewed, and claims found lost (taken by another hub, or run out).
+    /// Claims renewed, and claims found lost (taken by another hub once they ran out).
     pub fn claims_renewed(&self, renewed: usize, lost: usize) {
         self.cluster.renewed.inc_by(renewed as u64);
         self.cluster.lost.inc_by(lost as u64);
@@ -319,7 +319,7 @@ impl Metrics {
         );
         reg.register(
             "cortex_claims_lost",
-            "Claims on sessions found taken by another hub or run out",
+            "Claims on sessions found taken by another hub",
             c.lost.clone(),
         );
         let mut out = String::new();

@@ -1,13 +1,13 @@
 //! `cargo xtask bench cluster`: the store on PostgreSQL beside its floor. On one
 //! throwaway cluster (Debian's server, fsync and synchronous_commit on): `pgbench` with a
 //! one-row insert and commit per transaction (the floor), the hub's durable signal route
-//! on redb, and the same hub on PostgreSQL, each at 50 connections (wrk), in interleaved
-//! rounds so the machine's drift lands on all three. It checks that each hub recorded
-//! every signal it acknowledged, prints the medians and the ratios, and leaves nothing
-//! running. Method and figures: docs/benchmarks.md.
-//!
-//! This is the single-hub stage of several hubs on one database: the figures with three
-//! hubs, wake latency over NOTIFY and failover come with the stages that build them.
+//! on redb, the same hub on PostgreSQL, and three hubs on one database (the 50
+//! connections split over them, as clients with the three URLs would), each at 50
+//! connections (wrk), in interleaved rounds so the machine's drift lands on all. It
+//! checks that each hub recorded every signal it acknowledged, then times a wake across
+//! hubs (a signal's 202 from one hub → a long poll on another returns, over NOTIFY),
+//! prints the medians and the ratios, and leaves nothing running. Method and figures:
+//! docs/benchmarks.md.
 
 use std::path::Path;
 use std::process::{Output, Stdio};
@@ -18,6 +18,7 @@ use crate::bench_kit::hub::{Hub, Monitor, signal_body};
 use crate::bench_kit::procs::{Procs, ScratchDir};
 use crate::bench_kit::report::{machine, thousands, us, utc_now};
 use crate::bench_kit::{cargo_build, target_dir, workspace_root};
+use crate::bench_signals::Check;
 use crate::bench_signals::tools::{self, Load, WrkRun};
 use cortex_tests::postgres::Postgres;
 
@@ -84,7 +85,7 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
     // stopped and removed when dropped.
     let cluster = Postgres::start();
     let version = cluster.query("postgres", "SHOW server_version");
-    for db in ["floor", "hub"] {
+    for db in ["floor", "hub", "hub3"] {
         cluster.create_database(db);
     }
     cluster.query(
@@ -105,6 +106,38 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         &[("CORTEX_STORE_URL", &url)],
         &mut procs,
     )?;
+    // Three hubs on one database, sharing the first one's token.
+    let url3 = cluster.url("hub3");
+    let first = Hub::start_with_env(
+        &hub_bin,
+        &scratch.path().join("three-0"),
+        &[("CORTEX_STORE_URL", &url3)],
+        &mut procs,
+    )?;
+    let token = first.token().to_string();
+    let mut three = vec![first];
+    for i in 1..3 {
+        three.push(Hub::start_with_env(
+            &hub_bin,
+            &scratch.path().join(format!("three-{i}")),
+            &[
+                ("CORTEX_STORE_URL", &url3),
+                ("CORTEX_WEBHOOK_TOKEN", &token),
+            ],
+            &mut procs,
+        )?);
+    }
+    let mut three_load = Vec::new();
+    for (i, hub) in three.iter().enumerate() {
+        let monitors = hub.create_monitors(opts.monitors.div_ceil(3))?;
+        let script = scratch.path().join(format!("three-{i}.lua"));
+        let bodies: Vec<String> = monitors
+            .iter()
+            .map(|m| signal_body(&m.id, &m.secret))
+            .collect();
+        std::fs::write(&script, tools::wrk_script("/webhook/signal", &bodies)?)?;
+        three_load.push((hub, monitors, script));
+    }
     let mut hubs = Vec::new();
     for (name, hub) in [("redb", &redb), ("pg", &onpg)] {
         let monitors = hub.create_monitors(opts.monitors)?;
@@ -120,6 +153,7 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
     let mut floor = Vec::new();
     let mut on_redb = Vec::new();
     let mut on_pg = Vec::new();
+    let mut on_three = Vec::new();
     let mut checks = Vec::new();
     let mut failures = Vec::new();
     for round in 1..=opts.rounds {
@@ -151,7 +185,19 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
                 on_pg.push(Figures::from(&run));
             }
         }
+        eprintln!(
+            "bench: round {round}: three hubs on PostgreSQL, {CONNS} connections over them, {} s",
+            opts.seconds
+        );
+        let (figures, round_checks) = measured_three(&three_load, opts.seconds, round)?;
+        for c in round_checks {
+            checks.push(c.text);
+            failures.extend(c.failure);
+        }
+        on_three.push(figures);
     }
+    eprintln!("bench: a wake across hubs, {WAKES} times");
+    let wakes = wake_across(&three[0], &three[1])?;
     // Where the hub's time on PostgreSQL goes: its reads by table (index scans: a point
     // read or a range page each), and its transactions (one per batch).
     let signals = onpg.recorded(&hubs[1].1)?;
@@ -172,7 +218,12 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         .context("pg_database_size")?;
     let monitors = opts.monitors;
 
-    let (f, r, p) = (median(&floor), median(&on_redb), median(&on_pg));
+    let (f, r, p, t) = (
+        median(&floor),
+        median(&on_redb),
+        median(&on_pg),
+        median(&on_three),
+    );
     println!("# cargo xtask bench cluster, {}", utc_now());
     println!();
     println!(
@@ -190,6 +241,10 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         ("pgbench: one-row insert and commit (the floor)", f),
         ("cortex-hub on redb: durable signal (202)", r),
         ("cortex-hub on PostgreSQL: durable signal (202)", p),
+        (
+            "three cortex-hubs on one PostgreSQL database: durable signal (202)",
+            t,
+        ),
     ] {
         println!(
             "| {what} | {} | {} | {} | {:.2}x |",
@@ -214,6 +269,16 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         p.per_s / r.per_s
     );
     println!(
+        "three hubs on one database: {:.2}x one hub on it (writes are made one transaction at a time across the hubs)",
+        t.per_s / p.per_s
+    );
+    println!(
+        "a wake across hubs (the 202 from one → a long poll on another returns, NOTIFY on): p50 {}, p99 {}, max {} over {WAKES} (target p50 under 5 ms)",
+        ms(pct(&wakes, 0.50)),
+        ms(pct(&wakes, 0.99)),
+        ms(pct(&wakes, 1.0)),
+    );
+    println!(
         "the hub's database after the runs: {:.1} MiB",
         size as f64 / (1 << 20) as f64
     );
@@ -228,6 +293,8 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         println!("- {c}");
     }
     drop(hubs);
+    drop(three_load);
+    drop(three);
     drop(procs);
     drop(scratch);
     if !failures.is_empty() {
@@ -256,6 +323,158 @@ fn measured(
     crate::bench_signals::settle();
     let recorded = hub.recorded(monitors)? - before;
     Ok((run, recorded, load(seconds)))
+}
+
+/// The three hubs' runs at once, [`CONNS`] connections split over them: the summed rate,
+/// the middle hub's p50 and the worst p99; and each hub's count check.
+fn measured_three(
+    hubs: &[(&Hub, Vec<Monitor>, std::path::PathBuf)],
+    seconds: u64,
+    round: u32,
+) -> anyhow::Result<(Figures, Vec<Check>)> {
+    let conns = |i: usize| CONNS / 3 + u32::from((i as u32) < CONNS % 3);
+    let load = |i, seconds| Load {
+        threads: 1,
+        connections: conns(i),
+        seconds,
+    };
+    let all = |seconds| -> anyhow::Result<Vec<WrkRun>> {
+        std::thread::scope(|s| {
+            let runs: Vec<_> = hubs
+                .iter()
+                .enumerate()
+                .map(|(i, (hub, _, script))| {
+                    s.spawn(move || tools::wrk(script, &hub.signal_url(), load(i, seconds)))
+                })
+                .collect();
+            runs.into_iter()
+                .map(|r| {
+                    r.join()
+                        .map_err(|_| anyhow::anyhow!("a wrk thread panicked"))?
+                })
+                .collect()
+        })
+    };
+    all(1)?;
+    crate::bench_signals::settle();
+    let before = hubs
+        .iter()
+        .map(|(h, m, _)| h.recorded(m))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let runs = all(seconds)?;
+    crate::bench_signals::settle();
+    let mut checks = Vec::new();
+    for (i, ((hub, monitors, _), run)) in hubs.iter().zip(&runs).enumerate() {
+        let recorded = hub.recorded(monitors)? - before[i];
+        let c = crate::bench_signals::count_check(
+            &format!("round {round}, hub {} of three", i + 1),
+            load(i, seconds),
+            run,
+            recorded,
+        );
+        checks.push(c);
+    }
+    let per_s = runs.iter().map(|r| r.ok() as f64 / r.duration_s).sum();
+    let mut p50: Vec<f64> = runs.iter().map(|r| r.p50_us).collect();
+    p50.sort_by(f64::total_cmp);
+    let p99 = runs.iter().map(|r| r.p99_us).fold(0.0, f64::max);
+    Ok((
+        Figures {
+            per_s,
+            p50_us: p50[p50.len() / 2],
+            p99_us: p99,
+        },
+        checks,
+    ))
+}
+
+/// How many wakes across hubs are timed.
+const WAKES: usize = 100;
+
+/// Each of [`WAKES`] times: a waitpoint armed on `a`, a long poll on its session's events
+/// there, the signal posted to `b`; the time from `b`'s 202 to `a`'s answer, in ms.
+fn wake_across(a: &Hub, b: &Hub) -> anyhow::Result<Vec<f64>> {
+    let s = a.api_json(
+        "POST",
+        "/api/sessions",
+        Some(serde_json::json!({"title": "wake"})),
+        201,
+    )?;
+    let sid = s["id"]
+        .as_str()
+        .context("the new session has no id")?
+        .to_string();
+    let mut out = Vec::with_capacity(WAKES);
+    for _ in 0..WAKES {
+        let w = a.api_json(
+            "POST",
+            &format!("/api/sessions/{sid}/waitpoints"),
+            Some(serde_json::json!({"label": "wake", "intent": "wake"})),
+            201,
+        )?;
+        let events = a.api_json(
+            "GET",
+            &format!("/api/sessions/{sid}/events?after=0"),
+            None,
+            200,
+        )?;
+        let after = events["events"]
+            .as_array()
+            .and_then(|e| e.last())
+            .and_then(|e| e["seq"].as_u64())
+            .unwrap_or(0);
+        let body = signal_body(
+            w["id"].as_str().context("a waitpoint without id")?,
+            w["secret"].as_str().context("a waitpoint without secret")?,
+        );
+        let took = std::thread::scope(|s| -> anyhow::Result<f64> {
+            let poll = s.spawn(|| {
+                let r = a.api_json(
+                    "GET",
+                    &format!("/api/sessions/{sid}/events?after={after}&wait=30"),
+                    None,
+                    200,
+                );
+                (r, std::time::Instant::now())
+            });
+            // The long poll parks on the hub before the signal goes out (a benchmark's
+            // pause: the time measured starts at the 202).
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            let reply = b.api(
+                "POST",
+                "/webhook/signal",
+                Some(serde_json::from_str(&body)?),
+            )?;
+            let acked = std::time::Instant::now();
+            ensure!(
+                reply.status == 202,
+                "the signal was answered {}",
+                reply.status
+            );
+            let (r, woke) = poll
+                .join()
+                .map_err(|_| anyhow::anyhow!("the long poll panicked"))?;
+            let got = r?;
+            ensure!(
+                got["events"]
+                    .as_array()
+                    .is_some_and(|e| e.iter().any(|e| e["kind"] == "wake")),
+                "the long poll answered without the wake: {got}"
+            );
+            Ok(woke.saturating_duration_since(acked).as_secs_f64() * 1000.0)
+        })?;
+        out.push(took);
+    }
+    out.sort_by(f64::total_cmp);
+    Ok(out)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn ms(v: f64) -> String {
+    format!("{v:.1} ms")
 }
 
 /// pgbench's one-row insert at [`CONNS`] clients for `seconds`, latencies from its

@@ -69,7 +69,7 @@ pub async fn renew_claims(state: AppState) {
                     if let Some((_, epoch)) = held.iter().find(|(s, _)| *s == sid) {
                         state.claims.forget(&sid, *epoch);
                     }
-                    tracing::warn!(session = %sid, "this hub's claim on a session is lost (taken by another hub, or its lease ran out); its driver stops");
+                    tracing::warn!(session = %sid, "this hub's claim on a session is lost (another hub took it once its lease ran out); its driver stops");
                     state.stops.ring(&sid);
                 }
             }

@@ -64,7 +64,7 @@ where
         signal_url,
         now: now_ms(),
     };
-    t.fence(sid, &fence.hub, fence.epoch, env.now)?;
+    t.fence(sid, &fence.hub, fence.epoch)?;
     let (next, secrets) = f(t, &env)?;
     let tail = match next {
         Next::Step { .. } | Next::Compact { .. } => t.transcript_from(sid, known)?,

@@ -103,13 +103,17 @@ impl Hub {
         env: &[(&str, &str)],
         procs: &mut Procs,
     ) -> anyhow::Result<Hub> {
-        let token = format!(
-            "bench-{:x}",
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default()
-        );
+        // Given one (hubs sharing a database share one), else made here.
+        let token = match env.iter().find(|(k, _)| *k == "CORTEX_WEBHOOK_TOKEN") {
+            Some((_, t)) => t.to_string(),
+            None => format!(
+                "bench-{:x}",
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or_default()
+            ),
+        };
         let mut cmd = Command::new(bin);
         cmd.arg("--home")
             .arg(home)
@@ -173,7 +177,7 @@ impl Hub {
         format!("http://{}/webhook/signal", self.addr)
     }
 
-    fn api(
+    pub fn api(
         &self,
         method: &str,
         path: &str,
@@ -225,6 +229,11 @@ impl Hub {
     ) -> anyhow::Result<serde_json::Value> {
         self.api(method, path, body)?
             .expect(want, &format!("{method} {path}"))
+    }
+
+    /// The operator token it answers to.
+    pub fn token(&self) -> &str {
+        &self.token
     }
 
     /// Creates a session and `n` monitors in it.
