@@ -1,6 +1,6 @@
 //! This hub's side of the claims on sessions (`store::claims`): its name among the hubs
 //! on a store, the lease it takes, the sessions it holds now and under which epoch, and
-//! the renewal (`runner::renew_claims`). A claim found lost (another hub took it once its
+//! the renewal (`server/cluster.rs`). A claim found lost (another hub took it once its
 //! lease ran out: this hub was stopped, cut off or too slow) is forgotten here and its
 //! driver is stopped: its next write is refused anyway.
 

@@ -274,6 +274,28 @@ impl Registry {
         self.lock().tokens = tokens.into_iter().collect();
     }
 
+    /// Follows the store's devices (another hub added or revoked one): the allowed set
+    /// becomes `tokens`, and a device no longer in it, or whose token changed, has its
+    /// link here ended as revoked. Returns the devices whose links were ended.
+    pub fn follow(&self, tokens: HashMap<String, [u8; 32]>) -> Vec<String> {
+        let gone: Vec<String> = {
+            let g = self.lock();
+            g.tokens
+                .iter()
+                .filter(|(name, hash)| tokens.get(*name) != Some(*hash))
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
+        let mut ended = Vec::new();
+        for name in gone {
+            if self.revoke(&name) {
+                ended.push(name);
+            }
+        }
+        self.lock().tokens = tokens;
+        ended
+    }
+
     /// A device was added (after its record committed).
     pub fn allow(&self, name: &str, token_hash: [u8; 32]) {
         self.lock().tokens.insert(name.to_string(), token_hash);
@@ -310,8 +332,13 @@ impl Registry {
         }
     }
 
+    /// A link's id: unique across the hubs on a store (a device's record names the link
+    /// that last said it is online, whichever hub holds it), so each process counts from
+    /// a random base of its own; under 2^53, so JSON keeps it whole.
     pub fn next_link_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+        static BASE: std::sync::LazyLock<u64> =
+            std::sync::LazyLock::new(|| (getrandom::u32().unwrap_or(0) as u64) << 20);
+        *BASE + self.next_id.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Registers a link authenticated with `token_hash`. The device's previous link, if
@@ -442,12 +469,14 @@ impl Registry {
     }
 
     /// A stored device merged with its live link, if it has one; `waits` is the count of
-    /// its active remote waits.
-    pub fn view(&self, rec: DeviceRecord, waits: u32) -> DeviceView {
+    /// its active remote waits; `me` this hub's name. A device another hub holds the
+    /// link of is online as its record says, on that hub.
+    pub fn view(&self, rec: DeviceRecord, waits: u32, me: &str) -> DeviceView {
         match self.link(&rec.name) {
             Some(link) => DeviceView {
                 name: rec.name,
                 state: "online".into(),
+                hub: Some(me.to_string()),
                 since: Some(link.online_since),
                 last_seen: Some(link.last_seen()),
                 agent_version: Some(link.agent_version.clone()),
@@ -457,9 +486,25 @@ impl Registry {
                 offline_reason: None,
                 wait_list: None,
             },
+            None if rec.link.is_some() && rec.hub.as_deref().is_some_and(|h| h != me) => {
+                DeviceView {
+                    name: rec.name,
+                    state: "online".into(),
+                    since: rec.online_since,
+                    last_seen: rec.last_seen,
+                    agent_version: rec.agent_version,
+                    host: rec.host,
+                    spool: rec.spool,
+                    waits,
+                    offline_reason: None,
+                    wait_list: None,
+                    hub: rec.hub,
+                }
+            }
             None => DeviceView {
                 name: rec.name,
                 state: "offline".into(),
+                hub: None,
                 since: rec.offline_since,
                 last_seen: rec.last_seen,
                 agent_version: rec.agent_version,

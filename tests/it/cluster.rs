@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use cortex_cli::http::Method;
+use cortex_tests::agent::Agent;
 use cortex_tests::postgres::Postgres;
 use cortex_tests::scripted_model::{Reply, ScriptedModel};
 use cortex_tests::{Hub, body, wait_until};
@@ -217,4 +218,110 @@ fn a_hub_stopped_past_its_lease_writes_nothing_for_the_session_when_it_wakes() {
     );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["events"].as_array().map(Vec::len), Some(events.len()));
+}
+
+/// A hub's name among the hubs on its store.
+fn name_of(hub: &Hub) -> String {
+    std::fs::read_to_string(hub.home.join("hub/hub-name"))
+        .expect("hub-name")
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn a_device_linked_to_one_hub_is_online_on_another_and_a_wait_armed_there_fires() {
+    let (a, b) = two_hubs(&[]);
+    let token = a.add_device("gpu1");
+    let _agent = Agent::start(&a, "gpu1", &token);
+    a.wait_online("gpu1");
+    // b says it is online, and on which hub; so does a.
+    let on_b = wait_until(LIMIT, "b showing gpu1 online", || {
+        let d = b.device("gpu1");
+        (d["state"] == "online").then_some(d)
+    });
+    assert_eq!(on_b["hub"], name_of(&a), "{on_b}");
+    assert_eq!(a.device("gpu1")["hub"], name_of(&a));
+    let (code, out, err) = b.cortex(&["devices"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("HUB") && out.contains(&name_of(&a)), "{out}");
+    // A remote wait asked of b reaches the agent through a, and its outcome comes back.
+    let mut sleep = crate::remote_waits::Sleep::start();
+    let pid = sleep.pid().to_string();
+    let (code, stdout, stderr) = std::thread::scope(|s| {
+        let waiter =
+            s.spawn(|| b.cortex(&["wait", "pid", &pid, "--device", "gpu1", "--timeout", "10m"]));
+        wait_until(LIMIT, "the wait armed on the device", || {
+            a.device("gpu1")["wait_list"]
+                .as_array()
+                .and_then(|l| l.iter().find(|w| w["state"] == "armed").cloned())
+        });
+        sleep.kill();
+        waiter.join().expect("waiter")
+    });
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+}
+
+#[test]
+fn a_device_added_on_one_hub_links_to_another_and_a_revocation_on_the_first_ends_it() {
+    let (a, b) = two_hubs(&[]);
+    // Added on a, its agent given only b: b knows its token from the store.
+    let token = a.add_device("gpu1");
+    let mut agent = Agent::new(&b, "gpu1", &token);
+    agent.spawn();
+    b.wait_online("gpu1");
+    assert_eq!(a.device("gpu1")["hub"], name_of(&b));
+    // Revoked on a: b ends its link at once, and the agent is told why.
+    let (code, _, err) = a.cortex(&["device", "revoke", "gpu1"]);
+    assert_eq!(code, 0, "{err}");
+    wait_until(LIMIT, "b ending the revoked device's link", || {
+        b.log()
+            .contains("a device revoked on another hub: its link here is ended")
+            .then_some(())
+    });
+    wait_until(LIMIT, "the agent told it is revoked", || {
+        agent.log().contains("revoked").then_some(())
+    });
+    let (st, _) = b.api(Method::Get, "/api/devices/gpu1", None);
+    assert_ne!(st, 200, "gpu1 is gone from b too");
+}
+
+#[test]
+fn the_devices_of_a_killed_hub_are_recorded_offline_by_another() {
+    let pg = Postgres::shared();
+    let url = pg.url(&pg.database());
+    // A short lease: a hub silent for two of them is taken for gone.
+    let settings = json!({"agent": {"leaseMs": LEASE_MS}});
+    let homes = tempfile::tempdir().expect("homes");
+    let start = |name: &str, token: Option<&str>| {
+        let home = homes.path().join(name);
+        std::fs::create_dir_all(&home).expect("home");
+        std::fs::write(home.join("settings.json"), settings.to_string()).expect("settings");
+        let env: Vec<(&str, &str)> = token
+            .map(|t| ("CORTEX_WEBHOOK_TOKEN", t))
+            .into_iter()
+            .collect();
+        let log = homes.path().join(format!("{name}.log"));
+        let mut h = Hub::at(&home, &log, &env, &["--store", &url]);
+        h.spawn();
+        h
+    };
+    let mut a = start("a", None);
+    let b = start("b", Some(&a.token));
+    let token = a.add_device("gpu1");
+    let _agent = Agent::start(&a, "gpu1", &token);
+    a.wait_online("gpu1");
+    wait_until(LIMIT, "b showing gpu1 online on a", || {
+        (b.device("gpu1")["hub"] == name_of(&a)).then_some(())
+    });
+    a.kill();
+    // a says nothing more: b records its device offline, saying why.
+    let gone = wait_until(LIMIT, "b recording gpu1 offline", || {
+        let d = b.device("gpu1");
+        (d["state"] == "offline").then_some(d)
+    });
+    assert_eq!(
+        gone["offline_reason"], "its hub stopped answering",
+        "{gone}"
+    );
+    assert!(gone.get("hub").is_none(), "{gone}");
 }

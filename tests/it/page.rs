@@ -155,6 +155,9 @@ fn device_goes_online_then_offline(b: &Browser, hub: &Hub, shots: &Path) -> Agen
     ready(b);
     let state = inside(b, online, "[data-test=device-state]");
     assert!(state.contains("online"), "{state:?}");
+    // And the hub that holds its link, by the name it gave itself.
+    let me = std::fs::read_to_string(hub.home.join("hub/hub-name")).expect("hub-name");
+    assert!(state.contains(&format!("on {}", me.trim())), "{state:?}");
     let version = inside(b, online, "[data-test=device-version]");
     assert!(version.contains(env!("CARGO_PKG_VERSION")), "{version:?}");
     for hook in [

@@ -1,7 +1,8 @@
 //! `cortex devices` and `cortex device add|revoke|remove NAME`: the fleet's status, enrolling a
 //! device (its token is printed this once, with the line that starts its agent) and
 //! revoking one (its link is dropped at once). The list shows every device the hub lists,
-//! in the state it gives, with the host facts its agent's hello told (`-` when unknown).
+//! in the state it gives, with the host facts its agent's hello told (`-` when unknown)
+//! and, while online, the hub that holds its link.
 
 use std::io::Write;
 
@@ -48,6 +49,7 @@ pub fn list(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
                 d.agent_version.clone().unwrap_or_else(|| "-".into()),
                 format!("{}/{}", d.spool.pending, d.spool.bad),
                 d.waits.to_string(),
+                d.hub.clone().unwrap_or_else(|| "-".into()),
             ]
         })
         .collect();
@@ -63,6 +65,7 @@ pub fn list(hub: &Hub, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
             "AGENT",
             "SPOOL PENDING/BAD",
             "WAITS",
+            "HUB",
         ],
         &rows,
     )

@@ -588,6 +588,7 @@ async fn open(
     }
     let up = Online {
         link: link.id,
+        hub: state.claims.hub.clone(),
         agent_version: hello.agent_version.clone(),
         host: hello.host.clone(),
         capabilities: hello.capabilities.clone(),

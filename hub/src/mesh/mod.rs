@@ -191,11 +191,12 @@ pub fn public_url(given: &str, tls: bool) -> Result<String, MeshError> {
 /// alone is no loss). Runs before anything listens.
 pub async fn start(state: &AppState, loss_grace_ms: u64) -> anyhow::Result<()> {
     use anyhow::Context;
+    let me = state.claims.hub.clone();
     state
         .store
         .exec(move |t| {
             let now = now_ms();
-            t.devices_restarted(now)?;
+            t.devices_restarted(now, &me)?;
             t.device_losses_restarted(now, loss_grace_ms)
         })
         .await

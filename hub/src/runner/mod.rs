@@ -43,43 +43,6 @@ use write::{DriveError, Wrote, write};
 /// Ready sessions read per pass over the queue.
 const PASS: usize = 256;
 
-/// Renews the held claims three times per lease until the hub stops; the sessions found
-/// lost are forgotten and their drivers stopped.
-pub async fn renew_claims(state: AppState) {
-    let every = Duration::from_millis(state.claims.lease_ms / 3);
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(every) => {}
-            () = state.shutdown.cancelled() => return,
-        }
-        let held = state.claims.held();
-        if held.is_empty() {
-            continue;
-        }
-        let (hub, lease) = (state.claims.hub.clone(), state.claims.lease_ms);
-        let asked = held.clone();
-        match state
-            .store
-            .exec(move |t| t.renew_claims(&hub, &asked, now_ms(), lease))
-            .await
-        {
-            Ok(lost) => {
-                crate::metrics::metrics().claims_renewed(held.len() - lost.len(), lost.len());
-                for sid in lost {
-                    if let Some((_, epoch)) = held.iter().find(|(s, _)| *s == sid) {
-                        state.claims.forget(&sid, *epoch);
-                    }
-                    tracing::warn!(session = %sid, "this hub's claim on a session is lost (another hub took it once its lease ran out); its driver stops");
-                    state.stops.ring(&sid);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot renew this hub's claims on sessions; they are tried again shortly")
-            }
-        }
-    }
-}
-
 /// Runs the runner until the hub stops.
 pub async fn run(state: AppState, model: Arc<dyn Model>) {
     let compactor = Arc::new(Compactor::default());

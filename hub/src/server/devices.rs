@@ -104,7 +104,7 @@ pub async fn create_device(
 /// A stored device merged with its live link, if it has one; `waits` is the count of
 /// its active remote waits.
 pub fn view(state: &AppState, rec: DeviceRecord, waits: u32) -> DeviceView {
-    state.devices.view(rec, waits)
+    state.devices.view(rec, waits, &state.claims.hub)
 }
 
 pub async fn list_devices(State(state): State<AppState>) -> Result<Response, ApiError> {
@@ -130,6 +130,7 @@ pub async fn list_devices(State(state): State<AppState>) -> Result<Response, Api
         waits: 0,
         offline_reason: Some("revoked".into()),
         wait_list: None,
+        hub: None,
     }));
     views.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Json(views).into_response())

@@ -4,6 +4,7 @@
 //! mesh — and stops it all cleanly.
 
 pub mod api;
+mod cluster;
 pub mod consumers;
 pub mod devices;
 pub mod error;
@@ -268,8 +269,9 @@ pub async fn run_opened(
     tasks.spawn(spool::collect(state.clone(), Arc::new(spool), rescan));
     if let Some(model) = config.model.clone() {
         tasks.spawn(crate::runner::run(state.clone(), model));
-        tasks.spawn(crate::runner::renew_claims(state.clone()));
     }
+    tasks.spawn(cluster::keep(state.clone()));
+    tasks.spawn(cluster::follow_devices(state.clone()));
     if let Some(bound) = mesh {
         tasks.spawn(crate::mesh::serve(state.clone(), bound));
         if config.settings.sweep_ms > 0 {

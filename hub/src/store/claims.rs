@@ -13,7 +13,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::kernel::error::StoreError;
-use super::tables::{SESSION_CLAIMS, Tx, decode, encode};
+use std::collections::HashMap;
+
+use super::tables::{HUB_BEATS, SESSION_CLAIMS, Tx, decode, encode};
 
 /// A session's claim: the hub holding it, the claim's epoch and the end of its lease.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +122,39 @@ impl Tx<'_> {
             self.table_mut(&SESSION_CLAIMS).remove(sid)?;
         }
         Ok(())
+    }
+
+    /// `hub` is alive at `now` (each hub says so three times per lease).
+    pub fn hub_beat(&mut self, hub: &str, now: u64) -> Result<(), StoreError> {
+        self.table_mut(&HUB_BEATS).insert(hub, now)?;
+        Ok(())
+    }
+
+    /// When each hub last said it is alive.
+    pub fn hub_beats(&self) -> Result<HashMap<String, u64>, StoreError> {
+        let mut out = HashMap::new();
+        for r in self.table(&HUB_BEATS).iter()? {
+            let (k, v) = r?;
+            out.insert(k.value().to_string(), v.value());
+        }
+        Ok(out)
+    }
+
+    /// The devices linked to hubs other than `me` silent for `silent_after` at `now` (or
+    /// never heard) are recorded offline; returns how many.
+    pub fn devices_of_hubs_gone(
+        &mut self,
+        me: &str,
+        now: u64,
+        silent_after: u64,
+    ) -> Result<usize, StoreError> {
+        let beats = self.hub_beats()?;
+        self.devices_of_silent_hubs(now, |h| {
+            h != me
+                && beats
+                    .get(h)
+                    .is_none_or(|b| b.saturating_add(silent_after) < now)
+        })
     }
 
     /// Forgets the claim on a deleted session.

@@ -383,7 +383,10 @@ impl Tx<'_> {
             &rec.device,
             &rec.spec.describe(),
             &bound,
-            online.contains(&rec.device),
+            online.contains(&rec.device)
+                || self
+                    .get_device(&rec.device)?
+                    .is_some_and(|d| d.link.is_some()),
         );
         self.end_device_wait(&rec, end, "{}", &message, now)?;
         Ok(())

@@ -50,6 +50,9 @@ pub struct DeviceRecord {
     /// (`device_waits/loss.rs`); `None` while online.
     #[serde(default)]
     pub loss_at: Option<u64>,
+    /// While online: the hub that holds the link (its name among the hubs on the store).
+    #[serde(default)]
+    pub hub: Option<String>,
 }
 
 /// What is kept of a revoked device: enough for the fleet view to show it (state
@@ -84,6 +87,8 @@ pub const REVOKED_KEPT: usize = 1_000;
 #[derive(Debug, Clone)]
 pub struct Online {
     pub link: u64,
+    /// The hub the link is on.
+    pub hub: String,
     pub agent_version: String,
     pub host: HostFacts,
     pub capabilities: Vec<String>,
@@ -148,6 +153,7 @@ impl Tx<'_> {
             offline_since: None,
             offline_reason: None,
             loss_at: Some(loss_at),
+            hub: None,
         })?;
         self.append_hub_event(
             HubEventBody::DeviceAdded {
@@ -238,6 +244,7 @@ impl Tx<'_> {
             )?;
         }
         rec.link = Some(up.link);
+        rec.hub = Some(up.hub.clone());
         rec.last_seen = Some(now);
         rec.agent_version = Some(up.agent_version.clone());
         rec.host = Some(up.host.clone());
@@ -276,6 +283,7 @@ impl Tx<'_> {
                 return Ok(());
             }
             rec.link = None;
+            rec.hub = None;
             rec.last_seen = Some(last_seen.max(rec.last_seen.unwrap_or(0)));
             rec.spool = spool;
             rec.online_since = None;
@@ -312,15 +320,41 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// At start: every record still saying online belongs to a link of a previous run
-    /// that ended without a word (the hub was killed). Each is recorded offline since its
-    /// last seen, with a device-offline event. Returns how many.
-    pub fn devices_restarted(&mut self, now: u64) -> Result<usize, StoreError> {
+    /// At start: every record still saying online on this hub (`me`; or on no hub named,
+    /// as an older hub wrote it) belongs to a link of a previous run that ended without a
+    /// word (the hub was killed). Each is recorded offline since its last seen, with a
+    /// device-offline event. Returns how many.
+    pub fn devices_restarted(&mut self, now: u64, me: &str) -> Result<usize, StoreError> {
+        self.devices_gone_with(now, "the hub restarted", false, |h| {
+            h.is_none_or(|h| h == me)
+        })
+    }
+
+    /// Every record saying online on a hub that `silent` says stopped answering is
+    /// recorded offline (its agent links to another hub in time), the devices' remote
+    /// waits then judged as for any lost device. Returns how many.
+    pub fn devices_of_silent_hubs(
+        &mut self,
+        now: u64,
+        silent: impl Fn(&str) -> bool,
+    ) -> Result<usize, StoreError> {
+        self.devices_gone_with(now, "its hub stopped answering", true, |h| {
+            h.is_some_and(&silent)
+        })
+    }
+
+    fn devices_gone_with(
+        &mut self,
+        now: u64,
+        reason: &str,
+        lost: bool,
+        held_by: impl Fn(Option<&str>) -> bool,
+    ) -> Result<usize, StoreError> {
         let stale: Vec<DeviceRecord> = {
             let mut v = Vec::new();
             for r in self.table(&DEVICES).iter()? {
                 let rec: DeviceRecord = decode(r?.1.value())?;
-                if rec.link.is_some() {
+                if rec.link.is_some() && held_by(rec.hub.as_deref()) {
                     v.push(rec);
                 }
             }
@@ -328,11 +362,14 @@ impl Tx<'_> {
         };
         let n = stale.len();
         for mut rec in stale {
-            let reason = "the hub restarted";
             rec.link = None;
+            rec.hub = None;
             rec.online_since = None;
             rec.offline_since = Some(rec.last_seen.unwrap_or(now));
             rec.offline_reason = Some(reason.to_string());
+            if lost {
+                self.device_lost(&mut rec)?;
+            }
             self.put_device(&rec)?;
             self.append_hub_event(
                 HubEventBody::DeviceOffline {

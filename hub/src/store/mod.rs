@@ -405,6 +405,11 @@ impl Store {
         })
     }
 
+    /// Whether other hubs may share this store (it is on PostgreSQL).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backend, Backend::Pg { .. })
+    }
+
     /// A signal from any route.
     pub async fn signal(&self, s: SignalIn) -> Result<SignalOutcome, Arc<StoreError>> {
         self.exec(move |t| t.signal(&s, time::now_ms())).await

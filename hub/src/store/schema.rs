@@ -53,4 +53,9 @@ pub(crate) static MIGRATIONS: &[Migration] = &[
             Step::Tables(&["session_claims"]),
         ],
     },
+    Migration {
+        version: 4,
+        what: "when each hub last said it is alive",
+        steps: &[Step::Tables(&["hub_beats"])],
+    },
 ];

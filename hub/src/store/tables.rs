@@ -78,9 +78,11 @@ pub(crate) const NOTICE_KEYS: TableSpec<&str, u64> = TableSpec::new(21, "notice_
 pub(crate) const HUB_SECRETS: TableSpec<&str, &[u8]> = TableSpec::new(22, "hub_secrets");
 /// Session → its claim (`claims::Claim`): the hub driving it, the epoch, the lease's end.
 pub(crate) const SESSION_CLAIMS: TableSpec<&str, &[u8]> = TableSpec::new(23, "session_claims");
+/// Hub name → when it last said it is alive (ms of the store's clock).
+pub(crate) const HUB_BEATS: TableSpec<&str, u64> = TableSpec::new(24, "hub_beats");
 
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 24] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 25] = [
     &META,
     &TIMER_QUEUE,
     &WAITPOINTS,
@@ -105,6 +107,7 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 24] = [
     &NOTICE_KEYS,
     &HUB_SECRETS,
     &SESSION_CLAIMS,
+    &HUB_BEATS,
 ];
 
 /// The timer kinds of the hub's domains (see [`super::kernel::timers`]): a decided wake

@@ -107,6 +107,9 @@ pub struct DeviceView {
     /// Why it last went offline (`ping timed out`, `revoked`, `closed by the agent`…).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offline_reason: Option<String>,
+    /// While online: the hub that holds its link (`$CORTEX_HOME/hub/hub-name` of that hub).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hub: Option<String>,
     /// Those waits one by one, in `GET /api/devices/{name}` only (the list leaves it out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_list: Option<Vec<DeviceWaitView>>,

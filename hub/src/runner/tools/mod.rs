@@ -344,7 +344,7 @@ async fn prepare_inner(
                 .map_err(|e| format!("the device list cannot be read: {e}"))?;
             let views: Vec<_> = records
                 .into_iter()
-                .map(|(r, n)| state.devices.view(r, n))
+                .map(|(r, n)| state.devices.view(r, n, &state.claims.hub))
                 .collect();
             Ok(Prepared::Answer {
                 ok: true,

@@ -528,6 +528,7 @@ const GRACE: u64 = 1_000;
 
 fn up(link: u64) -> crate::store::devices::Online {
     crate::store::devices::Online {
+        hub: "test-hub".into(),
         link,
         agent_version: "0.1".into(),
         host: Default::default(),
@@ -567,7 +568,7 @@ async fn fire(store: &Store, now: u64, online: &[&str]) {
 async fn start(store: &Store, now: u64) {
     store
         .exec(move |t| {
-            t.devices_restarted(now)?;
+            t.devices_restarted(now, "test-hub")?;
             t.device_losses_restarted(now, GRACE)
         })
         .await

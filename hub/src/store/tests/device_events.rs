@@ -21,6 +21,7 @@ async fn hub_kinds(store: &Store) -> Vec<String> {
 
 fn online(link: u64) -> devices::Online {
     devices::Online {
+        hub: "test-hub".into(),
         link,
         agent_version: "0.1".into(),
         host: cortex_protocol::mesh::HostFacts {
@@ -227,14 +228,14 @@ async fn a_restart_records_links_of_the_last_run_offline() {
     );
     assert_eq!(
         store
-            .exec(|t| t.devices_restarted(T0 + 100))
+            .exec(|t| t.devices_restarted(T0 + 100, "test-hub"))
             .await
             .expect("restart"),
         1
     );
     assert_eq!(
         store
-            .exec(|t| t.devices_restarted(T0 + 200))
+            .exec(|t| t.devices_restarted(T0 + 200, "test-hub"))
             .await
             .expect("again"),
         0

@@ -234,7 +234,7 @@
       why: row.querySelector('.why'),
     });
     row.setAttribute('data-state', d.state);
-    f.state.textContent = d.state + ' · since ' + (d.since ? ago(d.since) : 'unknown');
+    f.state.textContent = d.state + (d.hub ? ' on ' + d.hub : '') + ' · since ' + (d.since ? ago(d.since) : 'unknown');
     f.seen.textContent = 'seen ' + ago(d.last_seen);
     f.version.textContent = d.agent_version ? 'agent ' + d.agent_version : 'agent ?';
     f.host.textContent = hostWords(d.host);

@@ -1,0 +1,96 @@
+//! What a hub does for the others on a shared store, and for itself among them: three
+//! times per lease it renews its claims on sessions (a claim found lost has its driver
+//! stopped), and on PostgreSQL says it is alive and records offline the devices of a hub
+//! silent for two leases (their agents link to another hub); and it follows the devices
+//! another hub adds or revokes (a revocation anywhere ends the link here at once).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::state::AppState;
+use crate::store::tables::TOPIC_HUB;
+use crate::time::now_ms;
+
+/// Renewals, beats and the sweep of gone hubs' devices, until the hub stops.
+pub(super) async fn keep(state: AppState) {
+    let lease = state.claims.lease_ms;
+    let every = Duration::from_millis(lease / 3);
+    let shared = state.store.is_shared();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = state.shutdown.cancelled() => return,
+        }
+        let held = state.claims.held();
+        if held.is_empty() && !shared {
+            continue;
+        }
+        let (hub, asked) = (state.claims.hub.clone(), held.clone());
+        let r = state
+            .store
+            .exec(move |t| {
+                let now = now_ms();
+                let lost = t.renew_claims(&hub, &asked, now, lease)?;
+                let gone = if shared {
+                    t.hub_beat(&hub, now)?;
+                    t.devices_of_hubs_gone(&hub, now, 2 * lease)?
+                } else {
+                    0
+                };
+                Ok((lost, gone))
+            })
+            .await;
+        match r {
+            Ok((lost, gone)) => {
+                if gone > 0 {
+                    tracing::warn!(
+                        devices = gone,
+                        "devices linked to a hub that stopped answering are recorded offline; their agents link to another hub"
+                    );
+                }
+                crate::metrics::metrics().claims_renewed(held.len() - lost.len(), lost.len());
+                for sid in lost {
+                    if let Some((_, epoch)) = held.iter().find(|(s, _)| *s == sid) {
+                        state.claims.forget(&sid, *epoch);
+                    }
+                    tracing::warn!(session = %sid, "this hub's claim on a session is lost (another hub took it once its lease ran out); its driver stops");
+                    state.stops.ring(&sid);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot renew this hub's claims on sessions; they are tried again shortly")
+            }
+        }
+    }
+}
+
+/// On a shared store: whenever the hub's events move (a device added, revoked, linked
+/// anywhere), the allowed devices are read again and a device revoked (or given a new
+/// token) elsewhere has its link here ended.
+pub(super) async fn follow_devices(state: AppState) {
+    if !state.store.is_shared() {
+        return;
+    }
+    let mut events = state.store.notifier.watch(TOPIC_HUB, "", 0);
+    loop {
+        tokio::select! {
+            r = events.changed() => if r.is_err() { return },
+            () = state.shutdown.cancelled() => return,
+        }
+        events.borrow_and_update();
+        let records = match state.store.read(|r| r.devices()).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the devices to follow the other hubs' changes");
+                continue;
+            }
+        };
+        let tokens: HashMap<String, [u8; 32]> = records
+            .into_iter()
+            .map(|r| (r.name, r.token_hash))
+            .collect();
+        for device in state.devices.follow(tokens) {
+            tracing::info!(%device, "a device revoked on another hub: its link here is ended");
+        }
+    }
+}
