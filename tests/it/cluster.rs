@@ -269,7 +269,9 @@ fn a_device_added_on_one_hub_links_to_another_and_a_revocation_on_the_first_ends
     let mut agent = Agent::new(&b, "gpu1", &token);
     agent.spawn();
     b.wait_online("gpu1");
-    assert_eq!(a.device("gpu1")["hub"], name_of(&b));
+    wait_until(LIMIT, "a showing gpu1 online on b", || {
+        (a.device("gpu1")["hub"] == name_of(&b)).then_some(())
+    });
     // Revoked on a: b ends its link at once, and the agent is told why.
     let (code, _, err) = a.cortex(&["device", "revoke", "gpu1"]);
     assert_eq!(code, 0, "{err}");

@@ -6,6 +6,7 @@ mod caps;
 mod cli_model;
 mod cli_ux;
 mod cluster;
+mod cluster_torture;
 mod compaction;
 mod cortex_cli;
 mod device_exec;

@@ -32,6 +32,10 @@ tasks:
       (ARGS go to cargo test)
   torture [CYCLES]
       the crash torture test at full length (default 30 SIGKILL cycles) on release binaries
+  cluster-torture [CYCLES]
+      three hubs on one PostgreSQL database under signals and agent turns, a random hub
+      SIGKILLed and restarted or SIGSTOPped past its lease each cycle (default 30), on
+      release binaries
   powerloss [CUTS] [--journaled]
       the power-loss torture at full length (default 30 power cuts each for the hub and a
       device agent, their homes on lazyfs; names durable only with their directory's
@@ -98,6 +102,7 @@ fn main() -> ExitCode {
         ["completions", rest @ ..] => dist_docs::run_completions(rest),
         ["man", rest @ ..] => dist_docs::run_man(rest),
         ["torture", rest @ ..] => test::torture(rest),
+        ["cluster-torture", rest @ ..] => test::cluster_torture(rest),
         ["powerloss", rest @ ..] => powerloss::run(rest),
         ["fuzz", rest @ ..] => fuzz::run(rest),
         ["bench", "signals", rest @ ..] => bench_signals::run(rest),

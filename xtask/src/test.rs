@@ -129,6 +129,24 @@ pub fn torture(extra: &[&str]) -> anyhow::Result<()> {
     )
 }
 
+/// `cargo xtask cluster-torture [CYCLES]`: the cluster torture at full length (30 cycles).
+pub fn cluster_torture(extra: &[&str]) -> anyhow::Result<()> {
+    let cycles = match extra {
+        [] => "30".to_string(),
+        [n] => n
+            .parse::<u32>()
+            .with_context(|| format!("{n:?} is not a number of cycles"))?
+            .to_string(),
+        _ => bail!("usage: cargo xtask cluster-torture [CYCLES]"),
+    };
+    release_it_test(
+        "cluster_torture",
+        &[("CORTEX_CLUSTER_TORTURE_CYCLES", &cycles)],
+        &[],
+        "the cluster torture",
+    )
+}
+
 /// Builds every binary in release, then runs the `it` tests matching `filter` in release
 /// with `env` set and their output shown (`args` go to the test harness): the long forms
 /// of the tortures, which print their counts as they go.

@@ -1,0 +1,435 @@
+//! Cluster torture: three hubs on one PostgreSQL database, clients sending keyed signals to
+//! monitors over all three (a refused or dead hub: the next one, the same key), and agent
+//! sessions whose every turn makes a tool call and then answers, against the scripted
+//! model, while cycle after cycle a random hub is SIGKILLed and started again, or
+//! SIGSTOPped past its lease and continued. After every cycle, every signal answered 202
+//! is recorded exactly once; at the end, every message got exactly one run with exactly
+//! one tool call (none ran twice, none was lost), and no session is left running.
+//!
+//! `CORTEX_CLUSTER_TORTURE_CYCLES` sets the cycles (default 4, so `cargo test` stays
+//! fast); the full run is `cargo xtask cluster-torture` (30). `CORTEX_TORTURE_SEED`
+//! replays a run's choices (the seed is printed; the timing is the OS's).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use cortex_cli::http::{Method, Request};
+use cortex_tests::postgres::Postgres;
+use cortex_tests::scripted_model::{Reply, ScriptedModel};
+use cortex_tests::{Hub, wait_until};
+use serde_json::{Value, json};
+
+use crate::signal_load::{Rng, count_from_env, keyed_body, seed_from_env, view};
+
+const HUBS: usize = 3;
+const CLIENTS: usize = 3;
+const MONITORS: usize = 100;
+/// Keys one monitor gets at most, so its view (the latest 1,000 signals) lists them all.
+const BUDGET: usize = 900;
+const SESSIONS: usize = 4;
+const LEASE_MS: u64 = 1500;
+/// How long a run may take across kills: a lease, a restart, the model's answers.
+const RUN_LIMIT: Duration = Duration::from_secs(120);
+
+/// What the load and the checks share.
+struct Shared {
+    /// Each hub's `IP:PORT`, changed at each restart.
+    addrs: Vec<RwLock<String>>,
+    token: String,
+    stop: AtomicBool,
+    /// Monitor ids and secrets.
+    monitors: Vec<(String, String)>,
+    /// Per monitor: every key sent, and those answered 202.
+    sent: Vec<Mutex<HashSet<String>>>,
+    acked: Vec<Mutex<HashSet<String>>>,
+    /// Sends that went to another hub after one refused or was down.
+    failovers: AtomicUsize,
+    /// Runs asked of the sessions (one message each, the next once it ended).
+    runs: AtomicUsize,
+}
+
+/// Sends `body` to hub `first`, then the others in turn, until one answers below 500.
+fn send(sh: &Shared, first: usize, body: &[u8]) -> Option<u16> {
+    let start = Instant::now();
+    let mut at = first;
+    loop {
+        let url = format!(
+            "http://{}/webhook/signal",
+            sh.addrs[at].read().unwrap_or_else(|e| e.into_inner())
+        );
+        let r = Request::new(Method::Post, &url)
+            .json(body)
+            .connect_timeout(Duration::from_millis(300))
+            .timeout(Duration::from_secs(10))
+            .send();
+        match r {
+            Ok(resp) if resp.status < 500 => return Some(resp.status),
+            _ => {}
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return None;
+        }
+        at = (at + 1) % HUBS;
+        sh.failovers.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn client(sh: Arc<Shared>, n: usize, seed: u64) {
+    let mut rng = Rng(seed ^ (n as u64).wrapping_mul(0x9E37_79B9));
+    let mut k = 0u64;
+    while !sh.stop.load(Ordering::Relaxed) {
+        let m = rng.below(MONITORS as u64) as usize;
+        let key = format!("c{n}-{k}");
+        k += 1;
+        let (id, secret) = &sh.monitors[m];
+        let body = keyed_body(id, secret, "progress", None, &key, false);
+        {
+            let mut sent = sh.sent[m].lock().expect("sent");
+            if sent.len() >= BUDGET {
+                if sh
+                    .sent
+                    .iter()
+                    .all(|s| s.lock().expect("sent").len() >= BUDGET)
+                {
+                    return;
+                }
+                continue;
+            }
+            sent.insert(key.clone());
+        }
+        if send(&sh, rng.below(HUBS as u64) as usize, &body) == Some(202) {
+            sh.acked[m].lock().expect("acked").insert(key);
+        }
+    }
+}
+
+/// One session's messages, each sent to a random hub once the last run ended; returns
+/// how many runs it asked for.
+fn talker(sh: Arc<Shared>, sid: String, seed: u64) -> usize {
+    let mut rng = Rng(seed);
+    let mut asked = 0;
+    while !sh.stop.load(Ordering::Relaxed) {
+        let body = json!({"text": format!("turn {asked}")});
+        if api(
+            &sh,
+            rng.below(HUBS as u64) as usize,
+            Method::Post,
+            &format!("/api/sessions/{sid}/messages"),
+            Some(&body),
+        )
+        .is_none()
+        {
+            continue;
+        }
+        asked += 1;
+        sh.runs.fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
+        while run_ends(&sh, &sid) < asked {
+            assert!(
+                start.elapsed() < RUN_LIMIT,
+                "session {sid}: run {asked} did not end within {RUN_LIMIT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    asked
+}
+
+/// An operator call on hub `first` or the next that answers; `None` if none did (or the
+/// answer was not 2xx).
+fn api(
+    sh: &Shared,
+    first: usize,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+) -> Option<Value> {
+    for i in 0..HUBS * 20 {
+        let at = (first + i) % HUBS;
+        let url = format!(
+            "http://{}{path}",
+            sh.addrs[at].read().unwrap_or_else(|e| e.into_inner())
+        );
+        let bearer = format!("Bearer {}", sh.token);
+        let bytes = body.map(|b| serde_json::to_vec(b).expect("json"));
+        let mut req = Request::new(method, &url)
+            .header("authorization", &bearer)
+            .connect_timeout(Duration::from_millis(300))
+            .timeout(Duration::from_secs(10));
+        if let Some(b) = &bytes {
+            req = req.json(b);
+        }
+        if let Ok(resp) = req.send() {
+            if (200..300).contains(&resp.status) {
+                return serde_json::from_slice(&resp.body).ok();
+            }
+            if resp.status < 500 {
+                return None;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// A session's whole log, a page at a time.
+fn events(sh: &Shared, sid: &str) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    loop {
+        let after = out.last().and_then(|e| e["seq"].as_u64()).unwrap_or(0);
+        let page = api(
+            sh,
+            0,
+            Method::Get,
+            &format!("/api/sessions/{sid}/events?after={after}"),
+            None,
+        )
+        .and_then(|v| v["events"].as_array().cloned())
+        .unwrap_or_default();
+        if page.is_empty() {
+            return out;
+        }
+        out.extend(page);
+    }
+}
+
+fn run_ends(sh: &Shared, sid: &str) -> usize {
+    events(sh, sid)
+        .iter()
+        .filter(|e| e["kind"] == "run-end")
+        .count()
+}
+
+/// Every 202 recorded once: a monitor's signals are the keys sent, each once, and hold
+/// every key answered 202.
+fn check_signals(sh: &Shared, hub: &Hub, problems: &mut Vec<String>) -> usize {
+    let mut recorded = 0;
+    for (m, (id, _)) in sh.monitors.iter().enumerate() {
+        let v = view(hub, id);
+        let keys: Vec<&str> = v.signals.iter().map(|s| s.key.as_str()).collect();
+        let distinct: HashSet<&str> = keys.iter().copied().collect();
+        if distinct.len() != keys.len() || v.signal_count as usize != keys.len() {
+            problems.push(format!(
+                "{id}: {} signals, {} keys, {} distinct",
+                v.signal_count,
+                keys.len(),
+                distinct.len()
+            ));
+        }
+        let sent = sh.sent[m].lock().expect("sent");
+        for k in &distinct {
+            if !sent.contains(*k) {
+                problems.push(format!("{id}: recorded a key never sent: {k}"));
+            }
+        }
+        for k in sh.acked[m].lock().expect("acked").iter() {
+            if !distinct.contains(k.as_str()) {
+                problems.push(format!("{id}: the 202 for {k} is not recorded"));
+            }
+        }
+        recorded += keys.len();
+    }
+    recorded
+}
+
+fn signal(pid: u32, which: &str) {
+    let st = std::process::Command::new("kill")
+        .args([which, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success(), "kill {which} {pid}");
+}
+
+#[test]
+fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_twice() {
+    // It starts its own hubs on PostgreSQL whatever the pass: run once, in the first.
+    if cortex_tests::redb_only("the cluster torture (its hubs are on PostgreSQL in either pass)") {
+        return;
+    }
+    let cycles = count_from_env("CORTEX_CLUSTER_TORTURE_CYCLES", 4);
+    let seed = seed_from_env("CORTEX_TORTURE_SEED");
+    println!("cluster torture: {cycles} cycles, seed {seed}");
+    let mut rng = Rng(seed);
+    let pg = Postgres::shared();
+    let url = pg.url(&pg.database());
+    // Each turn: a tool call (the device list), then an answer.
+    let model = ScriptedModel::start_with_default(
+        Vec::new(),
+        Reply::from_fn(|req| {
+            let last = crate::runner::last_message(req);
+            if last["role"] == "tool" {
+                Reply::text("done")
+            } else {
+                Reply::tool_call("devices", "{}")
+            }
+        }),
+    );
+    let homes = tempfile::tempdir().expect("homes");
+    let murl = model.url();
+    let mut hubs: Vec<Hub> = Vec::new();
+    let mut token = String::new();
+    for i in 0..HUBS {
+        let home = homes.path().join(format!("hub{i}"));
+        std::fs::create_dir_all(&home).expect("home");
+        std::fs::write(
+            home.join("settings.json"),
+            json!({"agent": {"leaseMs": LEASE_MS}}).to_string(),
+        )
+        .expect("settings");
+        let mut env = vec![
+            ("CORTEX_LLM_BASE_URL", murl.as_str()),
+            ("CORTEX_LLM_MODEL", "scripted"),
+        ];
+        if i > 0 {
+            env.push(("CORTEX_WEBHOOK_TOKEN", token.as_str()));
+        }
+        let mut h = Hub::at(
+            &home,
+            &homes.path().join(format!("hub{i}.log")),
+            &env,
+            &["--store", &url],
+        );
+        h.spawn();
+        if i == 0 {
+            token = h.token.clone();
+        }
+        hubs.push(h);
+    }
+    let sid = hubs[0].session();
+    let monitors: Vec<(String, String)> = (0..MONITORS)
+        .map(|_| {
+            let w = hubs[0].waitpoint(
+                &sid,
+                json!({"label": "mon", "intent": "x", "max_signals": 10_000}),
+            );
+            (
+                w["id"].as_str().expect("id").to_string(),
+                w["secret"].as_str().expect("secret").to_string(),
+            )
+        })
+        .collect();
+    let sh = Arc::new(Shared {
+        addrs: hubs.iter().map(|h| RwLock::new(h.addr.clone())).collect(),
+        token: token.clone(),
+        stop: AtomicBool::new(false),
+        sent: (0..MONITORS).map(|_| Mutex::default()).collect(),
+        acked: (0..MONITORS).map(|_| Mutex::default()).collect(),
+        monitors,
+        failovers: AtomicUsize::new(0),
+        runs: AtomicUsize::new(0),
+    });
+    let sessions: Vec<String> = (0..SESSIONS)
+        .map(|i| {
+            let (st, v) =
+                hubs[i % HUBS].api(Method::Post, "/api/sessions", Some(&json!({"runs": true})));
+            assert_eq!(st, 201, "{v}");
+            v["id"].as_str().expect("id").to_string()
+        })
+        .collect();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|n| {
+            let sh = sh.clone();
+            std::thread::spawn(move || client(sh, n, seed))
+        })
+        .collect();
+    let talkers: Vec<_> = sessions
+        .iter()
+        .enumerate()
+        .map(|(i, sid)| {
+            let (sh, sid) = (sh.clone(), sid.clone());
+            std::thread::spawn(move || talker(sh, sid, seed.wrapping_add(i as u64)))
+        })
+        .collect();
+    let (mut kills, mut stops) = (0, 0);
+    let mut problems = Vec::new();
+    for cycle in 1..=cycles {
+        std::thread::sleep(Duration::from_millis(1500 + rng.below(1500)));
+        let victim = rng.below(HUBS as u64) as usize;
+        let hub = &mut hubs[victim];
+        if cycle % 3 == 0 {
+            // Frozen past its lease: the others take its sessions; continued, it must not
+            // write for them.
+            let pid = hub.pid().expect("pid");
+            signal(pid, "-STOP");
+            std::thread::sleep(Duration::from_millis(2 * LEASE_MS + 500));
+            signal(pid, "-CONT");
+            stops += 1;
+        } else {
+            hub.kill();
+            hub.spawn();
+            *sh.addrs[victim].write().unwrap_or_else(|e| e.into_inner()) = hub.addr.clone();
+            kills += 1;
+        }
+        let live = (victim + 1) % HUBS;
+        let recorded = check_signals(&sh, &hubs[live], &mut problems);
+        println!(
+            "cycle {cycle}: {} hub {victim}; {recorded} signals recorded, {} runs asked",
+            if cycle % 3 == 0 {
+                "stopped and continued"
+            } else {
+                "killed and restarted"
+            },
+            sh.runs.load(Ordering::Relaxed)
+        );
+        assert!(problems.is_empty(), "cycle {cycle}: {problems:#?}");
+    }
+    sh.stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().expect("client");
+    }
+    let asked: Vec<usize> = talkers
+        .into_iter()
+        .map(|t| t.join().expect("talker"))
+        .collect();
+    // Every run ended once, with one tool call; nothing is left running.
+    let mut tools = 0;
+    for (sid, asked) in sessions.iter().zip(&asked) {
+        let evs = events(&sh, sid);
+        let ends = evs.iter().filter(|e| e["kind"] == "run-end").count();
+        let calls: Vec<&Value> = evs.iter().filter(|e| e["kind"] == "tool-end").collect();
+        let ids: HashSet<String> = calls
+            .iter()
+            .map(|e| e["observation"]["call_id"].to_string())
+            .collect();
+        if ends != *asked {
+            problems.push(format!("{sid}: {asked} runs asked, {ends} ended"));
+        }
+        if calls.len() != *asked || ids.len() != calls.len() {
+            problems.push(format!(
+                "{sid}: {asked} runs, {} tool calls run ({} distinct)",
+                calls.len(),
+                ids.len()
+            ));
+        }
+        tools += calls.len();
+        let state = wait_until(RUN_LIMIT, "the session handed back idle", || {
+            let v = api(&sh, 0, Method::Get, &format!("/api/sessions/{sid}"), None)?;
+            (v["state"] != "running").then_some(v["state"].clone())
+        });
+        if state != "idle" {
+            problems.push(format!("{sid}: left {state}"));
+        }
+    }
+    let recorded = check_signals(&sh, &hubs[0], &mut problems);
+    let acked: usize = sh
+        .acked
+        .iter()
+        .map(|a| a.lock().expect("acked").len())
+        .sum();
+    let by_monitor: HashMap<usize, usize> = sh
+        .acked
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (i, a.lock().expect("acked").len()))
+        .collect();
+    println!(
+        "cluster torture: {kills} kills, {stops} stops past the lease; {acked} signals answered 202 over {} monitors, {recorded} recorded, {} sends passed to another hub; {} runs, {tools} tool calls, each once",
+        by_monitor.len(),
+        sh.failovers.load(Ordering::Relaxed),
+        asked.iter().sum::<usize>()
+    );
+    assert!(problems.is_empty(), "{problems:#?}");
+}
