@@ -25,6 +25,8 @@ Environment:
                          read only when settings.json lacks the key
   CORTEX_STORE_URL       the PostgreSQL database of the store (postgres://…) when neither
                          --store nor settings.json store names one; else redb under the home
+  CORTEX_STORE_NOTIFY    off: the store's batches send no NOTIFY to the other hubs on the
+                         database (they find them by their poll, within a second)
   CORTEX_MESH_PING_MS    the keepalive interval told to device agents (default 20 s)
   CORTEX_MESH_LISTEN, CORTEX_TLS_CERT, CORTEX_TLS_KEY, CORTEX_PUBLIC_URL
                          --mesh-listen, --tls-cert, --tls-key, --public-url (the system

@@ -65,6 +65,10 @@ pub struct HubSettings {
     /// `store` (else `CORTEX_STORE_URL`; `--store` wins over both): the PostgreSQL
     /// database the store is in (`postgres://…`); `None`: redb under the home.
     pub store: Option<String>,
+    /// `CORTEX_STORE_NOTIFY=off`: the store's batches are not announced to the other
+    /// hubs with a `NOTIFY` (they find them by their poll, within a second; for a pooler
+    /// that drops notifications). Off by default: they are.
+    pub store_unannounced: bool,
 }
 
 /// settings.json `limits: {…}`: the bounds no model or client can break. Each has a
@@ -352,6 +356,17 @@ pub fn load_settings_with(
             l
         }
     };
+    let store_unannounced = match lookup("CORTEX_STORE_NOTIFY").as_deref().map(str::trim) {
+        None | Some("") | Some("on") => false,
+        Some("off") => true,
+        Some(v) => {
+            return Err(ConfigError::BadSection {
+                key: "CORTEX_STORE_NOTIFY".into(),
+                value: v.to_string(),
+                why_owned: "expected on or off".into(),
+            });
+        }
+    };
     let store = match json.get("store") {
         None | Some(serde_json::Value::Null) => match lookup("CORTEX_STORE_URL") {
             Some(u) if !u.trim().is_empty() => Some(store_url("CORTEX_STORE_URL", u.trim())?),
@@ -376,6 +391,7 @@ pub fn load_settings_with(
         notify,
         limits,
         store,
+        store_unannounced,
     })
 }
 

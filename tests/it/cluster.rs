@@ -51,7 +51,30 @@ fn two_hubs(extra: &[(&str, &str)]) -> (Hub, Hub) {
 #[test]
 fn hubs_on_one_database_share_the_store_and_a_signal_on_one_wakes_a_waiter_on_another() {
     let (a, b) = two_hubs(&[]);
-    // Made on one, seen on the other.
+    cross_hub_wake(&a, &b);
+    // a heard b's batch through the bus (a notification, or its poll when one was lost).
+    let heard = counter(&a, "cortex_bus_notifications") + counter(&a, "cortex_bus_polled_batches");
+    assert!(heard >= 1.0, "a heard nothing of b's batches");
+    assert!(counter(&b, "cortex_store_batches_logged") >= 1.0);
+}
+
+#[test]
+fn with_notify_off_a_signal_on_one_hub_still_wakes_a_waiter_on_another_by_the_poll() {
+    let (a, b) = two_hubs(&[("CORTEX_STORE_NOTIFY", "off")]);
+    cross_hub_wake(&a, &b);
+    assert_eq!(
+        counter(&a, "cortex_bus_notifications"),
+        0.0,
+        "nothing was notified"
+    );
+    assert!(
+        counter(&a, "cortex_bus_polled_batches") >= 1.0,
+        "a found b's batch by its poll"
+    );
+}
+
+/// Made on a, seen on b; a waiter on a woken by a signal through b; recorded once.
+fn cross_hub_wake(a: &Hub, b: &Hub) {
     let sid = a.session();
     let (st, v) = b.api(Method::Get, &format!("/api/sessions/{sid}"), None);
     assert_eq!(st, 200, "{v}");
@@ -62,7 +85,7 @@ fn hubs_on_one_database_share_the_store_and_a_signal_on_one_wakes_a_waiter_on_an
         let waiter = s.spawn(|| a.cortex(&["wait", "for", id(&wp)]));
         // The waiter is listening once a's session has a watcher.
         wait_until(LIMIT, "the waiter's long poll on a", || {
-            (gauge(&a, "cortex_session_watchers") >= 1.0).then_some(())
+            (gauge(a, "cortex_session_watchers") >= 1.0).then_some(())
         });
         let (st, v) = b.signal(&body(&wp, json!({"status": "ok", "message": "loss 0.1"})));
         assert_eq!(st, 202, "{v}");
@@ -70,12 +93,8 @@ fn hubs_on_one_database_share_the_store_and_a_signal_on_one_wakes_a_waiter_on_an
     });
     assert_eq!(code, 0, "{out}\n{err}\n{}", a.log());
     assert!(out.contains("loss 0.1"), "{out}");
-    // a heard b's batch through the bus (a notification, or its poll when one was lost).
-    let heard = counter(&a, "cortex_bus_notifications") + counter(&a, "cortex_bus_polled_batches");
-    assert!(heard >= 1.0, "a heard nothing of b's batches");
-    assert!(counter(&b, "cortex_store_batches_logged") >= 1.0);
     // The signal is recorded once, whichever hub is asked.
-    for h in [&a, &b] {
+    for h in [a, b] {
         let seen = h.get_waitpoint(id(&wp));
         assert_eq!(seen["state"], "resolved", "{seen}");
         assert_eq!(seen["signals"].as_array().map(Vec::len), Some(1), "{seen}");

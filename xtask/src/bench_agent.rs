@@ -6,7 +6,7 @@
 //! in one burst (time, wakes per second, and the most model requests at once, which must
 //! stay within `agent.concurrency`). Method and figures: docs/benchmarks.md, "The runner".
 
-mod fleet;
+pub(crate) mod fleet;
 mod latency;
 
 use std::time::Duration;

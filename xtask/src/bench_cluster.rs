@@ -198,6 +198,24 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
     }
     eprintln!("bench: a wake across hubs, {WAKES} times");
     let wakes = wake_across(&three[0], &three[1])?;
+    // A fourth hub on the same database that sends no NOTIFY: its batches reach the
+    // others only by their poll of the log.
+    let quiet = Hub::start_with_env(
+        &hub_bin,
+        &scratch.path().join("three-quiet"),
+        &[
+            ("CORTEX_STORE_URL", &url3),
+            ("CORTEX_WEBHOOK_TOKEN", &token),
+            ("CORTEX_STORE_NOTIFY", "off"),
+        ],
+        &mut procs,
+    )?;
+    eprintln!("bench: a wake across hubs with NOTIFY off, {WAKES} times");
+    let polled = wake_across(&three[0], &quiet)?;
+    eprintln!(
+        "bench: {IDLE} idle sessions, each with an armed waitpoint, on the hub on PostgreSQL"
+    );
+    let idle = idle_cost(&onpg, &cluster, &procs)?;
     // Where the hub's time on PostgreSQL goes: its reads by table (index scans: a point
     // read or a range page each), and its transactions (one per batch).
     let signals = onpg.recorded(&hubs[1].1)?;
@@ -279,6 +297,21 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         ms(pct(&wakes, 1.0)),
     );
     println!(
+        "a wake across hubs with NOTIFY off (the other hub's poll, every {} ms): p50 {}, p99 {}, max {} over {WAKES} (target under the poll + 5 ms)",
+        POLL_MS,
+        ms(pct(&polled, 0.50)),
+        ms(pct(&polled, 0.99)),
+        ms(pct(&polled, 1.0)),
+    );
+    println!(
+        "{IDLE} idle sessions with an armed waitpoint each: hub RSS {} -> {} MiB, its database {:.1} -> {:.1} MiB ({:.0} bytes a session)",
+        idle.rss_before_kib / 1024,
+        idle.rss_after_kib / 1024,
+        idle.db_before as f64 / (1 << 20) as f64,
+        idle.db_after as f64 / (1 << 20) as f64,
+        (idle.db_after.saturating_sub(idle.db_before)) as f64 / IDLE as f64,
+    );
+    println!(
         "the hub's database after the runs: {:.1} MiB",
         size as f64 / (1 << 20) as f64
     );
@@ -295,6 +328,7 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
     drop(hubs);
     drop(three_load);
     drop(three);
+    drop(quiet);
     drop(procs);
     drop(scratch);
     if !failures.is_empty() {
@@ -386,6 +420,57 @@ fn measured_three(
         },
         checks,
     ))
+}
+
+/// The bus's poll interval (`kernel::pg::bus::POLL`).
+const POLL_MS: u64 = 1000;
+/// Idle sessions made for the cost figure.
+const IDLE: usize = 10_000;
+
+struct Idle {
+    rss_before_kib: u64,
+    rss_after_kib: u64,
+    db_before: u64,
+    db_after: u64,
+}
+
+/// [`IDLE`] sessions each with an armed waitpoint on `hub`: its RSS and its database's
+/// size before and after (once it settled).
+fn idle_cost(hub: &Hub, cluster: &Postgres, procs: &Procs) -> anyhow::Result<Idle> {
+    let pid = procs.pid(hub.index).context("the hub's pid")?;
+    let size = || -> anyhow::Result<u64> {
+        cluster
+            .query("hub", "SELECT pg_database_size(current_database())")
+            .parse()
+            .context("pg_database_size")
+    };
+    let (rss_before_kib, db_before) = (crate::bench_agent::fleet::rss_kib(pid)?, size()?);
+    let agent = crate::bench_kit::agent();
+    for _ in 0..IDLE {
+        let s = hub.api_on(
+            &agent,
+            "POST",
+            "/api/sessions",
+            Some(serde_json::json!({"title": "idle"})),
+            201,
+        )?;
+        let sid = s["id"].as_str().context("the new session has no id")?;
+        hub.api_on(
+            &agent,
+            "POST",
+            &format!("/api/sessions/{sid}/waitpoints"),
+            Some(serde_json::json!({"label": "idle", "intent": "an idle wait"})),
+            201,
+        )?;
+    }
+    crate::bench_signals::settle();
+    cluster.query("hub", "VACUUM");
+    Ok(Idle {
+        rss_before_kib,
+        rss_after_kib: crate::bench_agent::fleet::rss_kib(pid)?,
+        db_before,
+        db_after: size()?,
+    })
 }
 
 /// How many wakes across hubs are timed.

@@ -73,6 +73,9 @@ const CLOSE_REASON_BYTES: usize = 123;
 const MAX_FILE_NAME_BYTES: usize = 255;
 /// Reconnect delay asked of an agent whose token was refused or revoked.
 const RETRY_FORBIDDEN_MS: u64 = 60_000;
+/// ... except for a device this hub does not know while it shares its store: another hub
+/// may have added it a moment ago, and this one hears of it within the bus's poll.
+const RETRY_UNKNOWN_SHARED_MS: u64 = 2_000;
 /// Reconnect delay asked of an agent whose link was replaced, so two agents started
 /// with one name flap slowly and visibly instead of fighting.
 const RETRY_REPLACED_MS: u64 = 30_000;
@@ -282,16 +285,23 @@ fn check_upgrade(state: &AppState, req: &Request) -> Result<Authed, (StatusCode,
             device: device.to_string(),
             token_hash,
         }),
-        Err(_) => Err((
-            StatusCode::FORBIDDEN,
-            reason(
-                "forbidden",
-                format!(
-                    "device {device:?} is unknown or its token does not match (revoked, or never added): enrol it on the hub with cortex device add {device}"
+        Err(_) => {
+            let retry = if state.store.is_shared() && !state.devices.knows(device) {
+                RETRY_UNKNOWN_SHARED_MS
+            } else {
+                RETRY_FORBIDDEN_MS
+            };
+            Err((
+                StatusCode::FORBIDDEN,
+                reason(
+                    "forbidden",
+                    format!(
+                        "device {device:?} is unknown or its token does not match (revoked, or never added): enrol it on the hub with cortex device add {device}"
+                    ),
+                    Some(retry),
                 ),
-                Some(RETRY_FORBIDDEN_MS),
-            ),
-        )),
+            ))
+        }
     }
 }
 

@@ -260,6 +260,9 @@ pub async fn revoke_device(
 ) -> Result<Response, ApiError> {
     let n = name.clone();
     let now = now_ms();
+    // Whether a link is up before the revoke: on a shared store, this hub may end it
+    // itself as it follows the store's devices, before the line below does.
+    let linked = state.devices.link(&name).is_some();
     let (found, revoked) = state
         .store
         .exec(move |t| {
@@ -284,7 +287,7 @@ pub async fn revoke_device(
         return Err(no_device(&name));
     }
     // The record is gone; now no new link is accepted and the live one ends at once.
-    let dropped = state.devices.revoke(&name);
+    let dropped = state.devices.revoke(&name) || linked;
     tracing::info!(device = %name, dropped, "device revoked");
     Ok(Json(DeviceRevoked {
         name,

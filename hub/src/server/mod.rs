@@ -158,6 +158,7 @@ pub fn open(config: &Config) -> anyhow::Result<Opened> {
                 config.settings.engine.clone(),
                 config.settings.limits.clone(),
                 crate::secret::hash(&config.token),
+                !config.settings.store_unannounced,
             )
             .context("opening the store on PostgreSQL")?
         }

@@ -268,11 +268,14 @@ impl Store {
     /// batch is one transaction answered once committed.
     /// `token_hash` is the operator token this hub answers to: the first hub on the
     /// database keeps it, and one with another is refused (hubs on a database share one).
+    /// `notify`: each batch's number is sent as a `NOTIFY` (off: the other hubs hear of it
+    /// by their poll, within a second).
     pub fn open_postgres(
         url: &str,
         settings: Settings,
         limits: Limits,
         token_hash: [u8; 32],
+        notify: bool,
     ) -> Result<(Store, WriterGuard), StoreError> {
         let limits = Arc::new(limits);
         let settings = Arc::new(settings);
@@ -280,7 +283,7 @@ impl Store {
         // PostgreSQL's blocking client runs a runtime of its own, which may not start on
         // a thread of the hub's: the opening runs on a thread of its own.
         let opened = std::thread::scope(|s| {
-            s.spawn(|| open_pg(url, ctx, &token_hash))
+            s.spawn(|| open_pg(url, ctx, &token_hash, notify))
                 .join()
                 .unwrap_or_else(|_| Err(StoreError::Broken("opening the store panicked".into())))
         });
@@ -683,7 +686,12 @@ type PgOpened = (
     mpsc::Sender<Job<Ctx>>,
 );
 
-fn open_pg(url: &str, ctx: Ctx, token_hash: &[u8; 32]) -> Result<PgOpened, StoreError> {
+fn open_pg(
+    url: &str,
+    ctx: Ctx,
+    token_hash: &[u8; 32],
+    notify: bool,
+) -> Result<PgOpened, StoreError> {
     let pg = Pg::connect(url)?;
     let migrated = {
         let mut c = pg.take()?;
@@ -706,6 +714,7 @@ fn open_pg(url: &str, ctx: Ctx, token_hash: &[u8; 32]) -> Result<PgOpened, Store
         rx,
         notifier: notifier.clone(),
         follow: crate::time::follow,
+        notify,
     })?;
     pg.write_once(&REGISTRY, &ctx, |t| t.share_operator_token(token_hash))?;
     // The other hubs' batches from here on are heard; what came before is in what is

@@ -31,7 +31,7 @@ impl Pg {
         let ended = writer::end(
             &mut *snap::lock(&conn)?,
             registry,
-            r.is_ok().then_some((&cur, &none, self.me, false)),
+            r.is_ok().then_some((&cur, &none, self.me, false, true)),
         );
         r.and(ended.map(|_| ()))
     }
@@ -75,7 +75,8 @@ impl Pg {
         let end = writer::end(
             &mut *snap::lock(&conn)?,
             registry,
-            r.is_ok().then_some((&nothing, &none, self.me, false)),
+            r.is_ok()
+                .then_some((&nothing, &none, self.me, false, false)),
         )
         .map(|_| ());
         if end.is_ok()

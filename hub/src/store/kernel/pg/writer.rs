@@ -39,6 +39,9 @@ pub(crate) struct PgParts<C> {
     pub notifier: Arc<Notifier>,
     /// Given the database's clock with every batch: the hub's clock follows it.
     pub follow: fn(i64),
+    /// Whether a batch's number is sent as a `NOTIFY` (off: the other hubs find it by
+    /// their poll of the log).
+    pub notify: bool,
 }
 
 pub(crate) struct PgWriter<C> {
@@ -55,6 +58,7 @@ pub(crate) struct PgWriter<C> {
     /// Batches written by this writer, for pruning the log now and then.
     written: u64,
     follow: fn(i64),
+    notify: bool,
 }
 
 /// The lock every write transaction takes first, whichever hub makes it: held until the
@@ -106,6 +110,7 @@ impl<C> PgWriter<C> {
             seen: 0,
             written: 0,
             follow: p.follow,
+            notify: p.notify,
         })
     }
 
@@ -195,7 +200,7 @@ impl<C> PgWriter<C> {
         let n = end(
             &mut c,
             self.registry,
-            Some((&self.cur, notices, self.pg.me, prune)),
+            Some((&self.cur, notices, self.pg.me, prune, self.notify)),
         )?;
         if let Some(n) = n {
             self.seen = n;
@@ -207,8 +212,9 @@ impl<C> PgWriter<C> {
 }
 
 /// What a write transaction ends with when its work succeeded: its changes, the notices
-/// they raised, the process that wrote them, and whether to prune the log.
-pub(crate) type Ending<'a> = (&'a Overlay, &'a Notices, i64, bool);
+/// they raised, the process that wrote them, whether to prune the log, and whether to
+/// send its number as a `NOTIFY`.
+pub(crate) type Ending<'a> = (&'a Overlay, &'a Notices, i64, bool, bool);
 
 /// Ends the open transaction: with `changes` (the work succeeded) writes them and
 /// commits, without them rolls back. A statement that failed since `BEGIN` makes it an
@@ -224,9 +230,9 @@ pub(crate) fn end(
             "a statement failed, so its transaction was aborted; nothing of it was stored".into(),
         )),
         None => Ok(None),
-        Some((changes, _, _, _)) if changes.is_empty() => c.simple("COMMIT").map(|()| None),
-        Some((changes, notices, me, prune)) => write(c, registry, changes)
-            .and_then(|()| commit_logged(c, notices, me, prune))
+        Some((changes, ..)) if changes.is_empty() => c.simple("COMMIT").map(|()| None),
+        Some((changes, notices, me, prune, notify)) => write(c, registry, changes)
+            .and_then(|()| commit_logged(c, notices, me, prune, notify))
             .map(Some),
     };
     if (r.is_err() || ending.is_none()) && !c.is_closed() {
@@ -239,7 +245,13 @@ pub(crate) fn end(
 /// The batch's row in the log, its number sent on [`CHANNEL`], then `COMMIT`: one round
 /// trip. The notices are JSON (`[[kind, key, value], …]`) in hex, so nothing in them is
 /// read as SQL.
-fn commit_logged(c: &mut Conn, notices: &Notices, me: i64, prune: bool) -> Result<i64, StoreError> {
+fn commit_logged(
+    c: &mut Conn,
+    notices: &Notices,
+    me: i64,
+    prune: bool,
+    notify: bool,
+) -> Result<i64, StoreError> {
     let list: Vec<(&str, &str, u64)> = notices
         .iter()
         .map(|((kind, key), v)| (*kind, key.as_str(), *v))
@@ -252,9 +264,14 @@ fn commit_logged(c: &mut Conn, notices: &Notices, me: i64, prune: bool) -> Resul
     } else {
         String::new()
     };
+    let told = if notify {
+        format!(", pg_notify('{CHANNEL}', n::text)")
+    } else {
+        String::new()
+    };
     let rows = c.simple_rows(&format!(
         "{pruned}WITH b AS (INSERT INTO {log} (writer, notices) VALUES ({me}, '\\x{}'::bytea) RETURNING n) \
-         SELECT n::text, pg_notify('{CHANNEL}', n::text) FROM b; COMMIT",
+         SELECT n::text{told} FROM b; COMMIT",
         hex(&json)
     ))?;
     rows.first()
