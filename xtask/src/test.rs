@@ -113,14 +113,7 @@ impl Totals {
 /// `cargo xtask torture [CYCLES]`: the crash torture test at full length (30 SIGKILL
 /// cycles by default) on release binaries; `cargo xtask test` runs a short one.
 pub fn torture(extra: &[&str]) -> anyhow::Result<()> {
-    let cycles = match extra {
-        [] => "30".to_string(),
-        [n] => n
-            .parse::<u32>()
-            .with_context(|| format!("{n:?} is not a number of cycles"))?
-            .to_string(),
-        _ => bail!("usage: cargo xtask torture [CYCLES]"),
-    };
+    let cycles = cycles(extra, "torture")?;
     release_it_test(
         "torture",
         &[("CORTEX_TORTURE_CYCLES", &cycles)],
@@ -129,16 +122,21 @@ pub fn torture(extra: &[&str]) -> anyhow::Result<()> {
     )
 }
 
-/// `cargo xtask cluster-torture [CYCLES]`: the cluster torture at full length (30 cycles).
-pub fn cluster_torture(extra: &[&str]) -> anyhow::Result<()> {
-    let cycles = match extra {
-        [] => "30".to_string(),
-        [n] => n
+/// A torture's `[CYCLES]` argument (default 30), as text for its variable.
+fn cycles(extra: &[&str], command: &str) -> anyhow::Result<String> {
+    match extra {
+        [] => Ok("30".to_string()),
+        [n] => Ok(n
             .parse::<u32>()
             .with_context(|| format!("{n:?} is not a number of cycles"))?
-            .to_string(),
-        _ => bail!("usage: cargo xtask cluster-torture [CYCLES]"),
-    };
+            .to_string()),
+        _ => bail!("usage: cargo xtask {command} [CYCLES]"),
+    }
+}
+
+/// `cargo xtask cluster-torture [CYCLES]`: the cluster torture at full length (30 cycles).
+pub fn cluster_torture(extra: &[&str]) -> anyhow::Result<()> {
+    let cycles = cycles(extra, "cluster-torture")?;
     release_it_test(
         "cluster_torture",
         &[("CORTEX_CLUSTER_TORTURE_CYCLES", &cycles)],
