@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(60);
 /// The lease the model-running hubs take: short, so a takeover comes soon.
-const LEASE_MS: u64 = 1500;
+pub(crate) const LEASE_MS: u64 = 1500;
 
 fn id(v: &Value) -> &str {
     v["id"].as_str().expect("id")
@@ -127,24 +127,38 @@ fn a_timer_fires_once_whichever_hubs_watch_it() {
     assert_eq!(expired.len(), 1, "{expired:#?}");
 }
 
-/// A hub that runs `model` on the database at `url`, with a short lease; `token` to share
-/// another hub's.
-fn model_hub(model: &ScriptedModel, url: &str, token: Option<&str>) -> (Hub, tempfile::TempDir) {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let home = tmp.path().join("home");
+/// A hub on the database at `url` with a short lease, its home `dir/name`: given
+/// `token` to share another hub's, running `model` when given one.
+pub(crate) fn lease_hub(
+    dir: &std::path::Path,
+    name: &str,
+    url: &str,
+    token: Option<&str>,
+    model: Option<&ScriptedModel>,
+) -> Hub {
+    let home = dir.join(name);
     std::fs::create_dir_all(&home).expect("home");
     let settings = json!({"agent": {"leaseMs": LEASE_MS}});
     std::fs::write(home.join("settings.json"), settings.to_string()).expect("settings");
-    let murl = model.url();
-    let mut env = vec![
-        ("CORTEX_LLM_BASE_URL", murl.as_str()),
-        ("CORTEX_LLM_MODEL", "scripted"),
-    ];
+    let murl = model.map(|m| m.url());
+    let mut env = Vec::new();
+    if let Some(u) = &murl {
+        env.push(("CORTEX_LLM_BASE_URL", u.as_str()));
+        env.push(("CORTEX_LLM_MODEL", "scripted"));
+    }
     if let Some(t) = token {
         env.push(("CORTEX_WEBHOOK_TOKEN", t));
     }
-    let mut hub = Hub::at(&home, &tmp.path().join("hub.log"), &env, &["--store", url]);
+    let log = dir.join(format!("{name}.log"));
+    let mut hub = Hub::at(&home, &log, &env, &["--store", url]);
     hub.spawn();
+    hub
+}
+
+/// [`lease_hub`] running `model`, in a temp dir of its own.
+fn model_hub(model: &ScriptedModel, url: &str, token: Option<&str>) -> (Hub, tempfile::TempDir) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let hub = lease_hub(tmp.path(), "home", url, token, Some(model));
     (hub, tmp)
 }
 
@@ -161,7 +175,8 @@ fn agent_session(hub: &Hub, text: &str) -> String {
     sid
 }
 
-fn signal(pid: &str, which: &str) {
+/// Sends `which` (`-STOP`, `-CONT`) to process `pid`.
+pub(crate) fn signal(pid: &str, which: &str) {
     let st = std::process::Command::new("kill")
         .args([which, pid])
         .status()
@@ -311,23 +326,9 @@ fn the_devices_of_a_killed_hub_are_recorded_offline_by_another() {
     let pg = Postgres::shared();
     let url = pg.url(&pg.database());
     // A short lease: a hub silent for two of them is taken for gone.
-    let settings = json!({"agent": {"leaseMs": LEASE_MS}});
     let homes = tempfile::tempdir().expect("homes");
-    let start = |name: &str, token: Option<&str>| {
-        let home = homes.path().join(name);
-        std::fs::create_dir_all(&home).expect("home");
-        std::fs::write(home.join("settings.json"), settings.to_string()).expect("settings");
-        let env: Vec<(&str, &str)> = token
-            .map(|t| ("CORTEX_WEBHOOK_TOKEN", t))
-            .into_iter()
-            .collect();
-        let log = homes.path().join(format!("{name}.log"));
-        let mut h = Hub::at(&home, &log, &env, &["--store", &url]);
-        h.spawn();
-        h
-    };
-    let mut a = start("a", None);
-    let b = start("b", Some(&a.token));
+    let mut a = lease_hub(homes.path(), "a", &url, None, None);
+    let b = lease_hub(homes.path(), "b", &url, Some(&a.token), None);
     let token = a.add_device("gpu1");
     let _agent = Agent::start(&a, "gpu1", &token);
     a.wait_online("gpu1");

@@ -21,6 +21,7 @@ use cortex_tests::scripted_model::{Reply, ScriptedModel};
 use cortex_tests::{Hub, wait_until};
 use serde_json::{Value, json};
 
+use crate::cluster::{LEASE_MS, lease_hub, signal};
 use crate::signal_load::{Rng, count_from_env, keyed_body, seed_from_env, view};
 
 const HUBS: usize = 3;
@@ -29,7 +30,6 @@ const MONITORS: usize = 100;
 /// Keys one monitor gets at most, so its view (the latest 1,000 signals) lists them all.
 const BUDGET: usize = 900;
 const SESSIONS: usize = 4;
-const LEASE_MS: u64 = 1500;
 /// How long a run may take across kills: a lease, a restart, the model's answers.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
 
@@ -237,14 +237,6 @@ fn check_signals(sh: &Shared, hub: &Hub, problems: &mut Vec<String>) -> usize {
     recorded
 }
 
-fn signal(pid: u32, which: &str) {
-    let st = std::process::Command::new("kill")
-        .args([which, &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(st.success(), "kill {which} {pid}");
-}
-
 #[test]
 fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_twice() {
     // It starts its own hubs on PostgreSQL whatever the pass: run once, in the first.
@@ -270,31 +262,11 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
         }),
     );
     let homes = tempfile::tempdir().expect("homes");
-    let murl = model.url();
     let mut hubs: Vec<Hub> = Vec::new();
     let mut token = String::new();
     for i in 0..HUBS {
-        let home = homes.path().join(format!("hub{i}"));
-        std::fs::create_dir_all(&home).expect("home");
-        std::fs::write(
-            home.join("settings.json"),
-            json!({"agent": {"leaseMs": LEASE_MS}}).to_string(),
-        )
-        .expect("settings");
-        let mut env = vec![
-            ("CORTEX_LLM_BASE_URL", murl.as_str()),
-            ("CORTEX_LLM_MODEL", "scripted"),
-        ];
-        if i > 0 {
-            env.push(("CORTEX_WEBHOOK_TOKEN", token.as_str()));
-        }
-        let mut h = Hub::at(
-            &home,
-            &homes.path().join(format!("hub{i}.log")),
-            &env,
-            &["--store", &url],
-        );
-        h.spawn();
+        let shared = (i > 0).then_some(token.as_str());
+        let h = lease_hub(homes.path(), &format!("hub{i}"), &url, shared, Some(&model));
         if i == 0 {
             token = h.token.clone();
         }
@@ -355,9 +327,9 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
             // Frozen past its lease: the others take its sessions; continued, it must not
             // write for them.
             let pid = hub.pid().expect("pid");
-            signal(pid, "-STOP");
+            signal(&pid.to_string(), "-STOP");
             std::thread::sleep(Duration::from_millis(2 * LEASE_MS + 500));
-            signal(pid, "-CONT");
+            signal(&pid.to_string(), "-CONT");
             stops += 1;
         } else {
             hub.kill();

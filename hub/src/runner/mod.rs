@@ -225,17 +225,15 @@ async fn claimed(
         tracing::warn!(session = %sid, "{why}");
         return Ok(None);
     }
+    // Released, so another hub may take it at once (it is idle or parked, or this hub
+    // stops).
+    let (hub, s) = (state.claims.hub.clone(), sid.to_string());
+    if let Err(e) = state
+        .store
+        .exec(move |t| t.release_claim(&s, &hub, epoch))
+        .await
     {
-        // Released, so another hub may take it at once (it is idle or parked, or this
-        // hub stops).
-        let (hub, s) = (state.claims.hub.clone(), sid.to_string());
-        if let Err(e) = state
-            .store
-            .exec(move |t| t.release_claim(&s, &hub, epoch))
-            .await
-        {
-            tracing::warn!(session = %sid, error = %e, "cannot release this hub's claim on a session; it ends with its lease");
-        }
+        tracing::warn!(session = %sid, error = %e, "cannot release this hub's claim on a session; it ends with its lease");
     }
     r.map(|()| None)
 }

@@ -31,9 +31,20 @@ impl Pg {
         let ended = writer::end(
             &mut *snap::lock(&conn)?,
             registry,
-            r.is_ok().then_some((&cur, &none, self.me, false, true)),
+            r.is_ok().then_some(self.ending(&cur, &none)),
         );
         r.and(ended.map(|_| ()))
+    }
+
+    /// A transaction's ending outside the writer: logged, announced, never pruning.
+    fn ending<'a>(&self, changes: &'a Overlay, notices: &'a Notices) -> writer::Ending<'a> {
+        writer::Ending {
+            changes,
+            notices,
+            writer: self.me,
+            prune: false,
+            notify: true,
+        }
     }
 
     /// The newest batch number of the batches log (0: none yet).
@@ -75,8 +86,7 @@ impl Pg {
         let end = writer::end(
             &mut *snap::lock(&conn)?,
             registry,
-            r.is_ok()
-                .then_some((&nothing, &none, self.me, false, false)),
+            r.is_ok().then_some(self.ending(&nothing, &none)),
         )
         .map(|_| ());
         if end.is_ok()

@@ -200,7 +200,13 @@ impl<C> PgWriter<C> {
         let n = end(
             &mut c,
             self.registry,
-            Some((&self.cur, notices, self.pg.me, prune, self.notify)),
+            Some(Ending {
+                changes: &self.cur,
+                notices,
+                writer: self.pg.me,
+                prune,
+                notify: self.notify,
+            }),
         )?;
         if let Some(n) = n {
             self.seen = n;
@@ -211,10 +217,19 @@ impl<C> PgWriter<C> {
     }
 }
 
-/// What a write transaction ends with when its work succeeded: its changes, the notices
-/// they raised, the process that wrote them, whether to prune the log, and whether to
-/// send its number as a `NOTIFY`.
-pub(crate) type Ending<'a> = (&'a Overlay, &'a Notices, i64, bool, bool);
+/// What a transaction ends with when its work succeeded.
+#[derive(Clone, Copy)]
+pub(crate) struct Ending<'a> {
+    pub changes: &'a Overlay,
+    /// The notices they raised, logged with them.
+    pub notices: &'a Notices,
+    /// The process that wrote them ([`Pg::me`]).
+    pub writer: i64,
+    /// Whether to prune the log first.
+    pub prune: bool,
+    /// Whether to send the batch's number as a `NOTIFY`.
+    pub notify: bool,
+}
 
 /// Ends the open transaction: with `changes` (the work succeeded) writes them and
 /// commits, without them rolls back. A statement that failed since `BEGIN` makes it an
@@ -230,9 +245,9 @@ pub(crate) fn end(
             "a statement failed, so its transaction was aborted; nothing of it was stored".into(),
         )),
         None => Ok(None),
-        Some((changes, ..)) if changes.is_empty() => c.simple("COMMIT").map(|()| None),
-        Some((changes, notices, me, prune, notify)) => write(c, registry, changes)
-            .and_then(|()| commit_logged(c, notices, me, prune, notify))
+        Some(e) if e.changes.is_empty() => c.simple("COMMIT").map(|()| None),
+        Some(e) => write(c, registry, e.changes)
+            .and_then(|()| commit_logged(c, &e))
             .map(Some),
     };
     if (r.is_err() || ending.is_none()) && !c.is_closed() {
@@ -245,33 +260,29 @@ pub(crate) fn end(
 /// The batch's row in the log, its number sent on [`CHANNEL`], then `COMMIT`: one round
 /// trip. The notices are JSON (`[[kind, key, value], …]`) in hex, so nothing in them is
 /// read as SQL.
-fn commit_logged(
-    c: &mut Conn,
-    notices: &Notices,
-    me: i64,
-    prune: bool,
-    notify: bool,
-) -> Result<i64, StoreError> {
-    let list: Vec<(&str, &str, u64)> = notices
+fn commit_logged(c: &mut Conn, e: &Ending<'_>) -> Result<i64, StoreError> {
+    let list: Vec<(&str, &str, u64)> = e
+        .notices
         .iter()
         .map(|((kind, key), v)| (*kind, key.as_str(), *v))
         .collect();
     let json = serde_json::to_vec(&list)
         .map_err(|e| StoreError::Decode(format!("a batch's notices: {e}")))?;
     let log = qualified(BATCHES);
-    let pruned = if prune {
+    let pruned = if e.prune {
         format!("DELETE FROM {log} WHERE n < (SELECT max(n) FROM {log}) - {BATCHES_KEPT}; ")
     } else {
         String::new()
     };
-    let told = if notify {
+    let told = if e.notify {
         format!(", pg_notify('{CHANNEL}', n::text)")
     } else {
         String::new()
     };
     let rows = c.simple_rows(&format!(
-        "{pruned}WITH b AS (INSERT INTO {log} (writer, notices) VALUES ({me}, '\\x{}'::bytea) RETURNING n) \
+        "{pruned}WITH b AS (INSERT INTO {log} (writer, notices) VALUES ({}, '\\x{}'::bytea) RETURNING n) \
          SELECT n::text{told} FROM b; COMMIT",
+        e.writer,
         hex(&json)
     ))?;
     rows.first()
