@@ -21,6 +21,9 @@ pub struct Conn {
     stmts: HashMap<String, Statement>,
     /// A statement failed since the last `BEGIN`.
     failed: bool,
+    /// The server ended this session (SQLSTATE class 57: an administrator, a shutdown),
+    /// possibly before the socket closed.
+    ended: bool,
 }
 
 impl Conn {
@@ -29,12 +32,16 @@ impl Conn {
             client,
             stmts: HashMap::new(),
             failed: false,
+            ended: false,
         }
     }
 
     fn seen<T>(&mut self, r: Result<T, postgres::Error>) -> Result<T, StoreError> {
         r.map_err(|e| {
             self.failed = true;
+            if e.code().is_some_and(|c| c.code().starts_with("57")) {
+                self.ended = true;
+            }
             StoreError::pg(e)
         })
     }
@@ -112,8 +119,9 @@ impl Conn {
         self.failed
     }
 
+    /// Whether the connection is gone: closed, or ended by the server.
     pub(crate) fn is_closed(&self) -> bool {
-        self.client.is_closed()
+        self.ended || self.client.is_closed()
     }
 
     /// Runs a statement on the client; its failure is noted (see [`Conn::failed`]).
