@@ -37,6 +37,9 @@ pub enum End {
     Lost(String),
     /// The store could not record the link.
     Store,
+    /// Another hub recorded the device offline while this one was silent (frozen, or
+    /// cut from the database): the link is made again, and recorded again.
+    Disowned,
 }
 
 impl End {
@@ -50,6 +53,7 @@ impl End {
             End::Protocol(e) => format!("protocol error: {e}"),
             End::Lost(e) => format!("connection lost: {e}"),
             End::Store => "the hub's store failed".into(),
+            End::Disowned => "recorded offline by another hub while this one was silent".into(),
         }
     }
 }

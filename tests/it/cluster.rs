@@ -347,3 +347,34 @@ fn the_devices_of_a_killed_hub_are_recorded_offline_by_another() {
     );
     assert!(gone.get("hub").is_none(), "{gone}");
 }
+
+#[test]
+fn a_hub_frozen_past_two_leases_makes_its_devices_links_again_and_they_read_online() {
+    let pg = Postgres::shared();
+    let url = pg.url(&pg.database());
+    let homes = tempfile::tempdir().expect("homes");
+    let a = lease_hub(homes.path(), "a", &url, None, None);
+    let b = lease_hub(homes.path(), "b", &url, Some(&a.token), None);
+    let token = a.add_device("gpu1");
+    let agent = Agent::start(&a, "gpu1", &token);
+    wait_until(LIMIT, "b showing gpu1 online on a", || {
+        (b.device("gpu1")["hub"] == name_of(&a)).then_some(())
+    });
+    // Frozen, a says nothing: b records gpu1 offline, though its link to a is still up.
+    let pid = a.pid().expect("pid").to_string();
+    signal(&pid, "-STOP");
+    wait_until(LIMIT, "b recording gpu1 offline", || {
+        (b.device("gpu1")["offline_reason"] == "its hub stopped answering").then_some(())
+    });
+    // Woken, a sees its link disowned and makes it again: the store says online again.
+    signal(&pid, "-CONT");
+    wait_until(LIMIT, "a ending the disowned link", || {
+        a.log().contains("its link is made again").then_some(())
+    });
+    let back = wait_until(LIMIT, "b reading gpu1 online again", || {
+        let d = b.device("gpu1");
+        (d["state"] == "online").then_some(d)
+    });
+    assert_eq!(back["hub"], name_of(&a), "{back}");
+    assert!(agent.log().contains("disowned"), "{}", agent.log());
+}

@@ -73,9 +73,10 @@ const CLOSE_REASON_BYTES: usize = 123;
 const MAX_FILE_NAME_BYTES: usize = 255;
 /// Reconnect delay asked of an agent whose token was refused or revoked.
 const RETRY_FORBIDDEN_MS: u64 = 60_000;
-/// ... except for a device this hub does not know while it shares its store: another hub
-/// may have added it a moment ago, and this one hears of it within the bus's poll.
-const RETRY_UNKNOWN_SHARED_MS: u64 = 2_000;
+/// How many refused connections look their device up in a shared store at once; past
+/// that, a refusal is answered from what this hub knows.
+const LOOKUPS: usize = 4;
+static LOOKING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LOOKUPS);
 /// Reconnect delay asked of an agent whose link was replaced, so two agents started
 /// with one name flap slowly and visibly instead of fighting.
 const RETRY_REPLACED_MS: u64 = 30_000;
@@ -150,6 +151,14 @@ fn close_for(end: &End) -> CloseFrame {
         End::Protocol(e) => (
             CloseCode::Protocol,
             reason("protocol_error", e.clone(), None),
+        ),
+        End::Disowned => (
+            CloseCode::Away,
+            reason(
+                "disowned",
+                "another hub recorded this device offline while this hub was silent; link again",
+                Some(RETRY_SHUTDOWN_MS),
+            ),
         ),
         End::Store => (
             CloseCode::Error,
@@ -280,27 +289,63 @@ fn check_upgrade(state: &AppState, req: &Request) -> Result<Authed, (StatusCode,
             ),
         ));
     };
-    match state.devices.authenticate(device, token) {
+    let known = state
+        .devices
+        .authenticate(device, token)
+        .or_else(|e| match learn(state, device) {
+            true => state.devices.authenticate(device, token),
+            false => Err(e),
+        });
+    match known {
         Ok(token_hash) => Ok(Authed {
             device: device.to_string(),
             token_hash,
         }),
-        Err(_) => {
-            let retry = if state.store.is_shared() && !state.devices.knows(device) {
-                RETRY_UNKNOWN_SHARED_MS
-            } else {
-                RETRY_FORBIDDEN_MS
-            };
-            Err((
-                StatusCode::FORBIDDEN,
-                reason(
-                    "forbidden",
-                    format!(
-                        "device {device:?} is unknown or its token does not match (revoked, or never added): enrol it on the hub with cortex device add {device}"
-                    ),
-                    Some(retry),
+        Err(_) => Err((
+            StatusCode::FORBIDDEN,
+            reason(
+                "forbidden",
+                format!(
+                    "device {device:?} is unknown or its token does not match (revoked, or never added): enrol it on the hub with cortex device add {device}"
                 ),
-            ))
+                Some(RETRY_FORBIDDEN_MS),
+            ),
+        )),
+    }
+}
+
+/// On a shared store, a device this hub refused is looked up in the store: another hub may
+/// have added it, or given it a new token, a moment before its agent dialed here (the bus
+/// tells within its poll, the agent would wait out a refusal). What is found is allowed;
+/// true when the device was found. The check runs inside tungstenite's synchronous
+/// callback, so the read blocks this worker (the runtime moves its other tasks), at most
+/// [`LOOKUPS`] at once.
+fn learn(state: &AppState, device: &str) -> bool {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    if !state.store.is_shared() {
+        return false;
+    }
+    let Ok(rt) = Handle::try_current() else {
+        return false;
+    };
+    if rt.runtime_flavor() != RuntimeFlavor::MultiThread {
+        return false;
+    }
+    let Ok(_permit) = LOOKING.try_acquire() else {
+        return false;
+    };
+    let name = device.to_string();
+    let found =
+        tokio::task::block_in_place(|| rt.block_on(state.store.read(move |r| r.get_device(&name))));
+    match found {
+        Ok(Some(rec)) => {
+            state.devices.allow(&rec.name, rec.token_hash);
+            true
+        }
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(device, error = %e, "cannot look a refused device up in the store");
+            false
         }
     }
 }

@@ -16,32 +16,58 @@ pub(super) async fn keep(state: AppState) {
     let lease = state.claims.lease_ms;
     let every = Duration::from_millis(lease / 3);
     let shared = state.store.is_shared();
+    // The first beat goes at once: a device linked here before it would read to the
+    // others as linked to a hub never heard of.
+    let mut wait = Duration::ZERO;
     loop {
         tokio::select! {
-            () = tokio::time::sleep(every) => {}
+            () = tokio::time::sleep(wait) => {}
             () = state.shutdown.cancelled() => return,
         }
+        wait = every;
         let held = state.claims.held();
         if held.is_empty() && !shared {
             continue;
         }
         let (hub, asked) = (state.claims.hub.clone(), held.clone());
+        // Links up for a lease at least: their own online was recorded long since.
+        let settled = now_ms().saturating_sub(lease);
+        let links: Vec<(String, u64)> = if shared {
+            state
+                .devices
+                .links()
+                .iter()
+                .filter(|l| l.online_since <= settled)
+                .map(|l| (l.device.clone(), l.id))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let r = state
             .store
             .exec(move |t| {
                 let now = now_ms();
                 let lost = t.renew_claims(&hub, &asked, now, lease)?;
-                let gone = if shared {
+                let (gone, disowned) = if shared {
                     t.hub_beat(&hub, now)?;
-                    t.devices_of_hubs_gone(&hub, now, 2 * lease)?
+                    (
+                        t.devices_of_hubs_gone(&hub, now, 2 * lease)?,
+                        t.links_disowned(&links)?,
+                    )
                 } else {
-                    0
+                    (0, Vec::new())
                 };
-                Ok((lost, gone))
+                Ok((lost, gone, disowned))
             })
             .await;
         match r {
-            Ok((lost, gone)) => {
+            Ok((lost, gone, disowned)) => {
+                for (device, id) in disowned {
+                    if let Some(l) = state.devices.link(&device).filter(|l| l.id == id) {
+                        tracing::warn!(%device, "another hub recorded this device offline while this hub was silent; its link is made again");
+                        l.end(crate::registry::End::Disowned);
+                    }
+                }
                 if gone > 0 {
                     tracing::warn!(
                         devices = gone,

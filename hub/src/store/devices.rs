@@ -255,6 +255,9 @@ impl Tx<'_> {
         rec.offline_reason = None;
         self.device_back(&mut rec)?;
         self.put_device(&rec)?;
+        // The hub holding the link is alive now: without its beat, another hub would take
+        // the device for linked to a hub that stopped answering.
+        self.hub_beat(&up.hub, now)?;
         self.append_hub_event(
             HubEventBody::DeviceOnline {
                 device: name.to_string(),
@@ -318,6 +321,22 @@ impl Tx<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Of the links `held` here (device, link id), the devices whose record no longer
+    /// names that link: another hub recorded them offline while this one was silent, or
+    /// a newer link elsewhere replaced it. A device gone from the store is left to the
+    /// revocation that removed it.
+    pub fn links_disowned(&self, held: &[(String, u64)]) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut out = Vec::new();
+        for (name, link) in held {
+            if let Some(rec) = self.get_device(name)?
+                && rec.link != Some(*link)
+            {
+                out.push((name.clone(), *link));
+            }
+        }
+        Ok(out)
     }
 
     /// At start: every record still saying online on this hub (`me`; or on no hub named,
