@@ -166,6 +166,17 @@ fn stream(
             };
             let more = raw.len() >= limit;
             (limit, each) = next_limit(&raw, share);
+            // The pieces sent before these events were stored go first: a step's pieces
+            // are sent before its write, so they are all queued by now.
+            while let Some(json) = queued_live(&mut live) {
+                let item = Item {
+                    seq: None,
+                    data: json.as_ref().to_owned(),
+                };
+                if !FOLLOWERS.push(&f, item, false, budget) {
+                    return f.end();
+                }
+            }
             for r in raw {
                 let seq = serde_json::from_slice::<Seq>(&r).map_or(cursor, |s| s.seq);
                 cursor = cursor.max(seq);
@@ -524,6 +535,19 @@ impl tokio_stream::Stream for Feed {
 impl Drop for Feed {
     fn drop(&mut self) {
         FOLLOWERS.leave(&self.f);
+    }
+}
+
+/// A live piece already queued, if any (a follower that fell behind skips what it
+/// missed); `None` also once the channel is gone, which [`next_live`] then tells.
+fn queued_live(live: &mut Option<broadcast::Receiver<Arc<str>>>) -> Option<Arc<str>> {
+    let rx = live.as_mut()?;
+    loop {
+        match rx.try_recv() {
+            Ok(piece) => return Some(piece),
+            Err(broadcast::error::TryRecvError::Lagged(_)) => continue,
+            Err(_) => return None,
+        }
     }
 }
 
