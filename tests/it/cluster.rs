@@ -9,7 +9,7 @@ use std::time::Duration;
 use cortex_cli::http::Method;
 use cortex_tests::agent::Agent;
 use cortex_tests::postgres::Postgres;
-use cortex_tests::scripted_model::{Reply, ScriptedModel};
+use cortex_tests::scripted_model::{Outcome, Reply, ScriptedModel};
 use cortex_tests::{Hub, body, wait_until};
 use serde_json::{Value, json};
 
@@ -212,6 +212,53 @@ fn a_session_a_killed_hub_drove_is_taken_over_by_another_and_run_once() {
     );
     let text = serde_json::to_string(&events).expect("json");
     assert!(text.contains("done on b"), "{text}");
+}
+
+/// A session driven by hub a, its model call hanging (for the default 120 s), and hub b
+/// (no model) on the same database.
+fn hung_on_a(url: &str) -> (ScriptedModel, Hub, Hub, String, Vec<tempfile::TempDir>) {
+    let model = ScriptedModel::start(vec![Reply::hang()]);
+    let (a, ta) = model_hub(&model, url, None);
+    let tb = tempfile::tempdir().expect("tempdir");
+    let b = lease_hub(tb.path(), "b", url, Some(&a.token), None);
+    let sid = agent_session(&a, "train it");
+    model.wait_requests(1, LIMIT);
+    (model, a, b, sid, vec![ta, tb])
+}
+
+#[test]
+fn a_cancel_posted_on_one_hub_stops_the_model_call_another_hub_waits_on() {
+    let pg = Postgres::shared();
+    let (model, a, b, sid, _dirs) = hung_on_a(&pg.url(&pg.database()));
+    let (st, v) = b.api(
+        Method::Post,
+        &format!("/api/sessions/{sid}/cancel"),
+        Some(&json!({"turn_only": true})),
+    );
+    assert_eq!(st, 202, "{v}");
+    assert_eq!(v["running"], true, "a's live claim: a turn runs, and is told: {v}");
+    // a hears the stop through the store and drops the call, long before it times out.
+    assert_eq!(model.wait_outcome(0, LIMIT), Outcome::ClientGone);
+    let end = a.wait_event(&sid, LIMIT, |e| e["kind"] == "run-end");
+    assert_eq!(end["result"]["ok"], false, "{end:#}");
+    assert_eq!(model.request_count(), 1, "the stopped call is not made again");
+}
+
+#[test]
+fn a_session_deleted_on_one_hub_stops_the_model_call_another_hub_waits_on() {
+    let pg = Postgres::shared();
+    let (model, a, b, sid, _dirs) = hung_on_a(&pg.url(&pg.database()));
+    let (st, v) = b.api(Method::Delete, &format!("/api/sessions/{sid}"), None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(model.wait_outcome(0, LIMIT), Outcome::ClientGone);
+    // a's task wrote nothing back: the session stays deleted, on both hubs.
+    for hub in [&a, &b] {
+        let (st, v) = hub.api(Method::Get, &format!("/api/sessions/{sid}"), None);
+        assert_eq!(st, 404, "{v}");
+    }
+    wait_until(LIMIT, "a's claim on the deleted session gone", || {
+        (gauge(&a, "cortex_claims_held") == 0.0).then_some(())
+    });
 }
 
 #[test]

@@ -247,7 +247,10 @@ async fn drive(
 ) -> Result<(), DriveError> {
     // Heard while this task waits on the model or a device: a cancel. Rings that came
     // before a write are forgotten as it starts: the write takes their items.
-    let mut stop = state.stops.listen(sid);
+    let mut stop = state
+        .stops
+        .listen(sid)
+        .hearing(state.store.notifier.subscribe_stop(sid));
     // The transcript as stored (secrets redacted), kept for the life of this task and
     // grown from what each write returns.
     let mut messages: Vec<ChatMessage> = Vec::new();

@@ -248,9 +248,9 @@ pub async fn delete_session(
     if !found {
         return Err(ApiError::not_found("session", &sid));
     }
-    // After the delete is durable: a model call the session's task waits on stops now,
-    // and the write that follows finds no session (nothing recorded, nothing made again).
-    state.stops.ring(&sid);
+    // The delete raised the session's stop notice: a model call its task waits on (on
+    // this hub or another) stops now, and the write that follows finds no session
+    // (nothing recorded, nothing made again).
     Ok(Json(api::SessionDeleted {
         id: sid,
         deleted: true,

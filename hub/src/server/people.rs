@@ -86,15 +86,25 @@ pub async fn cancel(
     };
     let s = sid.clone();
     let turn_only = req.turn_only;
-    let outcome = state
+    let me = state.claims.hub.clone();
+    let (outcome, elsewhere) = state
         .store
-        .exec(move |t| t.post_cancel(&s, turn_only, now_ms()))
+        .exec(move |t| {
+            let now = now_ms();
+            let posted = t.post_cancel(&s, turn_only, now)?;
+            // Driven by another hub now: its claim is live.
+            let elsewhere = t
+                .claim(&s)?
+                .is_some_and(|c| c.hub != me && c.until > now);
+            Ok((posted, elsewhere))
+        })
         .await
         .map_err(ApiError::store)?;
     match outcome {
         CancelPosted::Posted(p) => {
-            // After the item is durable: a driver that hears it finds it.
-            let running = state.stops.ring(&sid);
+            // The write raised the session's stop notice: its driver, on this hub or
+            // another, hears it after the item is durable and finds it.
+            let running = elsewhere || state.stops.driving(&sid);
             Ok((
                 StatusCode::ACCEPTED,
                 Json(api::CancelPosted {

@@ -670,6 +670,7 @@ static TOPICS: &[&str] = &[
     tables::TOPIC_SESSION,
     TOPIC_HUB,
     tables::TOPIC_DEVICE,
+    tables::TOPIC_STOP,
     agent::TOPIC_READY,
     notices::TOPIC_NOTICE,
     kernel::timers::TOPIC,
@@ -746,6 +747,12 @@ impl Notifier {
     /// A session's newest event seq (`u64::MAX` once it is deleted).
     pub fn subscribe(&self, sid: &str, current: u64) -> watch::Receiver<u64> {
         self.watch(tables::TOPIC_SESSION, sid, current)
+    }
+
+    /// Stops of `sid`'s turn ([`tables::TOPIC_STOP`]), from any hub on the store.
+    pub fn subscribe_stop(&self, sid: &str) -> watch::Receiver<u64> {
+        let current = self.current(tables::TOPIC_STOP, sid).unwrap_or(0);
+        self.watch(tables::TOPIC_STOP, sid, current)
     }
 
     /// The newest hub event's seq.

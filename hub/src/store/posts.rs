@@ -149,7 +149,11 @@ impl Tx<'_> {
         }
         Ok(
             match self.post_inbox(sid, EventBody::Cancel { turn_only }, None, now)? {
-                Some(p) => CancelPosted::Posted(p),
+                Some(p) => {
+                    // Heard by the driver on whichever hub, after the item is durable.
+                    self.notify(super::tables::TOPIC_STOP, sid, p.seq);
+                    CancelPosted::Posted(p)
+                }
                 None => CancelPosted::NoSession,
             },
         )

@@ -370,3 +370,6 @@ impl Tx<'_> {
 pub const TOPIC_SESSION: &str = "session";
 pub const TOPIC_HUB: &str = "hub";
 pub const TOPIC_DEVICE: &str = "device";
+/// A session's turn is to stop now (a cancel posted, the session deleted): heard by
+/// whichever hub drives it.
+pub const TOPIC_STOP: &str = "stop";

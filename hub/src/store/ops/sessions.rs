@@ -200,6 +200,7 @@ impl Tx<'_> {
         self.delete_agent(sid)?;
         self.table_mut(&SESSIONS).remove(sid)?;
         self.notify(crate::store::tables::TOPIC_SESSION, sid, u64::MAX);
+        self.notify(crate::store::tables::TOPIC_STOP, sid, u64::MAX);
         Ok(true)
     }
 }
