@@ -236,12 +236,19 @@ fn a_cancel_posted_on_one_hub_stops_the_model_call_another_hub_waits_on() {
         Some(&json!({"turn_only": true})),
     );
     assert_eq!(st, 202, "{v}");
-    assert_eq!(v["running"], true, "a's live claim: a turn runs, and is told: {v}");
+    assert_eq!(
+        v["running"], true,
+        "a's live claim: a turn runs, and is told: {v}"
+    );
     // a hears the stop through the store and drops the call, long before it times out.
     assert_eq!(model.wait_outcome(0, LIMIT), Outcome::ClientGone);
     let end = a.wait_event(&sid, LIMIT, |e| e["kind"] == "run-end");
     assert_eq!(end["result"]["ok"], false, "{end:#}");
-    assert_eq!(model.request_count(), 1, "the stopped call is not made again");
+    assert_eq!(
+        model.request_count(),
+        1,
+        "the stopped call is not made again"
+    );
 }
 
 #[test]

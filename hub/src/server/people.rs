@@ -93,9 +93,7 @@ pub async fn cancel(
             let now = now_ms();
             let posted = t.post_cancel(&s, turn_only, now)?;
             // Driven by another hub now: its claim is live.
-            let elsewhere = t
-                .claim(&s)?
-                .is_some_and(|c| c.hub != me && c.until > now);
+            let elsewhere = t.claim(&s)?.is_some_and(|c| c.hub != me && c.until > now);
             Ok((posted, elsewhere))
         })
         .await
