@@ -87,6 +87,8 @@ struct Cluster {
     claims: Gauge,
     renewed: Counter,
     lost: Counter,
+    relayed: Counter,
+    served: Counter,
 }
 
 /// The process's metrics.
@@ -223,6 +225,16 @@ impl Metrics {
         self.cluster.lost.inc_by(lost as u64);
     }
 
+    /// A `device_exec` asked of another hub (it holds the device's link).
+    pub fn exec_relayed(&self) {
+        self.cluster.relayed.inc();
+    }
+
+    /// A `device_exec` another hub asked, started over this hub's link.
+    pub fn exec_served(&self) {
+        self.cluster.served.inc();
+    }
+
     /// The exposition: the counters as they stand and `fleet` as read now.
     pub fn encode(&self, fleet: Fleet) -> Result<String, std::fmt::Error> {
         let mut reg = Registry::default();
@@ -321,6 +333,16 @@ impl Metrics {
             "cortex_claims_lost",
             "Claims on sessions found taken by another hub",
             c.lost.clone(),
+        );
+        reg.register(
+            "cortex_exec_relayed",
+            "device_exec asks sent to the hub holding the device's link",
+            c.relayed.clone(),
+        );
+        reg.register(
+            "cortex_exec_served",
+            "device_exec asks of other hubs started over this hub's links",
+            c.served.clone(),
         );
         let mut out = String::new();
         prometheus_text::encode(&mut out, &reg)?;

@@ -70,6 +70,9 @@ impl Shutdown {
 pub struct Inner {
     pub store: Store,
     pub token_hash: [u8; 32],
+    /// Seals the `device_exec` asks passed to another hub through a shared store
+    /// (`mesh::exec`): derived from the operator token the hubs share.
+    pub exec_key: [u8; 32],
     /// The signal route's budget of unknown ids and wrong secrets.
     pub misses: MissBudget,
     /// Each device's budget of unknown ids and wrong secrets in its files.

@@ -269,6 +269,53 @@ fn a_session_deleted_on_one_hub_stops_the_model_call_another_hub_waits_on() {
 }
 
 #[test]
+fn a_device_exec_asked_on_one_hub_starts_once_through_the_hub_holding_the_link() {
+    let pg = Postgres::shared();
+    let db = pg.database();
+    let url = pg.url(&db);
+    let homes = tempfile::tempdir().expect("homes");
+    // a holds the device's link and runs no model; b runs the session and its call.
+    let a = lease_hub(homes.path(), "a", &url, None, None);
+    let model = crate::device_exec::exec_model();
+    let b = lease_hub(homes.path(), "b", &url, Some(&a.token), Some(&model));
+    let token = a.add_device("gpu1");
+    let mut agent = Agent::new(&a, "gpu1", &token);
+    agent.set_env("CORTEX_ALLOW_EXEC", "1");
+    agent.spawn();
+    wait_until(LIMIT, "b showing gpu1 online on a", || {
+        (b.device("gpu1")["hub"] == name_of(&a)).then_some(())
+    });
+    let mark = homes.path().join("mark");
+    let sid = crate::runner::new_session(&b, json!({"policy": {"requireApproval": []}}));
+    let script = format!("echo run >> {}", mark.display());
+    crate::runner::say(&b, &sid, json!({"text": format!("exec: {script}")}));
+    let end = crate::runner::run_end(&b, &sid, 1);
+    assert_eq!(end["result"]["ok"], true, "{end:#}");
+    // b recorded the run with the pid the device gave through a.
+    let execs = crate::device_exec::device_execs(&b);
+    assert_eq!(execs.len(), 1, "{execs:#?}");
+    assert!(
+        execs[0]["pid"].as_i64().is_some_and(|p| p > 0),
+        "{execs:#?}"
+    );
+    wait_until(LIMIT, "the command's mark", || {
+        std::fs::read_to_string(&mark)
+            .ok()
+            .filter(|m| !m.is_empty())
+    });
+    assert_eq!(
+        std::fs::read_to_string(&mark).expect("mark"),
+        "run\n",
+        "started once"
+    );
+    assert_eq!(counter(&b, "cortex_exec_relayed"), 1.0);
+    assert_eq!(counter(&a, "cortex_exec_served"), 1.0);
+    // Answered, the ask is gone from the store.
+    let left = pg.query(&db, "SELECT count(*) FROM cortex.exec_asks");
+    assert_eq!(left, "0");
+}
+
+#[test]
 fn a_hub_stopped_past_its_lease_writes_nothing_for_the_session_when_it_wakes() {
     let pg = Postgres::shared();
     let url = pg.url(&pg.database());

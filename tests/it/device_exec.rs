@@ -103,6 +103,7 @@ async fn scenario() {
     let state = AppState::new(Inner {
         store,
         token_hash: cortex_hub::secret::hash("operator"),
+        exec_key: cortex_hub::secret::derive_key("operator", "test"),
         misses: Default::default(),
         device_misses: Default::default(),
         signal_url: "http://127.0.0.1:1/webhook/signal".into(),

@@ -9,6 +9,12 @@
 //! The waiter for the answer lives on the link (`registry::Requests`), is registered
 //! before the frame is queued (so the answer cannot outrun it) and is removed however the
 //! call ends: answered, timed out, the link ended, or the caller's future dropped.
+//!
+//! On a shared store the device's link may be another hub's: the request then goes as an
+//! ask through the store (`store::exec_asks`), sealed (its environment may carry a
+//! secret), that hub starts it over its link ([`serve_ask`]) and writes the answer, and
+//! this hub reads it. An ask unanswered within the request's timeout (and a little for
+//! the relay) is "state unknown", as a device that did not answer.
 
 use std::time::Duration;
 
@@ -17,12 +23,21 @@ use tokio::time::Instant;
 
 use crate::registry::{Link, Registry};
 use crate::state::AppState;
+use crate::store::exec_asks::{ExecAsk, TOPIC_EXEC_ANSWER};
 
 #[cfg(test)]
 mod tests;
 
+/// What the key sealing asks through the store is derived for.
+pub const ASK_KEY: &str = "exec-asks";
+/// Time for an ask to reach the holding hub and its answer to come back, beyond the
+/// request's own timeout.
+const RELAY_SLACK: Duration = Duration::from_secs(3);
+/// How often the asker reads an ask's answer when no notice came.
+const RELAY_POLL: Duration = Duration::from_secs(1);
+
 /// The device's answer: the command runs (or ran) as `pid`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ExecStarted {
     pub pid: i32,
     /// Field 22 of `/proc/PID/stat`: pin a pid wait to it (`WaitSpec::Pid`'s
@@ -35,7 +50,7 @@ pub struct ExecStarted {
 }
 
 /// Why nothing is known to have started; the text is what a model reads.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ExecError {
     #[error("no device named {device} is enrolled")]
     NoDevice { device: String },
@@ -124,7 +139,126 @@ pub async fn exec(
     device: &str,
     req: ExecRequest,
 ) -> Result<ExecStarted, ExecError> {
+    if state.devices.link(device).is_none()
+        && let Some(holder) = holder_elsewhere(state, device).await
+    {
+        return relay(state, device, &holder, req).await;
+    }
     exec_on(&state.devices, device, req).await
+}
+
+/// On a shared store: the hub that holds `device`'s link, when it is another.
+async fn holder_elsewhere(state: &AppState, device: &str) -> Option<String> {
+    if !state.store.is_shared() {
+        return None;
+    }
+    let d = device.to_string();
+    let rec = state.store.read(move |r| r.get_device(&d)).await.ok()??;
+    rec.link?;
+    rec.hub.filter(|h| *h != state.claims.hub)
+}
+
+/// Asks `holder` to start `req` on `device` over its link, through the store, and waits
+/// for its answer (see the module docs).
+async fn relay(
+    state: &AppState,
+    device: &str,
+    holder: &str,
+    req: ExecRequest,
+) -> Result<ExecStarted, ExecError> {
+    let exec_id = req.exec_id.clone();
+    let timeout = req.timeout();
+    let deadline = Instant::now() + timeout + RELAY_SLACK;
+    let store_failed = |e: &dyn std::fmt::Display| ExecError::Unknown {
+        device: device.to_owned(),
+        exec_id: exec_id.clone(),
+        why: format!("the ask to the hub holding its link could not be stored ({e})"),
+    };
+    let plain = serde_json::to_vec(&req).map_err(|e| store_failed(&e))?;
+    let ask = ExecAsk {
+        device: device.to_owned(),
+        holder: holder.to_owned(),
+        request: crate::secret::seal(&state.exec_key, exec_id.as_bytes(), &plain),
+        asked_at: crate::time::now_ms(),
+        taken: false,
+        answer: None,
+    };
+    // Heard before it is asked, so the answer cannot come unheard.
+    let mut told = state.store.notifier.watch(TOPIC_EXEC_ANSWER, &exec_id, 0);
+    let id = exec_id.clone();
+    state
+        .store
+        .exec(move |t| t.ask_exec(&id, &ask))
+        .await
+        .map_err(|e| store_failed(&e))?;
+    crate::metrics::metrics().exec_relayed();
+    tracing::info!(
+        device,
+        hub = holder,
+        exec_id,
+        "device_exec asked of the hub holding the device's link"
+    );
+    let answer = loop {
+        let id = exec_id.clone();
+        if let Ok(Some(a)) = state.store.read(move |r| r.exec_answer(&id)).await {
+            break Some(a);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            break None;
+        }
+        let _ = tokio::time::timeout_at(deadline.min(now + RELAY_POLL), told.changed()).await;
+    };
+    let id = exec_id.clone();
+    // Answered or given up on, the ask goes (an answer that came meanwhile is taken).
+    let last = state.store.exec(move |t| t.forget_exec_ask(&id)).await;
+    let answer = answer.or_else(|| last.ok().flatten());
+    match answer {
+        Some(a) => {
+            serde_json::from_slice::<Result<ExecStarted, ExecError>>(&a).unwrap_or_else(|e| {
+                Err(ExecError::Unknown {
+                    device: device.to_owned(),
+                    exec_id: exec_id.clone(),
+                    why: format!("the answer of the hub holding its link is unreadable ({e})"),
+                })
+            })
+        }
+        None => Err(ExecError::TimedOut {
+            device: device.to_owned(),
+            exec_id,
+            timeout: timeout + RELAY_SLACK,
+        }),
+    }
+}
+
+/// Starts an ask another hub wrote for this one (its device's link is here) and writes
+/// the answer for the asker.
+pub async fn serve_ask(state: &AppState, exec_id: String, ask: ExecAsk) {
+    let plain = crate::secret::open(&state.exec_key, exec_id.as_bytes(), &ask.request);
+    let req = plain.and_then(|p| serde_json::from_slice::<ExecRequest>(&p).ok());
+    let outcome = match req {
+        Some(req) if req.exec_id == exec_id => exec_on(&state.devices, &ask.device, req).await,
+        _ => Err(ExecError::Refused {
+            device: ask.device.clone(),
+            reason: "the ask could not be opened by the hub holding the device's link (do the hubs share one operator token?); nothing was started".into(),
+        }),
+    };
+    crate::metrics::metrics().exec_served();
+    let answer = match serde_json::to_vec(&outcome) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(error = %e, exec_id, "cannot encode a device_exec answer for another hub");
+            return;
+        }
+    };
+    let id = exec_id.clone();
+    if let Err(e) = state
+        .store
+        .exec(move |t| t.answer_exec_ask(&id, answer))
+        .await
+    {
+        tracing::warn!(error = %e, exec_id, "cannot record a device_exec answer for another hub; it reads as state unknown there");
+    }
 }
 
 /// [`exec`] against a registry (what it needs of the hub's state).

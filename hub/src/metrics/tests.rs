@@ -61,6 +61,8 @@ fn every_family_is_named_with_the_prefix_and_its_unit() {
         ("cortex_claims_held", "gauge"),
         ("cortex_claim_renewals_total", "counter"),
         ("cortex_claims_lost_total", "counter"),
+        ("cortex_exec_relayed_total", "counter"),
+        ("cortex_exec_served_total", "counter"),
     ];
     let want: Vec<(String, String)> = want
         .iter()

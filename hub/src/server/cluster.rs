@@ -1,8 +1,9 @@
 //! What a hub does for the others on a shared store, and for itself among them: three
 //! times per lease it renews its claims on sessions (a claim found lost has its driver
 //! stopped), and on PostgreSQL says it is alive and records offline the devices of a hub
-//! silent for two leases (their agents link to another hub); and it follows the devices
-//! another hub adds or revokes (a revocation anywhere ends the link here at once).
+//! silent for two leases (their agents link to another hub); it follows the devices
+//! another hub adds or revokes (a revocation anywhere ends the link here at once); and it
+//! starts the `device_exec` asks other hubs leave for the devices linked here.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -86,6 +87,56 @@ pub(super) async fn keep(state: AppState) {
             Err(e) => {
                 tracing::warn!(error = %e, "cannot renew this hub's claims on sessions; they are tried again shortly")
             }
+        }
+    }
+}
+
+/// How often the asks for this hub are looked for when no notice came.
+const ASKS_POLL: Duration = Duration::from_secs(1);
+
+/// On a shared store: the `device_exec` asks other hubs wrote for this one (the device's
+/// link is here) are taken, each once, and started; told by the store's notice, and
+/// looked for every [`ASKS_POLL`] besides.
+pub(super) async fn serve_exec_asks(state: AppState) {
+    if !state.store.is_shared() {
+        return;
+    }
+    let me = state.claims.hub.clone();
+    let mut told = state
+        .store
+        .notifier
+        .watch(crate::store::exec_asks::TOPIC_EXEC_ASK, &me, 0);
+    loop {
+        tokio::select! {
+            _ = told.changed() => {}
+            () = tokio::time::sleep(ASKS_POLL) => {}
+            () = state.shutdown.cancelled() => return,
+        }
+        told.borrow_and_update();
+        let m = me.clone();
+        match state.store.read(move |r| r.exec_asks_waiting(&m)).await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for the device_exec asks of other hubs");
+                continue;
+            }
+        }
+        let m = me.clone();
+        let taken = match state
+            .store
+            .exec(move |t| t.take_exec_asks(&m, now_ms()))
+            .await
+        {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot take the device_exec asks of other hubs");
+                continue;
+            }
+        };
+        for (exec_id, ask) in taken {
+            let state = state.clone();
+            tokio::spawn(async move { crate::mesh::exec::serve_ask(&state, exec_id, ask).await });
         }
     }
 }

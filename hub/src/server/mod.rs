@@ -203,6 +203,7 @@ pub async fn run_opened(
     let state = AppState::new(Inner {
         store,
         token_hash: crate::secret::hash(&config.token),
+        exec_key: crate::secret::derive_key(&config.token, crate::mesh::exec::ASK_KEY),
         misses: crate::intake::MissBudget::default(),
         device_misses: crate::intake::DeviceMisses::default(),
         signal_url: format!("http://{addr}/webhook/signal"),
@@ -273,6 +274,7 @@ pub async fn run_opened(
     }
     tasks.spawn(cluster::keep(state.clone()));
     tasks.spawn(cluster::follow_devices(state.clone()));
+    tasks.spawn(cluster::serve_exec_asks(state.clone()));
     if let Some(bound) = mesh {
         tasks.spawn(crate::mesh::serve(state.clone(), bound));
         if config.settings.sweep_ms > 0 {

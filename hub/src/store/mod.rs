@@ -20,6 +20,7 @@ pub mod claims;
 pub mod consumers;
 pub mod device_waits;
 pub mod devices;
+pub mod exec_asks;
 pub mod kernel;
 pub mod logged;
 pub mod notices;
@@ -671,6 +672,8 @@ static TOPICS: &[&str] = &[
     TOPIC_HUB,
     tables::TOPIC_DEVICE,
     tables::TOPIC_STOP,
+    exec_asks::TOPIC_EXEC_ASK,
+    exec_asks::TOPIC_EXEC_ANSWER,
     agent::TOPIC_READY,
     notices::TOPIC_NOTICE,
     kernel::timers::TOPIC,

@@ -58,4 +58,9 @@ pub(crate) static MIGRATIONS: &[Migration] = &[
         what: "when each hub last said it is alive",
         steps: &[Step::Tables(&["hub_beats"])],
     },
+    Migration {
+        version: 5,
+        what: "commands asked of the hub holding a device's link",
+        steps: &[Step::Tables(&["exec_asks"])],
+    },
 ];

@@ -80,9 +80,11 @@ pub(crate) const HUB_SECRETS: TableSpec<&str, &[u8]> = TableSpec::new(22, "hub_s
 pub(crate) const SESSION_CLAIMS: TableSpec<&str, &[u8]> = TableSpec::new(23, "session_claims");
 /// Hub name → when it last said it is alive (ms of the store's clock).
 pub(crate) const HUB_BEATS: TableSpec<&str, u64> = TableSpec::new(24, "hub_beats");
+/// Exec id → an ask to start a command over another hub's link (`exec_asks::ExecAsk`).
+pub(crate) const EXEC_ASKS: TableSpec<&str, &[u8]> = TableSpec::new(25, "exec_asks");
 
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 25] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 26] = [
     &META,
     &TIMER_QUEUE,
     &WAITPOINTS,
@@ -108,6 +110,7 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 25] = [
     &HUB_SECRETS,
     &SESSION_CLAIMS,
     &HUB_BEATS,
+    &EXEC_ASKS,
 ];
 
 /// The timer kinds of the hub's domains (see [`super::kernel::timers`]): a decided wake

@@ -32,6 +32,7 @@ fn hub() -> Hub {
     let state = AppState::new(Inner {
         store,
         token_hash: secret::hash(TOKEN),
+        exec_key: secret::derive_key(TOKEN, "test"),
         misses: Default::default(),
         device_misses: Default::default(),
         signal_url: "http://127.0.0.1:1/webhook/signal".into(),
