@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod agent;
+pub mod cut_proxy;
 pub mod haproxy;
 pub mod hostile_model;
 pub mod postgres;

@@ -199,6 +199,30 @@ impl Postgres {
             .unwrap_or_else(|| panic!("no pid in {}", file.display()))
     }
 
+    /// Crashes the server and waits for it to come back: a backend SIGKILLed makes the
+    /// postmaster end every connection, reinitialize and replay its WAL (crash recovery),
+    /// as after a power cut, and then accept connections again. Returns when it does.
+    pub fn crash_restart(&mut self) {
+        let victim = self.query(
+            "postgres",
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'",
+        );
+        let pid = victim
+            .trim()
+            .parse::<i32>()
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            .unwrap_or_else(|| panic!("no checkpointer pid in {victim:?}"));
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL)
+            .expect("SIGKILL the checkpointer");
+        // Down first (the postmaster notices at once), then up again.
+        let start = Instant::now();
+        while self.ready() && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.wait_ready();
+    }
+
     /// One cluster for the whole test binary, started on first use; its keeper stops and
     /// removes it when the binary exits.
     pub fn shared() -> &'static Postgres {
@@ -224,13 +248,7 @@ impl Postgres {
                     self.log()
                 );
             }
-            let ready = as_owner(Command::new(self.bin.join("pg_isready")), self.owner)
-                .arg("-h")
-                .arg(self.dir.path())
-                .args(["-p", &self.port.to_string(), "-q"])
-                .status()
-                .is_ok_and(|s| s.success());
-            if ready {
+            if self.ready() {
                 return;
             }
             assert!(
@@ -240,6 +258,16 @@ impl Postgres {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Whether the server accepts connections now.
+    fn ready(&self) -> bool {
+        as_owner(Command::new(self.bin.join("pg_isready")), self.owner)
+            .arg("-h")
+            .arg(self.dir.path())
+            .args(["-p", &self.port.to_string(), "-q"])
+            .status()
+            .is_ok_and(|s| s.success())
     }
 
     fn log(&self) -> String {

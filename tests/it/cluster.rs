@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use cortex_cli::http::Method;
 use cortex_tests::agent::Agent;
+use cortex_tests::cut_proxy::CutProxy;
 use cortex_tests::postgres::Postgres;
 use cortex_tests::scripted_model::{Outcome, Reply, ScriptedModel};
 use cortex_tests::{Hub, body, wait_until};
@@ -136,6 +137,18 @@ pub(crate) fn lease_hub(
     token: Option<&str>,
     model: Option<&ScriptedModel>,
 ) -> Hub {
+    lease_hub_with(dir, name, url, token, model, &[])
+}
+
+/// [`lease_hub`] with more flags (`--mesh-listen ADDR`: a mesh port kept across restarts).
+pub(crate) fn lease_hub_with(
+    dir: &std::path::Path,
+    name: &str,
+    url: &str,
+    token: Option<&str>,
+    model: Option<&ScriptedModel>,
+    more: &[&str],
+) -> Hub {
     let home = dir.join(name);
     std::fs::create_dir_all(&home).expect("home");
     let settings = json!({"agent": {"leaseMs": LEASE_MS}});
@@ -150,7 +163,9 @@ pub(crate) fn lease_hub(
         env.push(("CORTEX_WEBHOOK_TOKEN", t));
     }
     let log = dir.join(format!("{name}.log"));
-    let mut hub = Hub::at(&home, &log, &env, &["--store", url]);
+    let mut args = vec!["--store", url];
+    args.extend_from_slice(more);
+    let mut hub = Hub::at(&home, &log, &env, &args);
     hub.spawn();
     hub
 }
@@ -313,6 +328,66 @@ fn a_device_exec_asked_on_one_hub_starts_once_through_the_hub_holding_the_link()
     // Answered, the ask is gone from the store.
     let left = pg.query(&db, "SELECT count(*) FROM cortex.exec_asks");
     assert_eq!(left, "0");
+}
+
+#[test]
+fn a_database_out_of_reach_stops_nothing_for_good_turns_run_on_and_signals_are_taken() {
+    let pg = Postgres::shared();
+    let db = pg.database();
+    // The hub reaches the database through a proxy the test takes down and up again.
+    let proxy = CutProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], pg.port())));
+    let url = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port());
+    // The second call is answered late: by then the database is out of reach.
+    let model = ScriptedModel::start_with_default(
+        vec![
+            Reply::text("fine"),
+            Reply::text("late").head_delay(Duration::from_millis(1500)),
+        ],
+        Reply::text("after"),
+    );
+    let (hub, _t) = model_hub(&model, &url, None);
+    let sid = agent_session(&hub, "before");
+    crate::runner::run_end(&hub, &sid, 1);
+    let wp = hub.waitpoint(
+        &sid,
+        json!({"label": "job", "intent": "x", "max_signals": 10}),
+    );
+    crate::runner::say(&hub, &sid, json!({"text": "during"}));
+    model.wait_requests(2, LIMIT);
+    proxy.down();
+    // The turn's write fails; the runner says so, and neither it nor its queue stops.
+    wait_until(LIMIT, "the runner told the write failed", || {
+        hub.log()
+            .contains("the runner stopped driving a session")
+            .then_some(())
+    });
+    proxy.up();
+    // A signal is taken again (a 503 meanwhile loses nothing: the sender tries again).
+    let (st, v) = wait_until(LIMIT, "a signal answered after the outage", || {
+        let (st, v) = hub.signal(&body(&wp, json!({"status": "ok", "key": "after"})));
+        (st != 503).then_some((st, v))
+    });
+    assert_eq!(st, 202, "{v}");
+    // The turn is driven again without a restart, and ends once (the signal's wake may
+    // start a run of its own after it).
+    let end = crate::runner::run_end(&hub, &sid, 2);
+    assert_eq!(end["result"]["ok"], true, "{end:#}");
+    wait_until(LIMIT, "the session's runs over", || {
+        let (_, v) = hub.api(Method::Get, &format!("/api/sessions/{sid}"), None);
+        (v["state"] == "waiting_on_machine").then_some(())
+    });
+    let events = hub.events(&sid, 0);
+    let runs = |kind: &str| -> Vec<Value> {
+        events
+            .iter()
+            .filter(|e| e["kind"] == kind)
+            .map(|e| e["run_id"].clone())
+            .collect()
+    };
+    let (starts, ends) = (runs("run-start"), runs("run-end"));
+    let distinct: std::collections::HashSet<String> = ends.iter().map(Value::to_string).collect();
+    assert_eq!(distinct.len(), ends.len(), "a run ended twice: {events:#?}");
+    assert_eq!(ends.len(), starts.len(), "{events:#?}");
 }
 
 #[test]

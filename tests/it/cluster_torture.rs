@@ -1,13 +1,19 @@
-//! Cluster torture: three hubs on one PostgreSQL database, clients sending keyed signals to
+//! Cluster torture: three hubs on one PostgreSQL database (a cluster of its own; the first
+//! hub reaches it through a TCP proxy the test controls), clients sending keyed signals to
 //! monitors over all three (a refused or dead hub: the next one, the same key), and agent
-//! sessions whose every turn makes a tool call and then answers, against the scripted
-//! model, while cycle after cycle a random hub is SIGKILLed and started again, or
-//! SIGSTOPped past its lease and continued. After every cycle, every signal answered 202
-//! is recorded exactly once; at the end, every message got exactly one run with exactly
-//! one tool call (none ran twice, none was lost), and no session is left running.
+//! sessions whose every turn starts a command on one of four devices (`device_exec`; each
+//! device agent is given all three hubs, so the session's hub and the link's are often
+//! not the same) and then answers, against the scripted model. Every cycle a random hub is SIGKILLed and started again; every third cycle
+//! another is also SIGSTOPped past its lease and continued; every fourth (from the
+//! second) the proxy resets the first hub's connections to the database; every fifth
+//! (from the fourth) PostgreSQL itself crashes and recovers (a backend SIGKILLed: every
+//! connection ends, the WAL is replayed). After every cycle, every signal answered 202
+//! is recorded exactly once and every device is linked again; at the end, every message
+//! got exactly one run with exactly one tool call (none ran twice, none was lost), no
+//! command was started twice on a device, and no session is left running.
 //!
-//! `CORTEX_CLUSTER_TORTURE_CYCLES` sets the cycles (default 4, so `cargo test` stays
-//! fast); the full run is `cargo xtask cluster-torture` (30). `CORTEX_TORTURE_SEED`
+//! `CORTEX_CLUSTER_TORTURE_CYCLES` sets the cycles (default 4, one of each fault, so
+//! `cargo test` stays fast); the full run is `cargo xtask cluster-torture` (30). `CORTEX_TORTURE_SEED`
 //! replays a run's choices (the seed is printed; the timing is the OS's).
 
 use std::collections::{HashMap, HashSet};
@@ -16,13 +22,15 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use cortex_cli::http::{Method, Request};
+use cortex_tests::cut_proxy::CutProxy;
 use cortex_tests::postgres::Postgres;
 use cortex_tests::scripted_model::{Reply, ScriptedModel};
 use cortex_tests::{Hub, wait_until};
 use serde_json::{Value, json};
 
-use crate::cluster::{LEASE_MS, lease_hub, signal};
+use crate::cluster::{LEASE_MS, lease_hub_with, signal};
 use crate::signal_load::{Rng, count_from_env, keyed_body, seed_from_env, view};
+use cortex_tests::agent::Agent;
 
 const HUBS: usize = 3;
 const CLIENTS: usize = 3;
@@ -30,6 +38,7 @@ const MONITORS: usize = 100;
 /// Keys one monitor gets at most, so its view (the latest 1,000 signals) lists them all.
 const BUDGET: usize = 900;
 const SESSIONS: usize = 4;
+const DEVICES: usize = 4;
 /// How long a run may take across kills: a lease, a restart, the model's answers.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
 
@@ -106,13 +115,15 @@ fn client(sh: Arc<Shared>, n: usize, seed: u64) {
     }
 }
 
-/// One session's messages, each sent to a random hub once the last run ended; returns
+/// One session's messages, each sent to a random hub once the last run ended, each
+/// asking for a command on `device` that appends the turn's own line to `marks`; returns
 /// how many runs it asked for.
-fn talker(sh: Arc<Shared>, sid: String, seed: u64) -> usize {
+fn talker(sh: Arc<Shared>, sid: String, device: String, marks: String, seed: u64) -> usize {
     let mut rng = Rng(seed);
     let mut asked = 0;
     while !sh.stop.load(Ordering::Relaxed) {
-        let body = json!({"text": format!("turn {asked}")});
+        let script = format!("echo {sid}-{asked} >> {marks}");
+        let body = json!({"text": format!("exec {device}: {script}")});
         if api(
             &sh,
             rng.below(HUBS as u64) as usize,
@@ -247,31 +258,82 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
     let seed = seed_from_env("CORTEX_TORTURE_SEED");
     println!("cluster torture: {cycles} cycles, seed {seed}");
     let mut rng = Rng(seed);
-    let pg = Postgres::shared();
-    let url = pg.url(&pg.database());
-    // Each turn: a tool call (the device list), then an answer.
+    let mut pg = Postgres::start();
+    let db = pg.database();
+    let url = pg.url(&db);
+    let proxy = CutProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], pg.port())));
+    let proxied = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port());
+    // Each turn: the command its message names (`exec DEVICE: SCRIPT`), then an answer.
     let model = ScriptedModel::start_with_default(
         Vec::new(),
         Reply::from_fn(|req| {
             let last = crate::runner::last_message(req);
-            if last["role"] == "tool" {
-                Reply::text("done")
-            } else {
-                Reply::tool_call("devices", "{}")
+            let asked = (last["role"] == "user")
+                .then(|| last["content"].as_str())
+                .flatten()
+                .and_then(|c| c.strip_prefix("exec "))
+                .and_then(|c| c.split_once(": "));
+            match asked {
+                Some((device, script)) => {
+                    let args = json!({"device": device, "argv": [script], "shell": true});
+                    Reply::tool_call("device_exec", &args.to_string())
+                }
+                None => Reply::text("done"),
             }
         }),
     );
     let homes = tempfile::tempdir().expect("homes");
     let mut hubs: Vec<Hub> = Vec::new();
     let mut token = String::new();
-    for i in 0..HUBS {
+    // Mesh ports kept across restarts: the device agents are given all three.
+    let meshes: Vec<String> = (0..HUBS)
+        .map(|_| format!("127.0.0.1:{}", cortex_tests::dead_port()))
+        .collect();
+    for (i, mesh) in meshes.iter().enumerate() {
         let shared = (i > 0).then_some(token.as_str());
-        let h = lease_hub(homes.path(), &format!("hub{i}"), &url, shared, Some(&model));
+        let to = if i == 0 { &proxied } else { &url };
+        let more = ["--mesh-listen", mesh.as_str()];
+        let h = lease_hub_with(
+            homes.path(),
+            &format!("hub{i}"),
+            to,
+            shared,
+            Some(&model),
+            &more,
+        );
         if i == 0 {
             token = h.token.clone();
         }
         hubs.push(h);
     }
+    let urls: Vec<String> = meshes.iter().map(|m| format!("ws://{m}/mesh/v1")).collect();
+    let url_refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let devices: Vec<String> = (0..DEVICES).map(|i| format!("dev{i}")).collect();
+    let mut agents: Vec<Agent> = Vec::new();
+    for (i, d) in devices.iter().enumerate() {
+        let token = hubs[i % HUBS].add_device(d);
+        let mut a = Agent::new(&hubs[0], d, &token);
+        // Each starts at another hub of the list.
+        let mut order = url_refs.clone();
+        order.rotate_left(i % HUBS);
+        a.set_hub_urls(&order);
+        a.set_env("CORTEX_ALLOW_EXEC", "1");
+        a.spawn();
+        agents.push(a);
+    }
+    let online = |hub: &Hub| -> Duration {
+        let start = Instant::now();
+        wait_until(RUN_LIMIT, "every device linked", || {
+            let (st, v) = hub.api(Method::Get, "/api/devices", None);
+            let all = st == 200
+                && v.as_array().is_some_and(|l| {
+                    l.iter().filter(|d| d["state"] == "online").count() == DEVICES
+                });
+            all.then_some(())
+        });
+        start.elapsed()
+    };
+    online(&hubs[0]);
     let sid = hubs[0].session();
     let monitors: Vec<(String, String)> = (0..MONITORS)
         .map(|_| {
@@ -297,11 +359,14 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
     });
     let sessions: Vec<String> = (0..SESSIONS)
         .map(|i| {
-            let (st, v) =
-                hubs[i % HUBS].api(Method::Post, "/api/sessions", Some(&json!({"runs": true})));
+            let body = json!({"runs": true, "policy": {"requireApproval": []}});
+            let (st, v) = hubs[i % HUBS].api(Method::Post, "/api/sessions", Some(&body));
             assert_eq!(st, 201, "{v}");
             v["id"].as_str().expect("id").to_string()
         })
+        .collect();
+    let marks: Vec<std::path::PathBuf> = (0..SESSIONS)
+        .map(|i| homes.path().join(format!("marks-{i}")))
         .collect();
     let clients: Vec<_> = (0..CLIENTS)
         .map(|n| {
@@ -314,38 +379,56 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
         .enumerate()
         .map(|(i, sid)| {
             let (sh, sid) = (sh.clone(), sid.clone());
-            std::thread::spawn(move || talker(sh, sid, seed.wrapping_add(i as u64)))
+            let device = devices[i % DEVICES].clone();
+            let marks = marks[i].display().to_string();
+            std::thread::spawn(move || talker(sh, sid, device, marks, seed.wrapping_add(i as u64)))
         })
         .collect();
-    let (mut kills, mut stops) = (0, 0);
+    let (mut kills, mut stops, mut cuts, mut crashes) = (0, 0, 0, 0);
+    let mut relinked = Duration::ZERO;
     let mut problems = Vec::new();
     for cycle in 1..=cycles {
         std::thread::sleep(Duration::from_millis(1500 + rng.below(1500)));
         let victim = rng.below(HUBS as u64) as usize;
+        let mut done = vec![format!("killed and restarted hub {victim}")];
         let hub = &mut hubs[victim];
+        hub.kill();
+        hub.spawn();
+        *sh.addrs[victim].write().unwrap_or_else(|e| e.into_inner()) = hub.addr.clone();
+        kills += 1;
         if cycle % 3 == 0 {
             // Frozen past its lease: the others take its sessions; continued, it must not
             // write for them.
-            let pid = hub.pid().expect("pid");
+            let other = (victim + 1 + rng.below(HUBS as u64 - 1) as usize) % HUBS;
+            let pid = hubs[other].pid().expect("pid");
             signal(&pid.to_string(), "-STOP");
             std::thread::sleep(Duration::from_millis(2 * LEASE_MS + 500));
             signal(&pid.to_string(), "-CONT");
             stops += 1;
-        } else {
-            hub.kill();
-            hub.spawn();
-            *sh.addrs[victim].write().unwrap_or_else(|e| e.into_inner()) = hub.addr.clone();
-            kills += 1;
+            done.push(format!(
+                "stopped hub {other} past its lease and continued it"
+            ));
+        }
+        if cycle % 4 == 2 {
+            let n = proxy.cut();
+            cuts += 1;
+            done.push(format!(
+                "cut hub 0 off the database ({n} connections since the last cut reset)"
+            ));
+        }
+        if cycle % 5 == 4 {
+            pg.crash_restart();
+            crashes += 1;
+            done.push("crashed PostgreSQL, which recovered".into());
         }
         let live = (victim + 1) % HUBS;
+        let took = online(&hubs[live]);
         let recorded = check_signals(&sh, &hubs[live], &mut problems);
+        relinked = relinked.max(took);
         println!(
-            "cycle {cycle}: {} hub {victim}; {recorded} signals recorded, {} runs asked",
-            if cycle % 3 == 0 {
-                "stopped and continued"
-            } else {
-                "killed and restarted"
-            },
+            "cycle {cycle}: {}; every device linked again {} ms after; {recorded} signals recorded, {} runs asked",
+            done.join(", "),
+            took.as_millis(),
             sh.runs.load(Ordering::Relaxed)
         );
         assert!(problems.is_empty(), "cycle {cycle}: {problems:#?}");
@@ -387,6 +470,31 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
             problems.push(format!("{sid}: left {state}"));
         }
     }
+    // No command started twice: each turn's line is in its marks once at most.
+    let mut started = 0;
+    for m in &marks {
+        let text = std::fs::read_to_string(m).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let distinct: HashSet<&str> = lines.iter().copied().collect();
+        if distinct.len() != lines.len() {
+            problems.push(format!(
+                "{}: {} commands started, {} distinct",
+                m.display(),
+                lines.len(),
+                distinct.len()
+            ));
+        }
+        started += distinct.len();
+    }
+    let relayed: f64 = hubs
+        .iter()
+        .map(|h| {
+            crate::metrics::scrape(h)
+                .get("cortex_exec_relayed_total")
+                .copied()
+                .unwrap_or(0.0)
+        })
+        .sum();
     let recorded = check_signals(&sh, &hubs[0], &mut problems);
     let acked: usize = sh
         .acked
@@ -400,10 +508,12 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
         .map(|(i, a)| (i, a.lock().expect("acked").len()))
         .collect();
     println!(
-        "cluster torture: {kills} kills, {stops} stops past the lease; {acked} signals answered 202 over {} monitors, {recorded} recorded, {} sends passed to another hub; {} runs, {tools} tool calls, each once",
+        "cluster torture: {kills} kills, {stops} stops past the lease, {cuts} cuts of a hub's database connections, {crashes} PostgreSQL crashes; {acked} signals answered 202 over {} monitors, {recorded} recorded, {} sends passed to another hub; {} runs, {tools} tool calls, each once; {started} commands started on the devices, each once ({relayed} asked through another hub since the hubs' last starts); every device linked again at most {} ms after a cycle",
         by_monitor.len(),
         sh.failovers.load(Ordering::Relaxed),
-        asked.iter().sum::<usize>()
+        asked.iter().sum::<usize>(),
+        relinked.as_millis()
     );
+    drop(agents);
     assert!(problems.is_empty(), "{problems:#?}");
 }

@@ -75,6 +75,10 @@ pub async fn run(state: AppState, model: Arc<dyn Model>) {
     while jobs.join_next().await.is_some() {}
 }
 
+/// How long the runner waits after its store failed before it reads its queue again or
+/// drives the session again.
+const AFTER_STORE_FAILURE: Duration = Duration::from_secs(2);
+
 async fn queue(
     state: &AppState,
     model: Arc<dyn Model>,
@@ -99,8 +103,14 @@ async fn queue(
             let page = match state.store.read(move |r| r.ready_after(after, PASS)).await {
                 Ok(p) => p,
                 Err(e) => {
-                    tracing::error!(error = %e, "the runner cannot read its queue; it stops");
-                    return;
+                    // The store is away (PostgreSQL restarting, a connection cut): the
+                    // page is read again shortly.
+                    tracing::warn!(error = %e, "the runner cannot read its queue; it reads it again shortly");
+                    tokio::select! {
+                        () = tokio::time::sleep(AFTER_STORE_FAILURE) => {}
+                        () = state.shutdown.cancelled() => return,
+                    }
+                    continue;
                 }
             };
             let Some((last, _)) = page.last() else {
@@ -130,8 +140,8 @@ async fn queue(
                 let elsewhere = match claimed(&state, &model, &compactor, &sid).await {
                     Ok(e) => e,
                     Err(e) => {
-                        tracing::error!(session = %sid, error = %e, "the runner stopped driving a session; it goes on after the hub restarts");
-                        None
+                        tracing::error!(session = %sid, error = %e, "the runner stopped driving a session; it is tried again shortly");
+                        Some(now_ms() + AFTER_STORE_FAILURE.as_millis() as u64)
                     }
                 };
                 drop(permit);
