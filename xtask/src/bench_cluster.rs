@@ -5,8 +5,9 @@
 //! connections split over them, as clients with the three URLs would), each at 50
 //! connections (wrk), in interleaved rounds so the machine's drift lands on all. It
 //! checks that each hub recorded every signal it acknowledged, then times a wake across
-//! hubs (a signal's 202 from one hub → a long poll on another returns, over NOTIFY),
-//! prints the medians and the ratios, and leaves nothing running. Method and figures:
+//! hubs (a signal's 202 from one hub → a long poll on another returns, over NOTIFY) and
+//! a failover (a hub SIGKILLed: its devices and its session on another), prints the
+//! medians and the ratios, and leaves nothing running. Method and figures:
 //! docs/benchmarks.md.
 
 use std::path::Path;
@@ -21,6 +22,8 @@ use crate::bench_kit::{cargo_build, target_dir, workspace_root};
 use crate::bench_signals::Check;
 use crate::bench_signals::tools::{self, Load, WrkRun};
 use cortex_tests::postgres::Postgres;
+
+mod failover;
 
 /// The target: one hub on PostgreSQL at least this share of the floor's transactions/s.
 const TARGET_PG_FLOOR_X: f64 = 0.5;
@@ -39,6 +42,9 @@ struct Options {
     /// Monitors each hub's load is spread over.
     #[arg(long, default_value_t = 200, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     monitors: usize,
+    /// Failover trials (0: none).
+    #[arg(long, default_value_t = 5)]
+    failovers: usize,
     /// Build the hub first (`--no-build`: use target/release/cortex-hub).
     #[arg(long = "no-build", action = clap::ArgAction::SetFalse)]
     build: bool,
@@ -70,14 +76,20 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
     );
     let root = workspace_root();
     if opts.build {
-        cargo_build(&root, &["cortex-hub"]).context("building cortex-hub")?;
+        cargo_build(&root, &["cortex-hub", "cortex-device-agent"])
+            .context("building cortex-hub and cortex-device-agent")?;
     }
     let hub_bin = target_dir(&root).join("release").join("cortex-hub");
-    ensure!(
-        hub_bin.is_file(),
-        "{} is missing; run without --no-build",
-        hub_bin.display()
-    );
+    let agent_bin = target_dir(&root)
+        .join("release")
+        .join("cortex-device-agent");
+    for bin in [&hub_bin, &agent_bin] {
+        ensure!(
+            bin.is_file(),
+            "{} is missing; run without --no-build",
+            bin.display()
+        );
+    }
     let scratch = ScratchDir::new("cluster")?;
     let mut procs = Procs::default();
     eprintln!("bench: starting a PostgreSQL cluster");
@@ -216,6 +228,18 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         "bench: {IDLE} idle sessions, each with an armed waitpoint, on the hub on PostgreSQL"
     );
     let idle = idle_cost(&onpg, &cluster, &procs)?;
+    eprintln!(
+        "bench: {} failovers, {} devices each (the default lease)",
+        opts.failovers,
+        failover::DEVICES
+    );
+    let failovers = failover::trials(
+        &hub_bin,
+        &agent_bin,
+        &cluster,
+        &scratch.path().join("failover"),
+        opts.failovers,
+    )?;
     // Where the hub's time on PostgreSQL goes: its reads by table (index scans: a point
     // read or a range page each), and its transactions (one per batch).
     let signals = onpg.recorded(&hubs[1].1)?;
@@ -311,6 +335,23 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         idle.db_after as f64 / (1 << 20) as f64,
         (idle.db_after.saturating_sub(idle.db_before)) as f64 / IDLE as f64,
     );
+    if !failovers.is_empty() {
+        let sorted = |f: fn(&failover::Trial) -> f64| {
+            let mut v: Vec<f64> = failovers.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v
+        };
+        let (devices, session) = (sorted(|t| t.devices_ms), sorted(|t| t.session_ms));
+        println!(
+            "failover, a hub SIGKILLed ({} trials, {} devices each, lease 10 s): its devices linked to the other hub p50 {}, max {}; its session driven again there p50 {}, max {} (target under the lease)",
+            failovers.len(),
+            failover::DEVICES,
+            ms(pct(&devices, 0.50)),
+            ms(pct(&devices, 1.0)),
+            ms(pct(&session, 0.50)),
+            ms(pct(&session, 1.0)),
+        );
+    }
     println!(
         "the hub's database after the runs: {:.1} MiB",
         size as f64 / (1 << 20) as f64
