@@ -486,6 +486,18 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
         }
         started += distinct.len();
     }
+    // No hub ended by itself (a database crash or cut is not a reason to exit).
+    for (i, h) in hubs.iter_mut().enumerate() {
+        if let Some(st) = h.exited() {
+            let log = h.log();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            problems.push(format!(
+                "hub {i} exited by itself ({st}); its log ends:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
     let relayed: f64 = hubs
         .iter()
         .map(|h| {

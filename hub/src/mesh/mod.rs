@@ -185,29 +185,50 @@ pub fn public_url(given: &str, tls: bool) -> Result<String, MeshError> {
     Ok(format!("{want}{host}{path}"))
 }
 
+/// How long [`start`] waits for the store to answer before the hub gives up.
+const START_PATIENCE: Duration = Duration::from_secs(60);
+
 /// Loads the allowed devices into the registry and records the links a killed hub left
 /// "online" as offline; every device is offline now, and its loss is told `loss_grace_ms`
 /// after the later of its last seen and this start, unless it reconnects first (a restart
 /// alone is no loss). Runs before anything listens.
 pub async fn start(state: &AppState, loss_grace_ms: u64) -> anyhow::Result<()> {
     use anyhow::Context;
-    let me = state.claims.hub.clone();
-    state
-        .store
-        .exec(move |t| {
-            let now = now_ms();
-            t.devices_restarted(now, &me)?;
-            t.device_losses_restarted(now, loss_grace_ms)
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .context("recording the devices of the previous run offline")?;
-    let records = state
-        .store
-        .read(|r| r.devices())
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .context("reading the devices")?;
+    // A database restarting as the hub starts is waited for, a while, not a reason to
+    // exit: the store's connections are made again as it comes back.
+    let patience = tokio::time::Instant::now() + START_PATIENCE;
+    loop {
+        let me = state.claims.hub.clone();
+        let r = state
+            .store
+            .exec(move |t| {
+                let now = now_ms();
+                t.devices_restarted(now, &me)?;
+                t.device_losses_restarted(now, loss_grace_ms)
+            })
+            .await;
+        match r {
+            Ok(()) => break,
+            Err(e) if tokio::time::Instant::now() < patience => {
+                tracing::warn!(error = %e, "cannot record the devices of the previous run offline yet; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => {
+                return Err(anyhow::anyhow!("{e}"))
+                    .context("recording the devices of the previous run offline");
+            }
+        }
+    }
+    let records = loop {
+        match state.store.read(|r| r.devices()).await {
+            Ok(r) => break r,
+            Err(e) if tokio::time::Instant::now() < patience => {
+                tracing::warn!(error = %e, "cannot read the devices yet; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(anyhow::anyhow!("{e}")).context("reading the devices"),
+        }
+    };
     state
         .devices
         .load(records.into_iter().map(|r| (r.name, r.token_hash)));
