@@ -391,6 +391,43 @@ fn a_database_out_of_reach_stops_nothing_for_good_turns_run_on_and_signals_are_t
 }
 
 #[test]
+fn a_killed_hubs_session_is_taken_long_before_its_lease_ends() {
+    let pg = Postgres::shared();
+    let url = pg.url(&pg.database());
+    let model = ScriptedModel::start(vec![Reply::hang(), Reply::text("taken at once")]);
+    // A lease of 10 minutes: only the dead hub's lost session lock can end it in time.
+    let homes = tempfile::tempdir().expect("homes");
+    let long = |name: &str, token: Option<&str>| {
+        let home = homes.path().join(name);
+        std::fs::create_dir_all(&home).expect("home");
+        let settings = json!({"agent": {"leaseMs": 600_000}});
+        std::fs::write(home.join("settings.json"), settings.to_string()).expect("settings");
+        let murl = model.url();
+        let mut env = vec![
+            ("CORTEX_LLM_BASE_URL", murl.as_str()),
+            ("CORTEX_LLM_MODEL", "scripted"),
+        ];
+        if let Some(t) = token {
+            env.push(("CORTEX_WEBHOOK_TOKEN", t));
+        }
+        let log = homes.path().join(format!("{name}.log"));
+        let mut hub = Hub::at(&home, &log, &env, &["--store", &url]);
+        hub.spawn();
+        hub
+    };
+    let mut a = long("a", None);
+    let b = long("b", Some(&a.token));
+    let sid = agent_session(&a, "train it");
+    model.wait_requests(1, LIMIT);
+    a.kill();
+    // Its lock went with it: b ends a's claims at its second check and drives the session.
+    let end = b.wait_event(&sid, LIMIT, |e| e["kind"] == "run-end");
+    assert_eq!(end["result"]["ok"], true, "{end:#}");
+    assert!(b.log().contains("its claims end now"), "{}", b.log());
+    assert_eq!(model.request_count(), 2);
+}
+
+#[test]
 fn a_hub_stopped_past_its_lease_writes_nothing_for_the_session_when_it_wakes() {
     let pg = Postgres::shared();
     let url = pg.url(&pg.database());

@@ -1,7 +1,9 @@
 //! What a hub does for the others on a shared store, and for itself among them: three
 //! times per lease it renews its claims on sessions (a claim found lost has its driver
-//! stopped), and on PostgreSQL says it is alive and records offline the devices of a hub
-//! silent for two leases (their agents link to another hub); it follows the devices
+//! stopped), and on PostgreSQL says it is alive, records offline the devices of a hub
+//! silent for two leases (their agents link to another hub), and ends the claims of a hub
+//! whose session lock went with its process, seen at two checks in a row (its sessions
+//! are queued again at once, not at the end of its lease); it follows the devices
 //! another hub adds or revokes (a revocation anywhere ends the link here at once); and it
 //! starts the `device_exec` asks other hubs leave for the devices linked here.
 
@@ -20,6 +22,8 @@ pub(super) async fn keep(state: AppState) {
     // The first beat goes at once: a device linked here before it would read to the
     // others as linked to a hub never heard of.
     let mut wait = Duration::ZERO;
+    // Hubs holding claims whose session lock was missing at the last check.
+    let mut suspects: Vec<String> = Vec::new();
     loop {
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
@@ -49,20 +53,22 @@ pub(super) async fn keep(state: AppState) {
             .exec(move |t| {
                 let now = now_ms();
                 let lost = t.renew_claims(&hub, &asked, now, lease)?;
-                let (gone, disowned) = if shared {
+                let (gone, disowned, claiming) = if shared {
                     t.hub_beat(&hub, now)?;
                     (
                         t.devices_of_hubs_gone(&hub, now, 2 * lease)?,
                         t.links_disowned(&links)?,
+                        t.hubs_claiming(&hub, now)?,
                     )
                 } else {
-                    (0, Vec::new())
+                    (0, Vec::new(), Vec::new())
                 };
-                Ok((lost, gone, disowned))
+                Ok((lost, gone, disowned, claiming))
             })
             .await;
         match r {
-            Ok((lost, gone, disowned)) => {
+            Ok((lost, gone, disowned, claiming)) => {
+                suspects = end_claims_of_gone(&state, claiming, &suspects).await;
                 for (device, id) in disowned {
                     if let Some(l) = state.devices.link(&device).filter(|l| l.id == id) {
                         tracing::warn!(%device, "another hub recorded this device offline while this hub was silent; its link is made again");
@@ -89,6 +95,46 @@ pub(super) async fn keep(state: AppState) {
             }
         }
     }
+}
+
+/// Of the hubs `claiming` sessions, those whose session lock is missing now; the claims of
+/// those also missing at the last check (`suspects`) are ended here, so their sessions are
+/// driven again at once. Two checks, a third of a lease apart, so a bus reconnecting for a
+/// moment is not taken for a death (a mistake would cost a model call made twice: the
+/// fenced writes of the hub still alive are refused). Returns the new suspects.
+async fn end_claims_of_gone(
+    state: &AppState,
+    claiming: Vec<String>,
+    suspects: &[String],
+) -> Vec<String> {
+    if claiming.is_empty() {
+        return Vec::new();
+    }
+    let alive = match state.store.hubs_alive().await {
+        Some(Ok(a)) => a,
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read which hubs hold their session lock");
+            return suspects.to_vec();
+        }
+        None => return Vec::new(),
+    };
+    let missing: Vec<String> = claiming
+        .into_iter()
+        .filter(|h| !alive.contains(&crate::store::claims::hub_key(h)))
+        .collect();
+    for hub in missing.iter().filter(|h| suspects.contains(h)) {
+        let h = hub.clone();
+        match state.store.exec(move |t| t.end_claims_of(&h, now_ms())).await {
+            Ok(sessions) if !sessions.is_empty() => tracing::warn!(
+                %hub,
+                sessions = sessions.len(),
+                "a hub's session lock went with its process: its claims end now and its sessions are driven again here or elsewhere"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(%hub, error = %e, "cannot end the claims of a hub that is gone"),
+        }
+    }
+    missing
 }
 
 /// How often the asks for this hub are looked for when no notice came.

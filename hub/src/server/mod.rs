@@ -272,6 +272,7 @@ pub async fn run_opened(
     if let Some(model) = config.model.clone() {
         tasks.spawn(crate::runner::run(state.clone(), model));
     }
+    state.store.announce_hub(&state.claims.hub);
     tasks.spawn(cluster::keep(state.clone()));
     tasks.spawn(cluster::follow_devices(state.clone()));
     tasks.spawn(cluster::serve_exec_asks(state.clone()));

@@ -34,7 +34,53 @@ pub enum Claimed {
     Elsewhere { hub: String, until: u64 },
 }
 
+/// A hub's name as the key of its session lock on a shared store (FNV-1a): two names
+/// with one key make a dead hub look alive, so its sessions wait for its lease.
+pub fn hub_key(name: &str) -> u32 {
+    name.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
 impl Tx<'_> {
+    /// The hubs other than `me` that hold a claim whose lease has not ended at `now`.
+    pub fn hubs_claiming(&self, me: &str, now: u64) -> Result<Vec<String>, StoreError> {
+        let mut out: Vec<String> = Vec::new();
+        for r in self.table(&SESSION_CLAIMS).iter()? {
+            let c: Claim = decode(r?.1.value())?;
+            if c.hub != me && c.until > now && !out.contains(&c.hub) {
+                out.push(c.hub);
+            }
+        }
+        Ok(out)
+    }
+
+    /// `hub` is gone (its process and its session lock with it): its claims end now, and
+    /// each session it drove is queued again, so a hub takes it at once instead of at the
+    /// end of the lease. Returns the sessions.
+    pub fn end_claims_of(&mut self, hub: &str, now: u64) -> Result<Vec<String>, StoreError> {
+        let mut ended = Vec::new();
+        for r in self.table(&SESSION_CLAIMS).iter()? {
+            let (k, v) = r?;
+            let c: Claim = decode(v.value())?;
+            if c.hub == hub && c.until > now {
+                ended.push((k.value().to_string(), c));
+            }
+        }
+        for (sid, mut c) in ended.iter().cloned() {
+            c.until = now;
+            self.table_mut(&SESSION_CLAIMS)
+                .insert(sid.as_str(), encode(&c)?.as_slice())?;
+            if let Some(mut rec) = self.agent(&sid)?
+                && rec.status != super::agent::RunStatus::Idle
+            {
+                self.make_ready(&sid, &mut rec)?;
+                self.put_agent(&sid, &rec)?;
+            }
+        }
+        Ok(ended.into_iter().map(|(sid, _)| sid).collect())
+    }
+
     /// The claim on `sid`, if one was made and not released.
     pub fn claim(&self, sid: &str) -> Result<Option<Claim>, StoreError> {
         match self.table(&SESSION_CLAIMS).get(sid)? {

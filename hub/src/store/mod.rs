@@ -414,6 +414,28 @@ impl Store {
         matches!(self.backend, Backend::Pg { .. })
     }
 
+    /// On a shared store: this hub, by name, holds its session lock from now on (the
+    /// others read its death from the lock's absence).
+    pub fn announce_hub(&self, name: &str) {
+        if let Backend::Pg { pg, .. } = &self.backend {
+            pg.announce(claims::hub_key(name));
+        }
+    }
+
+    /// On a shared store: the keys ([`claims::hub_key`]) of the hubs whose session lock
+    /// is held now, i.e. whose process lives and reaches the database; `None` on redb.
+    pub async fn hubs_alive(&self) -> Option<Result<std::collections::HashSet<u32>, StoreError>> {
+        let Backend::Pg { pg, .. } = &self.backend else {
+            return None;
+        };
+        let pg = pg.clone();
+        Some(
+            tokio::task::spawn_blocking(move || pg.alive_keys())
+                .await
+                .unwrap_or_else(|e| Err(StoreError::Broken(format!("a read of the store failed: {e}")))),
+        )
+    }
+
     /// A signal from any route.
     pub async fn signal(&self, s: SignalIn) -> Result<SignalOutcome, Arc<StoreError>> {
         self.exec(move |t| t.signal(&s, time::now_ms())).await

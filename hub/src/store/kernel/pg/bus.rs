@@ -9,7 +9,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::conn::{Conn, Pg, qualified};
+use super::conn::{ALIVE_LOCKS, Conn, Pg, qualified};
 use super::writer::{BATCHES, CHANNEL};
 use crate::store::kernel::error::StoreError;
 use crate::store::kernel::notice::{Notices, Notifier};
@@ -59,7 +59,14 @@ fn listen(p: &BusParts, last: &mut i64) -> Result<(), StoreError> {
     // What came while no connection listened.
     read_log(p, &mut c, last)?;
     tracing::debug!("listening for the other hubs' batches");
+    let mut alive = false;
     loop {
+        // The hub's session lock, held while this connection lives: the others read its
+        // death from its absence. (Taken again here after a reconnect; tried again each
+        // poll while another connection of a previous run still holds it.)
+        if !alive && let Some(key) = p.pg.alive_key() {
+            alive = hold_alive(&mut c, key)?;
+        }
         let heard = c.notifications(POLL)?;
         if p.notifier.strong_count() == 0 {
             return Ok(());
@@ -72,6 +79,18 @@ fn listen(p: &BusParts, last: &mut i64) -> Result<(), StoreError> {
             m.bus_polled(found);
         }
     }
+}
+
+/// Takes this hub's session lock on `c`; whether it holds it now.
+fn hold_alive(c: &mut Conn, key: u32) -> Result<bool, StoreError> {
+    let rows = c.simple_rows(&format!(
+        "SELECT pg_try_advisory_lock({ALIVE_LOCKS}, {})::text",
+        key as i32
+    ))?;
+    Ok(rows
+        .first()
+        .and_then(|r| r.first())
+        .is_some_and(|v| v.as_deref() == Some("true")))
 }
 
 /// Reads the log past `last`, raising the notices of the batches other processes wrote;

@@ -143,7 +143,13 @@ pub struct Pg {
     /// What the logs and errors say of the database: no password.
     pub shown: String,
     idle: Mutex<Vec<Conn>>,
+    /// The key of this hub's session lock, once named ([`Pg::announce`]): held by the
+    /// bus's connection while it lives, so it goes with the process (see `bus.rs`).
+    alive: Mutex<Option<u32>>,
 }
+
+/// The advisory locks' first key for the hubs' session locks ("cort").
+pub const ALIVE_LOCKS: i32 = 0x636f_7274;
 
 /// How many idle connections the pool keeps.
 const POOL_IDLE: usize = 16;
@@ -164,10 +170,42 @@ impl Pg {
             shown: shown(&config),
             config,
             idle: Mutex::new(Vec::new()),
+            alive: Mutex::new(None),
         });
         let c = pg.conn()?;
         pg.put_back(c);
         Ok(pg)
+    }
+
+    /// Names the key this hub's bus holds its session lock under.
+    pub fn announce(&self, key: u32) {
+        if let Ok(mut a) = self.alive.lock() {
+            *a = Some(key);
+        }
+    }
+
+    /// The key named by [`Pg::announce`], if any.
+    pub fn alive_key(&self) -> Option<u32> {
+        self.alive.lock().ok().and_then(|a| *a)
+    }
+
+    /// The keys of the hubs' session locks held now in this database: each is a hub
+    /// whose bus is connected (a process that died has lost its lock with its connection).
+    pub fn alive_keys(&self) -> Result<std::collections::HashSet<u32>, StoreError> {
+        let mut c = self.take()?;
+        let rows = c.simple_rows(&format!(
+            "SELECT objid::int8::text FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND classid = {} AND objsubid = 2 \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            ALIVE_LOCKS as u32
+        ));
+        let out = rows.map(|rows| {
+            rows.iter()
+                .filter_map(|r| r.first()?.as_deref()?.parse::<u32>().ok())
+                .collect()
+        });
+        self.put_back(c);
+        out
     }
 
     /// A new connection of its own (the writer's, a listener's).
