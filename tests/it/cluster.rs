@@ -416,9 +416,10 @@ fn a_killed_hubs_session_is_taken_long_before_its_lease_ends() {
         hub
     };
     let mut a = long("a", None);
-    let b = long("b", Some(&a.token));
     let sid = agent_session(&a, "train it");
     model.wait_requests(1, LIMIT);
+    // Started once a drives the session: b finds it claimed.
+    let b = long("b", Some(&a.token));
     a.kill();
     // Its lock went with it: b ends a's claims at its second check and drives the session.
     let end = b.wait_event(&sid, LIMIT, |e| e["kind"] == "run-end");

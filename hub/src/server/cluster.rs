@@ -1,9 +1,9 @@
 //! What a hub does for the others on a shared store, and for itself among them: three
 //! times per lease it renews its claims on sessions (a claim found lost has its driver
 //! stopped), and on PostgreSQL says it is alive, records offline the devices of a hub
-//! silent for two leases (their agents link to another hub), and ends the claims of a hub
-//! whose session lock went with its process, seen at two checks in a row (its sessions
-//! are queued again at once, not at the end of its lease); it follows the devices
+//! silent for two leases (their agents link to another hub); every second it ends the
+//! claims of a hub whose session lock went with its process, seen at two checks in a row
+//! (its sessions are queued again at once, not at the end of its lease); it follows the devices
 //! another hub adds or revokes (a revocation anywhere ends the link here at once); and it
 //! starts the `device_exec` asks other hubs leave for the devices linked here.
 
@@ -22,8 +22,6 @@ pub(super) async fn keep(state: AppState) {
     // The first beat goes at once: a device linked here before it would read to the
     // others as linked to a hub never heard of.
     let mut wait = Duration::ZERO;
-    // Hubs holding claims whose session lock was missing at the last check.
-    let mut suspects: Vec<String> = Vec::new();
     loop {
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
@@ -53,22 +51,20 @@ pub(super) async fn keep(state: AppState) {
             .exec(move |t| {
                 let now = now_ms();
                 let lost = t.renew_claims(&hub, &asked, now, lease)?;
-                let (gone, disowned, claiming) = if shared {
+                let (gone, disowned) = if shared {
                     t.hub_beat(&hub, now)?;
                     (
                         t.devices_of_hubs_gone(&hub, now, 2 * lease)?,
                         t.links_disowned(&links)?,
-                        t.hubs_claiming(&hub, now)?,
                     )
                 } else {
-                    (0, Vec::new(), Vec::new())
+                    (0, Vec::new())
                 };
-                Ok((lost, gone, disowned, claiming))
+                Ok((lost, gone, disowned))
             })
             .await;
         match r {
-            Ok((lost, gone, disowned, claiming)) => {
-                suspects = end_claims_of_gone(&state, claiming, &suspects).await;
+            Ok((lost, gone, disowned)) => {
                 for (device, id) in disowned {
                     if let Some(l) = state.devices.link(&device).filter(|l| l.id == id) {
                         tracing::warn!(%device, "another hub recorded this device offline while this hub was silent; its link is made again");
@@ -97,11 +93,42 @@ pub(super) async fn keep(state: AppState) {
     }
 }
 
+/// How often a hub looks for the hubs that hold claims and lost their session lock.
+const GONE_CHECK: Duration = Duration::from_secs(1);
+
+/// On a shared store, every [`GONE_CHECK`]: a hub holding claims whose session lock is
+/// missing at two checks in a row is gone (its process died, its connection with it): its
+/// claims end and its sessions are queued again, so they are driven within seconds, not
+/// at the end of its lease. Two checks, so a bus reconnecting for a moment is not taken
+/// for a death (a mistake costs a model call made twice: the live hub's writes are fenced).
+pub(super) async fn end_gone_hubs(state: AppState) {
+    if !state.store.is_shared() {
+        return;
+    }
+    let mut suspects: Vec<String> = Vec::new();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(GONE_CHECK) => {}
+            () = state.shutdown.cancelled() => return,
+        }
+        let me = state.claims.hub.clone();
+        let claiming = match state
+            .store
+            .read(move |r| r.hubs_claiming(&me, now_ms()))
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the other hubs' claims");
+                continue;
+            }
+        };
+        suspects = end_claims_of_gone(&state, claiming, &suspects).await;
+    }
+}
+
 /// Of the hubs `claiming` sessions, those whose session lock is missing now; the claims of
-/// those also missing at the last check (`suspects`) are ended here, so their sessions are
-/// driven again at once. Two checks, a third of a lease apart, so a bus reconnecting for a
-/// moment is not taken for a death (a mistake would cost a model call made twice: the
-/// fenced writes of the hub still alive are refused). Returns the new suspects.
+/// those also missing at the last check (`suspects`) end here. Returns the new suspects.
 async fn end_claims_of_gone(
     state: &AppState,
     claiming: Vec<String>,
@@ -124,14 +151,20 @@ async fn end_claims_of_gone(
         .collect();
     for hub in missing.iter().filter(|h| suspects.contains(h)) {
         let h = hub.clone();
-        match state.store.exec(move |t| t.end_claims_of(&h, now_ms())).await {
+        match state
+            .store
+            .exec(move |t| t.end_claims_of(&h, now_ms()))
+            .await
+        {
             Ok(sessions) if !sessions.is_empty() => tracing::warn!(
                 %hub,
                 sessions = sessions.len(),
                 "a hub's session lock went with its process: its claims end now and its sessions are driven again here or elsewhere"
             ),
             Ok(_) => {}
-            Err(e) => tracing::warn!(%hub, error = %e, "cannot end the claims of a hub that is gone"),
+            Err(e) => {
+                tracing::warn!(%hub, error = %e, "cannot end the claims of a hub that is gone")
+            }
         }
     }
     missing

@@ -274,6 +274,7 @@ pub async fn run_opened(
     }
     state.store.announce_hub(&state.claims.hub);
     tasks.spawn(cluster::keep(state.clone()));
+    tasks.spawn(cluster::end_gone_hubs(state.clone()));
     tasks.spawn(cluster::follow_devices(state.clone()));
     tasks.spawn(cluster::serve_exec_asks(state.clone()));
     if let Some(bound) = mesh {

@@ -432,7 +432,11 @@ impl Store {
         Some(
             tokio::task::spawn_blocking(move || pg.alive_keys())
                 .await
-                .unwrap_or_else(|e| Err(StoreError::Broken(format!("a read of the store failed: {e}")))),
+                .unwrap_or_else(|e| {
+                    Err(StoreError::Broken(format!(
+                        "a read of the store failed: {e}"
+                    )))
+                }),
         )
     }
 
