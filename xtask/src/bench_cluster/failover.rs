@@ -63,6 +63,26 @@ fn trial(hub_bin: &Path, agent_bin: &Path, url: &str, dir: &Path) -> anyhow::Res
         ("CORTEX_LLM_MODEL", "scripted"),
     ];
     let a = Hub::start_with_mesh_env(hub_bin, &dir.join("a"), &env, &mut procs)?;
+    let s = a.api_json("POST", "/api/sessions", Some(json!({"runs": true})), 201)?;
+    let sid = s["id"].as_str().context("a session id")?.to_string();
+    let r = a.api(
+        "POST",
+        &format!("/api/sessions/{sid}/messages"),
+        Some(json!({"text": "train it"})),
+    )?;
+    anyhow::ensure!(
+        matches!(r.status, 200 | 201),
+        "posting a message: HTTP {}: {}",
+        r.status,
+        r.text()
+    );
+    poll_every(
+        Duration::from_millis(5),
+        BOUND,
+        "the first model call",
+        || Ok((model.request_count() >= 1).then_some(())),
+    )?;
+    // Started once the first hub drives the session: the second finds it claimed.
     let token = a.token().to_string();
     let mut env_b = env.to_vec();
     env_b.push(("CORTEX_WEBHOOK_TOKEN", token.as_str()));
@@ -83,25 +103,6 @@ fn trial(hub_bin: &Path, agent_bin: &Path, url: &str, dir: &Path) -> anyhow::Res
             &mut procs,
         )?);
     }
-    let s = a.api_json("POST", "/api/sessions", Some(json!({"runs": true})), 201)?;
-    let sid = s["id"].as_str().context("a session id")?.to_string();
-    let r = a.api(
-        "POST",
-        &format!("/api/sessions/{sid}/messages"),
-        Some(json!({"text": "train it"})),
-    )?;
-    anyhow::ensure!(
-        matches!(r.status, 200 | 201),
-        "posting a message: HTTP {}: {}",
-        r.status,
-        r.text()
-    );
-    poll_every(
-        Duration::from_millis(5),
-        BOUND,
-        "the first model call",
-        || Ok((model.request_count() >= 1).then_some(())),
-    )?;
     let killed = Instant::now();
     procs.kill(a.index);
     let (mut devices, mut session) = (None, None);
