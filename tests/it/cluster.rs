@@ -137,21 +137,23 @@ pub(crate) fn lease_hub(
     token: Option<&str>,
     model: Option<&ScriptedModel>,
 ) -> Hub {
-    lease_hub_with(dir, name, url, token, model, &[])
+    lease_hub_with(dir, name, url, token, model, LEASE_MS, &[])
 }
 
-/// [`lease_hub`] with more flags (`--mesh-listen ADDR`: a mesh port kept across restarts).
+/// [`lease_hub`] with a lease of `lease_ms` and more flags (`--mesh-listen ADDR`: a mesh
+/// port kept across restarts).
 pub(crate) fn lease_hub_with(
     dir: &std::path::Path,
     name: &str,
     url: &str,
     token: Option<&str>,
     model: Option<&ScriptedModel>,
+    lease_ms: u64,
     more: &[&str],
 ) -> Hub {
     let home = dir.join(name);
     std::fs::create_dir_all(&home).expect("home");
-    let settings = json!({"agent": {"leaseMs": LEASE_MS}});
+    let settings = json!({"agent": {"leaseMs": lease_ms}});
     std::fs::write(home.join("settings.json"), settings.to_string()).expect("settings");
     let murl = model.map(|m| m.url());
     let mut env = Vec::new();
@@ -398,22 +400,7 @@ fn a_killed_hubs_session_is_taken_long_before_its_lease_ends() {
     // A lease of 10 minutes: only the dead hub's lost session lock can end it in time.
     let homes = tempfile::tempdir().expect("homes");
     let long = |name: &str, token: Option<&str>| {
-        let home = homes.path().join(name);
-        std::fs::create_dir_all(&home).expect("home");
-        let settings = json!({"agent": {"leaseMs": 600_000}});
-        std::fs::write(home.join("settings.json"), settings.to_string()).expect("settings");
-        let murl = model.url();
-        let mut env = vec![
-            ("CORTEX_LLM_BASE_URL", murl.as_str()),
-            ("CORTEX_LLM_MODEL", "scripted"),
-        ];
-        if let Some(t) = token {
-            env.push(("CORTEX_WEBHOOK_TOKEN", t));
-        }
-        let log = homes.path().join(format!("{name}.log"));
-        let mut hub = Hub::at(&home, &log, &env, &["--store", &url]);
-        hub.spawn();
-        hub
+        lease_hub_with(homes.path(), name, &url, token, Some(&model), 600_000, &[])
     };
     let mut a = long("a", None);
     let sid = agent_session(&a, "train it");

@@ -299,6 +299,7 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
             to,
             shared,
             Some(&model),
+            LEASE_MS,
             &more,
         );
         if i == 0 {
