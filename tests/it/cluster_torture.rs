@@ -390,6 +390,13 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
     let mut problems = Vec::new();
     for cycle in 1..=cycles {
         std::thread::sleep(Duration::from_millis(1500 + rng.below(1500)));
+        // Where each log stood before the cycle, to show what it said if the devices were
+        // slow to link again.
+        let marks_at: Vec<usize> = hubs
+            .iter()
+            .map(|h| h.log().len())
+            .chain(agents.iter().map(|a| a.log().len()))
+            .collect();
         let victim = rng.below(HUBS as u64) as usize;
         let mut done = vec![format!("killed and restarted hub {victim}")];
         let hub = &mut hubs[victim];
@@ -426,6 +433,35 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
         let took = online(&hubs[live]);
         let recorded = check_signals(&sh, &hubs[live], &mut problems);
         relinked = relinked.max(took);
+        if took > Duration::from_millis(LEASE_MS) {
+            let logs = hubs
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (format!("hub {i}"), h.log()))
+                .chain(
+                    agents
+                        .iter()
+                        .enumerate()
+                        .map(|(i, a)| (format!("agent {i}"), a.log())),
+                );
+            for ((who, log), from) in logs.zip(&marks_at) {
+                let said: Vec<&str> = log
+                    .get(*from..)
+                    .unwrap_or("")
+                    .lines()
+                    .filter(|l| {
+                        ["device", "link", "mesh", "disown", "store", "hub"]
+                            .iter()
+                            .any(|w| l.contains(w))
+                    })
+                    .take(40)
+                    .collect();
+                println!(
+                    "cycle {cycle}, slow to link again: {who} said:\n{}",
+                    said.join("\n")
+                );
+            }
+        }
         println!(
             "cycle {cycle}: {}; every device linked again {} ms after; {recorded} signals recorded, {} runs asked",
             done.join(", "),

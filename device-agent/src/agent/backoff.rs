@@ -42,6 +42,14 @@ impl Backoff {
         self.draw(self.floor(), ceiling)
     }
 
+    /// Records a failure and returns how long to wait, as [`Backoff::fail`] but at most
+    /// `max` (a hub that answered and will be fine shortly).
+    pub fn fail_within(&mut self, max: Duration) -> Duration {
+        let ceiling = self.ceiling().min(max);
+        self.failures = self.failures.saturating_add(1);
+        self.draw(self.floor(), ceiling)
+    }
+
     /// Records a failure that more attempts will not cure soon (a refused token, a
     /// protocol version the hub does not speak): wait near the cap, in `[cap/2, cap]`, so
     /// it is retried in case the operator fixes it, but slowly.

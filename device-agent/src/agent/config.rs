@@ -69,6 +69,14 @@ pub struct Timing {
     /// A link up this long without trouble counts as stable even if no file needed an ack,
     /// so an idle device that loses its hub reconnects from the small end again.
     pub stable_after: Duration,
+    /// A link that lived this long after its welcome proved its hub worked: when it ends,
+    /// the next hub is dialed at once (a new round of the rotation), while the backoff
+    /// keeps counting until a link is stable. Shorter lives count as failures of the round,
+    /// so hubs that welcome and drop at once are never dialed in a tight loop.
+    pub lived_after: Duration,
+    /// The backoff's ceiling when a hub answered but said its store is away for now
+    /// (`store_unavailable`): the hub is up and the database comes back by itself.
+    pub busy_cap: Duration,
     /// The spool watcher's slow rescan, inotify's backstop.
     pub rescan: Duration,
     /// How long a file the hub answered `retry` waits before it is sent again.
@@ -89,6 +97,8 @@ impl Default for Timing {
             backoff_base: Duration::from_secs(1),
             backoff_cap: Duration::from_secs(60),
             stable_after: Duration::from_secs(60),
+            lived_after: Duration::from_secs(1),
+            busy_cap: Duration::from_secs(4),
             rescan: Duration::from_secs(30),
             retry_delay: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(120),

@@ -205,6 +205,18 @@ impl ConnectError {
         }
     }
 
+    /// The hub answered and refused only because its store is away for now: the database
+    /// comes back by itself, so the retry need not back off far.
+    pub fn hub_busy(&self) -> bool {
+        match self {
+            ConnectError::Closed(info) => info
+                .reason
+                .as_ref()
+                .is_some_and(|r| r.code == "store_unavailable"),
+            _ => false,
+        }
+    }
+
     /// The earliest the hub asked to be called again.
     pub fn retry_after(&self) -> Option<Duration> {
         let ms = |r: &Option<CloseReason>| {

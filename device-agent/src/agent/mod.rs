@@ -25,7 +25,10 @@
 //!
 //! Several hubs (`Config::hubs`): one link at a time. A failed dial or a lost link moves
 //! to the next URL in order, wrapping, and dials it at once; the backoff (and its cap and
-//! floor) applies once per round of as many failures as there are URLs ([`rotation`]). A
+//! floor) applies once per round of as many failures as there are URLs ([`rotation`]); a
+//! link that lived `lived_after` starts a new round when it ends (its hub worked, so a
+//! rolling restart or a hub's death costs no wait), and a round that ended on a hub whose
+//! store is away (`store_unavailable`) waits at most `busy_cap`. A
 //! hub that refuses the token counts as a failure like any other (the next hub may know
 //! the device, e.g. a standby with a newer store); the wait is near the cap only when
 //! every hub of the round needed an operator. With one URL this is the rule above.
@@ -466,12 +469,21 @@ impl Daemon {
     /// After a failed dial or a lost link: moves on to the next hub and returns how long to
     /// wait before dialing it (nothing within a round; at a round's end the backoff, near
     /// its cap when every hub of the round `needs_operator`, and at least `retry_after`).
-    fn after_failure(&mut self, needs_operator: bool, retry_after: Option<Duration>) -> Duration {
+    /// `busy`: the failure that ends a round was a hub saying its store is away for now,
+    /// so the wait is at most `busy_cap`.
+    fn after_failure(
+        &mut self,
+        needs_operator: bool,
+        busy: bool,
+        retry_after: Option<Duration>,
+    ) -> Duration {
         match self.rotation.failed(needs_operator) {
             Step::Now => Duration::ZERO,
             Step::Backoff { at_cap } => {
                 let delay = if at_cap {
                     self.backoff.fail_at_cap()
+                } else if busy {
+                    self.backoff.fail_within(self.config.timing.busy_cap)
                 } else {
                     self.backoff.fail()
                 };
@@ -504,7 +516,7 @@ impl Daemon {
                 return;
             }
         }
-        let delay = self.after_failure(e.needs_operator(), e.retry_after());
+        let delay = self.after_failure(e.needs_operator(), e.hub_busy(), e.retry_after());
         if matches!(e, ConnectError::Unauthorized { .. }) {
             let todo = self.refused_todo();
             tracing::error!(hub = %hub, device = %self.config.name, error = %e, retry_in = %secs(delay), "cannot join the hub: {todo}");
@@ -601,8 +613,12 @@ impl Daemon {
 
     fn link_lost(&mut self, down: Down, now: Instant) {
         let old = std::mem::replace(&mut self.link, LinkState::Waiting { at: now });
-        if let LinkState::Up { link, .. } = old {
+        if let LinkState::Up { link, since, .. } = old {
             tokio::spawn(link.close_for(&down));
+            // Its hub worked until now: the next one is dialed at once.
+            if now.saturating_duration_since(since) >= self.config.timing.lived_after {
+                self.rotation.new_round();
+            }
         }
         let unacked = self.forward.unacked();
         self.forward.link_down();
@@ -617,7 +633,7 @@ impl Daemon {
             }
         }
         let hub = self.hub().clone();
-        let delay = self.after_failure(false, down.retry_after());
+        let delay = self.after_failure(false, false, down.retry_after());
         if revoked {
             let todo = self.refused_todo();
             tracing::error!(hub = %hub, reason = %down, unacked, retry_in = %secs(delay), "this device was revoked on the hub: {todo}");

@@ -85,6 +85,23 @@ fn an_operator_failure_waits_near_the_cap_and_leaves_the_backoff_there() {
     }
 }
 
+#[test]
+fn a_busy_hubs_wait_stays_under_its_cap_while_the_failures_still_count() {
+    for seed in 0..50 {
+        let mut b = Backoff::new(S, 60 * S, seed);
+        for _ in 0..8 {
+            let d = b.fail_within(4 * S);
+            assert!(d <= 4 * S, "{d:?}");
+        }
+        assert_eq!(b.failures(), 8);
+        assert_eq!(
+            b.ceiling(),
+            60 * S,
+            "an ordinary failure next waits as usual"
+        );
+    }
+}
+
 // ---------------------------------------------------------------- config
 
 #[test]

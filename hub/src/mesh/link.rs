@@ -82,6 +82,9 @@ static LOOKING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LOOKU
 const RETRY_REPLACED_MS: u64 = 30_000;
 /// Reconnect delay asked when the hub stops (it is usually back at once).
 const RETRY_SHUTDOWN_MS: u64 = 1_000;
+/// The floor a link refused for the store's sake asks: the database is usually back
+/// within seconds (a restart, a failover), and the agents' own jitter spreads the fleet.
+const RETRY_STORE_MS: u64 = 1_000;
 
 /// `code` + `message` as a close frame reason: JSON, cut to fit the 123-byte limit.
 pub fn close_frame(code: CloseCode, reason: &CloseReason) -> CloseFrame {
@@ -165,7 +168,7 @@ fn close_for(end: &End) -> CloseFrame {
             reason(
                 "store_unavailable",
                 "the hub could not record the link; retry shortly",
-                Some(5_000),
+                Some(RETRY_STORE_MS),
             ),
         ),
     };

@@ -24,6 +24,8 @@ fn timing() -> Timing {
         backoff_base: Duration::from_millis(50),
         backoff_cap: Duration::from_millis(200),
         stable_after: Duration::from_secs(60),
+        lived_after: Duration::from_millis(100),
+        busy_cap: Duration::from_millis(100),
         rescan: Duration::from_secs(30),
         retry_delay: Duration::from_millis(200),
         ack_timeout: Duration::from_secs(120),
@@ -427,6 +429,81 @@ async fn with_two_hubs_a_refusal_or_a_lost_link_moves_to_the_other_at_once() {
         closed_at.elapsed()
     );
     back.welcome_default().await;
+    agent.stop().await;
+}
+
+/// Three hubs restarted one after another (a rolling restart), each link lost long
+/// before it could prove stable: a link that lived past `lived_after` sends the agent to
+/// the next hub at once every time, however many in a row. Before, the third loss ended
+/// the rotation's round and waited for the backoff (here at least 3 s, its floor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_that_lived_are_followed_by_the_next_hub_at_once_however_many_in_a_row() {
+    let home = tempfile::tempdir().expect("tmp");
+    spool_in(home.path());
+    let hubs = [
+        FakeHub::bind().await,
+        FakeHub::bind().await,
+        FakeHub::bind().await,
+    ];
+    let mut c = config(home.path(), &hubs[0].url());
+    c.hubs =
+        HubUrls::parse(&hubs.iter().map(FakeHub::url).collect::<Vec<_>>(), false).expect("urls");
+    c.timing.backoff_base = Duration::from_secs(30);
+    c.timing.backoff_cap = Duration::from_secs(60);
+    let agent = Agent::start(c);
+    let mut conn = hubs[0].accept().await;
+    conn.welcome_default().await;
+    for i in 1..=7 {
+        tokio::time::sleep(Duration::from_millis(150)).await; // past lived_after
+        drop(conn);
+        let lost_at = Instant::now();
+        conn = hubs[i % 3].accept().await;
+        assert!(
+            lost_at.elapsed() < Duration::from_secs(2),
+            "loss {i}: the next hub dialed {:?} after",
+            lost_at.elapsed()
+        );
+        conn.welcome_default().await;
+    }
+    agent.stop().await;
+}
+
+/// Hubs that answer but refuse the link because their store is away (the database
+/// restarting): the rounds wait at most `busy_cap`, however many fail, not the backoff
+/// (here at least 3 s, its floor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hubs_whose_store_is_away_are_dialed_again_within_the_busy_cap() {
+    let home = tempfile::tempdir().expect("tmp");
+    spool_in(home.path());
+    let hubs = [FakeHub::bind().await, FakeHub::bind().await];
+    let mut c = config(home.path(), &hubs[0].url());
+    c.hubs =
+        HubUrls::parse(&hubs.iter().map(FakeHub::url).collect::<Vec<_>>(), false).expect("urls");
+    c.timing.backoff_base = Duration::from_secs(30);
+    c.timing.backoff_cap = Duration::from_secs(60);
+    let agent = Agent::start(c);
+    let busy = CloseReason {
+        code: "store_unavailable".into(),
+        message: "the hub could not record the link; retry shortly".into(),
+        retry_after_ms: None,
+    };
+    let mut refused_at = Instant::now();
+    for i in 0..6 {
+        let mut conn = hubs[i % 2]
+            .try_accept()
+            .await
+            .unwrap_or_else(|e| panic!("dial {i}: {e}"));
+        assert!(
+            refused_at.elapsed() < Duration::from_secs(2),
+            "refusal {i}: dialed again {:?} after",
+            refused_at.elapsed()
+        );
+        conn.hello().await;
+        conn.close_with(&busy).await;
+        refused_at = Instant::now();
+    }
+    let mut conn = hubs[0].accept().await;
+    conn.welcome_default().await;
     agent.stop().await;
 }
 
