@@ -1,16 +1,19 @@
 //! Cluster torture: three hubs on one PostgreSQL database (a cluster of its own; the first
 //! hub reaches it through a TCP proxy the test controls), clients sending keyed signals to
 //! monitors over all three (a refused or dead hub: the next one, the same key), and agent
-//! sessions whose every turn starts a command on one of four devices (`device_exec`; each
-//! device agent is given all three hubs, so the session's hub and the link's are often
-//! not the same) and then answers, against the scripted model. Every cycle a random hub is SIGKILLed and started again; every third cycle
-//! another is also SIGSTOPped past its lease and continued; every fourth (from the
-//! second) the proxy resets the first hub's connections to the database; every fifth
-//! (from the fourth) PostgreSQL itself crashes and recovers (a backend SIGKILLed: every
-//! connection ends, the WAL is replayed). After every cycle, every signal answered 202
-//! is recorded exactly once and every device is linked again; at the end, every message
-//! got exactly one run with exactly one tool call (none ran twice, none was lost), no
-//! command was started twice on a device, and no session is left running.
+//! sessions against the scripted model whose turns start a command on one of four devices
+//! (`device_exec`; each device agent is given all three hubs, so the session's hub and the
+//! link's are often not the same), in two of them only once a person approved it from a
+//! random hub, and every third turn sets a timer whose wake is a run of its own. Every
+//! cycle a random hub is SIGKILLed and started again; every third cycle another is also
+//! SIGSTOPped past its lease and continued; every fourth (from the second) the proxy
+//! resets the first hub's connections to the database; every fifth (from the fourth)
+//! PostgreSQL itself crashes and recovers (a backend SIGKILLed: every connection ends,
+//! the WAL is replayed). After every cycle, every signal answered 202 is recorded exactly
+//! once and every device is linked again; at the end, every message and every timer got
+//! exactly one run, every call ran once (none twice, none lost), every approval was asked
+//! once per call and none is left waiting, every timer fired once, no command was started
+//! twice on a device, and no session is left running.
 //!
 //! `CORTEX_CLUSTER_TORTURE_CYCLES` sets the cycles (default 4, one of each fault, so
 //! `cargo test` stays fast); the full run is `cargo xtask cluster-torture` (30). `CORTEX_TORTURE_SEED`
@@ -41,6 +44,24 @@ const SESSIONS: usize = 4;
 const DEVICES: usize = 4;
 /// How long a run may take across kills: a lease, a restart, the model's answers.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
+/// The sessions (the first ones) whose `device_exec` calls wait for a person's approval.
+const APPROVING: usize = 2;
+/// Every third message of a session asks for a timer this far off (the shortest the
+/// hub allows by default), which wakes the session for a run of its own.
+const TIMER_S: u64 = 5;
+
+/// What one session was asked, to check against its log.
+#[derive(Default, Debug)]
+struct Asked {
+    /// Runs that must have ended: one per message, one more per timer.
+    runs: usize,
+    /// `device_exec` calls that must have run, once each.
+    execs: usize,
+    /// `schedule_wakeup` calls, and the timers that must have fired once each.
+    timers: usize,
+    /// Approvals answered (a request seen again after a hub's death is answered again).
+    approvals: usize,
+}
 
 /// What the load and the checks share.
 struct Shared {
@@ -57,6 +78,8 @@ struct Shared {
     failovers: AtomicUsize,
     /// Runs asked of the sessions (one message each, the next once it ended).
     runs: AtomicUsize,
+    /// A session whose run did not end within [`RUN_LIMIT`], and what its talker saw.
+    stuck: Mutex<Option<(String, String)>>,
 }
 
 /// Sends `body` to hub `first`, then the others in turn, until one answers below 500.
@@ -115,38 +138,105 @@ fn client(sh: Arc<Shared>, n: usize, seed: u64) {
     }
 }
 
-/// One session's messages, each sent to a random hub once the last run ended, each
-/// asking for a command on `device` that appends the turn's own line to `marks`; returns
-/// how many runs it asked for.
-fn talker(sh: Arc<Shared>, sid: String, device: String, marks: String, seed: u64) -> usize {
+/// One session's messages, each sent to a random hub once the last run ended: most ask
+/// for a command on `device` that appends the turn's own line to `marks` (approved from a
+/// random hub when the session asks a person), every third for a timer whose wake is a
+/// run of its own. Returns what it asked.
+fn talker(
+    sh: Arc<Shared>,
+    sid: String,
+    device: String,
+    marks: String,
+    approving: bool,
+    seed: u64,
+) -> Asked {
     let mut rng = Rng(seed);
-    let mut asked = 0;
+    let mut asked = Asked::default();
+    let mut answered: HashSet<String> = HashSet::new();
+    let mut n = 0;
     while !sh.stop.load(Ordering::Relaxed) {
-        let script = format!("echo {sid}-{asked} >> {marks}");
-        let body = json!({"text": format!("exec {device}: {script}")});
+        let timer = n % 3 == 2;
+        let text = if timer {
+            format!("timer t{n}")
+        } else {
+            format!("exec {device}: echo {sid}-{n} >> {marks}")
+        };
         if api(
             &sh,
             rng.below(HUBS as u64) as usize,
             Method::Post,
             &format!("/api/sessions/{sid}/messages"),
-            Some(&body),
+            Some(&json!({ "text": text })),
         )
         .is_none()
         {
             continue;
         }
-        asked += 1;
+        n += 1;
         sh.runs.fetch_add(1, Ordering::Relaxed);
+        if timer {
+            asked.runs += 2;
+            asked.timers += 1;
+        } else {
+            asked.runs += 1;
+            asked.execs += 1;
+        }
         let start = Instant::now();
-        while run_ends(&sh, &sid) < asked {
-            assert!(
-                start.elapsed() < RUN_LIMIT,
-                "session {sid}: run {asked} did not end within {RUN_LIMIT:?}"
-            );
+        loop {
+            let evs = events(&sh, &sid);
+            if evs.iter().filter(|e| e["kind"] == "run-end").count() >= asked.runs {
+                break;
+            }
+            if approving {
+                for e in evs.iter().filter(|e| e["kind"] == "approval-required") {
+                    let Some(id) = e["approval"]["id"].as_str() else {
+                        continue;
+                    };
+                    if answered.contains(id) {
+                        continue;
+                    }
+                    let body = json!({"request_id": id, "decision": "allow"});
+                    let path = format!("/api/sessions/{sid}/answers");
+                    let at = rng.below(HUBS as u64) as usize;
+                    if api(&sh, at, Method::Post, &path, Some(&body)).is_some() {
+                        answered.insert(id.to_string());
+                        asked.approvals += 1;
+                    }
+                }
+            }
+            if start.elapsed() > RUN_LIMIT {
+                let tail: Vec<String> = evs.iter().rev().take(8).map(Value::to_string).collect();
+                let seen = format!(
+                    "run {} did not end within {RUN_LIMIT:?}; its log ends (newest first):\n{}",
+                    asked.runs,
+                    tail.join("\n")
+                );
+                *sh.stuck.lock().unwrap_or_else(|e| e.into_inner()) = Some((sid.clone(), seen));
+                return asked;
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
     asked
+}
+
+/// A session a talker found stuck, with what each hub said of it and its state now.
+fn stuck(sh: &Shared, hubs: &[Hub], problems: &mut Vec<String>) {
+    let Some((sid, seen)) = sh.stuck.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+        return;
+    };
+    let state = api(sh, 0, Method::Get, &format!("/api/sessions/{sid}"), None);
+    let mut said = String::new();
+    for (i, h) in hubs.iter().enumerate() {
+        let log = h.log();
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(sid.as_str())).collect();
+        let from = lines.len().saturating_sub(40);
+        said.push_str(&format!(
+            "\nhub {i} said of it:\n{}",
+            lines[from..].join("\n")
+        ));
+    }
+    problems.push(format!("{sid}: {seen}\nits state now: {state:?}{said}"));
 }
 
 /// An operator call on hub `first` or the next that answers; `None` if none did (or the
@@ -207,13 +297,6 @@ fn events(sh: &Shared, sid: &str) -> Vec<Value> {
     }
 }
 
-fn run_ends(sh: &Shared, sid: &str) -> usize {
-    events(sh, sid)
-        .iter()
-        .filter(|e| e["kind"] == "run-end")
-        .count()
-}
-
 /// Every 202 recorded once: a monitor's signals are the keys sent, each once, and hold
 /// every key answered 202 before they were read.
 fn check_signals(sh: &Shared, hub: &Hub, problems: &mut Vec<String>) -> usize {
@@ -268,18 +351,21 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
         Vec::new(),
         Reply::from_fn(|req| {
             let last = crate::runner::last_message(req);
-            let asked = (last["role"] == "user")
+            let said = (last["role"] == "user")
                 .then(|| last["content"].as_str())
                 .flatten()
-                .and_then(|c| c.strip_prefix("exec "))
-                .and_then(|c| c.split_once(": "));
-            match asked {
-                Some((device, script)) => {
-                    let args = json!({"device": device, "argv": [script], "shell": true});
-                    Reply::tool_call("device_exec", &args.to_string())
-                }
-                None => Reply::text("done"),
+                .unwrap_or_default();
+            if let Some((device, script)) =
+                said.strip_prefix("exec ").and_then(|c| c.split_once(": "))
+            {
+                let args = json!({"device": device, "argv": [script], "shell": true});
+                return Reply::tool_call("device_exec", &args.to_string());
             }
+            if let Some(name) = said.strip_prefix("timer ") {
+                let args = json!({"name": name, "in_s": TIMER_S});
+                return Reply::tool_call("schedule_wakeup", &args.to_string());
+            }
+            Reply::text("done")
         }),
     );
     let homes = tempfile::tempdir().expect("homes");
@@ -357,10 +443,12 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
         monitors,
         failovers: AtomicUsize::new(0),
         runs: AtomicUsize::new(0),
+        stuck: Mutex::new(None),
     });
     let sessions: Vec<String> = (0..SESSIONS)
         .map(|i| {
-            let body = json!({"runs": true, "policy": {"requireApproval": []}});
+            let ask: &[&str] = if i < APPROVING { &["device_exec"] } else { &[] };
+            let body = json!({"runs": true, "policy": {"requireApproval": ask}});
             let (st, v) = hubs[i % HUBS].api(Method::Post, "/api/sessions", Some(&body));
             assert_eq!(st, 201, "{v}");
             v["id"].as_str().expect("id").to_string()
@@ -382,7 +470,8 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
             let (sh, sid) = (sh.clone(), sid.clone());
             let device = devices[i % DEVICES].clone();
             let marks = marks[i].display().to_string();
-            std::thread::spawn(move || talker(sh, sid, device, marks, seed.wrapping_add(i as u64)))
+            let seed = seed.wrapping_add(i as u64);
+            std::thread::spawn(move || talker(sh, sid, device, marks, i < APPROVING, seed))
         })
         .collect();
     let (mut kills, mut stops, mut cuts, mut crashes) = (0, 0, 0, 0);
@@ -468,37 +557,51 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
             took.as_millis(),
             sh.runs.load(Ordering::Relaxed)
         );
+        stuck(&sh, &hubs, &mut problems);
         assert!(problems.is_empty(), "cycle {cycle}: {problems:#?}");
     }
     sh.stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().expect("client");
     }
-    let asked: Vec<usize> = talkers
+    let asked: Vec<Asked> = talkers
         .into_iter()
         .map(|t| t.join().expect("talker"))
         .collect();
-    // Every run ended once, with one tool call; nothing is left running.
-    let mut tools = 0;
-    for (sid, asked) in sessions.iter().zip(&asked) {
+    // Every run ended once; every call ran once (a command, a timer set); every timer
+    // fired once; every approval asked once per call and answered; nothing left running.
+    let (mut tools, mut fired, mut approved) = (0, 0, 0);
+    for (i, (sid, asked)) in sessions.iter().zip(&asked).enumerate() {
         let evs = events(&sh, sid);
-        let ends = evs.iter().filter(|e| e["kind"] == "run-end").count();
-        let calls: Vec<&Value> = evs.iter().filter(|e| e["kind"] == "tool-end").collect();
-        let ids: HashSet<String> = calls
-            .iter()
-            .map(|e| e["observation"]["call_id"].to_string())
-            .collect();
-        if ends != *asked {
-            problems.push(format!("{sid}: {asked} runs asked, {ends} ended"));
-        }
-        if calls.len() != *asked || ids.len() != calls.len() {
+        let count = |kind: &str| evs.iter().filter(|e| e["kind"] == kind).count();
+        let calls = |name: &str| -> (usize, usize) {
+            let ends: Vec<&Value> = evs
+                .iter()
+                .filter(|e| e["kind"] == "tool-end" && e["observation"]["name"] == name)
+                .collect();
+            let ids: HashSet<String> = ends
+                .iter()
+                .map(|e| e["observation"]["call_id"].to_string())
+                .collect();
+            (ends.len(), ids.len())
+        };
+        let (ends, timers) = (count("run-end"), count("timer"));
+        let (execs, exec_ids) = calls("device_exec");
+        let (sets, set_ids) = calls("schedule_wakeup");
+        let asks = count("approval-required");
+        let want_asks = if i < APPROVING { asked.execs } else { 0 };
+        if ends != asked.runs
+            || (execs, exec_ids) != (asked.execs, asked.execs)
+            || (sets, set_ids, timers) != (asked.timers, asked.timers, asked.timers)
+            || (asks, asked.approvals) != (want_asks, want_asks)
+        {
             problems.push(format!(
-                "{sid}: {asked} runs, {} tool calls run ({} distinct)",
-                calls.len(),
-                ids.len()
+                "{sid}: asked {asked:?}; ran {ends} runs, {execs} device_exec ({exec_ids} distinct), {sets} schedule_wakeup ({set_ids} distinct), {timers} timers fired, {asks} approvals asked"
             ));
         }
-        tools += calls.len();
+        tools += execs + sets;
+        fired += timers;
+        approved += asked.approvals;
         let state = wait_until(RUN_LIMIT, "the session handed back idle", || {
             let v = api(&sh, 0, Method::Get, &format!("/api/sessions/{sid}"), None)?;
             (v["state"] != "running").then_some(v["state"].clone())
@@ -534,6 +637,11 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
             ));
         }
     }
+    stuck(&sh, &hubs, &mut problems);
+    match api(&sh, 0, Method::Get, "/api/approvals", None) {
+        Some(v) if v["approvals"] == json!([]) => {}
+        other => problems.push(format!("approvals left waiting: {other:?}")),
+    }
     assert!(problems.is_empty(), "{problems:#?}");
     let relayed: f64 = hubs
         .iter()
@@ -557,10 +665,10 @@ fn cluster_torture_three_hubs_killed_and_stopped_lose_nothing_and_run_nothing_tw
         .map(|(i, a)| (i, a.lock().expect("acked").len()))
         .collect();
     println!(
-        "cluster torture: {kills} kills, {stops} stops past the lease, {cuts} cuts of a hub's database connections, {crashes} PostgreSQL crashes; {acked} signals answered 202 over {} monitors, {recorded} recorded, {} sends passed to another hub; {} runs, {tools} tool calls, each once; {started} commands started on the devices, each once ({relayed} asked through another hub since the hubs' last starts); every device linked again at most {} ms after a cycle",
+        "cluster torture: {kills} kills, {stops} stops past the lease, {cuts} cuts of a hub's database connections, {crashes} PostgreSQL crashes; {acked} signals answered 202 over {} monitors, {recorded} recorded, {} sends passed to another hub; {} runs, {tools} tool calls, each once ({approved} approved from a random hub, {fired} timers fired, each once); {started} commands started on the devices, each once ({relayed} asked through another hub since the hubs' last starts); every device linked again at most {} ms after a cycle",
         by_monitor.len(),
         sh.failovers.load(Ordering::Relaxed),
-        asked.iter().sum::<usize>(),
+        asked.iter().map(|a| a.runs).sum::<usize>(),
         relinked.as_millis()
     );
     drop(agents);
