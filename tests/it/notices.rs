@@ -355,3 +355,51 @@ fn a_target_taken_out_of_the_settings_is_given_up_after_the_restart() {
         "never delivered: {tried:#?}"
     );
 }
+
+/// Two hubs on one PostgreSQL database with the same targets share one outbox: each
+/// notice goes out from one of them, once. (With each hub reading the outbox on its own,
+/// both heard every notice queued, read it pending, and sent it.)
+#[test]
+fn hubs_sharing_a_database_send_each_notice_once() {
+    const JOBS: usize = 10;
+    let rx = Receiver::start();
+    let pg = cortex_tests::postgres::Postgres::shared();
+    let url = pg.url(&pg.database());
+    let tmp = tempfile::tempdir().expect("tmp");
+    let settings = json!({"notify": [{"type": "webhook", "url": rx.url("/hook"), "name": "hook"}]});
+    let mut token = String::new();
+    let mut hubs = Vec::new();
+    for name in ["a", "b"] {
+        let home = tmp.path().join(name);
+        std::fs::create_dir_all(&home).expect("home");
+        std::fs::write(home.join("settings.json"), settings.to_string()).expect("settings");
+        let env: Vec<(&str, &str)> = if token.is_empty() {
+            vec![]
+        } else {
+            vec![("CORTEX_WEBHOOK_TOKEN", token.as_str())]
+        };
+        let log = tmp.path().join(format!("{name}.log"));
+        let mut hub = Hub::at(&home, &log, &env, &["--store", &url]);
+        hub.spawn();
+        token = hub.token.clone();
+        hubs.push(hub);
+    }
+    let sid = hubs[0].session();
+    for i in 0..JOBS {
+        let wp = hubs[i % 2].waitpoint(&sid, json!({"label": format!("job {i}"), "intent": "x"}));
+        let (st, v) = hubs[(i + 1) % 2].signal(&body(&wp, json!({"status": "fail"})));
+        assert_eq!(st, 202, "{v}");
+    }
+    let sent = || -> f64 { hubs.iter().map(|h| counted(h, "failed", "sent")).sum() };
+    wait_until(LIMIT, "every failed job's notice sent", || {
+        (sent() >= JOBS as f64).then_some(())
+    });
+    let got = rx.on("/hook", "job ");
+    let mut by_id: HashMap<String, usize> = HashMap::new();
+    for g in got.iter().filter(|g| g.answered == 200) {
+        *by_id.entry(g.notice_id().to_string()).or_default() += 1;
+    }
+    assert_eq!(by_id.len(), JOBS, "{by_id:?}");
+    assert!(by_id.values().all(|n| *n == 1), "each sent once: {by_id:?}");
+    assert_eq!(sent(), JOBS as f64, "each counted once");
+}

@@ -1,5 +1,6 @@
-//! The delivery task of outgoing notices: it reads the store's outbox
-//! (`store/notices.rs`), sends each notice to every target that wants it (`crate::notify`:
+//! The delivery task of outgoing notices: it takes the due notices of the store's outbox
+//! (`store/notices.rs`; held for this hub while it sends them, so hubs on one store send
+//! each once), sends each notice to every target that wants it (`crate::notify`:
 //! the shape's request, one `POST` per target, those of one notice at once, each bounded
 //! by `ATTEMPT_TIMEOUT`), and records the attempts' outcomes (`Delivery::attempted`: sent,
 //! due again after a backoff, or given up) in the store before it counts them. It wakes
@@ -9,8 +10,9 @@
 //!
 //! At the hub's stop no new attempt starts; one under way is finished and recorded.
 //! Delivery is at least once only where the process dies between a 2xx and its record
-//! (SIGKILL, a power cut): that notice is sent again after the restart with the same
-//! `X-Cortex-Notice` id, so a receiver can drop the repeat. Logs name a target by its id
+//! (SIGKILL, a power cut), or a hub is frozen past its hold: that notice is sent again
+//! (after the hold, by any hub) with the same `X-Cortex-Notice` id, so a receiver can drop
+//! the repeat. Logs name a target by its id
 //! and `scheme://host/…`, never its whole URL.
 
 use std::sync::Arc;
@@ -91,21 +93,27 @@ async fn purge(state: &AppState, before: u64) {
     }
 }
 
-/// One pass: every pending notice's due attempts. Returns when the next one is due
-/// (`None`: nothing pending), or `Err` when the store failed.
+/// How long a pass holds the notices it took: every attempt of a notice runs at once,
+/// each bounded by `ATTEMPT_TIMEOUT`, and its record follows; a hub that died sending
+/// lets another take them once this passed.
+const HOLD: Duration = Duration::from_secs(3 * notify::ATTEMPT_TIMEOUT.as_secs());
+
+/// One pass: the due notices this hub took, their due attempts. Returns when the next one
+/// is due (`None`: nothing pending), or `Err` when the store failed.
 async fn pass(
     state: &AppState,
     client: &reqwest::Client,
     targets: &[Target],
 ) -> Result<Option<u64>, ()> {
-    let pending = state
+    let me = state.claims.hub.clone();
+    let hold = HOLD.as_millis() as u64;
+    let taken = state
         .store
-        .read(|r| r.notices_pending(PAGE))
+        .exec(move |t| t.take_notices(&me, now_ms(), hold, PAGE))
         .await
         .map_err(|e| tracing::error!(error = %e, "cannot read the notices' outbox"))?;
-    let full = pending.len() >= PAGE;
-    let mut next: Option<u64> = None;
-    for mut rec in pending {
+    let mut next = taken.next;
+    for mut rec in taken.due {
         if state.shutdown.is_cancelled() {
             return Ok(None);
         }
@@ -128,7 +136,7 @@ async fn pass(
             next = Some(next.map_or(due, |n| n.min(due)));
         }
     }
-    if full {
+    if taken.full {
         // More than a page pending: the next pass at once.
         return Ok(Some(now_ms()));
     }

@@ -1,9 +1,10 @@
 //! The outbox of outgoing notices (`crate::notify`): a notice is queued in the same write
 //! as the event it tells of (an `approval-required` event, a failed or expired wake, a
 //! device's loss report), so it is durable exactly when the event is, once. The server's
-//! task (`server/notices.rs`) is its only other writer: it fans a notice out to the
-//! targets that want it, records each attempt, and marks the notice done once every
-//! target answered 2xx or was given up. Done notices are kept a day (their key too, so
+//! task (`server/notices.rs`) is its only other writer: it takes the due notices (held
+//! for its hub while it sends them, so hubs sharing the store send each once), fans a
+//! notice out to the targets that want it, records each attempt, and marks the notice
+//! done once every target answered 2xx or was given up. Done notices are kept a day (their key too, so
 //! an event told twice, such as a device's loss seen by a second wait in the same
 //! outage, is queued once), then purged.
 //!
@@ -40,6 +41,28 @@ pub struct NoticeRecord {
     /// When every delivery ended (sent or given up).
     #[serde(default)]
     pub done_at: Option<u64>,
+    /// The hub sending it now, and until when no other hub may ([`Tx::take_notices`]):
+    /// hubs on one store share the outbox, and each notice goes out from one of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken: Option<Taken>,
+}
+
+/// A hub's hold on a notice while it sends it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Taken {
+    pub hub: String,
+    pub until: u64,
+}
+
+/// What a pass of the delivery task may send, and when it should look again.
+#[derive(Debug, Default)]
+pub struct TakenNotices {
+    /// Due now, and held by this hub until the hold given to [`Tx::take_notices`] ends.
+    pub due: Vec<NoticeRecord>,
+    /// When the next of the others falls due, or another hub's hold on one ends.
+    pub next: Option<u64>,
+    /// More than the page was pending.
+    pub full: bool,
 }
 
 /// One target's delivery of a notice.
@@ -213,6 +236,7 @@ impl Tx<'_> {
             queued_at: now,
             deliveries: None,
             done_at: None,
+            taken: None,
         };
         self.notices().insert(seq, encode(&rec)?.as_slice())?;
         self.notify(TOPIC_NOTICE, "", seq);
@@ -234,6 +258,49 @@ impl Tx<'_> {
         Ok(out)
     }
 
+    /// For `hub`'s delivery task at `now`: the pending notices due now that no other hub
+    /// holds (at most `limit` looked at), each held for `hub` until `now + hold_ms` in this
+    /// write, so two hubs on one store never send one notice at once. A hold ends with
+    /// the pass's [`Tx::notice_progress`], or by itself when its hub died sending.
+    pub fn take_notices(
+        &mut self,
+        hub: &str,
+        now: u64,
+        hold_ms: u64,
+        limit: usize,
+    ) -> Result<TakenNotices, StoreError> {
+        let pending = self.notices_pending(limit)?;
+        let mut out = TakenNotices {
+            full: pending.len() >= limit,
+            ..TakenNotices::default()
+        };
+        let mut soonest = |at: u64| out.next = Some(out.next.map_or(at, |n: u64| n.min(at)));
+        let mut due = Vec::new();
+        for mut rec in pending {
+            if let Some(t) = &rec.taken
+                && t.hub != hub
+                && t.until > now
+            {
+                soonest(t.until);
+                continue;
+            }
+            match rec.next_due() {
+                Some(at) if at <= now => {
+                    rec.taken = Some(Taken {
+                        hub: hub.to_string(),
+                        until: now.saturating_add(hold_ms),
+                    });
+                    self.notices().insert(rec.seq, encode(&rec)?.as_slice())?;
+                    due.push(rec);
+                }
+                Some(at) => soonest(at),
+                None => {}
+            }
+        }
+        out.due = due;
+        Ok(out)
+    }
+
     /// Every notice the outbox holds, done ones included (oldest first).
     pub fn notices_all(&self) -> Result<Vec<NoticeRecord>, StoreError> {
         let mut out = Vec::new();
@@ -244,7 +311,8 @@ impl Tx<'_> {
     }
 
     /// The delivery task's record of a pass over notice `seq`: its deliveries as they
-    /// stand, and done (at `now`) when none is pending. False when it is gone.
+    /// stand, and done (at `now`) when none is pending; the pass's hold on it ends. False
+    /// when it is gone.
     pub fn notice_progress(
         &mut self,
         seq: u64,
@@ -261,6 +329,7 @@ impl Tx<'_> {
         };
         rec.deliveries = Some(deliveries);
         rec.done_at = rec.is_done().then_some(now);
+        rec.taken = None;
         self.notices().insert(seq, encode(&rec)?.as_slice())?;
         Ok(true)
     }

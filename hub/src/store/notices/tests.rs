@@ -146,6 +146,7 @@ fn a_notice_fans_out_to_the_targets_that_want_it_and_ends_with_the_last() {
         queued_at: T0,
         deliveries: None,
         done_at: None,
+        taken: None,
     };
     assert_eq!(rec.next_due(), Some(T0), "due at once, before its fan-out");
     assert!(!rec.is_done());
@@ -214,6 +215,51 @@ async fn pending(store: &Store) -> Vec<NoticeRecord> {
 
 fn events_of(recs: &[NoticeRecord]) -> Vec<NoticeEvent> {
     recs.iter().map(|r| r.notice.event).collect()
+}
+
+/// What `hub` takes at `now` (held 100 ms): the seqs, and when it should look again.
+async fn take(store: &Store, hub: &'static str, now: u64) -> (Vec<u64>, Option<u64>) {
+    let got = store
+        .exec(move |t| t.take_notices(hub, now, 100, 100))
+        .await
+        .expect("take");
+    (got.due.iter().map(|r| r.seq).collect(), got.next)
+}
+
+#[tokio::test]
+async fn hubs_sharing_the_outbox_take_each_due_notice_one_at_a_time() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _guard) = open(dir.path());
+    wanted(&store, NoticeEvent::Approval.bit()).await;
+    queue(&store, "event:s:1", NoticeEvent::Approval).await;
+    queue(&store, "event:s:2", NoticeEvent::Approval).await;
+    // A takes both; B, a moment later, none: it looks again when A's hold ends.
+    assert_eq!(take(&store, "a", T0).await, (vec![1, 2], None));
+    assert_eq!(take(&store, "b", T0 + 10).await, (vec![], Some(T0 + 100)));
+    // A records 1 sent, 2 to be retried later: its holds end with the record.
+    let mut sent = Delivery::new("hook", T0);
+    sent.attempted(Verdict::Sent, "HTTP 200", T0 + 20, 0.0);
+    let mut again = Delivery::new("hook", T0);
+    again.attempted(Verdict::Retry, "HTTP 500", T0 + 20, 0.0);
+    let retry_at = again.next_at;
+    for (seq, d) in [(1, sent), (2, again)] {
+        store
+            .exec(move |t| t.notice_progress(seq, vec![d], T0 + 20))
+            .await
+            .expect("progress");
+    }
+    // Not due yet: nobody takes 2, and both hubs know when it is.
+    assert_eq!(take(&store, "b", T0 + 30).await, (vec![], Some(retry_at)));
+    // Due: whichever hub looks first takes it, the other not.
+    assert_eq!(take(&store, "b", retry_at).await, (vec![2], None));
+    assert_eq!(
+        take(&store, "a", retry_at).await,
+        (vec![], Some(retry_at + 100))
+    );
+    // B died sending: once its hold ended, A takes it.
+    assert_eq!(take(&store, "a", retry_at + 100).await, (vec![2], None));
+    // A hub started again under its name takes back what it held.
+    assert_eq!(take(&store, "a", retry_at + 101).await, (vec![2], None));
 }
 
 #[tokio::test]
