@@ -355,7 +355,7 @@ impl Tx<'_> {
         if old_timer != timer {
             self.reschedule(TIMER_WAKE, id, old_timer, timer)?;
         }
-        let old = self.wps().insert((id, STATE), encode(wp)?.as_slice())?;
+        let old = self.wps().replace((id, STATE), encode(wp)?.as_slice())?;
         self.state_moved(wp, old.and_then(|o| state_of(o.value())));
         // A remote wait lives only as long as its waitpoint is armed.
         self.waitpoint_ended(wp)

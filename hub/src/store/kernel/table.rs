@@ -571,8 +571,20 @@ impl<'t, K: Key + 'static, V: Value + 'static> Table<'t, K, V> {
 
     reads!();
 
-    /// Sets `key` to `value`; returns what it held.
+    /// Sets `key` to `value`, without reading what it held (on PostgreSQL a read is a
+    /// round trip; see [`Table::replace`] for a caller that needs it).
     pub fn insert<'k, 'v>(
+        &mut self,
+        key: impl Borrow<K::SelfType<'k>>,
+        value: impl Borrow<V::SelfType<'v>>,
+    ) -> Result<(), StoreError> {
+        let v = value_bytes::<V>(value.borrow());
+        self.put(key_bytes::<K>(key.borrow()), Some(v));
+        Ok(())
+    }
+
+    /// Sets `key` to `value`; returns what it held.
+    pub fn replace<'k, 'v>(
         &mut self,
         key: impl Borrow<K::SelfType<'k>>,
         value: impl Borrow<V::SelfType<'v>>,
@@ -598,10 +610,15 @@ impl<'t, K: Key + 'static, V: Value + 'static> Table<'t, K, V> {
         if old.is_none() && value.is_none() {
             return Ok(None);
         }
+        self.put(key, value);
+        Ok(old.map(Guard::new))
+    }
+
+    /// Records the change in the batch's overlay (and how to undo it).
+    fn put(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
         let rk = RawKey::new(key, K::compare);
         let before = self.cur.tables[self.index].insert(rk.clone(), value);
         self.undo.push((self.index, rk, before));
-        Ok(old.map(Guard::new))
     }
 }
 

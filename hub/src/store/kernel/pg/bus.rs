@@ -1,7 +1,7 @@
 //! The notices of the other hubs on the database: a thread with a connection of its own
 //! that `LISTEN`s on the batches log's channel and reads the log's new rows, raising the
 //! notices of every batch another process wrote in this hub's [`Notifier`] (its own are
-//! raised by its writer). A notification is only a hint: they are lost while the
+//! raised by its writer; a notification of its own next batch is not read back). A notification is only a hint: they are lost while the
 //! connection is down, so the log is read again at least every [`POLL`] whatever came,
 //! and at once after a reconnect. Rows read past a gap (the log pruned while this hub was
 //! away, or a number left unused) wake every watcher once: each reads the store again.
@@ -71,14 +71,38 @@ fn listen(p: &BusParts, last: &mut i64) -> Result<(), StoreError> {
         if p.notifier.strong_count() == 0 {
             return Ok(());
         }
-        let found = read_log(p, &mut c, last)?;
         let m = crate::metrics::metrics();
-        if heard > 0 {
-            m.bus_heard(heard);
-        } else if found > 0 {
+        if !heard.is_empty() {
+            m.bus_heard(heard.len());
+        }
+        // This hub's own batches, right after the last one read: nothing to raise, and no
+        // need to read the log for them.
+        if let Some(n) = own_run(&heard, *last, p.pg.me) {
+            *last = n;
+            continue;
+        }
+        let found = read_log(p, &mut c, last)?;
+        if heard.is_empty() && found > 0 {
             m.bus_polled(found);
         }
     }
+}
+
+/// When the notifications `heard` are all of batches `me` wrote, numbered one after
+/// another from `last + 1` (payloads `N:WRITER`, see the writer), the newest of them.
+fn own_run(heard: &[String], last: i64, me: i64) -> Option<i64> {
+    if heard.is_empty() || last <= 0 {
+        return None;
+    }
+    let mut next = last + 1;
+    for h in heard {
+        let (n, w) = h.split_once(':')?;
+        if n.parse::<i64>().ok()? != next || w.parse::<i64>().ok()? != me {
+            return None;
+        }
+        next += 1;
+    }
+    Some(next - 1)
 }
 
 /// Takes this hub's session lock on `c`; whether it holds it now.
@@ -152,6 +176,23 @@ fn merge(into: &mut Notices, raw: &[u8], kinds: &'static [&'static str]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_run_of_this_hubs_own_batches_right_after_the_last_skips_the_log() {
+        let h = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for (heard, last, want) in [
+            (h(&["8:7", "9:7"]), 7, Some(9)),
+            (h(&["8:7"]), 7, Some(8)),
+            (h(&[]), 7, None),             // the poll: read the log
+            (h(&["9:7"]), 7, None),        // 8 was not heard: another hub's, or lost
+            (h(&["8:7", "9:5"]), 7, None), // another hub's batch
+            (h(&["8"]), 7, None),          // a hub that sends the number alone
+            (h(&["8:7"]), 0, None),        // nothing read yet
+            (h(&["8:x"]), 7, None),
+        ] {
+            assert_eq!(own_run(&heard, last, 7), want, "{heard:?} after {last}");
+        }
+    }
 
     #[test]
     fn notices_of_a_row_keep_known_kinds_and_the_newest_value() {

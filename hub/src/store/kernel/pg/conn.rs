@@ -92,26 +92,26 @@ impl Conn {
     }
 
     /// Waits up to `timeout` for a notification on a channel this connection listens to;
-    /// how many came (those arriving together are taken together).
+    /// the payloads of those that came (those arriving together are taken together).
     pub(crate) fn notifications(
         &mut self,
         timeout: std::time::Duration,
-    ) -> Result<usize, StoreError> {
-        let mut n = 0;
+    ) -> Result<Vec<String>, StoreError> {
+        let mut out = Vec::new();
         let r = (|| {
             let mut got = self.client.notifications();
-            if got.timeout_iter(timeout).next()?.is_none() {
+            let Some(first) = got.timeout_iter(timeout).next()? else {
                 return Ok(());
-            }
-            n += 1;
+            };
+            out.push(first.payload().to_string());
             // Whatever else already arrived, without waiting again.
             let mut more = got.iter();
-            while more.next()?.is_some() {
-                n += 1;
+            while let Some(n) = more.next()? {
+                out.push(n.payload().to_string());
             }
             Ok(())
         })();
-        self.seen(r).map(|()| n)
+        self.seen(r).map(|()| out)
     }
 
     /// Whether a statement failed since the last `BEGIN` (the transaction is aborted).

@@ -132,7 +132,7 @@ fn undo_restores_the_current_layer_exactly() {
         let mut t: Table<'_, (&str, u64), &str> =
             Table::new(0, snap.tables[0].as_ref(), None, &mut cur, &mut undo);
         assert_eq!(
-            t.insert(("a", 3), "new")
+            t.replace(("a", 3), "new")
                 .expect("ins")
                 .map(|g| g.value().to_string()),
             None
@@ -144,7 +144,7 @@ fn undo_restores_the_current_layer_exactly() {
             Some("s1".into())
         );
         assert_eq!(
-            t.insert(("a", 2), "again")
+            t.replace(("a", 2), "again")
                 .expect("ins")
                 .map(|g| g.value().to_string()),
             Some("c2".into())
