@@ -151,9 +151,22 @@ pub(crate) fn lease_hub_with(
     lease_ms: u64,
     more: &[&str],
 ) -> Hub {
+    let settings = json!({"agent": {"leaseMs": lease_ms}});
+    settings_hub(dir, name, url, token, model, &settings, more)
+}
+
+/// [`lease_hub_with`] with `settings` as its settings.json.
+pub(crate) fn settings_hub(
+    dir: &std::path::Path,
+    name: &str,
+    url: &str,
+    token: Option<&str>,
+    model: Option<&ScriptedModel>,
+    settings: &Value,
+    more: &[&str],
+) -> Hub {
     let home = dir.join(name);
     std::fs::create_dir_all(&home).expect("home");
-    let settings = json!({"agent": {"leaseMs": lease_ms}});
     std::fs::write(home.join("settings.json"), settings.to_string()).expect("settings");
     let murl = model.map(|m| m.url());
     let mut env = Vec::new();
@@ -330,6 +343,107 @@ fn a_device_exec_asked_on_one_hub_starts_once_through_the_hub_holding_the_link()
     // Answered, the ask is gone from the store.
     let left = pg.query(&db, "SELECT count(*) FROM cortex.exec_asks");
     assert_eq!(left, "0");
+}
+
+/// A call asked before its hub died, asked again by the hub that took the session while
+/// its device is away, reaches the device once it links to a third hub: the re-ask waits
+/// for a link anywhere, not only on the asking hub (which the device does not even
+/// know), and the device answers with the run it holds. The command, which freezes its
+/// hub and the agent as it starts (so the answer is not recorded), runs once.
+#[test]
+fn a_call_asked_again_after_its_hub_died_reaches_its_device_on_another_hub() {
+    use crate::device_exec::{device_execs, exec_model};
+    use rustix::process::Signal;
+    let pg = Postgres::shared();
+    let url = pg.url(&pg.database());
+    let homes = tempfile::tempdir().expect("homes");
+    let model = exec_model();
+    let settings = json!({"agent": {"leaseMs": LEASE_MS}, "deviceLossGraceMs": 60_000});
+    let hub = |name: &str, token: Option<&str>, model: Option<&ScriptedModel>| {
+        settings_hub(homes.path(), name, &url, token, model, &settings, &[])
+    };
+    // c runs no model (it drives no session); the device knows a and c, never b.
+    let c = hub("c", None, None);
+    let token = c.add_device("gpu1");
+    for cycle in 0..5 {
+        let mut a = hub(&format!("a{cycle}"), Some(&c.token), Some(&model));
+        let mut agent = Agent::new(&a, "gpu1", &token);
+        agent.set_hub_urls(&[&a.mesh_url, &c.mesh_url]);
+        agent.set_env("CORTEX_ALLOW_EXEC", "1");
+        agent.spawn();
+        wait_until(LIMIT, "gpu1 linked to a", || {
+            (c.device("gpu1")["hub"] == name_of(&a) && c.device("gpu1")["state"] == "online")
+                .then_some(())
+        });
+        let (pids, mark) = (
+            homes.path().join("pids"),
+            homes.path().join(format!("mark{cycle}")),
+        );
+        let both = format!("{} {}\n", a.pid().expect("a"), agent.pid().expect("agent"));
+        std::fs::write(&pids, both).expect("pids");
+        // Builtins only before the freeze: no fork the agent's answer could overtake.
+        let script = format!(
+            "read h d < {}; kill -STOP $h $d; echo run >> {}",
+            pids.display(),
+            mark.display()
+        );
+        let sid = crate::runner::new_session(&a, json!({"policy": {"requireApproval": []}}));
+        crate::runner::say(&a, &sid, json!({"text": format!("exec: {script}")}));
+        wait_until(LIMIT, "the command to start", || {
+            std::fs::read_to_string(&mark)
+                .ok()
+                .filter(|m| !m.is_empty())
+        });
+        let told = |hub: &Hub| {
+            device_execs(hub)
+                .into_iter()
+                .find(|e| e["session"] == sid.as_str())
+        };
+        if told(&c).is_some_and(|e| e["pid"].is_i64()) {
+            // a recorded the answer before the freeze: this cycle proves nothing.
+            crate::device_exec::signal(agent.pid(), Signal::CONT);
+            a.kill();
+            continue;
+        }
+        a.kill();
+        wait_until(LIMIT, "gpu1 recorded offline once a is gone", || {
+            (c.device("gpu1")["state"] != "online").then_some(())
+        });
+        let b = hub(&format!("b{cycle}"), Some(&c.token), Some(&model));
+        let said = wait_until(LIMIT, "b saying the call's state is unknown", || {
+            told(&b).filter(|e| {
+                e["error"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("state unknown"))
+            })
+        });
+        assert!(said["pid"].is_null(), "{said}");
+        // Back: the agent finds a gone and links to c; b asks again through c.
+        crate::device_exec::signal(agent.pid(), Signal::CONT);
+        let end = crate::runner::run_end(&b, &sid, 1);
+        assert_eq!(end["result"]["ok"], true, "{end}");
+        let evs = b.events(&sid, 0);
+        let obs = &evs
+            .iter()
+            .find(|e| e["kind"] == "tool-end")
+            .expect("the call's answer")["observation"];
+        assert_eq!(obs["ok"], true, "{obs}");
+        assert!(obs["result"]["pid"].is_i64(), "{obs}");
+        assert!(
+            obs["result"]["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("started before")),
+            "the agent answered with the run it holds: {obs}"
+        );
+        assert_eq!(counter(&b, "cortex_exec_relayed"), 1.0, "asked through c");
+        assert_eq!(
+            std::fs::read_to_string(&mark).expect("mark"),
+            "run\n",
+            "one run"
+        );
+        return;
+    }
+    panic!("in five cycles the hub always recorded the answer before the command froze it");
 }
 
 #[test]

@@ -147,6 +147,29 @@ pub async fn exec(
     exec_on(&state.devices, device, req).await
 }
 
+/// Waits until `device` is linked to this hub or, on a shared store, to another one
+/// (looked up in the store each [`RELAY_POLL`]), at most until `until`; whether it is.
+/// What [`exec`] then asks goes over the link, wherever it is.
+pub async fn wait_linked(state: &AppState, device: &str, until: tokio::time::Instant) -> bool {
+    loop {
+        if state.devices.link(device).is_some() || holder_elsewhere(state, device).await.is_some() {
+            return true;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return false;
+        }
+        let step = if state.store.is_shared() {
+            until.min(now + RELAY_POLL)
+        } else {
+            until
+        };
+        if state.devices.wait_link(device, step).await.is_some() {
+            return true;
+        }
+    }
+}
+
 /// On a shared store: the hub that holds `device`'s link, when it is another.
 async fn holder_elsewhere(state: &AppState, device: &str) -> Option<String> {
     if !state.store.is_shared() {

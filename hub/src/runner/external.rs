@@ -207,7 +207,7 @@ struct Asked<'a> {
 /// The ask of a call begun before came to `first`: while the device is offline, its fate
 /// is unknown. That is recorded at once (a `device-exec` event, `state unknown` with the
 /// exec id); the device is waited for within the device-loss grace and asked again under
-/// the same id when it is back. The result never says nothing was started.
+/// the same id when it is back, on this hub or (on a shared store) another. The result never says nothing was started.
 async fn reask(
     state: &AppState,
     asked: &Asked<'_>,
@@ -253,8 +253,8 @@ async fn reask(
                 *until.insert((tokio::time::Instant::now() + grace, grace))
             }
         };
-        let link = tokio::select! {
-            l = state.devices.wait_link(asked.device, until) => l,
+        let linked = tokio::select! {
+            l = crate::mesh::exec::wait_linked(state, asked.device, until) => l,
             () = stop.rung() => {
                 return Err(unknown(format!(
                     "a cancel stopped the wait for device {} to reconnect",
@@ -262,7 +262,7 @@ async fn reask(
                 )));
             }
         };
-        if link.is_none() {
+        if !linked {
             return Err(unknown(format!(
                 "device {} was asked before and stayed offline for {} (deviceLossGraceMs)",
                 asked.device,
