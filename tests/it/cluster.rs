@@ -315,6 +315,10 @@ fn a_device_exec_asked_on_one_hub_starts_once_through_the_hub_holding_the_link()
     wait_until(LIMIT, "b showing gpu1 online on a", || {
         (b.device("gpu1")["hub"] == name_of(&a)).then_some(())
     });
+    // b's metrics count the fleet, not its own links (it has none).
+    assert_eq!(gauge(&b, r#"cortex_devices{state="online"}"#), 1.0);
+    assert_eq!(gauge(&b, r#"cortex_devices{state="offline"}"#), 0.0);
+    assert_eq!(gauge(&b, "cortex_mesh_links"), 0.0);
     let mark = homes.path().join("mark");
     let sid = crate::runner::new_session(&b, json!({"policy": {"requireApproval": []}}));
     let script = format!("echo run >> {}", mark.display());

@@ -12,11 +12,33 @@ use super::error::ApiError;
 use crate::state::AppState;
 
 pub async fn route(State(state): State<AppState>) -> Response {
-    let read = crate::metrics::Fleet {
+    let mut read = crate::metrics::Fleet {
         session_watchers: i64::try_from(state.store.notifier.session_watchers())
             .unwrap_or(i64::MAX),
         ..state.devices.fleet()
     };
+    // On a store shared by several hubs, a device linked to another is online too (as
+    // `GET /api/devices` says): the fleet's states come from the store; the links gauge
+    // stays this hub's own.
+    if state.store.is_shared() {
+        match state.store.read(|r| r.devices()).await {
+            Ok(all) => {
+                let me = state.claims.hub.as_str();
+                let online = all
+                    .iter()
+                    .filter(|d| {
+                        state.devices.link(&d.name).is_some()
+                            || (d.link.is_some() && d.hub.as_deref().is_some_and(|h| h != me))
+                    })
+                    .count() as i64;
+                read.online = online;
+                read.offline = all.len() as i64 - online;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the devices for /metrics; showing this hub's links only");
+            }
+        }
+    }
     match crate::metrics::metrics().encode(read) {
         Ok(text) => ([(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response(),
         Err(e) => ApiError::new(
