@@ -245,6 +245,9 @@ pub enum Refused {
 #[derive(Default)]
 struct Inner {
     tokens: HashMap<String, [u8; 32]>,
+    /// Bumped by every local change to `tokens` (an add, a revoke): a view of the store
+    /// read before one is older than it, and must not be applied over it.
+    revision: u64,
     links: HashMap<String, Arc<Link>>,
     /// Devices that had a link since the hub started (a new one is a reconnect).
     linked: std::collections::HashSet<String>,
@@ -278,12 +281,25 @@ impl Registry {
         self.lock().tokens = tokens.into_iter().collect();
     }
 
+    /// Where the local changes to the allowed devices stand: taken before a read of the
+    /// store's devices, given back with what it read ([`Registry::follow`],
+    /// [`Registry::allow_read`]).
+    pub fn revision(&self) -> u64 {
+        self.lock().revision
+    }
+
     /// Follows the store's devices (another hub added or revoked one): the allowed set
     /// becomes `tokens`, and a device no longer in it, or whose token changed, has its
-    /// link here ended as revoked. Returns the devices whose links were ended.
-    pub fn follow(&self, tokens: HashMap<String, [u8; 32]>) -> Vec<String> {
+    /// link here ended as revoked. Returns the devices whose links were ended, or `None`
+    /// (nothing applied) when a local add or revoke came after `read_at`, the
+    /// [`Registry::revision`] taken before the read: applied, the older read would undo it
+    /// (a revoked device allowed again).
+    pub fn follow(&self, tokens: HashMap<String, [u8; 32]>, read_at: u64) -> Option<Vec<String>> {
         let gone: Vec<String> = {
             let g = self.lock();
+            if g.revision != read_at {
+                return None;
+            }
             g.tokens
                 .iter()
                 .filter(|(name, hash)| tokens.get(*name) != Some(*hash))
@@ -292,22 +308,44 @@ impl Registry {
         };
         let mut ended = Vec::new();
         for name in gone {
-            if self.revoke(&name) {
+            if self.end_revoked(&name) {
                 ended.push(name);
             }
         }
-        self.lock().tokens = tokens;
-        ended
+        let mut g = self.lock();
+        if g.revision == read_at {
+            g.tokens = tokens;
+        }
+        Some(ended)
     }
 
     /// A device was added (after its record committed).
     pub fn allow(&self, name: &str, token_hash: [u8; 32]) {
-        self.lock().tokens.insert(name.to_string(), token_hash);
+        let mut g = self.lock();
+        g.tokens.insert(name.to_string(), token_hash);
+        g.revision += 1;
+    }
+
+    /// A device found in the store by a read begun at [`Registry::revision`] `read_at`:
+    /// allowed unless a local add or revoke came since (whether it was).
+    pub fn allow_read(&self, name: &str, token_hash: [u8; 32], read_at: u64) -> bool {
+        let mut g = self.lock();
+        if g.revision != read_at {
+            return false;
+        }
+        g.tokens.insert(name.to_string(), token_hash);
+        true
     }
 
     /// A device was revoked (after its record was deleted): no new link is accepted and
     /// the live one, if any, is told to end now.
     pub fn revoke(&self, name: &str) -> bool {
+        self.lock().revision += 1;
+        self.end_revoked(name)
+    }
+
+    /// [`Registry::revoke`]'s forgetting and ending, without marking a local change.
+    fn end_revoked(&self, name: &str) -> bool {
         let mut g = self.lock();
         g.tokens.remove(name);
         g.linked.remove(name);

@@ -338,13 +338,12 @@ fn learn(state: &AppState, device: &str) -> bool {
         return false;
     };
     let name = device.to_string();
+    // A revoke on this hub during the read wins over what it found.
+    let read_at = state.devices.revision();
     let found =
         tokio::task::block_in_place(|| rt.block_on(state.store.read(move |r| r.get_device(&name))));
     match found {
-        Ok(Some(rec)) => {
-            state.devices.allow(&rec.name, rec.token_hash);
-            true
-        }
+        Ok(Some(rec)) => state.devices.allow_read(&rec.name, rec.token_hash, read_at),
         Ok(None) => false,
         Err(e) => {
             tracing::warn!(device, error = %e, "cannot look a refused device up in the store");

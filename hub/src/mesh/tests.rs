@@ -1,3 +1,4 @@
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use cortex_protocol::mesh::{CloseReason, HostFacts, SpoolCounts};
@@ -237,4 +238,37 @@ async fn wait_link_returns_the_link_that_registers_and_nothing_past_its_bound() 
     let b = link(&reg, "d");
     reg.register(b.clone(), &h).expect("registered");
     assert_eq!(reg.wait_link("d", soon()).await.map(|l| l.id), Some(b.id));
+}
+
+/// A view of the store's devices read before a local revoke never allows the revoked
+/// device again: applied late (the follower's read raced the revoke), it is refused, and
+/// so is a refused device's lookup begun before it.
+#[test]
+fn a_read_begun_before_a_revoke_never_allows_the_device_again() {
+    let reg = Registry::default();
+    let h = secret::hash("t");
+    reg.allow("d", h);
+    // The follower reads the store (d still in it), then d is revoked here.
+    let read_at = reg.revision();
+    let stale: HashMap<String, [u8; 32]> = [("d".to_string(), h)].into();
+    assert!(!reg.revoke("d"), "no live link");
+    assert_eq!(
+        reg.follow(stale.clone(), read_at),
+        None,
+        "the read is older"
+    );
+    assert!(reg.authenticate("d", "t").is_err(), "still revoked");
+    assert!(!reg.allow_read("d", h, read_at), "a lookup begun before");
+    assert!(reg.authenticate("d", "t").is_err(), "still revoked");
+    // Read again after the revoke: what it says is applied.
+    let read_at = reg.revision();
+    let fresh: HashMap<String, [u8; 32]> = [("e".to_string(), h)].into();
+    assert_eq!(reg.follow(fresh, read_at), Some(vec![]));
+    assert!(reg.authenticate("e", "t").is_ok());
+    assert!(reg.authenticate("d", "t").is_err());
+    assert!(
+        reg.allow_read("d", h, reg.revision()),
+        "enrolled again elsewhere"
+    );
+    assert!(reg.authenticate("d", "t").is_ok());
 }

@@ -234,18 +234,25 @@ pub(super) async fn follow_devices(state: AppState) {
             () = state.shutdown.cancelled() => return,
         }
         events.borrow_and_update();
-        let records = match state.store.read(|r| r.devices()).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the devices to follow the other hubs' changes");
-                continue;
+        // Read again when a local add or revoke came during the read (it is newer).
+        let ended = loop {
+            let read_at = state.devices.revision();
+            let records = match state.store.read(|r| r.devices()).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the devices to follow the other hubs' changes");
+                    break Vec::new();
+                }
+            };
+            let tokens: HashMap<String, [u8; 32]> = records
+                .into_iter()
+                .map(|r| (r.name, r.token_hash))
+                .collect();
+            if let Some(ended) = state.devices.follow(tokens, read_at) {
+                break ended;
             }
         };
-        let tokens: HashMap<String, [u8; 32]> = records
-            .into_iter()
-            .map(|r| (r.name, r.token_hash))
-            .collect();
-        for device in state.devices.follow(tokens) {
+        for device in ended {
             tracing::info!(%device, "a device revoked on another hub: its link here is ended");
         }
     }
