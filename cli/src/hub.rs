@@ -325,6 +325,31 @@ impl Hub {
     }
 }
 
+impl Hub {
+    /// `POST path` with `body` and `headers`, answered as it arrives (`accept` names what
+    /// may come back): for a bridge that passes on whatever the hub answers, error
+    /// statuses included. Moves from hub to hub only as [`Hub::each`] does.
+    pub fn open_post(
+        &self,
+        path: &str,
+        body: &[u8],
+        headers: &[(&str, &str)],
+        accept: &str,
+    ) -> Result<http::Streaming, HubError> {
+        self.each(|base| {
+            let url = format!("{base}{path}");
+            let mut req = Request::new(Method::Post, &url)
+                .header("Authorization", &self.auth)
+                .timeout(http::DEFAULT_TIMEOUT)
+                .json(body);
+            for (k, v) in headers {
+                req = req.header(k, v);
+            }
+            req.open(accept).map_err(|e| request_error(base, e))
+        })
+    }
+}
+
 fn request_error(base: &str, e: HttpError) -> HubError {
     match e {
         HttpError::Unreachable { reason, unsent, .. } => HubError::Unreachable {

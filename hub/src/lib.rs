@@ -28,6 +28,7 @@ pub mod home_lock;
 pub mod hosts;
 pub mod intake;
 pub mod live;
+pub mod mcp;
 pub mod mesh;
 pub mod metrics;
 pub mod model;

@@ -8,10 +8,11 @@ use cortex_cli::cmd::{self, Cli, CortexEnv};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let env = CortexEnv::from_process();
+    // Stdout is not held locked: `cortex mcp` writes it from several threads.
     let code = cmd::run(
         &cli,
         &env,
-        &mut std::io::stdout().lock(),
+        &mut std::io::stdout(),
         &mut std::io::stderr().lock(),
     );
     ExitCode::from(code)

@@ -158,6 +158,17 @@ pub enum Command {
         #[arg(long)]
         reasoning: bool,
     },
+    /// Serve MCP on stdin and stdout as the hub's /mcp: the line an MCP client (Claude
+    /// Code, Codex, Cursor) starts to wait on cortex
+    #[command(
+        after_help = "Examples:\n  claude mcp add cortex -- cortex mcp\n  cortex mcp --session train-7   # every connection naming train-7 shares one session"
+    )]
+    Mcp {
+        /// Name the session this client's waits are in: connections naming the same name
+        /// share it, across restarts [default: one session per connection]
+        #[arg(long, value_name = "NAME")]
+        session: Option<String>,
+    },
     /// Run a command and wake a session when it ends: arms a waitpoint, runs CMD with
     /// CORTEX_SIGNAL_ID, CORTEX_SIGNAL_SECRET and CORTEX_HUB set, and signals its exit
     /// status (spooled if the hub is away). Exits with the command's status.

@@ -6,6 +6,7 @@ mod args;
 pub mod chat;
 pub mod devices;
 pub mod follow;
+pub mod mcp;
 pub mod people;
 pub mod render;
 pub mod run;
@@ -166,6 +167,16 @@ fn execute(
         return Ok(wait_local::run(w, out, err));
     }
     let hub = connect(cli.hub.as_deref(), env)?;
+    if let Command::Mcp { session } = &cli.command {
+        let input = std::io::BufReader::new(std::io::stdin());
+        return Ok(mcp::run(
+            hub,
+            session.clone(),
+            input,
+            Box::new(std::io::stdout()),
+            err,
+        ));
+    }
     let json = cli.json;
     match &cli.command {
         Command::Sessions => sessions::list(&hub, json, out)?,
@@ -264,7 +275,7 @@ fn execute(
         Command::Wait(WaitCommand::Local(w)) => {
             return Ok(wait_remote::run(&hub, w, env.user.as_deref(), out, err));
         }
-        Command::Run(_) | Command::Completion { .. } => {}
+        Command::Run(_) | Command::Completion { .. } | Command::Mcp { .. } => {}
     }
     Ok(0)
 }

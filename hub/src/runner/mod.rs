@@ -20,6 +20,8 @@ pub mod rules;
 mod step;
 pub mod tools;
 pub mod turn;
+/// Prepares one tool call as the runner does (a `wait_create` spawn built with its prefix).
+pub use step::prepare as prepare_call;
 mod write;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

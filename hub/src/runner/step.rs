@@ -481,7 +481,7 @@ fn live_piece(
 
 /// Prepares one tool call ([`tools::prepare`]), building a `wait_create`'s spawned
 /// sessions' configuration and prefix here, where the prefix is known.
-pub(super) async fn prepare(
+pub async fn prepare(
     state: &AppState,
     sid: &str,
     call: &crate::model::ToolCall,

@@ -93,6 +93,7 @@ pub fn router(state: AppState) -> Router {
         .route("/page/app.js", get(page::script))
         .route("/page/app.css", get(page::style))
         .nest("/api", api)
+        .merge(crate::mcp::router(state.clone()))
         .fallback(api::not_found)
         .layer(axum::Extension(page::Logins::shared()))
         .layer(axum::middleware::from_fn_with_state(

@@ -23,6 +23,7 @@ pub mod devices;
 pub mod exec_asks;
 pub mod kernel;
 pub mod logged;
+pub mod mcp;
 pub mod notices;
 pub mod ops;
 pub mod posts;

@@ -63,4 +63,9 @@ pub(crate) static MIGRATIONS: &[Migration] = &[
         what: "commands asked of the hub holding a device's link",
         steps: &[Step::Tables(&["exec_asks"])],
     },
+    Migration {
+        version: 6,
+        what: "MCP connections and tasks",
+        steps: &[Step::Tables(&["mcp_connections", "mcp_tasks"])],
+    },
 ];

@@ -21,6 +21,8 @@
 //! - `wait_consumers`: (waitpoint, consumer) → the seq of the last wake it took
 //! - `notices`: seq → a queued notice and its deliveries; `notice_keys`: event key → seq
 //!   (`notices.rs`, the outbox)
+//! - `mcp_connections`: SHA-256 of an MCP connection id → its record; `mcp_tasks`: task
+//!   id → a task (`mcp.rs`)
 //! - `meta`: name → number; `journal_seq` is the newest journal record a checkpoint holds
 
 use std::sync::Arc;
@@ -82,9 +84,13 @@ pub(crate) const SESSION_CLAIMS: TableSpec<&str, &[u8]> = TableSpec::new(23, "se
 pub(crate) const HUB_BEATS: TableSpec<&str, u64> = TableSpec::new(24, "hub_beats");
 /// Exec id → an ask to start a command over another hub's link (`exec_asks::ExecAsk`).
 pub(crate) const EXEC_ASKS: TableSpec<&str, &[u8]> = TableSpec::new(25, "exec_asks");
+/// MCP connections (`mcp.rs`): the SHA-256 of a connection's id → its record.
+pub(crate) const MCP_CONNECTIONS: TableSpec<&str, &[u8]> = TableSpec::new(26, "mcp_connections");
+/// MCP tasks (`mcp.rs`): task id → its record.
+pub(crate) const MCP_TASKS: TableSpec<&str, &[u8]> = TableSpec::new(27, "mcp_tasks");
 
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 26] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 28] = [
     &META,
     &TIMER_QUEUE,
     &WAITPOINTS,
@@ -111,6 +117,8 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 26] = [
     &SESSION_CLAIMS,
     &HUB_BEATS,
     &EXEC_ASKS,
+    &MCP_CONNECTIONS,
+    &MCP_TASKS,
 ];
 
 /// The timer kinds of the hub's domains (see [`super::kernel::timers`]): a decided wake
