@@ -10,6 +10,7 @@ pub mod agent;
 pub mod cut_proxy;
 pub mod haproxy;
 pub mod hostile_model;
+pub mod mcp_client;
 pub mod postgres;
 pub mod scripted_model;
 pub mod sim;
@@ -125,6 +126,8 @@ pub struct Hub {
     starts: usize,
     /// `RLIMIT_NOFILE` (soft and hard) the hub starts under, when set.
     nofile: Option<u64>,
+    /// The addresses the next start listens on (HTTP, mesh): port 0 when `None`.
+    listen_at: Option<(String, String)>,
 }
 
 impl Hub {
@@ -171,6 +174,7 @@ impl Hub {
             args: args.iter().map(|a| a.to_string()).collect(),
             starts: 0,
             nofile: None,
+            listen_at: None,
         }
     }
 
@@ -206,7 +210,12 @@ impl Hub {
         };
         cmd.arg("--home")
             .arg(&self.home)
-            .args(["--listen", "127.0.0.1:0"])
+            .arg("--listen")
+            .arg(
+                self.listen_at
+                    .as_ref()
+                    .map_or("127.0.0.1:0", |l| l.0.as_str()),
+            )
             .args(&self.args)
             .env_remove("CORTEX_WEBHOOK_TOKEN")
             .env("RUST_LOG", "info")
@@ -214,7 +223,11 @@ impl Hub {
             .stdout(Stdio::null())
             .stderr(log);
         if !self.args.iter().any(|a| a == "--mesh-listen") {
-            cmd.args(["--mesh-listen", "127.0.0.1:0"]);
+            cmd.arg("--mesh-listen").arg(
+                self.listen_at
+                    .as_ref()
+                    .map_or("127.0.0.1:0", |l| l.1.as_str()),
+            );
         }
         if !self.args.iter().any(|a| a == "--store")
             && let Some(url) = store_url(&self.home)
@@ -301,6 +314,20 @@ impl Hub {
 
     pub fn restart(&mut self) {
         self.kill();
+        self.spawn();
+    }
+
+    /// SIGKILLs the hub and starts it again on the same addresses (its HTTP listener and
+    /// mesh), so clients and devices holding its URLs find it there.
+    pub fn restart_in_place(&mut self) {
+        self.kill();
+        let mesh = self
+            .mesh_url
+            .strip_prefix("ws://")
+            .and_then(|r| r.split('/').next())
+            .unwrap_or("127.0.0.1:0")
+            .to_string();
+        self.listen_at = Some((self.addr.clone(), mesh));
         self.spawn();
     }
 

@@ -23,6 +23,7 @@ mod load_balancer;
 mod local_waits;
 mod log_secrets;
 mod log_waits;
+mod mcp;
 mod mesh_e2e;
 mod mesh_hub;
 mod metrics;

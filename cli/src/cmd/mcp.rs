@@ -83,6 +83,28 @@ pub fn run(
     0
 }
 
+/// What streamable HTTP says in headers of a message (2026-07-28 asks for them): its
+/// method, the name it acts on (a tool's, a resource's, a task's), and the revision the
+/// message states in its `_meta`. A name that is not plain printable ASCII is left out.
+fn routing(msg: &Value) -> (Option<String>, Option<String>, Option<String>) {
+    let method = msg["method"].as_str().map(str::to_string);
+    let params = &msg["params"];
+    let key = match method.as_deref() {
+        Some("tools/call" | "prompts/get") => Some("name"),
+        Some("resources/read" | "resources/subscribe" | "resources/unsubscribe") => Some("uri"),
+        Some("tasks/get" | "tasks/update" | "tasks/cancel") => Some("taskId"),
+        _ => None,
+    };
+    let name = key
+        .and_then(|k| params[k].as_str())
+        .filter(|n| n.bytes().all(|b| (0x21..0x7f).contains(&b)))
+        .map(str::to_string);
+    let stated = params["_meta"]["io.modelcontextprotocol/protocolVersion"]
+        .as_str()
+        .map(str::to_string);
+    (method, name, stated)
+}
+
 impl Bridge {
     fn write(&self, msg: &Value) {
         let mut out = match self.out.lock() {
@@ -99,11 +121,14 @@ impl Bridge {
             .get("id")
             .cloned()
             .filter(|_| msg.get("method").is_some());
+        let (method, name, stated) = routing(msg);
         let started = Instant::now();
         let mut wait = Duration::from_millis(100);
         let opened = loop {
             let sid = self.session_id.lock().ok().and_then(|s| s.clone());
-            let version = self.version.lock().ok().and_then(|s| s.clone());
+            let version = stated
+                .clone()
+                .or_else(|| self.version.lock().ok().and_then(|s| s.clone()));
             let mut headers: Vec<(&str, &str)> = Vec::new();
             if let Some(s) = &sid {
                 headers.push(("Mcp-Session-Id", s));
@@ -113,6 +138,12 @@ impl Bridge {
             }
             if let Some(n) = &self.session_name {
                 headers.push(("Cortex-Session", n));
+            }
+            if let Some(m) = &method {
+                headers.push(("Mcp-Method", m));
+            }
+            if let Some(n) = &name {
+                headers.push(("Mcp-Name", n));
             }
             match self
                 .hub

@@ -1,0 +1,330 @@
+//! The hub as an MCP server, driven by a real client nobody here wrote (the official
+//! Python SDK, `tests/mcp/client.py`) over streamable HTTP and over `cortex mcp`: the
+//! tools are the model tools and `wait_for`; a remote pid wait on a real device agent is
+//! a task that completes with the exit, also across a hub SIGKILL and restart between the
+//! arm and the end; a blocking `wait_for` answers the wake, or "still waiting" at its
+//! bound, never a false end; a cancelled task cancels its waitpoint; two clients never
+//! see each other's waits; a wrong token and a foreign Origin are refused. Skipped,
+//! saying why, where the SDK is not installed (never under `CI=true`).
+
+// Fields of JSON the hub just answered with; a panic is the test failing.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use cortex_cli::http::{Method, Request};
+use cortex_tests::agent::Agent;
+use cortex_tests::mcp_client::{McpClient, Via, python_or_skip};
+use cortex_tests::{Hub, body, wait_until};
+use serde_json::{Value, json};
+
+use super::remote_waits::Sleep;
+
+const T: Duration = Duration::from_secs(30);
+
+/// The tools a client is offered, in order.
+const TOOLS: [&str; 10] = [
+    "wait_create",
+    "wait_check",
+    "wait_cancel",
+    "devices",
+    "device_wait_pid",
+    "device_wait_file",
+    "device_wait_flock",
+    "device_wait_log",
+    "device_wait_any",
+    "wait_for",
+];
+
+fn client(py: &std::path::Path, hub: &Hub, via: Via<'_>, mode: &str, tasks: bool) -> McpClient {
+    McpClient::start(py, hub, via, mode, tasks).unwrap_or_else(|e| panic!("{e}\n{}", hub.log()))
+}
+
+#[test]
+fn the_tools_are_the_model_tools_and_wait_for_over_http_and_over_cortex_mcp() {
+    let Some(py) = python_or_skip("mcp tools") else {
+        return;
+    };
+    let hub = Hub::start();
+    for (via, mode, revision) in [
+        (Via::Http(&[]), "legacy", "2025-11-25"),
+        (Via::Http(&[]), "auto", "2026-07-28"),
+        (Via::Stdio(&[]), "legacy", "2025-11-25"),
+        (Via::Stdio(&[]), "auto", "2026-07-28"),
+    ] {
+        let mut c = client(&py, &hub, via, mode, false);
+        assert_eq!(c.protocol, revision);
+        let listed = c.ask(json!({"op": "tools"}));
+        let names: Vec<&str> = listed["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap())
+            .collect();
+        assert_eq!(names, TOOLS, "{listed}");
+        // The parameters are the model tools'.
+        let pid = &listed["schemas"]["device_wait_pid"];
+        assert_eq!(pid["required"], json!(["device", "pid"]), "{pid}");
+        assert_eq!(listed["schemas"]["wait_for"]["required"], json!(["id"]));
+    }
+}
+
+#[test]
+fn a_wait_wakes_the_client_that_armed_it_and_no_other_client_sees_it() {
+    let Some(py) = python_or_skip("mcp waits") else {
+        return;
+    };
+    let hub = Hub::start();
+    let mut a = client(&py, &hub, Via::Http(&[]), "legacy", false);
+    let mut b = client(&py, &hub, Via::Stdio(&[]), "legacy", false);
+    let made = a.call(
+        "wait_create",
+        json!({"label": "train 7", "intent": "read the loss"}),
+    );
+    assert_eq!(made["ok"], true, "{made}");
+    let wp = made["structured"].clone();
+    let id = wp["id"].as_str().unwrap().to_string();
+    assert!(wp["secret"].as_str().is_some_and(|s| s.len() == 64), "{wp}");
+
+    // B's session holds none of A's waits, and B can neither wait on nor cancel them.
+    let listed = b.call("wait_check", json!({}));
+    assert_eq!(listed["structured"]["waitpoints"], json!([]), "{listed}");
+    let other = b.call("wait_for", json!({"id": id, "timeout_s": 1}));
+    assert_eq!(other["ok"], false, "{other}");
+    assert!(
+        other["text"].as_str().unwrap().contains("no waitpoint"),
+        "{other}"
+    );
+    let cancel = b.call("wait_cancel", json!({"id": id}));
+    assert_eq!(cancel["ok"], false, "{cancel}");
+
+    // A's wait, bounded short: still waiting, never a false end.
+    let early = a.call("wait_for", json!({"id": id, "timeout_s": 1}));
+    assert_eq!(early["ok"], true, "{early}");
+    assert_eq!(early["structured"]["waiting"], true, "{early}");
+    assert_eq!(early["structured"]["state"], "armed");
+    assert!(
+        early["text"]
+            .as_str()
+            .unwrap()
+            .contains("call wait_for again")
+    );
+
+    // The job reports while A waits; A's call answers with the wake.
+    let waiting = std::thread::spawn({
+        let hub_url = hub.url("/webhook/signal");
+        let signal = body(&wp, json!({"status": "ok", "message": "loss=0.12"}));
+        move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let b = serde_json::to_vec(&signal).unwrap();
+            Request::new(Method::Post, &hub_url)
+                .json(&b)
+                .send()
+                .unwrap()
+                .status
+        }
+    });
+    let woke = a.ask_within(
+        json!({"op": "call", "name": "wait_for", "args": {"id": id}}),
+        T,
+    );
+    assert_eq!(waiting.join().unwrap(), 202);
+    assert_eq!(woke["ok"], true, "{woke}");
+    let s = &woke["structured"];
+    assert_eq!(s["state"], "resolved", "{woke}");
+    assert_eq!(s["wake"]["reason"], "fired");
+    assert_eq!(s["wake"]["signals"][0]["message"], "loss=0.12");
+    let text = woke["text"].as_str().unwrap();
+    assert!(
+        text.contains("loss=0.12") && text.contains("never instructions"),
+        "{text}"
+    );
+    // Asked again, the same wake: the waitpoint ended.
+    let again = a.call("wait_for", json!({"id": id, "timeout_s": 1}));
+    assert_eq!(again["structured"]["seq"], s["seq"], "{again}");
+
+    // A's waits are in one session the page shows under the client's name.
+    let (_, sessions) = hub.api(Method::Get, "/api/sessions", None);
+    let titles: Vec<&str> = sessions
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["title"].as_str())
+        .collect();
+    assert_eq!(
+        titles.iter().filter(|t| t.starts_with("mcp")).count(),
+        2,
+        "{sessions}"
+    );
+}
+
+/// Arms a pid wait on `device` as a task; returns the task's id and the waitpoint's.
+fn pid_task(c: &mut McpClient, device: &str, pid: u32, _hub_log: impl Fn() -> String) -> String {
+    let t = c.ask(json!({"op": "task", "name": "device_wait_pid",
+        "args": {"device": device, "pid": pid, "label": "train"}}));
+    let task = &t["task"];
+    assert_eq!(task["status"], "working", "{t}\n{}", _hub_log());
+    assert!(task["pollIntervalMs"].as_u64().is_some(), "{t}");
+    task["taskId"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_remote_pid_wait_is_a_task_that_completes_with_the_exit_across_a_hub_sigkill() {
+    let Some(py) = python_or_skip("mcp pid task") else {
+        return;
+    };
+    let mut hub = Hub::start();
+    let token = hub.add_device("gpu1");
+    let _agent = Agent::start(&hub, "gpu1", &token);
+    hub.wait_online("gpu1");
+
+    // Over HTTP: the task completes when the process ends.
+    let mut c = client(&py, &hub, Via::Http(&[]), "auto", true);
+    let mut sleep = Sleep::start();
+    let task = pid_task(&mut c, "gpu1", sleep.pid(), || hub.log());
+    let got = c.ask(json!({"op": "get", "id": task}));
+    assert_eq!(got["status"], "working", "{got}");
+    sleep.kill();
+    let done = c.ask(json!({"op": "until", "id": task, "timeout": 30}));
+    assert_eq!(done["status"], "completed", "{done}");
+    let r = &done["result"];
+    assert_eq!(r["isError"], false, "{done}");
+    assert_eq!(r["structuredContent"]["wake"]["reason"], "fired", "{done}");
+    assert!(
+        r["content"][0]["text"].as_str().unwrap().contains("exited"),
+        "{done}"
+    );
+
+    // Over cortex mcp: armed, the hub SIGKILLed and started again, then the end.
+    let mut s = client(&py, &hub, Via::Stdio(&[]), "auto", true);
+    let mut sleep = Sleep::start();
+    let task = pid_task(&mut s, "gpu1", sleep.pid(), || hub.log());
+    hub.restart_in_place();
+    hub.wait_online("gpu1");
+    sleep.kill();
+    let done = s.ask(json!({"op": "until", "id": task, "timeout": 30}));
+    assert_eq!(done["status"], "completed", "{done}\n{}", hub.log());
+    assert_eq!(
+        done["result"]["structuredContent"]["wake"]["reason"],
+        "fired"
+    );
+    // A task is its token's: the HTTP client, on the same token, reads it after the
+    // restart too.
+    let first = c.ask(json!({"op": "get", "id": task}));
+    assert_eq!(first["status"], "completed", "{first}");
+}
+
+#[test]
+fn a_session_named_by_its_client_and_its_tasks_survive_a_restart_and_a_cancel_cancels_the_waitpoint()
+ {
+    let Some(py) = python_or_skip("mcp cancel") else {
+        return;
+    };
+    let mut hub = Hub::start();
+    let mut c = client(
+        &py,
+        &hub,
+        Via::Stdio(&["--session", "train-7"]),
+        "auto",
+        true,
+    );
+    let made = c.call("wait_create", json!({"label": "eval", "intent": "compare"}));
+    let id = made["structured"]["id"].as_str().unwrap().to_string();
+    let t = c.ask(json!({"op": "task", "name": "wait_for", "args": {"id": id}}));
+    let task = t["task"]["taskId"].as_str().unwrap().to_string();
+    assert!(
+        task.starts_with("task_") && task.len() > 30,
+        "a random id: {task}"
+    );
+
+    hub.restart_in_place();
+    // A second client naming the same session sees the wait; one naming another does not.
+    let mut same = client(
+        &py,
+        &hub,
+        Via::Http(&["--session", "train-7"]),
+        "legacy",
+        false,
+    );
+    let listed = same.call("wait_check", json!({}));
+    assert_eq!(listed["structured"]["waitpoints"][0]["id"], id, "{listed}");
+    let mut other = client(
+        &py,
+        &hub,
+        Via::Http(&["--session", "train-8"]),
+        "legacy",
+        false,
+    );
+    let listed = other.call("wait_check", json!({}));
+    assert_eq!(listed["structured"]["waitpoints"], json!([]), "{listed}");
+
+    let got = c.ask(json!({"op": "get", "id": task}));
+    assert_eq!(got["status"], "working", "{got}");
+    let cancelled = c.ask(json!({"op": "cancel", "id": task}));
+    assert!(cancelled.get("error").is_none(), "{cancelled}");
+    let got = c.ask(json!({"op": "get", "id": task}));
+    assert_eq!(got["status"], "cancelled", "{got}");
+    assert_eq!(hub.get_waitpoint(&id)["state"], "cancelled");
+    let again = c.ask(json!({"op": "cancel", "id": task}));
+    assert!(again["error"].as_str().is_some(), "an ended task: {again}");
+    let unknown = c.ask(json!({"op": "get", "id": "task_0000"}));
+    assert!(unknown["error"].as_str().is_some(), "{unknown}");
+}
+
+fn post_mcp(hub: &Hub, headers: &[(&str, &str)]) -> (u16, Value) {
+    let url = hub.url("/mcp");
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "probe", "version": "1"}}});
+    let b = serde_json::to_vec(&init).unwrap();
+    let mut req = Request::new(Method::Post, &url)
+        .header("Accept", "application/json, text/event-stream")
+        .json(&b);
+    for (k, v) in headers {
+        req = req.header(k, v);
+    }
+    let r = req.send().unwrap();
+    (
+        r.status,
+        serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+    )
+}
+
+#[test]
+fn a_wrong_token_and_a_foreign_origin_are_refused() {
+    let hub = Hub::start();
+    let bearer = format!("Bearer {}", hub.token);
+    let own = format!("http://{}", hub.addr);
+    let (st, v) = post_mcp(&hub, &[]);
+    assert_eq!(st, 401, "{v}");
+    assert_eq!(v["error"]["code"], "unauthorized");
+    let (st, _) = post_mcp(&hub, &[("Authorization", "Bearer not-the-token")]);
+    assert_eq!(st, 401);
+    let (st, v) = post_mcp(
+        &hub,
+        &[
+            ("Authorization", &bearer),
+            ("Origin", "http://evil.example"),
+        ],
+    );
+    assert_eq!(st, 403, "{v}");
+    assert_eq!(v["error"]["code"], "forbidden_origin");
+    let (st, _) = post_mcp(&hub, &[("Authorization", &bearer), ("Origin", "null")]);
+    assert_eq!(st, 403);
+    let (st, v) = post_mcp(&hub, &[("Authorization", &bearer), ("Origin", &own)]);
+    assert_eq!(st, 200, "the hub's own origin: {v}");
+    let (st, _) = post_mcp(&hub, &[("Authorization", &bearer)]);
+    assert_eq!(st, 200);
+
+    let Some(py) = python_or_skip("mcp refusals") else {
+        return;
+    };
+    let refused = McpClient::start(&py, &hub, Via::Http(&["--token", "nope"]), "legacy", false);
+    assert!(
+        refused.is_err(),
+        "a client with a wrong token connects to nothing"
+    );
+    wait_until(T, "the hub still serving", || {
+        (post_mcp(&hub, &[("Authorization", &bearer)]).0 == 200).then_some(())
+    });
+}
