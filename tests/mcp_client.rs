@@ -44,6 +44,36 @@ fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/client.py")
 }
 
+/// The directory holding the official TypeScript SDK (`.ci/run` installs it in
+/// `target/mcp-node`, or `CORTEX_TEST_MCP_NODE` names one), with `node` on the PATH; or
+/// `None` (said, and a failure under `CI=true`).
+pub fn node_or_skip(what: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("CORTEX_TEST_MCP_NODE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("../mcp-node"));
+    let sdk = dir.join("node_modules/@modelcontextprotocol/sdk/package.json");
+    let node = Command::new("node")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if node && sdk.exists() {
+        return Some(dir);
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!(
+            "{what}: no node with the MCP TypeScript SDK in {}; .ci/run installs it (npm install @modelcontextprotocol/sdk)",
+            dir.display()
+        );
+    }
+    println!(
+        "{what}: skipped: no node with the MCP TypeScript SDK in {} (npm install --prefix target/mcp-node @modelcontextprotocol/sdk@1.32.2)",
+        dir.display()
+    );
+    None
+}
+
 /// How a client reaches the hub.
 pub enum Via<'a> {
     /// Streamable HTTP at the hub's `/mcp`, with these extra flags (`--token` is added
@@ -80,6 +110,36 @@ impl McpClient {
         if tasks {
             cmd.arg("--tasks");
         }
+        McpClient::spawn(cmd, dir, hub, via)
+    }
+
+    /// Starts the TypeScript SDK's client (`tests/mcp/client.mjs`, beside the SDK in
+    /// `node_dir`; it speaks 2025-11-25 and its tasks).
+    pub fn start_node(
+        node_dir: &std::path::Path,
+        hub: &Hub,
+        via: Via<'_>,
+    ) -> Result<McpClient, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        // The script beside the SDK's modules, as node resolves them from the script.
+        let js = dir.path().join("client.mjs");
+        std::fs::copy(script().with_file_name("client.mjs"), &js).map_err(|e| e.to_string())?;
+        std::os::unix::fs::symlink(
+            node_dir.join("node_modules"),
+            dir.path().join("node_modules"),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut cmd = Command::new("node");
+        cmd.arg(js);
+        McpClient::spawn(cmd, dir, hub, via)
+    }
+
+    fn spawn(
+        mut cmd: Command,
+        dir: tempfile::TempDir,
+        hub: &Hub,
+        via: Via<'_>,
+    ) -> Result<McpClient, String> {
         match via {
             Via::Http(extra) => {
                 cmd.args(["--http", &hub.url("/mcp")]);
@@ -105,7 +165,7 @@ impl McpClient {
             .stdout(Stdio::piped())
             .stderr(file)
             .spawn()
-            .map_err(|e| format!("spawn {}: {e}", py.display()))?;
+            .map_err(|e| format!("spawn {cmd:?}: {e}"))?;
         let out = child.stdout.take().ok_or("no stdout")?;
         let (tx, lines) = channel();
         std::thread::spawn(move || {
@@ -161,6 +221,18 @@ impl McpClient {
             Ok(v) => v,
             Err(e) => panic!("{cmd}: {e}"),
         }
+    }
+
+    /// Sends one command without reading its answer ([`McpClient::answer`] reads it).
+    pub fn send(&mut self, cmd: Value) {
+        let stdin = self.stdin.as_mut().expect("the client's stdin");
+        writeln!(stdin, "{cmd}").expect("write to the client");
+        stdin.flush().expect("flush");
+    }
+
+    /// The next answer, within `limit`.
+    pub fn answer(&mut self, limit: Duration) -> Value {
+        self.read(limit).unwrap_or_else(|e| panic!("{e}"))
     }
 
     pub fn ask(&mut self, cmd: Value) -> Value {

@@ -49,7 +49,14 @@ where
 
 /// Sets up logging, then runs `real_main`; an error is printed as `NAME: error: causes`.
 pub fn main(name: &str, real_main: impl FnOnce() -> anyhow::Result<()>) -> ExitCode {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // The MCP SDK logs each connection's handshake at `info`: kept to warnings unless
+    // RUST_LOG names it.
+    if !std::env::var("RUST_LOG").is_ok_and(|v| v.contains("rmcp"))
+        && let Ok(d) = "rmcp=warn".parse()
+    {
+        filter = filter.add_directive(d);
+    }
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // `init` also routes the `log` crate's records (tungstenite's, rustls's) through it.
     subscriber(filter, std::io::stderr, ansi).init();

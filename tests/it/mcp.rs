@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use cortex_cli::http::{Method, Request};
 use cortex_tests::agent::Agent;
-use cortex_tests::mcp_client::{McpClient, Via, python_or_skip};
+use cortex_tests::mcp_client::{McpClient, Via, node_or_skip, python_or_skip};
 use cortex_tests::{Hub, body, wait_until};
 use serde_json::{Value, json};
 
@@ -327,4 +327,131 @@ fn a_wrong_token_and_a_foreign_origin_are_refused() {
     wait_until(T, "the hub still serving", || {
         (post_mcp(&hub, &[("Authorization", &bearer)]).0 == 200).then_some(())
     });
+}
+
+#[test]
+fn a_typescript_sdk_client_waits_as_a_2025_11_25_task_over_http_and_over_cortex_mcp() {
+    let Some(node) = node_or_skip("mcp typescript") else {
+        return;
+    };
+    let hub = Hub::start();
+    for via in [Via::Http(&[]), Via::Stdio(&[])] {
+        let mut c = McpClient::start_node(&node, &hub, via).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.protocol, "2025-11-25");
+        let listed = c.ask(json!({"op": "tools"}));
+        assert_eq!(
+            listed["execution"]["wait_for"]["taskSupport"], "optional",
+            "{listed}"
+        );
+        assert_eq!(
+            listed["execution"]["device_wait_pid"]["taskSupport"],
+            "optional"
+        );
+        assert_eq!(listed["execution"]["wait_create"], Value::Null);
+
+        let made = c.call("wait_create", json!({"label": "build", "intent": "ship"}));
+        let wp = made["structured"].clone();
+        let id = wp["id"].as_str().unwrap().to_string();
+        let signal = {
+            let url = hub.url("/webhook/signal");
+            let b = serde_json::to_vec(&body(&wp, json!({"status": "ok", "message": "built"})))
+                .unwrap();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(500));
+                Request::new(Method::Post, &url)
+                    .json(&b)
+                    .send()
+                    .unwrap()
+                    .status
+            })
+        };
+        // callToolStream: a task, polled with tasks/get, its result from tasks/result.
+        let streamed = c.ask_within(
+            json!({"op": "stream", "name": "wait_for", "args": {"id": id}}),
+            T,
+        );
+        assert_eq!(signal.join().unwrap(), 202);
+        let messages = streamed["messages"].as_array().unwrap();
+        assert_eq!(messages[0]["type"], "taskCreated", "{streamed}");
+        let task = messages[0]["task"]["taskId"].as_str().unwrap().to_string();
+        let last = messages.last().unwrap();
+        assert_eq!(last["type"], "result", "{streamed}");
+        assert_eq!(
+            last["result"]["structuredContent"]["wake"]["reason"],
+            "fired"
+        );
+        assert!(
+            last["result"]["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .contains("built")
+        );
+
+        let got = c.ask(json!({"op": "get", "id": task}));
+        assert_eq!(got["status"], "completed", "{got}");
+        let listed = c.ask(json!({"op": "list"}));
+        assert!(
+            listed["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["taskId"] == task.as_str()),
+            "{listed}"
+        );
+        let cancel = c.ask(json!({"op": "cancel", "id": task}));
+        assert!(
+            cancel["error"].as_str().is_some(),
+            "an ended task: {cancel}"
+        );
+        // A refused wait makes no task: the error says why.
+        let refused = c.ask(json!({"op": "stream", "name": "device_wait_pid",
+            "args": {"device": "nowhere", "pid": 1}}));
+        let last = refused["messages"]
+            .as_array()
+            .unwrap()
+            .last()
+            .cloned()
+            .unwrap();
+        assert_eq!(last["type"], "error", "{refused}");
+        assert!(
+            last["message"].as_str().unwrap().contains("nowhere"),
+            "{refused}"
+        );
+    }
+}
+
+#[test]
+fn the_hub_stops_at_once_with_clients_connected_and_a_wait_for_blocking() {
+    let Some(py) = python_or_skip("mcp stop") else {
+        return;
+    };
+    let mut hub = Hub::start();
+    let mut c = client(&py, &hub, Via::Http(&[]), "legacy", false);
+    let made = c.call("wait_create", json!({"label": "long", "intent": "wait"}));
+    let id = made["structured"]["id"].as_str().unwrap().to_string();
+    c.send(json!({"op": "call", "name": "wait_for", "args": {"id": id}}));
+    // The call is in: it follows the session's log.
+    wait_until(T, "the wait_for to block", || {
+        let text = Request::new(Method::Get, &hub.url("/metrics"))
+            .header("Authorization", &format!("Bearer {}", hub.token))
+            .send()
+            .ok()?;
+        String::from_utf8_lossy(&text.body)
+            .lines()
+            .any(|l| l.starts_with("cortex_session_watchers") && !l.ends_with(" 0"))
+            .then_some(())
+    });
+    let st = hub.stop();
+    assert!(
+        st.success(),
+        "a clean stop with a client connected: {st}\n{}",
+        hub.log()
+    );
+    let answered = c.answer(T);
+    let text = answered.to_string();
+    assert!(
+        text.contains("hub is stopping") || answered.get("error").is_some(),
+        "the blocked call is answered, never a false end: {answered}"
+    );
+    assert!(!text.contains("\"state\": \"resolved\""), "{answered}");
 }

@@ -11,6 +11,7 @@ mod answer;
 mod calls;
 mod connections;
 mod tasks;
+mod tasks_2025;
 mod wait;
 
 use std::sync::Arc;
@@ -38,7 +39,6 @@ use answer::{error_result, result};
 
 use crate::secret;
 use crate::state::AppState;
-use crate::store::mcp::{ConnectionRefused, connection_key};
 
 /// The header a client names its session with (`cortex mcp --session NAME`): calls
 /// naming one name share one session, across connections and restarts.
@@ -58,6 +58,14 @@ pub fn router(state: AppState) -> Router<AppState> {
         .disable_allowed_hosts()
         .with_sse_keep_alive(Some(Duration::from_secs(15)));
     config.session_store = Some(Arc::new(connections::Kept::new(state.clone())));
+    // The hub stopping ends every connection: their workers hold the hub's state, which
+    // must be dropped for the store to close.
+    let stop = config.cancellation_token.clone();
+    let shutdown = state.shutdown.clone();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        stop.cancel();
+    });
     let service = StreamableHttpService::new(
         move || Ok(handler.clone()),
         Arc::new(LocalSessionManager::default()),
@@ -65,6 +73,10 @@ pub fn router(state: AppState) -> Router<AppState> {
     );
     Router::new()
         .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            tasks_2025::layer,
+        ))
         .layer(axum::middleware::from_fn_with_state(state, guard))
 }
 
@@ -171,41 +183,17 @@ fn asking(ctx: &RequestContext<RoleServer>) -> Result<Asking, McpError> {
         .peer_info()
         .map(|i| i.client_info.name.clone())
         .filter(|n| !n.trim().is_empty());
-    let key = match (
-        &caller.named,
-        parts.and_then(|p| p.headers.get("mcp-session-id")),
-    ) {
-        (Some(name), _) => connection_key(&format!("named:{}:{name}", secret::hex(&caller.owner))),
-        (None, Some(id)) => connection_key(id.to_str().unwrap_or("")),
-        // No session (2026-07-28 is stateless) and no name: the token's own session.
-        (None, None) => connection_key(&format!("token:{}", secret::hex(&caller.owner))),
-    };
-    let title = match (&caller.named, client) {
-        (Some(n), _) => format!("mcp: {n}"),
-        (None, Some(c)) => format!("mcp: {}", c.chars().take(60).collect::<String>()),
-        (None, None) => "mcp".to_string(),
-    };
+    let session_id = parts
+        .and_then(|p| p.headers.get("mcp-session-id"))
+        .and_then(|v| v.to_str().ok());
+    let (key, title) = answer::connection(&caller, session_id, client.as_deref());
     Ok(Asking { caller, key, title })
 }
 
 impl Cortex {
     /// The caller's session, made at its connection's first call.
     async fn session(&self, a: &Asking) -> Result<String, CallToolResult> {
-        let (key, owner, title) = (a.key.clone(), a.caller.owner, a.title.clone());
-        match self
-            .state
-            .store
-            .exec(move |t| t.mcp_session(&key, owner, &title, crate::time::now_ms()))
-            .await
-        {
-            Ok(Ok(sid)) => Ok(sid),
-            Ok(Err(ConnectionRefused::OtherOwner)) => Err(error_result(
-                "this connection was opened with another token; open a new one",
-            )),
-            Err(e) => Err(error_result(&format!(
-                "the hub's store failed: {e}; try again"
-            ))),
-        }
+        answer::session_of(&self.state, &a.key, a.caller.owner, &a.title).await
     }
 
     /// A blocking `wait_for`: at most its bound, with progress while it waits.

@@ -5,8 +5,8 @@
 
 use rmcp::ErrorData as McpError;
 use rmcp::model::{
-    CallToolResponse, CreateTaskResult, DetailedTask, GetTaskResult, JsonObject, Task, TaskPayload,
-    TaskStatus,
+    CallToolResponse, CallToolResult, CreateTaskResult, DetailedTask, GetTaskResult, JsonObject,
+    Task, TaskPayload, TaskStatus,
 };
 use serde_json::{Value, json};
 
@@ -17,10 +17,66 @@ use crate::store::mcp::{McpTask, TASK_KEPT_MS};
 use crate::time::{now_ms, rfc3339};
 
 /// How often a client is asked to poll a working task.
-pub const POLL_MS: u64 = 5_000;
+pub const POLL_MS: u64 = 1_000;
 
-/// The task for waitpoint `args.id` of session `sid`, made by `tool`; an unknown
-/// waitpoint is answered at once, as a plain call would be.
+/// A task made: its id, record and where its wait stood then.
+pub struct Made {
+    pub id: String,
+    pub task: McpTask,
+    pub standing: Standing,
+}
+
+/// Makes the task for waitpoint `args.id` of session `sid`, by `tool` (`ttl_ms`: what the
+/// client asked to keep it for); an unknown waitpoint, or a refusal, is the call's answer.
+pub async fn make(
+    state: &AppState,
+    caller: &Caller,
+    sid: &str,
+    tool: &str,
+    args: &Value,
+    ttl_ms: Option<u64>,
+) -> Result<Made, CallToolResult> {
+    let Some(id) = args["id"].as_str().filter(|s| !s.trim().is_empty()) else {
+        return Err(error_result(
+            "wait_for needs \"id\": the waitpoint to wait for",
+        ));
+    };
+    let after = args.get("after_seq").and_then(Value::as_u64);
+    let (standing, last) = wait::standing(state, sid, id, after)
+        .await
+        .map_err(|e| error_result(&format!("the hub's store failed: {e}; try again")))?;
+    if standing == Standing::Unknown {
+        let (text, value) = standing.answer(id);
+        return Err(result(false, Some(text), value));
+    }
+    let task = McpTask {
+        owner: caller.owner,
+        session: sid.to_string(),
+        waitpoint: id.to_string(),
+        tool: tool.to_string(),
+        created_at: now_ms(),
+        // Still waiting: what it waits for comes after the log's end now.
+        after: match (&standing, after) {
+            (_, Some(a)) => a,
+            (Standing::Waiting { .. }, None) => last,
+            _ => 0,
+        },
+        ttl_ms: ttl_ms.map(|t| t.min(TASK_KEPT_MS)),
+        cancelled_at: None,
+    };
+    let t = task.clone();
+    match state.store.exec(move |tx| tx.create_mcp_task(&t)).await {
+        Ok(Some(id)) => Ok(Made { id, task, standing }),
+        Ok(None) => Err(error_result(
+            "this token holds the most tasks it may; let some complete or cancel them",
+        )),
+        Err(e) => Err(error_result(&format!(
+            "the hub's store failed: {e}; try again"
+        ))),
+    }
+}
+
+/// The task for a wait, as the tasks extension answers a call.
 pub async fn for_wait(
     state: &AppState,
     caller: &Caller,
@@ -28,46 +84,12 @@ pub async fn for_wait(
     tool: &str,
     args: &Value,
 ) -> CallToolResponse {
-    let Some(id) = args["id"].as_str().filter(|s| !s.trim().is_empty()) else {
-        return error_result("wait_for needs \"id\": the waitpoint to wait for").into();
-    };
-    let after = args.get("after_seq").and_then(Value::as_u64);
-    let (standing, last) = match wait::standing(state, sid, id, after).await {
-        Ok(s) => s,
-        Err(e) => return error_result(&format!("the hub's store failed: {e}; try again")).into(),
-    };
-    if standing == Standing::Unknown {
-        let (text, value) = standing.answer(id);
-        return result(false, Some(text), value).into();
-    }
-    let now = now_ms();
-    let task = McpTask {
-        owner: caller.owner,
-        session: sid.to_string(),
-        waitpoint: id.to_string(),
-        tool: tool.to_string(),
-        created_at: now,
-        // Still waiting: what it waits for comes after the log's end now.
-        after: match (&standing, after) {
-            (_, Some(a)) => a,
-            (Standing::Waiting { .. }, None) => last,
-            _ => 0,
-        },
-        ttl_ms: None,
-        cancelled_at: None,
-    };
-    let t = task.clone();
-    let made = state.store.exec(move |tx| tx.create_mcp_task(&t)).await;
-    match made {
-        Ok(Some(task_id)) => {
-            let seed = wire(&task_id, &task, &standing, now).task;
+    match make(state, caller, sid, tool, args, None).await {
+        Ok(m) => {
+            let seed = wire(&m.id, &m.task, &m.standing, now_ms()).task;
             CallToolResponse::Task(CreateTaskResult::new(seed))
         }
-        Ok(None) => {
-            error_result("this token holds the most tasks it may; let some complete or cancel them")
-                .into()
-        }
-        Err(e) => error_result(&format!("the hub's store failed: {e}; try again")).into(),
+        Err(r) => r.into(),
     }
 }
 
@@ -102,7 +124,7 @@ pub async fn cancel(state: &AppState, caller: &Caller, id: &str) -> Result<(), M
         .map_err(|e| McpError::internal_error(format!("the hub's store failed: {e}"), None))
 }
 
-async fn look(
+pub async fn look(
     state: &AppState,
     caller: &Caller,
     id: &str,
@@ -177,4 +199,41 @@ fn object(v: Value) -> JsonObject {
         Value::Object(o) => o,
         _ => JsonObject::new(),
     }
+}
+
+/// Whether the task has ended (completed, failed or cancelled).
+pub fn ended(task: &McpTask, standing: &Standing) -> bool {
+    task.cancelled_at.is_some() || standing.is_final()
+}
+
+/// The task as revision 2025-11-25 shows it (`Task`: `ttl`, `pollInterval`).
+pub fn legacy(id: &str, task: &McpTask, standing: &Standing, now: u64) -> Value {
+    let d = serde_json::to_value(wire(id, task, standing, now)).unwrap_or(Value::Null);
+    let mut t = json!({
+        "taskId": id,
+        "status": d["status"],
+        "createdAt": d["createdAt"],
+        "lastUpdatedAt": d["lastUpdatedAt"],
+        "ttl": task.ttl_ms.unwrap_or(TASK_KEPT_MS),
+        "pollInterval": POLL_MS,
+    });
+    if let Some(m) = d.get("statusMessage").filter(|m| m.is_string()) {
+        t["statusMessage"] = m.clone();
+    }
+    t
+}
+
+/// The call's result once the task ended (`tasks/result`), as `CallToolResult`.
+pub fn final_result(id: &str, task: &McpTask, standing: &Standing) -> Option<Value> {
+    if !ended(task, standing) {
+        return None;
+    }
+    let d = serde_json::to_value(wire(id, task, standing, now_ms())).unwrap_or(Value::Null);
+    Some(match d.get("result") {
+        Some(r) => r.clone(),
+        None => json!({
+            "content": [{"type": "text", "text": format!("task {id} was cancelled")}],
+            "isError": true
+        }),
+    })
 }
