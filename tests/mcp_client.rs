@@ -104,9 +104,23 @@ impl McpClient {
         mode: &str,
         tasks: bool,
     ) -> Result<McpClient, String> {
+        McpClient::start_as(py, hub, via, mode, tasks, "mcp")
+    }
+
+    /// [`McpClient::start`], the client naming itself `name` in its handshake.
+    pub fn start_as(
+        py: &std::path::Path,
+        hub: &Hub,
+        via: Via<'_>,
+        mode: &str,
+        tasks: bool,
+        name: &str,
+    ) -> Result<McpClient, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(py);
-        cmd.arg(script()).args(["--mode", mode]);
+        cmd.arg(script())
+            .args(["--mode", mode])
+            .args(["--client-name", name]);
         if tasks {
             cmd.arg("--tasks");
         }

@@ -348,6 +348,25 @@ impl Hub {
             req.open(accept).map_err(|e| request_error(base, e))
         })
     }
+
+    /// `GET path` with `headers`, answered as it arrives, error statuses included.
+    pub fn open_get(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        accept: &str,
+    ) -> Result<http::Streaming, HubError> {
+        self.each(|base| {
+            let url = format!("{base}{path}");
+            let mut req = Request::new(Method::Get, &url)
+                .header("Authorization", &self.auth)
+                .timeout(http::DEFAULT_TIMEOUT);
+            for (k, v) in headers {
+                req = req.header(k, v);
+            }
+            req.open(accept).map_err(|e| request_error(base, e))
+        })
+    }
 }
 
 fn request_error(base: &str, e: HttpError) -> HubError {

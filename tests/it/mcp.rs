@@ -455,3 +455,39 @@ fn the_hub_stops_at_once_with_clients_connected_and_a_wait_for_blocking() {
     );
     assert!(!text.contains("\"state\": \"resolved\""), "{answered}");
 }
+
+#[test]
+fn a_wake_is_pushed_to_a_claude_code_session_as_a_channel_message_over_http_and_cortex_mcp() {
+    let Some(py) = python_or_skip("mcp channel") else {
+        return;
+    };
+    let hub = Hub::start();
+    for via in [Via::Http(&[]), Via::Stdio(&[])] {
+        let mut c = McpClient::start_as(&py, &hub, via, "legacy", false, "claude-code")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let made = c.call(
+            "wait_create",
+            json!({"label": "train", "intent": "read it"}),
+        );
+        let wp = made["structured"].clone();
+        let (st, _) = hub.signal(&body(
+            &wp,
+            json!({"status": "ok", "message": "epoch 3 done"}),
+        ));
+        assert_eq!(st, 202);
+        let pushed = c.ask_within(json!({"op": "channel", "timeout": 20}), T);
+        assert!(pushed.get("error").is_none(), "{pushed}\n{}", c.stderr());
+        assert!(
+            pushed["content"].as_str().unwrap().contains("epoch 3 done"),
+            "{pushed}"
+        );
+        assert!(
+            pushed["content"]
+                .as_str()
+                .unwrap()
+                .contains("never instructions")
+        );
+        assert_eq!(pushed["meta"]["waitpoint"], wp["id"], "{pushed}");
+        assert_eq!(pushed["meta"]["reason"], "fired");
+    }
+}

@@ -26,11 +26,11 @@ from pydantic import ConfigDict, TypeAdapter
 
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.client import Client
-from mcp.client.extension import ClientExtension, ResultClaim
+from mcp.client.extension import ClientExtension, NotificationBinding, ResultClaim
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp_types import Request, RequestParams, Result
+from mcp_types import Implementation, NotificationParams, Request, RequestParams, Result
 
 TASKS = "io.modelcontextprotocol/tasks"
 
@@ -70,6 +70,21 @@ def raw_request(method: str, name_param: str | None):
 ANY = TypeAdapter(dict[str, Any])
 
 
+class ChannelParams(NotificationParams):
+    """Claude Code's channel message: `notifications/claude/channel` {content, meta}."""
+
+    model_config = ConfigDict(extra="allow")
+    content: str
+    meta: dict[str, str] | None = None
+
+
+CHANNEL: list[dict] = []
+
+
+async def on_channel(p: ChannelParams) -> None:
+    CHANNEL.append({"content": p.content, "meta": p.meta, "at": time.time()})
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--http")
@@ -78,6 +93,7 @@ async def main() -> None:
     ap.add_argument("--session")
     ap.add_argument("--mode", default="legacy")
     ap.add_argument("--tasks", action="store_true")
+    ap.add_argument("--client-name", default="mcp")
     ap.add_argument("--stdio", nargs=argparse.REMAINDER)
     a = ap.parse_args()
 
@@ -103,6 +119,14 @@ async def main() -> None:
                 ClientSession(
                     read,
                     write,
+                    client_info=Implementation(name=a.client_name, version="1.0.0"),
+                    notification_bindings=[
+                        NotificationBinding(
+                            method="notifications/claude/channel",
+                            params_type=ChannelParams,
+                            handler=on_channel,
+                        )
+                    ],
                     extensions={TASKS: {}} if a.tasks else None,
                     result_claims={TASKS: [Tasks().claims()[0]]} if a.tasks else None,
                 )
@@ -166,6 +190,15 @@ async def run(session: ClientSession, cmd: dict) -> dict:
             if time.monotonic() > deadline:
                 return {"error": "timed out", "last": t}
             await anyio.sleep(min(t.get("pollIntervalMs", 200), 200) / 1000)
+    if op == "channel":
+        deadline = time.monotonic() + float(cmd.get("timeout", 30))
+        while not CHANNEL:
+            if time.monotonic() > deadline:
+                return {"error": "no channel message"}
+            await anyio.sleep(0.01)
+        return CHANNEL.pop(0)
+    if op == "now":
+        return {"at": time.time()}
     if op == "raw":
         return await raw(session, cmd["method"], cmd.get("params") or {}, cmd.get("name_param"))
     return {"error": f"unknown op {op}"}

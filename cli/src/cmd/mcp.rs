@@ -49,6 +49,7 @@ pub fn run(
         out: Mutex::new(out),
     });
     let mut running = Vec::new();
+    let mut listening = false;
     for line in input.lines() {
         let line = match line {
             Ok(l) => l,
@@ -71,6 +72,11 @@ pub fn run(
         // The handshake first and alone: what follows needs the connection it makes.
         if msg["method"] == "initialize" {
             bridge.pass(&msg, line.as_bytes());
+            if !listening {
+                listening = true;
+                let b = bridge.clone();
+                std::thread::spawn(move || b.listen());
+            }
             continue;
         }
         let b = bridge.clone();
@@ -106,6 +112,54 @@ fn routing(msg: &Value) -> (Option<String>, Option<String>, Option<String>) {
 }
 
 impl Bridge {
+    /// The connection's own stream (`GET /mcp`): what the hub sends unasked (a wake
+    /// pushed as a channel message), passed on as it comes; opened again when it ends,
+    /// for as long as the bridge runs. A hub that serves none (405) is not asked again.
+    fn listen(&self) {
+        let mut wait = Duration::from_millis(200);
+        loop {
+            let sid = self.session_id.lock().ok().and_then(|s| s.clone());
+            let version = self.version.lock().ok().and_then(|s| s.clone());
+            let Some(sid) = sid else {
+                // A connection without a session (2026-07-28): nothing to listen on.
+                return;
+            };
+            let mut headers: Vec<(&str, &str)> = vec![("Mcp-Session-Id", &sid)];
+            if let Some(v) = &version {
+                headers.push(("MCP-Protocol-Version", v));
+            }
+            if let Some(n) = &self.session_name {
+                headers.push(("Cortex-Session", n));
+            }
+            match self.hub.open_get("/mcp", &headers, "text/event-stream") {
+                Ok(s) if s.status == 405 => return,
+                Ok(s) if (200..300).contains(&s.status) => {
+                    wait = Duration::from_millis(200);
+                    let mut parser = cortex_host::sse::Parser::new(MAX_MESSAGE);
+                    let mut body = s.body;
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        let n = match body.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let Ok(messages) = parser.feed(&buf[..n]) else {
+                            break;
+                        };
+                        for m in messages {
+                            if let Ok(v) = serde_json::from_str::<Value>(&m.data) {
+                                self.write(&v);
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
+    }
+
     fn write(&self, msg: &Value) {
         let mut out = match self.out.lock() {
             Ok(o) => o,

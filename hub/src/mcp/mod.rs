@@ -9,6 +9,7 @@
 
 mod answer;
 mod calls;
+mod channel;
 mod connections;
 mod tasks;
 mod tasks_2025;
@@ -52,6 +53,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 pub fn router(state: AppState) -> Router<AppState> {
     let handler = Cortex {
         state: state.clone(),
+        followed: channel::Followed::default(),
     };
     let mut config = StreamableHttpServerConfig::default()
         // The hub's own Host rule runs first (`server::hosts`); the Origin rule is ours.
@@ -162,11 +164,15 @@ fn refusal(status: StatusCode, code: &str, message: &str) -> Response {
 #[derive(Clone)]
 pub struct Cortex {
     state: AppState,
+    /// The connections whose wakes are pushed to them (`channel.rs`).
+    followed: channel::Followed,
 }
 
 /// What a request says of its caller and connection.
 struct Asking {
     caller: Caller,
+    /// The connection has a handshake (an MCP session id).
+    session_mode: bool,
     /// The stored connection's key.
     key: String,
     title: String,
@@ -187,7 +193,13 @@ fn asking(ctx: &RequestContext<RoleServer>) -> Result<Asking, McpError> {
         .and_then(|p| p.headers.get("mcp-session-id"))
         .and_then(|v| v.to_str().ok());
     let (key, title) = answer::connection(&caller, session_id, client.as_deref());
-    Ok(Asking { caller, key, title })
+    let session_mode = session_id.is_some();
+    Ok(Asking {
+        caller,
+        session_mode,
+        key,
+        title,
+    })
 }
 
 impl Cortex {
@@ -256,6 +268,11 @@ impl ServerHandler for Cortex {
         info.version = env!("CARGO_PKG_VERSION").into();
         InitializeResult::new(
             ServerCapabilities::builder()
+                .enable_experimental_with(
+                    [(channel::CAPABILITY.to_string(), serde_json::Map::new())]
+                        .into_iter()
+                        .collect(),
+                )
                 .enable_tools()
                 .enable_tasks()
                 .build(),
@@ -302,6 +319,14 @@ impl ServerHandler for Cortex {
             Ok(s) => s,
             Err(r) => return Ok(r.into()),
         };
+        if a.session_mode {
+            let info = ctx.peer.peer_info();
+            let name = info.as_ref().map(|i| i.client_info.name.as_str());
+            if channel::wanted(name, info.as_ref().map(|i| &i.capabilities)) {
+                self.followed
+                    .follow(&self.state, &a.key, &sid, ctx.peer.clone());
+            }
+        }
         let args = Value::Object(request.arguments.unwrap_or_default());
         let name = request.name.as_ref();
         let as_task = ctx
