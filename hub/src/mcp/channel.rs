@@ -96,7 +96,7 @@ async fn follow(state: &AppState, sid: &str, peer: &Peer<RoleServer>) {
                     "meta": {
                         "source": "cortex",
                         "waitpoint": w.waitpoint.id,
-                        "reason": serde_json::to_value(&w.reason).ok()
+                        "reason": serde_json::to_value(w.reason).ok()
                             .and_then(|v| v.as_str().map(str::to_string))
                             .unwrap_or_default(),
                         "seq": ev.seq.to_string(),
