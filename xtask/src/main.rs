@@ -6,6 +6,7 @@ mod bench_cluster;
 mod bench_compaction;
 mod bench_hostile;
 mod bench_kit;
+mod bench_mcp;
 mod bench_mesh;
 mod bench_signals;
 mod bench_waits;
@@ -54,6 +55,10 @@ tasks:
       the store on PostgreSQL: pgbench's one-row insert and commit (the floor), the hub's
       durable signal on redb and on PostgreSQL, 50 connections each (wrk), interleaved
       rounds on one throwaway cluster; see docs/benchmarks.md
+  bench mcp [--calls N] [--wakes N] [--no-build]
+      the hub as an MCP server: a tool call's round trip over MCP against the HTTP API
+      (interleaved), and a signal's 202 until the client holds the wake, pushed and
+      polled; see docs/benchmarks.md
   bench mesh [--idle SECS] [--drops N] [--burst N] [--devices N] [--hold SECS]
              [--quiet-wait SECS] [--no-build]
       the device mesh: spool drop to hub-accepted latency (~100 B to ~64 KB), a burst's
@@ -108,6 +113,7 @@ fn main() -> ExitCode {
         ["bench", "signals", rest @ ..] => bench_signals::run(rest),
         ["bench", "cluster", rest @ ..] => bench_cluster::run(rest),
         ["bench", "mesh", rest @ ..] => bench_mesh::run(rest),
+        ["bench", "mcp", rest @ ..] => bench_mcp::run(rest),
         ["bench", "waits", rest @ ..] => bench_waits::run(rest),
         ["bench", "agent", rest @ ..] => bench_agent::run(rest),
         ["bench", "compaction", rest @ ..] => bench_compaction::run(rest),

@@ -53,6 +53,9 @@ pub fn connection(
     (key, title)
 }
 
+/// How stale a connection's last use may be before a call writes it again.
+const USED_EVERY_MS: u64 = 3_600_000;
+
 /// The session of connection `key` for the token whose hash is `owner`, made (titled
 /// `title`) at its first call; a refusal is the call's answer.
 pub async fn session_of(
@@ -62,6 +65,27 @@ pub async fn session_of(
     title: &str,
 ) -> Result<String, CallToolResult> {
     let (key, title) = (key.to_string(), title.to_string());
+    // Most calls find their session made: a read, not a durable write.
+    let k = key.clone();
+    let now = crate::time::now_ms();
+    let known = state
+        .store
+        .read(move |r| {
+            let Some(c) = r.mcp_connection(&k)? else {
+                return Ok(None);
+            };
+            let fresh = c.used_at.saturating_add(USED_EVERY_MS) > now;
+            match (c.owner, c.session) {
+                (Some(o), Some(sid)) if fresh && secret::same_hash(&o, &owner) => {
+                    Ok(r.get_session(&sid)?.map(|_| sid))
+                }
+                _ => Ok(None),
+            }
+        })
+        .await;
+    if let Ok(Some(sid)) = known {
+        return Ok(sid);
+    }
     match state
         .store
         .exec(move |t| t.mcp_session(&key, owner, &title, crate::time::now_ms()))
