@@ -116,11 +116,22 @@ impl McpClient {
         tasks: bool,
         name: &str,
     ) -> Result<McpClient, String> {
+        McpClient::start_with(py, hub, via, mode, tasks, &["--client-name", name])
+    }
+
+    /// [`McpClient::start`] with more of the client's flags (`--elicit accept`: its person
+    /// approves what it is asked through the client).
+    pub fn start_with(
+        py: &std::path::Path,
+        hub: &Hub,
+        via: Via<'_>,
+        mode: &str,
+        tasks: bool,
+        flags: &[&str],
+    ) -> Result<McpClient, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(py);
-        cmd.arg(script())
-            .args(["--mode", mode])
-            .args(["--client-name", name]);
+        cmd.arg(script()).args(["--mode", mode]).args(flags);
         if tasks {
             cmd.arg("--tasks");
         }

@@ -23,7 +23,7 @@ use super::remote_waits::Sleep;
 const T: Duration = Duration::from_secs(30);
 
 /// The tools a client is offered, in order.
-const TOOLS: [&str; 10] = [
+const TOOLS: [&str; 11] = [
     "wait_create",
     "wait_check",
     "wait_cancel",
@@ -32,6 +32,7 @@ const TOOLS: [&str; 10] = [
     "device_wait_file",
     "device_wait_flock",
     "device_wait_log",
+    "device_exec",
     "device_wait_any",
     "wait_for",
 ];
@@ -490,4 +491,136 @@ fn a_wake_is_pushed_to_a_claude_code_session_as_a_channel_message_over_http_and_
         assert_eq!(pushed["meta"]["waitpoint"], wp["id"], "{pushed}");
         assert_eq!(pushed["meta"]["reason"], "fired");
     }
+}
+
+/// The commands the device ran: the `device-exec` events of the hub's log.
+fn execs(hub: &Hub) -> Vec<Value> {
+    let (st, v) = hub.api(Method::Get, "/api/events", None);
+    assert_eq!(st, 200, "{v}");
+    v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "device-exec")
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn device_exec_runs_only_once_a_person_allowed_it_through_the_client_or_the_hub() {
+    let Some(py) = python_or_skip("mcp device_exec") else {
+        return;
+    };
+    let hub = Hub::start();
+    let token = hub.add_device("gpu1");
+    let mut agent = Agent::new(&hub, "gpu1", &token);
+    agent.set_env("CORTEX_ALLOW_EXEC", "1");
+    agent.set_env("CORTEX_EXEC_ALLOW", "sh");
+    agent.spawn();
+    hub.wait_online("gpu1");
+    let dir = tempfile::tempdir().unwrap();
+    let marker = |n: &str| dir.path().join(n);
+    let script = |n: &str| {
+        json!({"device": "gpu1", "shell": true,
+        "argv": [format!("echo ran > {}", marker(n).display())]})
+    };
+
+    // A client that asks its person: declined, nothing runs; accepted, it runs.
+    let mut no = McpClient::start_with(
+        &py,
+        &hub,
+        Via::Http(&[]),
+        "legacy",
+        false,
+        &["--elicit", "decline"],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let r = no.call("device_exec", script("declined"));
+    assert_eq!(r["ok"], false, "{r}");
+    assert!(
+        r["text"].as_str().unwrap().contains("nothing was started"),
+        "{r}"
+    );
+    let asked = no.ask(json!({"op": "asked"}));
+    assert!(
+        asked["asked"][0].as_str().unwrap().contains("gpu1"),
+        "{asked}"
+    );
+    let mut yes = McpClient::start_with(
+        &py,
+        &hub,
+        Via::Stdio(&[]),
+        "legacy",
+        false,
+        &["--elicit", "accept"],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let r = yes.call("device_exec", script("accepted"));
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(r["structured"]["pid"].as_u64().is_some(), "{r}");
+    wait_until(T, "the accepted command's mark", || {
+        marker("accepted").exists().then_some(())
+    });
+
+    // A client that cannot ask: the call waits on an approval the hub shows.
+    let mut c = client(&py, &hub, Via::Http(&[]), "legacy", false);
+    let r = c.call("device_exec", {
+        let mut a = script("pending");
+        a["timeout_s"] = json!(1);
+        a
+    });
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["structured"]["waiting"], true, "{r}");
+    let req = r["structured"]["id"].as_str().unwrap().to_string();
+    assert!(req.starts_with("req_"), "{r}");
+    let (code, out, err) = hub.cortex(&["approvals", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    let row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["id"] == req.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("{req} among the approvals: {out}"));
+    let sid = row["session"].as_str().unwrap().to_string();
+    assert!(!marker("pending").exists(), "nothing runs unanswered");
+    // Still unanswered: wait_for says so again, and runs nothing.
+    let again = c.call("wait_for", json!({"id": req, "timeout_s": 1}));
+    assert_eq!(again["structured"]["waiting"], true, "{again}");
+    assert!(!marker("pending").exists());
+    // A person allows it: the waiting call runs it, once.
+    c.send(json!({"op": "call", "name": "wait_for", "args": {"id": req}}));
+    let (code, _, err) = hub.cortex(&["answer", &sid, &req, "allow"]);
+    assert_eq!(code, 0, "{err}");
+    let ran = c.answer(T);
+    assert_eq!(ran["ok"], true, "{ran}");
+    assert!(ran["structured"]["pid"].as_u64().is_some(), "{ran}");
+    wait_until(T, "the allowed command's mark", || {
+        marker("pending").exists().then_some(())
+    });
+    let late = c.call("wait_for", json!({"id": req, "timeout_s": 1}));
+    assert_eq!(late["ok"], false, "taken once: {late}");
+
+    // Denied by a person: nothing runs.
+    let r = c.call("device_exec", {
+        let mut a = script("denied");
+        a["timeout_s"] = json!(1);
+        a
+    });
+    let req = r["structured"]["id"].as_str().unwrap().to_string();
+    let (code, _, err) = hub.cortex(&["answer", &sid, &req, "deny"]);
+    assert_eq!(code, 0, "{err}");
+    let denied = c.call("wait_for", json!({"id": req, "timeout_s": 5}));
+    assert_eq!(denied["ok"], false, "{denied}");
+    assert!(
+        denied["text"].as_str().unwrap().contains("denied"),
+        "{denied}"
+    );
+    assert!(!marker("denied").exists() && !marker("declined").exists());
+    let ran: Vec<Value> = execs(&hub)
+        .into_iter()
+        .filter(|e| e["pid"].is_u64())
+        .collect();
+    assert_eq!(ran.len(), 2, "two commands ran, each once: {ran:?}");
 }

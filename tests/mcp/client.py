@@ -79,6 +79,20 @@ class ChannelParams(NotificationParams):
 
 
 CHANNEL: list[dict] = []
+ASKED: list[str] = []
+
+
+def elicitation(answer: str):
+    """A person who, asked through the client, answers `answer` (accept or decline)."""
+    import mcp_types
+
+    async def callback(context, params):
+        ASKED.append(params.message)
+        if answer == "accept":
+            return mcp_types.ElicitResult(action="accept", content={"approve": True})
+        return mcp_types.ElicitResult(action="decline")
+
+    return callback
 
 
 async def on_channel(p: ChannelParams) -> None:
@@ -94,6 +108,7 @@ async def main() -> None:
     ap.add_argument("--mode", default="legacy")
     ap.add_argument("--tasks", action="store_true")
     ap.add_argument("--client-name", default="mcp")
+    ap.add_argument("--elicit", choices=["accept", "decline"])
     ap.add_argument("--stdio", nargs=argparse.REMAINDER)
     a = ap.parse_args()
 
@@ -120,6 +135,7 @@ async def main() -> None:
                     read,
                     write,
                     client_info=Implementation(name=a.client_name, version="1.0.0"),
+                    elicitation_callback=elicitation(a.elicit) if a.elicit else None,
                     notification_bindings=[
                         NotificationBinding(
                             method="notifications/claude/channel",
@@ -197,6 +213,8 @@ async def run(session: ClientSession, cmd: dict) -> dict:
                 return {"error": "no channel message"}
             await anyio.sleep(0.01)
         return CHANNEL.pop(0)
+    if op == "asked":
+        return {"asked": ASKED}
     if op == "now":
         return {"at": time.time()}
     if op == "raw":

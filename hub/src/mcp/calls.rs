@@ -47,6 +47,10 @@ const OFFERED: &[(&str, &str)] = &[
         "Wait for a line matching a regular expression to be appended to a log on a device (only lines written after this call count), or, with silence, for the log to go quiet. Answers with the waitpoint (or a task that completes with the line).",
     ),
     (
+        "device_exec",
+        "Start a command on a device (a training run, a build), detached, its output in a log on the device. Answers with its pid and the log's path; with wait: true it also arms a pid wait on it (then wait_for its waitpoint). The hub's policy decides whether a person must approve it first: asked through your client where it can ask, otherwise on the hub's page or with `cortex answer`; until then the call waits, and says so when it has waited long; nothing starts unapproved.",
+    ),
+    (
         "device_wait_any",
         "Wait for whichever of several conditions on one device holds first (a process exiting, a log line, a file going quiet); the wake says which. Answers with the waitpoint (or a task).",
     ),
@@ -74,6 +78,10 @@ pub fn offered() -> Vec<(String, String, Value)> {
             })
         })
         .collect();
+    // A call that may wait on a person says how long it may block, as wait_for does.
+    if let Some((_, _, schema)) = out.iter_mut().find(|(n, _, _)| n == "device_exec") {
+        schema["properties"]["timeout_s"] = json!({"type": "number", "description": format!("how long this call may wait for a person's approval before it answers 'still waiting' (default and most: {BLOCK_MAX_S}); not the command's")});
+    }
     out.push((
         WAIT_FOR.into(),
         format!("Wait for a waitpoint of this connection to wake (fire, fail, time out, go silent) and answer with its wake: the job's report, framed as data. Where your client takes tasks this is a task that completes at the wake, however long it takes; otherwise the call waits at most timeout_s (at most {BLOCK_MAX_S} s) and then says it is still waiting: call it again with the same id."),

@@ -11,6 +11,7 @@ mod answer;
 mod calls;
 mod channel;
 mod connections;
+mod exec;
 mod tasks;
 mod tasks_2025;
 mod wait;
@@ -208,6 +209,38 @@ impl Cortex {
         answer::session_of(&self.state, &a.key, a.caller.owner, &a.title).await
     }
 
+    /// How long a blocking call waits (its `timeout_s`, at most [`calls::BLOCK_MAX_S`]),
+    /// and what tells the client, meanwhile, that it still waits.
+    fn bound(
+        &self,
+        args: &Value,
+        ctx: &RequestContext<RoleServer>,
+    ) -> (Instant, impl FnMut(u64) + use<>) {
+        let secs = args
+            .get("timeout_s")
+            .and_then(Value::as_f64)
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map_or(calls::BLOCK_MAX_S as f64, |s| {
+                s.min(calls::BLOCK_MAX_S as f64)
+            });
+        let token = ctx.meta.get_progress_token();
+        let peer = ctx.peer.clone();
+        let tick = move |secs: u64| {
+            if let Some(tok) = token.clone() {
+                let peer = peer.clone();
+                tokio::spawn(async move {
+                    let _ = peer
+                        .notify_progress(
+                            ProgressNotificationParam::new(tok, secs as f64)
+                                .with_message(format!("still waiting ({secs} s)")),
+                        )
+                        .await;
+                });
+            }
+        };
+        (Instant::now() + Duration::from_secs_f64(secs), tick)
+    }
+
     /// A blocking `wait_for`: at most its bound, with progress while it waits.
     async fn wait_for(
         &self,
@@ -329,6 +362,23 @@ impl ServerHandler for Cortex {
         }
         let args = Value::Object(request.arguments.unwrap_or_default());
         let name = request.name.as_ref();
+        if name == exec::TOOL {
+            let elicit = (a.session_mode
+                && ctx
+                    .client_capabilities()
+                    .is_some_and(|c| c.elicitation.is_some()))
+            .then_some(&ctx.peer);
+            let (until, tick) = self.bound(&args, &ctx);
+            return Ok(exec::call(&self.state, &sid, &args, elicit, until, tick)
+                .await
+                .into());
+        }
+        if name == calls::WAIT_FOR
+            && let Some(req) = args["id"].as_str().filter(|i| i.starts_with("req_"))
+        {
+            let (until, tick) = self.bound(&args, &ctx);
+            return Ok(exec::wait(&self.state, &sid, req, until, tick).await.into());
+        }
         let as_task = ctx
             .client_capabilities()
             .is_some_and(|c| c.supports_tasks());
