@@ -89,6 +89,26 @@ pub fn run(
     0
 }
 
+/// Reads an event stream to its end, handing each message's JSON to `f`.
+fn read_events(mut body: Box<dyn Read + Send>, mut f: impl FnMut(&Value)) {
+    let mut parser = cortex_host::sse::Parser::new(MAX_MESSAGE);
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match body.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let Ok(messages) = parser.feed(&buf[..n]) else {
+            break;
+        };
+        for m in messages {
+            if let Ok(v) = serde_json::from_str::<Value>(&m.data) {
+                f(&v);
+            }
+        }
+    }
+}
+
 /// What streamable HTTP says in headers of a message (2026-07-28 asks for them): its
 /// method, the name it acts on (a tool's, a resource's, a task's), and the revision the
 /// message states in its `_meta`. A name that is not plain printable ASCII is left out.
@@ -135,23 +155,7 @@ impl Bridge {
                 Ok(s) if s.status == 405 => return,
                 Ok(s) if (200..300).contains(&s.status) => {
                     wait = Duration::from_millis(200);
-                    let mut parser = cortex_host::sse::Parser::new(MAX_MESSAGE);
-                    let mut body = s.body;
-                    let mut buf = vec![0u8; 16 * 1024];
-                    loop {
-                        let n = match body.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => n,
-                        };
-                        let Ok(messages) = parser.feed(&buf[..n]) else {
-                            break;
-                        };
-                        for m in messages {
-                            if let Ok(v) = serde_json::from_str::<Value>(&m.data) {
-                                self.write(&v);
-                            }
-                        }
-                    }
+                    read_events(s.body, |v| self.write(v));
                 }
                 _ => {}
             }
@@ -246,22 +250,7 @@ impl Bridge {
         }
         let mut answered = false;
         if kind.starts_with("text/event-stream") {
-            let mut parser = cortex_host::sse::Parser::new(MAX_MESSAGE);
-            let mut buf = vec![0u8; 16 * 1024];
-            loop {
-                let n = match body.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                let Ok(messages) = parser.feed(&buf[..n]) else {
-                    break;
-                };
-                for m in messages {
-                    if let Ok(v) = serde_json::from_str::<Value>(&m.data) {
-                        answered |= self.take(&v, &id);
-                    }
-                }
-            }
+            read_events(body, |v| answered |= self.take(v, &id));
         } else {
             let mut text = Vec::new();
             let _ = body

@@ -97,7 +97,7 @@ pub async fn call(
                         ));
                     }
                 };
-                settle(state, sid, &req, until, tick).await
+                wait(state, sid, &req, until, tick).await
             }
         },
     }
@@ -105,16 +105,6 @@ pub async fn call(
 
 /// `wait_for` on a pending approval's id: waits on, and runs the command once allowed.
 pub async fn wait(
-    state: &AppState,
-    sid: &str,
-    req: &str,
-    until: Instant,
-    tick: impl FnMut(u64),
-) -> rmcp::model::CallToolResult {
-    settle(state, sid, req, until, tick).await
-}
-
-async fn settle(
     state: &AppState,
     sid: &str,
     req: &str,

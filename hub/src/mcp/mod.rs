@@ -251,29 +251,16 @@ impl Cortex {
         let Some(id) = args["id"].as_str().filter(|s| !s.trim().is_empty()) else {
             return error_result("wait_for needs \"id\": the waitpoint to wait for");
         };
-        let bound = match args.get("timeout_s").and_then(Value::as_f64) {
-            Some(s) if s.is_finite() && s >= 0.0 => s.min(calls::BLOCK_MAX_S as f64),
-            Some(_) => return error_result("timeout_s is a number of seconds, 0 or more"),
-            None => calls::BLOCK_MAX_S as f64,
-        };
+        if args
+            .get("timeout_s")
+            .is_some_and(|t| !t.as_f64().is_some_and(|s| s.is_finite() && s >= 0.0))
+        {
+            return error_result("timeout_s is a number of seconds, 0 or more");
+        }
         let after = args.get("after_seq").and_then(Value::as_u64);
-        let until = Instant::now() + Duration::from_secs_f64(bound);
-        let token = ctx.meta.get_progress_token();
-        let peer = ctx.peer.clone();
+        let (until, tick) = self.bound(args, ctx);
         let waited = tokio::select! {
-            w = wait::until_final(&self.state, sid, id, after, until, PROGRESS_EVERY, |secs| {
-                if let Some(tok) = token.clone() {
-                    let peer = peer.clone();
-                    tokio::spawn(async move {
-                        let _ = peer
-                            .notify_progress(
-                                ProgressNotificationParam::new(tok, secs as f64)
-                                    .with_message(format!("still waiting ({secs} s)")),
-                            )
-                            .await;
-                    });
-                }
-            }) => w,
+            w = wait::until_final(&self.state, sid, id, after, until, PROGRESS_EVERY, tick) => w,
             _ = ctx.ct.cancelled() => return error_result("cancelled by the client"),
             _ = self.state.shutdown.cancelled() => {
                 return error_result("the hub is stopping; call wait_for again with this id");
