@@ -39,7 +39,7 @@ fn gauge(hub: &Hub, name: &str) -> f64 {
 }
 
 /// Two plain hubs on one new database: the second given the first's token.
-fn two_hubs(extra: &[(&str, &str)]) -> (Hub, Hub) {
+pub(crate) fn two_hubs(extra: &[(&str, &str)]) -> (Hub, Hub) {
     let pg = Postgres::shared();
     let url = pg.url(&pg.database());
     let a = Hub::start_with_args(extra, &["--store", &url]);

@@ -624,3 +624,34 @@ fn device_exec_runs_only_once_a_person_allowed_it_through_the_client_or_the_hub(
         .collect();
     assert_eq!(ran.len(), 2, "two commands ran, each once: {ran:?}");
 }
+
+#[test]
+fn a_task_made_on_one_hub_is_answered_by_another_on_the_same_database_even_after_the_first_died() {
+    let Some(py) = python_or_skip("mcp tasks across hubs") else {
+        return;
+    };
+    let (mut a, b) = super::cluster::two_hubs(&[]);
+    let mut on_a = client(&py, &a, Via::Http(&[]), "auto", true);
+    let made = on_a.call(
+        "wait_create",
+        json!({"label": "sweep", "intent": "pick the best"}),
+    );
+    let wp = made["structured"].clone();
+    let t = on_a.ask(json!({"op": "task", "name": "wait_for", "args": {"id": wp["id"]}}));
+    let task = t["task"]["taskId"].as_str().unwrap().to_string();
+
+    // Another hub on the database answers for the task, and for the signal.
+    let mut on_b = client(&py, &b, Via::Http(&[]), "auto", true);
+    let got = on_b.ask(json!({"op": "get", "id": task}));
+    assert_eq!(got["status"], "working", "{got}");
+    a.kill();
+    let (st, _) = b.signal(&body(
+        &wp,
+        json!({"status": "ok", "message": "best: lr=3e-4"}),
+    ));
+    assert_eq!(st, 202);
+    let done = on_b.ask(json!({"op": "until", "id": task, "timeout": 30}));
+    assert_eq!(done["status"], "completed", "{done}");
+    let text = done["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("lr=3e-4"), "{done}");
+}
