@@ -655,3 +655,58 @@ fn a_task_made_on_one_hub_is_answered_by_another_on_the_same_database_even_after
     let text = done["result"]["content"][0]["text"].as_str().unwrap();
     assert!(text.contains("lr=3e-4"), "{done}");
 }
+
+#[test]
+fn an_mcp_token_reaches_only_mcp_and_its_tasks_are_its_own_until_it_is_revoked() {
+    let Some(py) = python_or_skip("mcp tokens") else {
+        return;
+    };
+    let hub = Hub::start();
+    let token = |name: &str| {
+        let (code, out, err) = hub.cortex(&["mcp-token", "add", name, "--json"]);
+        assert_eq!(code, 0, "{err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v["token"].as_str().unwrap().to_string()
+    };
+    let (ta, tb) = (token("agent-a"), token("agent-b"));
+    assert!(ta.starts_with("mcp_") && ta != tb);
+    let (code, out, _) = hub.cortex(&["mcp-token", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("agent-a") && out.contains("agent-b") && !out.contains(&ta),
+        "{out}"
+    );
+
+    // An MCP token is no operator token.
+    let api = Request::new(Method::Get, &hub.url("/api/sessions"))
+        .header("Authorization", &format!("Bearer {ta}"))
+        .send()
+        .unwrap();
+    assert_eq!(api.status, 401);
+
+    let mut a = client(&py, &hub, Via::Http(&["--token", &ta]), "auto", true);
+    let mut b = client(&py, &hub, Via::Http(&["--token", &tb]), "auto", true);
+    let made = a.call("wait_create", json!({"label": "a's", "intent": "mine"}));
+    let id = made["structured"]["id"].as_str().unwrap().to_string();
+    let t = a.ask(json!({"op": "task", "name": "wait_for", "args": {"id": id}}));
+    let task = t["task"]["taskId"].as_str().unwrap().to_string();
+    assert_eq!(a.ask(json!({"op": "get", "id": task}))["status"], "working");
+    // B, on the same stateless revision, has a session and tasks of its own.
+    let theirs = b.ask(json!({"op": "get", "id": task}));
+    assert!(
+        theirs["error"].as_str().is_some(),
+        "another token's task: {theirs}"
+    );
+    let listed = b.call("wait_check", json!({}));
+    assert_eq!(listed["structured"]["waitpoints"], json!([]), "{listed}");
+
+    let (code, _, err) = hub.cortex(&["mcp-token", "revoke", "agent-a"]);
+    assert_eq!(code, 0, "{err}");
+    let refused = a.ask(json!({"op": "get", "id": task}));
+    assert!(
+        refused.get("error").is_some(),
+        "a revoked token reaches nothing: {refused}"
+    );
+    let still = b.call("wait_check", json!({}));
+    assert_eq!(still["ok"], true, "{still}");
+}

@@ -146,7 +146,7 @@ fn a_hub_on_postgres_keeps_its_state_in_the_database_not_its_home() {
     assert_ne!(seen["state"], "armed", "{seen}");
     assert_eq!(
         pg.query(&db, "SELECT count(*) FROM cortex.schema_version"),
-        "6",
+        "7",
         "the schema was applied once"
     );
 }
@@ -166,7 +166,7 @@ fn a_schema_newer_than_the_hub_is_refused_and_a_bad_url_is_explained_without_its
     let (code, said) = refused_start(&["--store", &url]);
     assert_ne!(code, 0, "{said}");
     assert!(
-        said.contains("version 99, newer than this hub knows (version 6)"),
+        said.contains("version 99, newer than this hub knows (version 7)"),
         "{said}"
     );
     // Not a PostgreSQL URL: said, and the value (it may hold a password) not repeated.

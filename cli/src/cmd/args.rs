@@ -169,6 +169,14 @@ pub enum Command {
         #[arg(long, value_name = "NAME")]
         session: Option<String>,
     },
+    /// Tokens that reach only the hub's /mcp, one per agent or client: make one (shown
+    /// once), list them, revoke one
+    #[command(
+        name = "mcp-token",
+        subcommand,
+        after_help = "Examples:\n  cortex mcp-token add claude-laptop\n  cortex mcp-token list\n  cortex mcp-token revoke claude-laptop"
+    )]
+    McpToken(McpTokenCommand),
     /// Run a command and wake a session when it ends: arms a waitpoint, runs CMD with
     /// CORTEX_SIGNAL_ID, CORTEX_SIGNAL_SECRET and CORTEX_HUB set, and signals its exit
     /// status (spooled if the hub is away). Exits with the command's status.
@@ -213,6 +221,23 @@ pub struct RunArgs {
     /// The command and its arguments, after `--`
     #[arg(value_name = "CMD", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum McpTokenCommand {
+    /// Make a token (printed this once; the hub keeps only its hash)
+    Add {
+        /// A name for whoever holds it
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
+    /// List the tokens' names
+    List,
+    /// Revoke a token: it reaches nothing from now on
+    Revoke {
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -7,6 +7,7 @@ pub mod chat;
 pub mod devices;
 pub mod follow;
 pub mod mcp;
+pub mod mcp_tokens;
 pub mod people;
 pub mod render;
 pub mod run;
@@ -27,7 +28,8 @@ use crate::hub::{self, Hub, Reply};
 
 pub(crate) use args::parse_duration;
 pub use args::{
-    Cli, Command, CreateArgs, DeviceCommand, NewArgs, RunArgs, SessionCommand, WaitCommand,
+    Cli, Command, CreateArgs, DeviceCommand, McpTokenCommand, NewArgs, RunArgs, SessionCommand,
+    WaitCommand,
 };
 
 /// What `cortex` reads from its environment besides its flags.
@@ -244,6 +246,11 @@ fn execute(
         }
         Command::Devices => devices::list(&hub, json, out)?,
         Command::Device(DeviceCommand::Add { name }) => devices::add(&hub, name, json, out)?,
+        Command::McpToken(McpTokenCommand::Add { name }) => mcp_tokens::add(&hub, name, json, out)?,
+        Command::McpToken(McpTokenCommand::List) => mcp_tokens::list(&hub, json, out)?,
+        Command::McpToken(McpTokenCommand::Revoke { name }) => {
+            mcp_tokens::revoke(&hub, name, json, out)?
+        }
         Command::Device(DeviceCommand::Revoke { name, remove }) => {
             devices::revoke(&hub, name, *remove, json, out)?
         }

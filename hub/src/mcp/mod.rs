@@ -83,7 +83,7 @@ pub fn router(state: AppState) -> Router<AppState> {
         .layer(axum::middleware::from_fn_with_state(state, guard))
 }
 
-/// The bearer token (the operator token), and an `Origin`, when sent, that is one of the
+/// The bearer token (the operator token, or an MCP token), and an `Origin`, when sent, that is one of the
 /// hub's own: a page elsewhere in a browser on this machine must not reach the tools.
 pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     if let Some(origin) = req.headers().get(header::ORIGIN) {
@@ -97,12 +97,21 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
             );
         }
     }
-    let given = bearer(req.headers());
-    let Some(token) = given.filter(|t| secret::matches(t, &state.token_hash)) else {
+    let given = bearer(req.headers()).map(secret::hash);
+    let allowed = match given {
+        Some(h) if secret::same_hash(&h, &state.token_hash) => Some(h),
+        // An MCP token: it reaches only this endpoint.
+        Some(h) => match state.store.read(move |r| r.mcp_token_named(&h)).await {
+            Ok(Some(_)) => Some(h),
+            _ => None,
+        },
+        None => None,
+    };
+    let Some(owner) = allowed else {
         let mut r = refusal(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
-            "/mcp needs the operator token: send Authorization: Bearer <token> (CORTEX_WEBHOOK_TOKEN, or the file $CORTEX_HOME/hub/token on the hub's machine)",
+            "/mcp needs the operator token or an MCP token (cortex mcp-token add NAME): send Authorization: Bearer <token>",
         );
         r.headers_mut().insert(
             header::WWW_AUTHENTICATE,
@@ -126,10 +135,7 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
             "Cortex-Session is a name of 1 to 100 printable characters",
         );
     }
-    let caller = Caller {
-        owner: secret::hash(token),
-        named,
-    };
+    let caller = Caller { owner, named };
     req.extensions_mut().insert(caller);
     next.run(req).await
 }

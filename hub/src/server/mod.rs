@@ -11,6 +11,7 @@ pub mod error;
 pub mod hosts;
 pub mod http;
 pub mod log;
+pub mod mcp_tokens;
 pub mod metrics;
 mod notices;
 pub mod openapi;
@@ -75,6 +76,11 @@ pub fn router(state: AppState) -> Router {
         .route("/devices/{name}/revoked", delete(devices::remove_device))
         .route("/devices/{name}/files", get(devices::device_files))
         .route("/events", get(devices::hub_events))
+        .route(
+            "/mcp/tokens",
+            post(mcp_tokens::create).get(mcp_tokens::list),
+        )
+        .route("/mcp/tokens/{name}", delete(mcp_tokens::revoke))
         .route("/openapi.json", get(openapi::serve))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),

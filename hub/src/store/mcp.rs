@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::agent::AgentRecord;
 use super::kernel::error::StoreError;
-use super::tables::{MCP_CONNECTIONS, MCP_TASKS, Tx, decode, encode};
+use super::tables::{MCP_CONNECTIONS, MCP_TASKS, MCP_TOKENS, Tx, decode, encode};
 use crate::secret;
 
 /// Connections unused for this long are forgotten (their sessions stay).
@@ -50,6 +50,13 @@ pub struct McpTask {
     pub ttl_ms: Option<u64>,
     /// The task was cancelled (its waitpoint too, when it was still armed).
     pub cancelled_at: Option<u64>,
+}
+
+/// An MCP token: a bearer that reaches only `/mcp`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpToken {
+    pub hash: [u8; 32],
+    pub created_at: u64,
 }
 
 /// Why a connection's session is refused.
@@ -162,6 +169,55 @@ impl Tx<'_> {
         }
         out.sort_by(|a, b| a.1.created_at.cmp(&b.1.created_at).then(a.0.cmp(&b.0)));
         Ok(out)
+    }
+
+    /// Adds MCP token `name` (its hash); false when one of that name exists.
+    pub fn add_mcp_token(
+        &mut self,
+        name: &str,
+        hash: [u8; 32],
+        now: u64,
+    ) -> Result<bool, StoreError> {
+        if self.table(&MCP_TOKENS).get(name)?.is_some() {
+            return Ok(false);
+        }
+        let t = McpToken {
+            hash,
+            created_at: now,
+        };
+        self.table_mut(&MCP_TOKENS)
+            .insert(name, encode(&t)?.as_slice())?;
+        Ok(true)
+    }
+
+    /// Revokes MCP token `name`; false when there is none.
+    pub fn revoke_mcp_token(&mut self, name: &str) -> Result<bool, StoreError> {
+        if self.table(&MCP_TOKENS).get(name)?.is_none() {
+            return Ok(false);
+        }
+        self.table_mut(&MCP_TOKENS).remove(name)?;
+        Ok(true)
+    }
+
+    /// The MCP tokens, by name.
+    pub fn mcp_tokens(&self) -> Result<Vec<(String, McpToken)>, StoreError> {
+        let mut out = Vec::new();
+        for r in self.table(&MCP_TOKENS).iter()? {
+            let (k, v) = r?;
+            out.push((k.value().to_string(), decode(v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// The name of the MCP token whose hash is `hash`, compared in constant time.
+    pub fn mcp_token_named(&self, hash: &[u8; 32]) -> Result<Option<String>, StoreError> {
+        let mut found = None;
+        for (name, t) in self.mcp_tokens()? {
+            if secret::same_hash(&t.hash, hash) {
+                found = Some(name);
+            }
+        }
+        Ok(found)
     }
 
     /// Forgets connections unused and tasks made longer ago than they are kept.

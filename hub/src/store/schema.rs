@@ -68,4 +68,9 @@ pub(crate) static MIGRATIONS: &[Migration] = &[
         what: "MCP connections and tasks",
         steps: &[Step::Tables(&["mcp_connections", "mcp_tasks"])],
     },
+    Migration {
+        version: 7,
+        what: "MCP tokens",
+        steps: &[Step::Tables(&["mcp_tokens"])],
+    },
 ];

@@ -22,7 +22,7 @@
 //! - `notices`: seq → a queued notice and its deliveries; `notice_keys`: event key → seq
 //!   (`notices.rs`, the outbox)
 //! - `mcp_connections`: SHA-256 of an MCP connection id → its record; `mcp_tasks`: task
-//!   id → a task (`mcp.rs`)
+//!   id → a task; `mcp_tokens`: name → an MCP token's hash (`mcp.rs`)
 //! - `meta`: name → number; `journal_seq` is the newest journal record a checkpoint holds
 
 use std::sync::Arc;
@@ -88,9 +88,11 @@ pub(crate) const EXEC_ASKS: TableSpec<&str, &[u8]> = TableSpec::new(25, "exec_as
 pub(crate) const MCP_CONNECTIONS: TableSpec<&str, &[u8]> = TableSpec::new(26, "mcp_connections");
 /// MCP tasks (`mcp.rs`): task id → its record.
 pub(crate) const MCP_TASKS: TableSpec<&str, &[u8]> = TableSpec::new(27, "mcp_tasks");
+/// MCP tokens (`mcp.rs`): name → its SHA-256 and when it was made.
+pub(crate) const MCP_TOKENS: TableSpec<&str, &[u8]> = TableSpec::new(28, "mcp_tokens");
 
 /// Every table of the hub, each at its position.
-pub(crate) static REGISTRY: [&dyn AnyTable; 28] = [
+pub(crate) static REGISTRY: [&dyn AnyTable; 29] = [
     &META,
     &TIMER_QUEUE,
     &WAITPOINTS,
@@ -119,6 +121,7 @@ pub(crate) static REGISTRY: [&dyn AnyTable; 28] = [
     &EXEC_ASKS,
     &MCP_CONNECTIONS,
     &MCP_TASKS,
+    &MCP_TOKENS,
 ];
 
 /// The timer kinds of the hub's domains (see [`super::kernel::timers`]): a decided wake

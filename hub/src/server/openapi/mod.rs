@@ -16,6 +16,7 @@ use utoipa::openapi::OpenApi;
 mod devices;
 mod doc;
 mod examples;
+mod mcp;
 mod page;
 mod people;
 mod sessions;
@@ -51,6 +52,7 @@ pub fn document() -> OpenApi {
     waitpoints::waitpoints(&mut d);
     people::people(&mut d);
     devices::devices(&mut d);
+    mcp::tokens(&mut d);
     signal::signal(&mut d);
     signal::operators(&mut d);
     page::page(&mut d);
