@@ -226,15 +226,21 @@ pub struct RunArgs {
 #[derive(Debug, Subcommand)]
 pub enum McpTokenCommand {
     /// Make a token (printed this once; the hub keeps only its hash)
+    #[command(
+        after_help = "Examples:\n  cortex mcp-token add claude-laptop\n  cortex mcp-token add ci --json   # {name, token}"
+    )]
     Add {
         /// A name for whoever holds it
         #[arg(value_name = "NAME")]
         name: String,
     },
     /// List the tokens' names
+    #[command(after_help = "Examples:\n  cortex mcp-token list\n  cortex mcp-token list --json")]
     List,
     /// Revoke a token: it reaches nothing from now on
+    #[command(after_help = "Examples:\n  cortex mcp-token revoke claude-laptop")]
     Revoke {
+        /// The token's name, as `cortex mcp-token list` shows it
         #[arg(value_name = "NAME")]
         name: String,
     },
