@@ -10,12 +10,13 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cortex_protocol::api::{Event, EventBody};
+use cortex_protocol::api::EventBody;
 use rmcp::RoleServer;
 use rmcp::model::{ClientCapabilities, CustomNotification, ServerNotification};
 use rmcp::service::Peer;
 use serde_json::json;
 
+use super::wait;
 use crate::state::AppState;
 
 /// The capability and the notification's method.
@@ -75,21 +76,12 @@ async fn follow(state: &AppState, sid: &str, peer: &Peer<RoleServer>) {
         return;
     };
     loop {
-        let mut rx = state.store.notifier.subscribe(sid, cursor);
-        let s = sid.to_string();
-        let page = state
-            .store
-            .read(move |r| r.events_after(&s, cursor, 256))
-            .await;
-        let Ok(Some(page)) = page else {
+        let Ok(Some(page)) = wait::page_after(state, sid, cursor, 256).await else {
             return;
         };
-        let full = page.len() == 256;
-        for raw in page {
-            let Ok(ev) = serde_json::from_slice::<Event>(&raw) else {
-                continue;
-            };
-            cursor = ev.seq;
+        let (full, mut rx) = (page.full, page.watch);
+        cursor = page.last;
+        for ev in page.events {
             if let EventBody::Wake(w) = &ev.body {
                 let params = json!({
                     "content": w.text,

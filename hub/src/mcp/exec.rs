@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use cortex_protocol::api::{AnswerItem, Decision, Event, EventBody, PendingRequest};
+use cortex_protocol::api::{AnswerItem, Decision, EventBody, PendingRequest};
 use rmcp::RoleServer;
 use rmcp::model::{ElicitRequestParams, ElicitationAction, ElicitationSchema};
 use rmcp::service::Peer;
@@ -222,26 +222,15 @@ async fn answered(
     let started = Instant::now();
     let mut cursor = 0;
     loop {
-        let mut rx = state.store.notifier.subscribe(sid, cursor);
-        let (s, r) = (sid.to_string(), req.to_string());
-        let page = state
-            .store
-            .read(move |t| t.events_after(&s, cursor, 512))
-            .await?
-            .unwrap_or_default();
-        let full = page.len() == 512;
-        let mut answer: Option<AnswerItem> = None;
-        for raw in page {
-            let Ok(ev) = serde_json::from_slice::<Event>(&raw) else {
-                continue;
-            };
-            cursor = ev.seq;
-            if let EventBody::Answer(a) = ev.body
-                && a.request_id == r
-            {
-                answer = Some(*a);
-            }
-        }
+        let Some(page) = super::wait::page_after(state, sid, cursor, 512).await? else {
+            return Ok(Waited::Denied("this session is gone".into()));
+        };
+        let (full, mut rx) = (page.full, page.watch);
+        cursor = page.last;
+        let answer = page.events.into_iter().rev().find_map(|ev| match ev.body {
+            EventBody::Answer(a) if a.request_id == req => Some(*a),
+            _ => None,
+        });
         if let Some(a) = answer {
             return take(state, sid, req, a).await;
         }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use cortex_protocol::api::{Event, EventBody, WaitpointView};
 use serde_json::{Value, json};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::state::AppState;
@@ -144,6 +145,62 @@ fn decide(view: &WaitpointView, found: Option<(u64, Value)>) -> Standing {
         },
         None => Standing::Ended { state },
     }
+}
+
+/// One page of a session's log after a cursor, for those that follow it.
+pub struct Page {
+    /// The events, parsed (one that does not parse is passed over).
+    pub events: Vec<Event>,
+    /// The seq of the page's last event (the cursor to go on from), or the cursor.
+    pub last: u64,
+    /// The page was full: more may follow at once.
+    pub full: bool,
+    /// Subscribed before the read: an event after the page changes it.
+    pub watch: watch::Receiver<u64>,
+}
+
+/// The events of `sid` after `cursor`, at most `limit`; `None` when the session is gone.
+pub async fn page_after(
+    state: &AppState,
+    sid: &str,
+    cursor: u64,
+    limit: usize,
+) -> Result<Option<Page>, StoreError> {
+    let watch = state.store.notifier.subscribe(sid, cursor);
+    let s = sid.to_string();
+    let Some(raw) = state
+        .store
+        .read(move |r| r.events_after(&s, cursor, limit))
+        .await?
+    else {
+        return Ok(None);
+    };
+    let full = raw.len() == limit;
+    let mut last = cursor;
+    let mut events = Vec::with_capacity(raw.len());
+    for r in raw {
+        match serde_json::from_slice::<Event>(&r) {
+            Ok(ev) => {
+                last = ev.seq;
+                events.push(ev);
+            }
+            // Passed over, but the cursor still moves past it.
+            Err(_) => {
+                if let Some(seq) = serde_json::from_slice::<Value>(&r)
+                    .ok()
+                    .and_then(|v| v["seq"].as_u64())
+                {
+                    last = seq;
+                }
+            }
+        }
+    }
+    Ok(Some(Page {
+        events,
+        last,
+        full,
+        watch,
+    }))
 }
 
 /// Waits until waitpoint `id` of `sid` answers or `until`, calling `tick` every
