@@ -27,16 +27,20 @@ pub fn python_or_skip(what: &str) -> Option<PathBuf> {
     if ok {
         return Some(p);
     }
+    missing(
+        what,
+        &format!("no Python with the MCP SDK at {}", p.display()),
+        "python3 -m venv target/mcp-venv && target/mcp-venv/bin/pip install mcp==2.3.0",
+    )
+}
+
+/// A client that is not installed: a failure under `CI=true` (`.ci/run` installs it),
+/// else the test is skipped, saying why and how to install it.
+fn missing<T>(what: &str, lack: &str, install: &str) -> Option<T> {
     if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!(
-            "{what}: no Python with the MCP SDK at {}; .ci/run makes it (python3 -m venv target/mcp-venv; pip install mcp)",
-            p.display()
-        );
+        panic!("{what}: {lack}; .ci/run installs it ({install})");
     }
-    println!(
-        "{what}: skipped: no Python with the MCP SDK at {} (python3 -m venv target/mcp-venv && target/mcp-venv/bin/pip install mcp==2.3.0)",
-        p.display()
-    );
+    println!("{what}: skipped: {lack} ({install})");
     None
 }
 
@@ -61,17 +65,35 @@ pub fn node_or_skip(what: &str) -> Option<PathBuf> {
     if node && sdk.exists() {
         return Some(dir);
     }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!(
-            "{what}: no node with the MCP TypeScript SDK in {}; .ci/run installs it (npm install @modelcontextprotocol/sdk)",
-            dir.display()
-        );
+    missing(
+        what,
+        &format!("no node with the MCP TypeScript SDK in {}", dir.display()),
+        "npm install --prefix target/mcp-node @modelcontextprotocol/sdk@1.32.2",
+    )
+}
+
+/// Claude Code's own `claude` (`.ci/run` installs npm `@anthropic-ai/claude-code` in
+/// `target/claude-code`, or `CORTEX_TEST_CLAUDE` names the binary); or `None` (said, and
+/// a failure under `CI=true`).
+pub fn claude_or_skip(what: &str) -> Option<PathBuf> {
+    let p = std::env::var_os("CORTEX_TEST_CLAUDE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("../claude-code/node_modules/.bin/claude"));
+    let ok = Command::new(&p)
+        .arg("--version")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        return Some(p);
     }
-    println!(
-        "{what}: skipped: no node with the MCP TypeScript SDK in {} (npm install --prefix target/mcp-node @modelcontextprotocol/sdk@1.32.2)",
-        dir.display()
-    );
-    None
+    missing(
+        what,
+        &format!("no Claude Code at {}", p.display()),
+        "npm install --prefix target/claude-code @anthropic-ai/claude-code@2.1.197",
+    )
 }
 
 /// How a client reaches the hub.

@@ -710,3 +710,225 @@ fn an_mcp_token_reaches_only_mcp_and_its_tasks_are_its_own_until_it_is_revoked()
     let still = b.call("wait_check", json!({}));
     assert_eq!(still["ok"], true, "{still}");
 }
+
+/// A waitpoint made by `c` and a task on it: the waitpoint (id and secret), the task's id.
+fn waited_task(c: &mut McpClient, label: &str) -> (Value, String) {
+    let made = c.call("wait_create", json!({"label": label, "intent": "x"}));
+    let wp = made["structured"].clone();
+    let t = c.ask(json!({"op": "task", "name": "wait_for", "args": {"id": wp["id"]}}));
+    let task = t["task"]["taskId"].as_str().unwrap().to_string();
+    (wp, task)
+}
+
+/// `c` listens on `task`: the listen follows it and tells it working at once.
+fn listening(c: &mut McpClient, task: &str) {
+    let ack = c.ask(json!({"op": "listen", "ids": [task]}));
+    assert_eq!(
+        ack["ack"]["notifications"]["taskIds"],
+        json!([task]),
+        "{ack}"
+    );
+    let first = c.ask(json!({"op": "pushed", "id": task}));
+    assert_eq!(first["status"], "working", "{first}");
+}
+
+/// The job holding `wp` reports `message`.
+fn report(hub: &Hub, wp: &Value, message: &str) {
+    let signal = body(wp, json!({"status": "ok", "message": message}));
+    let sent = Request::new(Method::Post, &hub.url("/webhook/signal"))
+        .json(&serde_json::to_vec(&signal).unwrap())
+        .send()
+        .unwrap();
+    assert_eq!(sent.status, 202);
+}
+
+#[test]
+fn a_task_s_changes_are_pushed_through_subscriptions_listen_to_its_own_token_only() {
+    let Some(py) = python_or_skip("mcp task notifications") else {
+        return;
+    };
+    let mut hub = Hub::start();
+    let mut c = client(&py, &hub, Via::Http(&[]), "auto", true);
+    let (wp, task) = waited_task(&mut c, "train 9");
+
+    // Another token's task, and one that does not exist, are not honored.
+    let (code, out, err) = hub.cortex(&["mcp-token", "add", "other", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let other_token = serde_json::from_str::<Value>(&out).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut o = client(
+        &py,
+        &hub,
+        Via::Http(&["--token", &other_token]),
+        "auto",
+        true,
+    );
+    let (_, other_task) = waited_task(&mut o, "theirs");
+    let ack = c.ask(json!({"op": "listen", "ids": [task, other_task, "task_none"]}));
+    assert_eq!(
+        ack["ack"]["notifications"]["taskIds"],
+        json!([task]),
+        "{ack}\n{}",
+        hub.log()
+    );
+    // Its state at once, then its completion, the wake inline: no poll.
+    let first = c.ask(json!({"op": "pushed", "id": task}));
+    assert_eq!(first["status"], "working", "{first}");
+    report(&hub, &wp, "loss=0.07");
+    let done = c.ask(json!({"op": "pushed", "id": task}));
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"]["structuredContent"]["wake"]["signals"][0]["message"], "loss=0.07",
+        "{done}"
+    );
+    assert!(
+        !done["_meta"]["io.modelcontextprotocol/subscriptionId"].is_null(),
+        "{done}"
+    );
+    // Every task followed ended: the hub ends the listen itself.
+    let end = c.ask(json!({"op": "listen_end"}));
+    assert_eq!(end["result"]["resultType"], "complete", "{end}");
+
+    // Over cortex mcp: a task another client of the token cancels is pushed cancelled.
+    let mut s = client(&py, &hub, Via::Stdio(&[]), "auto", true);
+    let (wp, task) = waited_task(&mut s, "eval");
+    listening(&mut s, &task);
+    // The open listen holds up none of the client's other calls.
+    let listed = s.call("wait_check", json!({}));
+    let ids: Vec<&Value> = listed["structured"]["waitpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| &w["id"])
+        .collect();
+    assert!(ids.contains(&&wp["id"]), "{listed}");
+    let cancelled = c.ask(json!({"op": "cancel", "id": task}));
+    assert!(cancelled.get("error").is_none(), "{cancelled}");
+    let pushed = s.ask(json!({"op": "pushed", "id": task}));
+    assert_eq!(pushed["status"], "cancelled", "{pushed}");
+    let end = s.ask(json!({"op": "listen_end"}));
+    assert_eq!(end["result"]["resultType"], "complete", "{end}");
+
+    // The hub SIGKILLed while a listen is open: the stream is lost, the task is not; the
+    // client listens again, on the hub started again, and is told of the wake.
+    let (wp, task) = waited_task(&mut c, "long");
+    listening(&mut c, &task);
+    hub.restart_in_place();
+    let lost = c.ask(json!({"op": "listen_end"}));
+    assert!(lost.get("error").is_some(), "{lost}");
+    listening(&mut c, &task);
+    report(&hub, &wp, "after");
+    let done = c.ask(json!({"op": "pushed", "id": task}));
+    assert_eq!(done["status"], "completed", "{done}\n{}", hub.log());
+
+    // A client that did not declare the tasks extension is refused, saying what it lacks.
+    let mut plain = client(&py, &hub, Via::Http(&[]), "auto", false);
+    let refused = plain.ask(json!({"op": "listen", "ids": [task]}));
+    let e = refused["error"].as_str().unwrap_or("");
+    assert!(e.contains("capability"), "{refused}");
+
+    // A token holds at most 64 listens open; the next is refused, saying so.
+    let (_, task) = waited_task(&mut c, "open");
+    for n in 0..64 {
+        let ack = c.ask(json!({"op": "listen", "ids": [task]}));
+        assert!(ack.get("ack").is_some(), "listen {n}: {ack}");
+    }
+    let over = c.ask(json!({"op": "listen", "ids": [task]}));
+    assert!(
+        over["error"].as_str().unwrap_or("").contains("64 listens"),
+        "{over}"
+    );
+}
+
+/// Runs Claude Code's `claude ARGS` in `dir` (its home and project), as a user would.
+fn claude(bin: &std::path::Path, dir: &std::path::Path, hub: &Hub, args: &[&str]) -> String {
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .current_dir(dir)
+        .env("HOME", dir)
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("CORTEX_HUB", hub.url(""))
+        .env("CORTEX_WEBHOOK_TOKEN", &hub.token)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "claude {args:?}: {text}");
+    text
+}
+
+#[test]
+fn claude_code_itself_connects_to_cortex_mcp_and_to_mcp_over_http_as_the_docs_add_them() {
+    let Some(bin) = cortex_tests::mcp_client::claude_or_skip("claude code") else {
+        return;
+    };
+    let hub = Hub::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cortex = cortex_tests::bin("cortex");
+    let cortex = cortex.to_str().unwrap();
+    let url = hub.url("/mcp");
+    let bearer = format!("Authorization: Bearer {}", hub.token);
+    // The lines docs/mcp.md gives, with this build's `cortex`.
+    claude(
+        &bin,
+        dir.path(),
+        &hub,
+        &["mcp", "add", "cortex", "--", cortex, "mcp"],
+    );
+    claude(
+        &bin,
+        dir.path(),
+        &hub,
+        &[
+            "mcp",
+            "add",
+            "--transport",
+            "http",
+            "cortex-http",
+            &url,
+            "--header",
+            &bearer,
+        ],
+    );
+    // A wrong token: Claude Code must not find it connected.
+    claude(
+        &bin,
+        dir.path(),
+        &hub,
+        &[
+            "mcp",
+            "add",
+            "--transport",
+            "http",
+            "wrong",
+            &url,
+            "--header",
+            "Authorization: Bearer nope",
+        ],
+    );
+    let listed = claude(&bin, dir.path(), &hub, &["mcp", "list"]);
+    let line = |name: &str| {
+        listed
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("no {name} in {listed}"))
+            .to_string()
+    };
+    assert!(
+        line("cortex").contains("Connected"),
+        "{listed}\n{}",
+        hub.log()
+    );
+    assert!(
+        line("cortex-http").contains("Connected"),
+        "{listed}\n{}",
+        hub.log()
+    );
+    assert!(!line("wrong").contains("✔"), "{listed}");
+}

@@ -10,7 +10,10 @@ restart the hub between two of them.
 Commands: {"op": "info"}, {"op": "tools"}, {"op": "call", "name", "args"}, {"op":
 "task", "name", "args"} (a call the server may answer with a task), {"op": "get", "id"},
 {"op": "until", "id", "timeout"} (polls tasks/get until the task ends), {"op": "cancel",
-"id"}, {"op": "raw", "method", "params"}.
+"id"}, {"op": "raw", "method", "params"}, {"op": "listen", "ids", "tasks"} (opens
+`subscriptions/listen` naming tasks, answering with its acknowledgment or error), {"op":
+"pushed", "id", "timeout"} (the next `notifications/tasks` of that task), {"op":
+"listen_end", "timeout"} (the listen's final result).
 """
 
 import argparse
@@ -54,6 +57,15 @@ class Tasks(ClientExtension):
     def claims(self):
         return [ResultClaim(result_type="task", model=TaskHandle, resolve=never)]
 
+    def notifications(self):
+        return [NotificationBinding(method="notifications/tasks", params_type=TaskNote, handler=on_task)]
+
+
+class TaskNote(NotificationParams):
+    """`notifications/tasks`: a task as `tasks/get` shows it."""
+
+    model_config = ConfigDict(extra="allow")
+
 
 class AnyParams(RequestParams):
     model_config = ConfigDict(extra="allow")
@@ -80,6 +92,19 @@ class ChannelParams(NotificationParams):
 
 CHANNEL: list[dict] = []
 ASKED: list[str] = []
+PUSHED: list[dict] = []
+ACKS: list[dict] = []
+LISTENS: dict[str, dict] = {}
+
+
+async def on_task(p: TaskNote) -> None:
+    PUSHED.append({**p.model_dump(by_alias=True, mode="json"), "at": time.time()})
+
+
+async def on_message(m: Any) -> None:
+    method = getattr(getattr(m, "root", m), "method", None)
+    if method == "notifications/subscriptions/acknowledged":
+        ACKS.append(getattr(m, "root", m).params.model_dump(by_alias=True, mode="json", exclude_none=True))
 
 
 def elicitation(answer: str):
@@ -151,11 +176,15 @@ async def main() -> None:
             version = init.protocol_version
         else:
             client = await stack.enter_async_context(
-                Client(transport, mode=a.mode, extensions=extensions)
+                Client(transport, mode=a.mode, extensions=extensions, message_handler=on_message)
             )
             session = client._session
             version = session.protocol_version
         out({"ready": True, "protocol": str(version)})
+        group = await stack.enter_async_context(anyio.create_task_group())
+        stack.callback(group.cancel_scope.cancel)
+        global GROUP
+        GROUP = group
         for line in sys.stdin:
             line = line.strip()
             if not line:
@@ -213,6 +242,42 @@ async def run(session: ClientSession, cmd: dict) -> dict:
                 return {"error": "no channel message"}
             await anyio.sleep(0.01)
         return CHANNEL.pop(0)
+    if op == "listen":
+        lid = f"listen-{len(LISTENS) + 1}"
+        params: dict[str, Any] = {"notifications": {"taskIds": cmd["ids"]}}
+        acks = len(ACKS)
+
+        async def listen() -> None:
+            try:
+                LISTENS[lid] = {"result": await raw(session, "subscriptions/listen", params, None)}
+            except Exception as e:
+                LISTENS[lid] = {"error": f"{type(e).__name__}: {e}"}
+
+        GROUP.start_soon(listen)
+        deadline = time.monotonic() + float(cmd.get("timeout", 30))
+        while len(ACKS) == acks and lid not in LISTENS:
+            if time.monotonic() > deadline:
+                return {"error": "no acknowledgment"}
+            await anyio.sleep(0.01)
+        if lid in LISTENS:
+            return LISTENS[lid]
+        return {"ack": ACKS[-1]}
+    if op == "pushed":
+        deadline = time.monotonic() + float(cmd.get("timeout", 30))
+        while True:
+            for i, n in enumerate(PUSHED):
+                if n.get("taskId") == cmd["id"]:
+                    return PUSHED.pop(i)
+            if time.monotonic() > deadline:
+                return {"error": "nothing pushed"}
+            await anyio.sleep(0.005)
+    if op == "listen_end":
+        deadline = time.monotonic() + float(cmd.get("timeout", 30))
+        while not LISTENS:
+            if time.monotonic() > deadline:
+                return {"error": "the listen did not end"}
+            await anyio.sleep(0.01)
+        return LISTENS.pop(next(iter(LISTENS)))
     if op == "asked":
         return {"asked": ASKED}
     if op == "now":
@@ -225,6 +290,9 @@ async def run(session: ClientSession, cmd: dict) -> dict:
 async def raw(session: ClientSession, method: str, params: dict, name_param: str | None) -> dict:
     req = raw_request(method, name_param)(method=method, params=AnyParams(**params))
     return await session.send_request(req, ANY)
+
+
+GROUP: Any = None
 
 
 def out(v: dict) -> None:

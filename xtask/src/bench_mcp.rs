@@ -4,9 +4,10 @@
 //! the HTTP API, interleaved call by call over one kept-alive client, for a read
 //! (`devices` / `GET /api/devices`) and a durable write (`wait_create` / `POST
 //! /api/sessions/{sid}/waitpoints`); then a signal's 202 until the client holds the
-//! wake, pushed (a channel message on the connection's own stream) and polled (a task
-//! whose `tasks/get` the client asks at the interval the task names). Prints p50/p99 and
-//! the ratios. Method and figures: docs/benchmarks.md.
+//! wake, pushed (a channel message on the connection's own stream; a task's
+//! `notifications/tasks` on a `subscriptions/listen` stream, revision 2026-07-28) and
+//! polled (a task whose `tasks/get` the client asks at the interval the task names).
+//! Prints p50/p99 and the ratios. Method and figures: docs/benchmarks.md.
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -113,6 +114,35 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         };
         pushed.push(heard.saturating_duration_since(at));
     }
+    let mut listened = Vec::new();
+    for _ in 0..opts.wakes {
+        let wp = client.modern_call("wait_create", arm.clone())?;
+        let wp = &wp["structuredContent"];
+        let id = wp["id"].as_str().unwrap_or("");
+        let task = client.modern_call("wait_for", json!({"id": id}))?;
+        ensure!(
+            task["resultType"] == "task",
+            "wait_for made no task: {task}"
+        );
+        let task_id = task["taskId"].as_str().unwrap_or("").to_string();
+        let notes = client.listen_tasks(&task_id)?;
+        let next = |what: &str| {
+            notes
+                .recv_timeout(Duration::from_secs(30))
+                .with_context(|| format!("no {what} on the listen within 30 s"))
+        };
+        let (_, ack) = next("acknowledgment")?;
+        ensure!(
+            ack["params"]["notifications"]["taskIds"][0] == task_id.as_str(),
+            "the listen honored no task: {ack}"
+        );
+        let (_, first) = next("first state")?;
+        ensure!(first["params"]["status"] == "working", "{first}");
+        let at = client.signal(wp)?;
+        let (heard, done) = next("completion")?;
+        ensure!(done["params"]["status"] == "completed", "{done}");
+        listened.push(heard.saturating_duration_since(at));
+    }
     let mut polled = Vec::new();
     for k in 0..opts.wakes {
         let wp = client.call("wait_create", arm.clone())?;
@@ -173,6 +203,11 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         "  pushed (channel message): p50 {} p99 {}",
         ms(p(&mut pushed, 0.5)),
         ms(p(&mut pushed, 0.99))
+    );
+    println!(
+        "  pushed (task, notifications/tasks on subscriptions/listen): p50 {} p99 {}",
+        ms(p(&mut listened, 0.5)),
+        ms(p(&mut listened, 0.99))
     );
     println!(
         "  polled (task, tasks/get every pollInterval): p50 {} p99 {}",
@@ -301,6 +336,62 @@ impl Client {
         r.expect(want, path)
     }
 
+    /// A POST of revision 2026-07-28 (no handshake), for method `method` on `name`.
+    fn modern(&self, method: &str, name: &str) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
+        self.agent
+            .post(format!("http://{}/mcp", self.addr))
+            .header("Authorization", &self.bearer)
+            .header("Accept", "application/json, text/event-stream")
+            .header("Content-Type", "application/json")
+            .header("MCP-Protocol-Version", MODERN)
+            .header("Mcp-Method", method)
+            .header("Mcp-Name", name)
+    }
+
+    /// `tools/call` of revision 2026-07-28: the result (a task, where it made one).
+    fn modern_call(&self, name: &str, args: Value) -> anyhow::Result<Value> {
+        let params = json!({"name": name, "arguments": args});
+        let msg = json!({"jsonrpc": "2.0", "id": self.id(), "method": "tools/call",
+            "params": with_meta(params)});
+        let r = self
+            .modern("tools/call", name)
+            .send(msg.to_string().as_bytes())
+            .context("POST /mcp")?;
+        let r = read_answer(r)?;
+        ensure!(
+            r["result"]["isError"] != true,
+            "{name} failed: {}",
+            r["result"]
+        );
+        Ok(r["result"].clone())
+    }
+
+    /// `subscriptions/listen` naming `task`, read on a thread: each message with the
+    /// moment it was read.
+    fn listen_tasks(&self, task: &str) -> anyhow::Result<Receiver<(Instant, Value)>> {
+        let params = json!({"notifications": {"taskIds": [task]}});
+        let msg = json!({"jsonrpc": "2.0", "id": self.id(), "method": "subscriptions/listen",
+            "params": with_meta(params)});
+        let r = crate::bench_kit::agent()
+            .post(format!("http://{}/mcp", self.addr))
+            .header("Authorization", &self.bearer)
+            .header("Accept", "application/json, text/event-stream")
+            .header("Content-Type", "application/json")
+            .header("MCP-Protocol-Version", MODERN)
+            .header("Mcp-Method", "subscriptions/listen")
+            .config()
+            .timeout_global(None)
+            .build()
+            .send(msg.to_string().as_bytes())
+            .context("POST /mcp subscriptions/listen")?;
+        ensure!(
+            r.status() == 200,
+            "subscriptions/listen: HTTP {}",
+            r.status()
+        );
+        Ok(read_stream(r))
+    }
+
     /// Signals waitpoint `wp` (its `id` and `secret`); the moment its 202 came.
     fn signal(&self, wp: &Value) -> anyhow::Result<Instant> {
         let body = json!({"id": wp["id"], "secret": wp["secret"], "status": "ok"});
@@ -332,20 +423,39 @@ impl Client {
             .call()
             .context("GET /mcp")?;
         ensure!(r.status() == 200, "GET /mcp: HTTP {}", r.status());
-        let (tx, rx) = channel();
-        let body = r.into_body().into_reader();
-        std::thread::spawn(move || {
-            for line in BufReader::new(body).lines().map_while(Result::ok) {
-                if let Some(data) = line.strip_prefix("data: ")
-                    && let Ok(v) = serde_json::from_str::<Value>(data)
-                    && tx.send((Instant::now(), v)).is_err()
-                {
-                    break;
-                }
-            }
-        });
-        Ok(rx)
+        Ok(read_stream(r))
     }
+}
+
+/// The revision without a handshake.
+const MODERN: &str = "2026-07-28";
+
+/// `params` with the `_meta` a 2026-07-28 request carries: its version, and the
+/// client's capabilities (the tasks extension).
+fn with_meta(mut params: Value) -> Value {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities":
+            {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+    });
+    params
+}
+
+/// An event stream's messages, read on a thread, each with the moment it was read.
+fn read_stream(r: ureq::http::Response<ureq::Body>) -> Receiver<(Instant, Value)> {
+    let (tx, rx) = channel();
+    let body = r.into_body().into_reader();
+    std::thread::spawn(move || {
+        for line in BufReader::new(body).lines().map_while(Result::ok) {
+            if let Some(data) = line.strip_prefix("data: ")
+                && let Ok(v) = serde_json::from_str::<Value>(data)
+                && tx.send((Instant::now(), v)).is_err()
+            {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 /// The JSON-RPC answer in a response: its JSON body, or the message with an `id` in its

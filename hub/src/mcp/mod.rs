@@ -4,7 +4,7 @@
 //! mailbox) its waits are armed in; its waits can be MCP tasks, kept in the store.
 //!
 //! `calls.rs`: the tools and how a call runs; `wait.rs`: where a wait stands;
-//! `tasks.rs`: tasks; `connections.rs`: connections kept in the store;
+//! `tasks.rs`: tasks; `listen.rs`: tasks pushed; `connections.rs`: connections kept in the store;
 //! `answer.rs`: who calls, and a call's answer.
 
 mod answer;
@@ -12,6 +12,7 @@ mod calls;
 mod channel;
 mod connections;
 mod exec;
+mod listen;
 mod tasks;
 mod tasks_2025;
 mod wait;

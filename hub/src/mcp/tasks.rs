@@ -201,6 +201,11 @@ fn object(v: Value) -> JsonObject {
     }
 }
 
+/// The task as `tasks/get` and `notifications/tasks` show it, as JSON.
+pub fn detailed(id: &str, task: &McpTask, standing: &Standing, now: u64) -> Value {
+    serde_json::to_value(wire(id, task, standing, now)).unwrap_or(Value::Null)
+}
+
 /// Whether the task has ended (completed, failed or cancelled).
 pub fn ended(task: &McpTask, standing: &Standing) -> bool {
     task.cancelled_at.is_some() || standing.is_final()
@@ -208,7 +213,7 @@ pub fn ended(task: &McpTask, standing: &Standing) -> bool {
 
 /// The task as revision 2025-11-25 shows it (`Task`: `ttl`, `pollInterval`).
 pub fn legacy(id: &str, task: &McpTask, standing: &Standing, now: u64) -> Value {
-    let d = serde_json::to_value(wire(id, task, standing, now)).unwrap_or(Value::Null);
+    let d = detailed(id, task, standing, now);
     let mut t = json!({
         "taskId": id,
         "status": d["status"],
@@ -228,7 +233,7 @@ pub fn final_result(id: &str, task: &McpTask, standing: &Standing) -> Option<Val
     if !ended(task, standing) {
         return None;
     }
-    let d = serde_json::to_value(wire(id, task, standing, now_ms())).unwrap_or(Value::Null);
+    let d = detailed(id, task, standing, now_ms());
     Some(match d.get("result") {
         Some(r) => r.clone(),
         None => json!({

@@ -4,8 +4,9 @@
 //! `tasks/get`, `tasks/result`, `tasks/list`, `tasks/cancel` follow. The SDK serves only
 //! the tasks extension (2026-07-28), and its types carry neither field, so this layer in
 //! front of it answers these methods itself, over the same stored tasks, and adds the
-//! two declarations to the handshake's and `tools/list`'s answers. Every other message,
-//! and every message of another revision, passes through untouched.
+//! two declarations to the handshake's and `tools/list`'s answers. A `subscriptions/listen`
+//! naming tasks goes to `listen.rs`. Every other message, and every message of another
+//! revision, passes through untouched.
 
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use tokio::time::Instant;
 
 use super::answer::{self, Caller};
 use super::calls;
+use super::listen;
 use super::tasks;
 use super::wait;
 use crate::state::AppState;
@@ -72,6 +74,13 @@ pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> R
         } else {
             r
         };
+    }
+    let legacy = stated.as_deref().is_some_and(|v| v.starts_with("2025-"));
+    if !legacy
+        && listen::wanted(&msg)
+        && let Some(caller) = caller.clone()
+    {
+        return listen::serve(&state, caller, &msg).await;
     }
     if stated.as_deref() != Some(REVISION) {
         return next.run(pass(parts, bytes)).await;
